@@ -1,0 +1,354 @@
+"""The ``chainrun`` command line.
+
+Each subcommand is a thin layer over the store, the engine and the service.
+Any ``ChainrunError`` becomes one line on stderr and its exit code (2 for bad
+input); a traceback only ever means a bug.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from chainrun import jobfile, watch
+from chainrun.daemon import DEFAULT_INTERVAL, InstanceLock, Service
+from chainrun.engine import Engine
+from chainrun.errors import ChainrunError, TransportError
+from chainrun.jobfile import format_duration
+from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, Phase
+from chainrun.schedulers.base import SegmentJob
+from chainrun.store import Store, default_home
+from chainrun.transport import transport_for
+
+
+class _Group(click.Group):
+    """Turns ChainrunError into a one-line message and its exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ChainrunError as exc:
+            click.echo(f"chainrun: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=_Group)
+@click.option(
+    "--home",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="State directory (default $CHAINRUN_HOME or ~/.local/state/chainrun).",
+)
+@click.option("--log-level", default="info", show_default=True, help="debug, info, warning, error")
+@click.pass_context
+def main(ctx: click.Context, home: Optional[Path], log_level: str) -> None:
+    """Keep long training runs alive across walltime-limited batch jobs."""
+    from chainrun import logs
+
+    # `run` prints the chain's events itself; its service logs only trouble.
+    quiet = ctx.invoked_subcommand == "run" and log_level == "info"
+    logs.setup("warning" if quiet else log_level)
+    ctx.obj = home or default_home()
+
+
+@contextmanager
+def _store(ctx: click.Context) -> Iterator[Store]:
+    store = Store(ctx.obj)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _submit(store: Store, spec: JobSpec) -> Chain:
+    try:
+        baseline = watch.progress(transport_for(spec.scheduler.host), spec)
+    except TransportError as exc:
+        raise TransportError(f"cannot reach {spec.scheduler.host}: {exc}") from None
+    # Whatever is already in checkpoint_dir is the starting point, not progress.
+    return store.add_chain(spec, baseline or NO_PROGRESS, time.time())
+
+
+@main.command()
+@click.argument("jobfile_path", metavar="JOBFILE", type=click.Path(dir_okay=False))
+def check(jobfile_path: str) -> None:
+    """Validate JOBFILE and print the plan: segments, walltimes, budget."""
+    spec = jobfile.load(jobfile_path)
+    click.echo(f"{jobfile_path}: valid job file for chain {spec.name!r}")
+    for label, value in _plan(spec):
+        click.echo(f"  {label:<11} {value}")
+
+
+def _plan(spec: JobSpec) -> list[tuple[str, str]]:
+    full, rest = divmod(spec.total_time, spec.walltime)
+    wt = format_duration(spec.walltime)
+    if rest == 0:
+        segments = f"{full} x {wt}"
+    elif rest <= spec.grace:
+        segments = f"{full} x {wt} (the {format_duration(rest)} left over is shorter than grace)"
+    else:
+        segments = f"{full} x {wt} + 1 x {format_duration(rest)} (the last one clamped to the budget)"
+    where = spec.scheduler.host or "this machine"
+    sched = f"{spec.scheduler.kind} on {where}"
+    if spec.scheduler.queue:
+        sched += f", queue {spec.scheduler.queue}"
+    if spec.scheduler.options:
+        sched += ", options " + " ".join(spec.scheduler.options)
+    return [
+        ("command", spec.command),
+        ("workdir", spec.workdir),
+        ("scheduler", sched),
+        ("time", f"total_time {format_duration(spec.total_time)}, walltime {wt} per segment"),
+        ("segments", f"at most {segments}"),
+        (
+            "target",
+            f"epoch {spec.target_epoch}" if spec.target_epoch else "until the command exits 0 on its own",
+        ),
+        ("failures", f"budget {spec.max_failures}: the chain fails at failure {spec.max_failures + 1}"),
+        ("signal", f"SIG{spec.signal} {format_duration(spec.grace)} before each walltime"),
+        ("progress", f"read from {spec.checkpoint_dir}"),
+    ]
+
+
+@main.command()
+@click.argument("jobfile_path", metavar="JOBFILE", type=click.Path(dir_okay=False))
+@click.pass_context
+def submit(ctx: click.Context, jobfile_path: str) -> None:
+    """Submit the chain in JOBFILE; prints the chain id."""
+    spec = jobfile.load(jobfile_path)
+    with _store(ctx) as store:
+        chain = _submit(store, spec)
+    click.echo(chain.id)
+    if not InstanceLock(ctx.obj).held_elsewhere():
+        click.echo(
+            "note: no chainrun service is running; start one with `chainrun daemon` "
+            "(or `chainrun service install --now`), or use `chainrun run`",
+            err=True,
+        )
+
+
+@main.command()
+@click.argument("jobfile_path", metavar="JOBFILE", type=click.Path(dir_okay=False))
+@click.option("--interval", type=float, default=None, help="Seconds between ticks.")
+@click.pass_context
+def run(ctx: click.Context, jobfile_path: str, interval: Optional[float]) -> None:
+    """Submit JOBFILE and supervise it here until the chain ends.
+
+    Exits 0 when the chain completes and 1 otherwise. If a service already
+    runs, it does the work and this command only follows along.
+    """
+    spec = jobfile.load(jobfile_path)
+    with _store(ctx) as store:
+        chain = _submit(store, spec)
+        click.echo(f"chain {chain.id} submitted")
+        step = interval or min(DEFAULT_INTERVAL, max(1.0, spec.walltime / 8))
+        seen = [0]
+
+        def report(_: object = None) -> None:
+            for ev in store.events(chain.id, seen[0]):
+                seen[0] = ev.id
+                click.echo(f"{_clock(ev.at)}  {ev.message}")
+
+        def ended() -> bool:
+            return store.chain(chain.id).state.final
+
+        if InstanceLock(ctx.obj).held_elsewhere():
+            click.echo("a chainrun service is running; following the chain")
+            while not ended():
+                report()
+                time.sleep(step)
+        else:
+            Service(ctx.obj, interval=step, on_tick=report, stop_when=ended).run()
+        report()
+        final = store.chain(chain.id)
+    click.echo(f"chain {final.id} {final.state.value}: {final.reason}")
+    sys.exit(0 if final.state is ChainState.COMPLETED else 1)
+
+
+@main.command()
+@click.option(
+    "--interval", type=float, default=DEFAULT_INTERVAL, show_default=True, help="Seconds between ticks."
+)
+@click.pass_context
+def daemon(ctx: click.Context, interval: float) -> None:
+    """Run the service in the foreground (what the systemd unit starts)."""
+    Service(ctx.obj, interval=interval).run()
+
+
+@main.command()
+@click.argument("chain_ref", metavar="CHAIN")
+@click.pass_context
+def cancel(ctx: click.Context, chain_ref: str) -> None:
+    """Cancel CHAIN: its queued and running jobs are cancelled."""
+    with _store(ctx) as store:
+        chain = store.find(chain_ref)
+        if chain.state.final:
+            click.echo(f"chain {chain.id} already {chain.state.value}")
+            return
+        store.request_cancel(chain.id, time.time())
+        lock = InstanceLock(ctx.obj)
+        if lock.held_elsewhere():
+            click.echo(f"chain {chain.id}: cancel requested; the running service carries it out")
+            return
+        lock.acquire()
+        try:
+            Engine(store).tick()
+        finally:
+            lock.release()
+        chain = store.chain(chain.id)
+    click.echo(f"chain {chain.id} {chain.state.value}")
+
+
+@main.command()
+@click.argument("chain_ref", metavar="CHAIN", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--all", "show_all", is_flag=True, help="Include ended chains (default: active, and ended today)."
+)
+@click.pass_context
+def status(ctx: click.Context, chain_ref: Optional[str], as_json: bool, show_all: bool) -> None:
+    """Show chains: state, epoch, segment, failures, time, current job."""
+    with _store(ctx) as store:
+        if chain_ref:
+            chains = [store.find(chain_ref)]
+        else:
+            day_ago = time.time() - 86400
+            chains = [
+                c for c in store.chains() if show_all or not c.state.final or (c.ended_at or 0) > day_ago
+            ]
+    if as_json:
+        click.echo(json.dumps([_status_json(c) for c in chains], indent=2))
+        return
+    if not chains:
+        click.echo("no chains; submit one with `chainrun submit JOBFILE`")
+        return
+    rows: list[tuple[str, ...]] = [("CHAIN", "STATE", "EPOCH", "SEGMENT", "FAILURES", "TIME", "JOB")]
+    rows += [_status_row(c) for c in chains]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+    for c in chains:
+        if c.state.final and c.reason:
+            click.echo(f"{c.id}: {c.reason}")
+
+
+def _current(chain: Chain) -> str:
+    live = sorted(chain.live, key=lambda s: s.n)
+    if not live:
+        return "-"
+    parts = []
+    for s in live:
+        what = f"{s.job_id or '(submitting)'} {s.phase.value}"
+        if s.reason and s.phase is not Phase.RUNNING:
+            what += f" ({s.reason})"
+        parts.append(what)
+    return ", ".join(parts)
+
+
+def _bar(done: Optional[int], total: Optional[int], width: int = 10) -> str:
+    if done is None:
+        return "-"
+    if not total:
+        return str(done)
+    filled = min(width, int(width * done / total))
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+def _status_row(c: Chain) -> tuple[str, ...]:
+    running = [s.n for s in c.segments if s.phase is Phase.RUNNING]
+    n = running[0] if running else max((s.n for s in c.segments), default=0)
+    return (
+        c.id,
+        c.state.value,
+        _bar(c.latest.epoch, c.spec.target_epoch),
+        f"{n}/{c.max_segments}",
+        f"{c.failures}/{c.spec.max_failures}",
+        f"{format_duration(c.used)}/{format_duration(c.spec.total_time)}",
+        _current(c),
+    )
+
+
+def _status_json(c: Chain) -> dict[str, Any]:
+    return {
+        "id": c.id,
+        "name": c.spec.name,
+        "state": c.state.value,
+        "reason": c.reason,
+        "epoch": c.latest.epoch,
+        "target_epoch": c.spec.target_epoch,
+        "progress": c.latest.to_json(),
+        "failures": c.failures,
+        "max_failures": c.spec.max_failures,
+        "used_seconds": c.used,
+        "total_seconds": c.spec.total_time,
+        "max_segments": c.max_segments,
+        "scheduler": c.spec.scheduler.kind,
+        "host": c.spec.scheduler.host,
+        "segments": [
+            {
+                "n": s.n,
+                "job_id": s.job_id,
+                "phase": s.phase.value,
+                "walltime": s.walltime,
+                "outcome": s.outcome.value if s.outcome else None,
+                "exit_code": s.exit_code,
+                "charged": s.charged,
+                "reason": s.reason,
+            }
+            for s in c.segments
+        ],
+    }
+
+
+@main.command()
+@click.argument("chain_ref", metavar="CHAIN")
+@click.pass_context
+def history(ctx: click.Context, chain_ref: str) -> None:
+    """Show CHAIN's events: every decision with its reason."""
+    with _store(ctx) as store:
+        chain = store.find(chain_ref)
+        for ev in store.events(chain.id):
+            click.echo(f"{_clock(ev.at, date=True)}  {ev.message}")
+
+
+@main.command()
+@click.argument("chain_ref", metavar="CHAIN")
+@click.option("--segment", "-n", type=int, default=None, help="Segment number (default: all).")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new output until the chain ends.")
+@click.pass_context
+def logs(ctx: click.Context, chain_ref: str, segment: Optional[int], follow: bool) -> None:
+    """Print the output of CHAIN's segments."""
+    with _store(ctx) as store:
+        chain = store.find(chain_ref)
+        transport = transport_for(chain.spec.scheduler.host)
+        offsets: dict[int, int] = {}
+        while True:
+            chain = store.chain(chain.id)
+            numbers = [s.n for s in chain.segments if segment is None or s.n == segment]
+            if segment is not None and not numbers:
+                raise ChainrunError(f"chain {chain.id} has no segment {segment}")
+            for n in numbers:
+                path = SegmentJob(chain.id, n, chain.spec, 0).log_path
+                data = transport.read_file(path) or b""
+                start = offsets.get(n, 0)
+                if start == 0 and data and len(numbers) > 1:
+                    click.echo(f"==> segment {n}: {path} <==")
+                if len(data) > start:
+                    click.echo(data[start:].decode(errors="replace"), nl=False)
+                offsets[n] = len(data)
+            if not follow or chain.state.final:
+                break
+            time.sleep(1.0)
+
+
+def _clock(at: float, date: bool = False) -> str:
+    fmt = "%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S"
+    return datetime.fromtimestamp(at).strftime(fmt)

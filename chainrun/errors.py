@@ -1,0 +1,54 @@
+"""The few error types chainrun raises.
+
+Every error carries a message a user can act on: it names the thing, the
+value and what to do. The CLI turns any ``ChainrunError`` into one line on
+stderr and the error's ``exit_code``; anything else is a bug.
+"""
+
+from __future__ import annotations
+
+
+class ChainrunError(Exception):
+    """Base of every expected error; ``str(err)`` is the user-facing message."""
+
+    exit_code = 1
+
+
+class JobFileError(ChainrunError):
+    """The job file is missing, unparseable or invalid."""
+
+    exit_code = 2
+
+
+class UsageError(ChainrunError):
+    """A command was called with arguments that cannot work (unknown chain, ...)."""
+
+    exit_code = 2
+
+
+class TransportError(ChainrunError):
+    """A command could not be run or a file not reached (SSH drop, timeout).
+
+    Always transient from the chain's point of view: retried, never charged.
+    """
+
+
+class SchedulerError(ChainrunError):
+    """The scheduler refused or failed a request.
+
+    ``transient`` errors (slurmctld not responding, socket timed out) are
+    retried with backoff; permanent ones (unknown partition) end the chain with
+    the scheduler's own message.
+    """
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class StoreError(ChainrunError):
+    """The state database cannot be opened or is from a newer chainrun."""
+
+
+class AlreadyRunning(ChainrunError):
+    """Another chainrun service holds the lock on this CHAINRUN_HOME."""

@@ -1,0 +1,294 @@
+"""A tiny batch scheduler for one workstation: ``python -m chainrun.localrunner``.
+
+It plays the part slurmd plays on a cluster, so the local backend is the same
+kind of command builder and parser as the Slurm and SGE ones. ``submit``
+queues a script and starts a detached supervisor (its own session), which
+waits for the job's dependency (afterany), runs the script, enforces the
+walltime (the configured signal at walltime minus grace, SIGTERM at walltime,
+SIGKILL after a short wait) and records the end in files. Jobs therefore keep
+running, and their outcome is still known, when the chainrun service stops.
+
+State lives under ``$CHAINRUN_HOME/local/jobs/<id>/``: ``job.json`` (what was
+asked), ``start.json``, ``end.json``, and a ``cancel`` request file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL, like Slurm's KillWait
+TICK = 0.2
+KEEP_ENDED = 7 * 86400
+
+
+def home() -> Path:
+    base = os.environ.get("CHAINRUN_HOME") or os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "chainrun"
+    )
+    path = Path(base) / "local"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _alive(pid: Optional[int]) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is not alive; its parent has simply not reaped it yet.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _next_id(root: Path) -> int:
+    with open(root / "lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        counter = root / "next_id"
+        try:
+            n = int(counter.read_text().strip() or "1")
+        except (OSError, ValueError):
+            n = 1
+        counter.write_text(f"{n + 1}\n")
+        return n
+
+
+def submit(args: argparse.Namespace) -> int:
+    root = home()
+    _prune(root)
+    job_id = _next_id(root)
+    (root / "jobs").mkdir(mode=0o700, exist_ok=True)
+    jobdir = root / "jobs" / str(job_id)
+    jobdir.mkdir(mode=0o700)
+    _write_json(
+        jobdir / "job.json",
+        {
+            "id": job_id,
+            "name": args.name,
+            "script": os.path.abspath(args.script),
+            "output": os.path.abspath(args.output),
+            "walltime": args.walltime,
+            "signal": args.signal,
+            "grace": args.grace,
+            "after": args.after,
+            "submitted_at": time.time(),
+        },
+    )
+    with open(jobdir / "supervisor.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chainrun.localrunner", "supervise", str(jobdir)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
+    (jobdir / "supervisor.pid").write_text(f"{proc.pid}\n")
+    # Widens the window between "queued" and "id reported", so tests can kill
+    # the service inside it and check that the job is adopted, not duplicated.
+    time.sleep(float(os.environ.get("CHAINRUN_LOCAL_SUBMIT_DELAY", "0")))
+    print(job_id)
+    return 0
+
+
+def _ended(root: Path, job_id: Optional[str]) -> bool:
+    if not job_id:
+        return True
+    jobdir = root / "jobs" / str(job_id)
+    if not jobdir.exists() or (jobdir / "end.json").exists():
+        return True
+    return not _alive(_pid(jobdir / "supervisor.pid"))
+
+
+def _pid(path: Path) -> Optional[int]:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _session_pids(sid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == sid:
+                    pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+def _kill_session(sid: int, sig: int) -> None:
+    for pid in _session_pids(sid):
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+
+
+def supervise(jobdir: Path) -> int:
+    root = jobdir.parent.parent
+    job = _read_json(jobdir / "job.json")
+    if job is None:
+        return 1
+    cancel = jobdir / "cancel"
+    while not _ended(root, job["after"]) and not cancel.exists():
+        time.sleep(TICK * 2)
+    if cancel.exists():
+        ended = {"outcome": "cancelled", "exit_code": None, "ended_at": time.time()}
+        _write_json(jobdir / "end.json", ended)
+        return 0
+
+    env = dict(os.environ, CHAINRUN_LOCAL_JOB_ID=str(job["id"]))
+    with open(job["output"], "ab") as out:
+        proc = subprocess.Popen(
+            ["bash", job["script"]],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=os.path.dirname(job["script"]),
+            env=env,
+            start_new_session=True,
+        )
+    started = time.time()
+    _write_json(jobdir / "start.json", {"pid": proc.pid, "started_at": started})
+    warn_at = started + job["walltime"] - job["grace"]
+    stop_at = started + job["walltime"]
+    warned = False
+    term_at: Optional[float] = None
+    why = ""
+    while proc.poll() is None:
+        now = time.time()
+        if term_at is None and cancel.exists():
+            why, term_at = "cancelled", now
+            proc.send_signal(signal.SIGTERM)
+        if not warned and now >= warn_at and term_at is None:
+            warned = True
+            proc.send_signal(getattr(signal, "SIG" + job["signal"]))
+        if term_at is None and now >= stop_at:
+            why, term_at = "timeout", now
+            proc.send_signal(signal.SIGTERM)
+        if term_at is not None and now >= term_at + KILL_WAIT:
+            _kill_session(proc.pid, signal.SIGKILL)
+        time.sleep(TICK)
+    rc = proc.returncode
+    _kill_session(proc.pid, signal.SIGKILL)  # like a scheduler: nothing outlives the job
+    outcome = why or ("completed" if rc == 0 else "failed")
+    _write_json(
+        jobdir / "end.json",
+        {"outcome": outcome, "exit_code": rc, "started_at": started, "ended_at": time.time()},
+    )
+    return 0
+
+
+def poll(args: argparse.Namespace) -> int:
+    """One JSON line per job: id, name, state, outcome, times, reason."""
+    root = home()
+    jobs = root / "jobs"
+    for jobdir in sorted(jobs.iterdir(), key=lambda p: int(p.name)) if jobs.exists() else []:
+        job = _read_json(jobdir / "job.json")
+        if job is None:
+            continue
+        line: dict[str, Any] = {"id": job["id"], "name": job["name"]}
+        end = _read_json(jobdir / "end.json")
+        start = _read_json(jobdir / "start.json")
+        if end is not None:
+            line.update(state="ended", outcome=end["outcome"], exit_code=end.get("exit_code"))
+            line.update(started_at=end.get("started_at"), ended_at=end.get("ended_at"))
+        elif not _alive(_pid(jobdir / "supervisor.pid")):
+            line.update(state="ended", outcome="node_fail", reason="the local supervisor died")
+        elif start is not None:
+            line.update(state="running", started_at=start["started_at"])
+        else:
+            line.update(state="pending", reason="Dependency" if job["after"] else "Starting")
+        print(json.dumps(line))
+    return 0
+
+
+def cancel(args: argparse.Namespace) -> int:
+    root = home()
+    status = 0
+    for job_id in args.ids:
+        jobdir = root / "jobs" / str(job_id)
+        if not (jobdir / "job.json").exists():
+            print(f"localrunner: no job {job_id}", file=sys.stderr)
+            status = 1
+            continue
+        (jobdir / "cancel").touch()
+    return status
+
+
+def _prune(root: Path) -> None:
+    jobs = root / "jobs"
+    if not jobs.exists():
+        return
+    cutoff = time.time() - KEEP_ENDED
+    for jobdir in jobs.iterdir():
+        end = jobdir / "end.json"
+        try:
+            if end.stat().st_mtime < cutoff:
+                shutil.rmtree(jobdir, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m chainrun.localrunner")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("submit")
+    p.add_argument("--name", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("--walltime", type=int, required=True)
+    p.add_argument("--signal", default="USR1")
+    p.add_argument("--grace", type=int, default=0)
+    p.add_argument("--after")
+    p.add_argument("script")
+    p.set_defaults(func=submit)
+    p = sub.add_parser("poll")
+    p.set_defaults(func=poll)
+    p = sub.add_parser("cancel")
+    p.add_argument("ids", nargs="+")
+    p.set_defaults(func=cancel)
+    p = sub.add_parser("supervise")
+    p.add_argument("jobdir", type=Path)
+    p.set_defaults(func=lambda a: supervise(a.jobdir))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""The words of chainrun as data: job spec, chain, segment, progress, actions.
+
+Everything here is a plain value: frozen dataclasses and Enums with no I/O,
+so the decision logic can be tested exhaustively and the store can round-trip
+them through JSON.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional, Union
+
+
+class Outcome(enum.Enum):
+    """How a segment ended, in the scheduler-neutral words of DESIGN.md."""
+
+    COMPLETED = "completed"
+    TIMEOUT = "timeout"
+    PREEMPTED = "preempted"
+    FAILED = "failed"
+    OOM = "oom"
+    NODE_FAIL = "node_fail"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+    REJECTED = "rejected"  # the scheduler refused the submission for good
+
+    @property
+    def crashed(self) -> bool:
+        """True when the segment costs budget whatever its progress."""
+        return self in _CRASHES
+
+
+_CRASHES = frozenset({Outcome.FAILED, Outcome.OOM, Outcome.NODE_FAIL, Outcome.CANCELLED, Outcome.LOST})
+
+
+class Phase(enum.Enum):
+    """Where a segment's job is, as far as chainrun knows."""
+
+    SUBMITTING = "submitting"  # journaled, job id not yet recorded
+    PENDING = "pending"
+    RUNNING = "running"
+    ENDED = "ended"
+
+    @property
+    def live(self) -> bool:
+        return self is not Phase.ENDED
+
+
+class ChainState(enum.Enum):
+    """The state of a whole chain; every state but ACTIVE is final."""
+
+    ACTIVE = "active"
+    COMPLETED = "completed"
+    EXHAUSTED = "exhausted"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        return self is not ChainState.ACTIVE
+
+
+@dataclass(frozen=True)
+class SchedulerSpec:
+    """The `[scheduler]` table: which backend, where, and its pass-through options."""
+
+    kind: str = "local"
+    host: Optional[str] = None
+    queue: Optional[str] = None
+    options: tuple[str, ...] = ()
+
+    @property
+    def cluster_key(self) -> tuple[str, str]:
+        """Chains with the same key are polled together, once per tick."""
+        return (self.kind, self.host or "")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated job file. Durations are whole seconds, paths absolute."""
+
+    name: str
+    command: str
+    workdir: str
+    total_time: int
+    walltime: int
+    target_epoch: Optional[int]
+    max_failures: int
+    checkpoint_dir: str
+    signal: str
+    grace: int
+    scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
+    env: tuple[tuple[str, str], ...] = ()
+    source: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobSpec:
+        sched = data["scheduler"]
+        return cls(
+            **{k: v for k, v in data.items() if k not in ("scheduler", "env")},
+            scheduler=SchedulerSpec(
+                kind=sched["kind"],
+                host=sched["host"],
+                queue=sched["queue"],
+                options=tuple(sched["options"]),
+            ),
+            env=tuple((k, v) for k, v in data["env"]),
+        )
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the checkpoint says. All fields optional: a script may write none."""
+
+    epoch: Optional[int] = None
+    step: Optional[int] = None
+    file: Optional[str] = None
+    sha256: Optional[str] = None
+    saved_at: Optional[float] = None
+    done: bool = False
+    segment: Optional[int] = None
+
+    @property
+    def key(self) -> tuple[int, int, float]:
+        """Totally ordered measure of advance: a larger key is more progress."""
+        return (
+            -1 if self.epoch is None else self.epoch,
+            -1 if self.step is None else self.step,
+            -1.0 if self.saved_at is None else self.saved_at,
+        )
+
+    def advanced_from(self, before: Progress) -> bool:
+        return self.key > before.key
+
+    def describe(self) -> str:
+        if self.epoch is not None:
+            text = f"epoch {self.epoch}"
+            if self.step:
+                text += f" step {self.step}"
+            return text + (" (done)" if self.done else "")
+        if self.saved_at is not None:
+            return f"checkpoint {self.file or '?'} saved at {self.saved_at:.0f}"
+        return "no checkpoint yet"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Optional[dict[str, Any]]) -> Progress:
+        return cls(**data) if data else cls()
+
+
+NO_PROGRESS = Progress()
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One scheduler job of a chain, as recorded in the store."""
+
+    chain_id: str
+    n: int
+    walltime: int
+    phase: Phase
+    job_id: Optional[str] = None
+    after: Optional[str] = None
+    attempts: int = 0
+    retry_at: Optional[float] = None
+    submitted_at: Optional[float] = None
+    started_at: Optional[float] = None
+    ended_at: Optional[float] = None
+    missing_since: Optional[float] = None
+    outcome: Optional[Outcome] = None
+    exit_code: Optional[int] = None
+    charged: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A long run: its spec, its history so far, and where it stands."""
+
+    id: str
+    spec: JobSpec
+    state: ChainState
+    created_at: float
+    segments: tuple[Segment, ...] = ()
+    failures: int = 0
+    used: float = 0.0
+    progress: Progress = NO_PROGRESS  # the mark: progress when the last segment ended
+    latest: Progress = NO_PROGRESS  # the newest progress seen, for display
+    cancel_requested: bool = False
+    reason: str = ""
+    ended_at: Optional[float] = None
+
+    @property
+    def live(self) -> tuple[Segment, ...]:
+        return tuple(s for s in self.segments if s.phase.live)
+
+    @property
+    def next_n(self) -> int:
+        return max((s.n for s in self.segments), default=0) + 1
+
+    @property
+    def max_segments(self) -> int:
+        """Segments the time budget allows if every one uses its whole walltime."""
+        return -(-self.spec.total_time // self.spec.walltime)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the scheduler (or the wrapper's markers) says about one job now."""
+
+    job_id: str
+    phase: Phase
+    outcome: Optional[Outcome] = None
+    exit_code: Optional[int] = None
+    started_at: Optional[float] = None
+    ended_at: Optional[float] = None
+    reason: str = ""  # pending reason, scheduler state text, or how the end was learned
+
+
+# Actions returned by decide(); the executor carries them out in order.
+
+
+@dataclass(frozen=True)
+class Submit:
+    n: int
+    walltime: int
+    after: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Cancel:
+    n: int
+    job_id: Optional[str]
+    reason: str
+
+
+@dataclass(frozen=True)
+class EndSegment:
+    n: int
+    outcome: Outcome
+    exit_code: Optional[int]
+    charged: bool
+    elapsed: float
+    ended_at: float
+    reason: str
+    progress: Progress
+
+
+@dataclass(frozen=True)
+class Finish:
+    state: ChainState
+    reason: str
+
+
+Action = Union[Submit, Cancel, EndSegment, Finish]

@@ -1,0 +1,24 @@
+"""Scheduler backends: pure command builders and parsers, one per kind."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from chainrun.schedulers.base import Scheduler
+
+
+def scheduler_for(kind: str, host: Optional[str]) -> Scheduler:
+    """The backend for one cluster: a job file's ``scheduler.kind`` and ``host``."""
+    if kind == "local":
+        from chainrun.schedulers.local import LocalScheduler
+
+        return LocalScheduler(python=None if not host else "python3")
+    if kind == "slurm":
+        from chainrun.schedulers.slurm import SlurmScheduler
+
+        return SlurmScheduler()
+    if kind == "sge":
+        from chainrun.schedulers.sge import SGEScheduler
+
+        return SGEScheduler()
+    raise ValueError(f"unknown scheduler kind {kind!r}")

@@ -1,0 +1,80 @@
+# ---- chainrun segment wrapper (generated; every value below is shell-quoted) ----
+set -u
+export CHAINRUN_CHAIN=@@CHAIN@@
+export CHAINRUN_SEGMENT=@@SEGMENT@@
+export CHAINRUN_CHECKPOINT_DIR=@@CHECKPOINT_DIR@@
+export CHAINRUN_SIGNAL=@@SIGNAL@@
+export CHAINRUN_RUN_DIR=@@RUN_DIR@@
+export CHAINRUN_DEADLINE=$(( $(date +%s) + @@WALLTIME@@ ))
+@@ENV@@
+target=@@TARGET@@
+marker="$CHAINRUN_RUN_DIR/seg-@@SEGMENT_PADDED@@"
+job="${SLURM_JOB_ID:-${JOB_ID:-${CHAINRUN_LOCAL_JOB_ID:-}}}"
+
+# The end marker is how chainrun learns the real exit code and whether the
+# walltime signal came first; it is written atomically (temp + mv).
+end_marker() { # exit-code original-code skipped
+    (
+        umask 077
+        printf 'exit=%s\noriginal=%s\nsignal=%s\nskipped=%s\njob=%s\nat=%s\n' \
+            "$1" "$2" "$got" "$3" "$job" "$(date +%s)" >"$marker.end.tmp"
+    ) && mv -f "$marker.end.tmp" "$marker.end"
+}
+
+got=""
+(umask 077 && printf 'job=%s\nhost=%s\nat=%s\n' "$job" "$(hostname)" "$(date +%s)" >"$marker.start")
+
+# A successor queued ahead must never burn an allocation once the goal is met.
+skip=""
+progress="$CHAINRUN_CHECKPOINT_DIR/chainrun-progress.json"
+if [ -e "$CHAINRUN_RUN_DIR/final" ]; then
+    skip="the chain has already ended"
+elif [ -r "$progress" ]; then
+    if grep -q '"done": true' "$progress"; then
+        skip="the checkpoint says training is done"
+    elif [ -n "$target" ]; then
+        epoch=$(grep -o '"epoch": *[0-9][0-9]*' "$progress" | grep -o '[0-9]*$' || true)
+        if [ -n "$epoch" ] && [ "$epoch" -ge "$target" ]; then
+            skip="epoch $epoch already reached target_epoch $target"
+        fi
+    fi
+fi
+if [ -n "$skip" ]; then
+    echo "chainrun: segment @@SEGMENT@@ skipped: $skip"
+    end_marker 0 0 1
+    exit 0
+fi
+
+if ! cd @@WORKDIR@@; then
+    echo "chainrun: cannot enter workdir @@WORKDIR_TEXT@@" >&2
+    end_marker 2 2 0
+    exit 2
+fi
+mkdir -p "$CHAINRUN_CHECKPOINT_DIR"
+
+# bash runs traps only between commands, so the command runs in the
+# background and the wrapper waits; signals are forwarded to it.
+child=""
+forward() {
+    got=$1
+    if [ -n "$child" ]; then kill -s "$1" "$child" 2>/dev/null || true; fi
+}
+trap 'forward USR1' USR1
+trap 'forward USR2' USR2
+trap 'forward TERM' TERM
+echo "chainrun: segment @@SEGMENT@@ of chain $CHAINRUN_CHAIN starting on $(hostname) as job ${job:-?}"
+bash -c @@COMMAND@@ &
+child=$!
+while :; do
+    wait "$child"
+    kill -0 "$child" 2>/dev/null || break
+done
+wait "$child"
+rc=$?
+code=$rc
+# SGE reschedules a job that exits 99 and puts one that exits 100 in error
+# state: never pass those on by accident. The original is in the marker.
+case $rc in 99 | 100) code=1 ;; esac
+echo "chainrun: segment @@SEGMENT@@ command exited $rc${got:+ after SIG$got}"
+end_marker "$code" "$rc" 0
+exit "$code"

@@ -1,0 +1,461 @@
+"""The chain database: the only user of sqlite3.
+
+One SQLite file in WAL mode under ``$CHAINRUN_HOME`` holds the chains, their
+segments, and an append-only events log of every decision with its reason.
+Submission is journaled: a segment row in phase ``submitting`` is written
+before the scheduler is asked, so a crash between the two is found again and
+resolved by adoption rather than a second submission.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from chainrun.errors import StoreError, UsageError
+from chainrun.model import (
+    Action,
+    Cancel,
+    Chain,
+    ChainState,
+    EndSegment,
+    Finish,
+    JobSpec,
+    Outcome,
+    Phase,
+    Progress,
+    Segment,
+    Submit,
+)
+
+SCHEMA_VERSION = 1
+
+# Migrations from version i to i+1 are MIGRATIONS[i]; index 0 creates the schema.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE chains (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        state TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        failures INTEGER NOT NULL DEFAULT 0,
+        used REAL NOT NULL DEFAULT 0,
+        progress TEXT,
+        latest TEXT,
+        cancel_requested INTEGER NOT NULL DEFAULT 0,
+        reason TEXT NOT NULL DEFAULT '',
+        ended_at REAL
+    );
+    CREATE TABLE segments (
+        chain_id TEXT NOT NULL REFERENCES chains(id),
+        n INTEGER NOT NULL,
+        walltime INTEGER NOT NULL,
+        phase TEXT NOT NULL,
+        job_id TEXT,
+        after TEXT,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        retry_at REAL,
+        submitted_at REAL,
+        started_at REAL,
+        ended_at REAL,
+        missing_since REAL,
+        outcome TEXT,
+        exit_code INTEGER,
+        charged INTEGER NOT NULL DEFAULT 0,
+        reason TEXT NOT NULL DEFAULT '',
+        PRIMARY KEY (chain_id, n)
+    );
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        chain_id TEXT NOT NULL,
+        segment INTEGER,
+        at REAL NOT NULL,
+        kind TEXT NOT NULL,
+        message TEXT NOT NULL
+    );
+    CREATE INDEX events_by_chain ON events (chain_id, id);
+    """,
+]
+
+
+def default_home() -> Path:
+    """``$CHAINRUN_HOME``, else ``$XDG_STATE_HOME/chainrun``, else ``~/.local/state/chainrun``."""
+    home = os.environ.get("CHAINRUN_HOME")
+    if home:
+        return Path(home).expanduser()
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "chainrun"
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (mode 0700) if needed; state is private to the user."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    chain_id: str
+    segment: Optional[int]
+    at: float
+    kind: str
+    message: str
+
+
+class Store:
+    """Chains, segments and events in one SQLite file."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = private_dir(Path(home))
+        self.path = self.home / "chainrun.db"
+        old_umask = os.umask(0o077)
+        try:
+            # The service ticks in a worker thread, one tick at a time.
+            self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot open the state database: {exc}") from None
+        finally:
+            os.umask(old_umask)
+        self.db.row_factory = sqlite3.Row
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+            os.chmod(self.path, 0o600)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(
+                f"{self.path}: not a usable chainrun database ({exc}); "
+                "move it aside and resubmit, or point CHAINRUN_HOME elsewhere"
+            ) from None
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self._tx() as db:
+            has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
+            version = 0
+            if has_meta:
+                row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+                version = int(row["value"]) if row else 0
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path}: written by a newer chainrun (schema {version}, "
+                    f"this one knows {SCHEMA_VERSION}); upgrade chainrun"
+                )
+            for step in MIGRATIONS[version:]:
+                for statement in step.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+            db.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
+
+    # -- chains ---------------------------------------------------------------
+
+    def add_chain(self, spec: JobSpec, progress: Progress, now: float) -> Chain:
+        chain_id = f"{spec.name}-{secrets.token_hex(3)}"
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO chains (id, name, spec, state, created_at, progress) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    chain_id,
+                    spec.name,
+                    json.dumps(spec.to_json()),
+                    ChainState.ACTIVE.value,
+                    now,
+                    json.dumps(progress.to_json()),
+                ),
+            )
+            self._event(db, chain_id, None, now, "submitted", f"chain submitted from {spec.source}")
+        return self.chain(chain_id)
+
+    def chain(self, chain_id: str) -> Chain:
+        row = self.db.execute("SELECT * FROM chains WHERE id = ?", (chain_id,)).fetchone()
+        if row is None:
+            raise UsageError(f"no chain {chain_id!r}; `chainrun status` lists them")
+        return self._chain(row)
+
+    def chains(self, active_only: bool = False) -> list[Chain]:
+        sql = "SELECT * FROM chains"
+        if active_only:
+            sql += " WHERE state = 'active'"
+        return [self._chain(r) for r in self.db.execute(sql + " ORDER BY created_at")]
+
+    def find(self, ref: str) -> Chain:
+        """A chain by id, unique id prefix, or name (the newest chain of that name)."""
+        rows = self.db.execute(
+            "SELECT * FROM chains WHERE id = ? OR id LIKE ? OR name = ? ORDER BY created_at DESC",
+            (ref, ref.replace("%", "") + "%", ref),
+        ).fetchall()
+        exact = [r for r in rows if r["id"] == ref]
+        if exact:
+            return self._chain(exact[0])
+        named = [r for r in rows if r["name"] == ref]
+        if named:
+            return self._chain(named[0])
+        if len(rows) == 1:
+            return self._chain(rows[0])
+        if rows:
+            ids = ", ".join(r["id"] for r in rows[:5])
+            raise UsageError(f"{ref!r} matches several chains ({ids}); give the full id")
+        raise UsageError(f"no chain {ref!r}; `chainrun status` lists them")
+
+    def _chain(self, row: sqlite3.Row) -> Chain:
+        segs = self.db.execute(
+            "SELECT * FROM segments WHERE chain_id = ? ORDER BY n", (row["id"],)
+        ).fetchall()
+        return Chain(
+            id=row["id"],
+            spec=JobSpec.from_json(json.loads(row["spec"])),
+            state=ChainState(row["state"]),
+            created_at=row["created_at"],
+            segments=tuple(_segment(s) for s in segs),
+            failures=row["failures"],
+            used=row["used"],
+            progress=Progress.from_json(json.loads(row["progress"] or "null")),
+            latest=Progress.from_json(json.loads(row["latest"] or row["progress"] or "null")),
+            cancel_requested=bool(row["cancel_requested"]),
+            reason=row["reason"],
+            ended_at=row["ended_at"],
+        )
+
+    def note_progress(self, chain_id: str, progress: Progress) -> None:
+        """Keep the newest progress seen, for status between segment ends."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE chains SET latest = ? WHERE id = ?", (json.dumps(progress.to_json()), chain_id)
+            )
+
+    def request_cancel(self, chain_id: str, now: float) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE chains SET cancel_requested = 1 WHERE id = ?", (chain_id,))
+            self._event(db, chain_id, None, now, "cancel", "cancel requested by user")
+
+    # -- segments -------------------------------------------------------------
+
+    def journal_submit(self, chain_id: str, sub: Submit, now: float) -> bool:
+        """Write 'submitting segment n' before the scheduler is asked.
+
+        Returns True when the row was already there: an earlier attempt may
+        have reached the scheduler, so the caller must look for that job first.
+        """
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT attempts FROM segments WHERE chain_id = ? AND n = ?", (chain_id, sub.n)
+            ).fetchone()
+            if row is None:
+                db.execute(
+                    "INSERT INTO segments (chain_id, n, walltime, phase, after, attempts, submitted_at) "
+                    "VALUES (?, ?, ?, ?, ?, 1, ?)",
+                    (chain_id, sub.n, sub.walltime, Phase.SUBMITTING.value, sub.after, now),
+                )
+            else:
+                db.execute(
+                    "UPDATE segments SET attempts = attempts + 1, submitted_at = ? "
+                    "WHERE chain_id = ? AND n = ?",
+                    (now, chain_id, sub.n),
+                )
+        return row is not None
+
+    def record_job(self, chain_id: str, n: int, job_id: str, how: str, now: float) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE segments SET job_id = ?, phase = ?, retry_at = NULL WHERE chain_id = ? AND n = ?",
+                (job_id, Phase.PENDING.value, chain_id, n),
+            )
+            self._event(db, chain_id, n, now, "job", f"segment {n} {how} as job {job_id}")
+
+    def submit_failed(self, chain_id: str, n: int, message: str, retry_at: float, now: float) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE segments SET retry_at = ?, reason = ? WHERE chain_id = ? AND n = ?",
+                (retry_at, message, chain_id, n),
+            )
+            self._event(
+                db,
+                chain_id,
+                n,
+                now,
+                "retry",
+                f"submitting segment {n} failed, retrying in {retry_at - now:.0f}s: {message}",
+            )
+
+    def reject(self, chain_id: str, n: int, message: str, now: float) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE segments SET phase = ?, outcome = ?, reason = ?, ended_at = ? "
+                "WHERE chain_id = ? AND n = ?",
+                (Phase.ENDED.value, Outcome.REJECTED.value, message, now, chain_id, n),
+            )
+            self._event(db, chain_id, n, now, "rejected", f"segment {n} rejected: {message}")
+
+    def observe(
+        self,
+        chain_id: str,
+        n: int,
+        phase: Phase,
+        reason: str,
+        started_at: Optional[float],
+        missing_since: Optional[float],
+        now: float,
+    ) -> None:
+        """Record a live job's phase; an event only when the phase changes."""
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT phase, started_at FROM segments WHERE chain_id = ? AND n = ?",
+                (chain_id, n),
+            ).fetchone()
+            db.execute(
+                "UPDATE segments SET phase = ?, reason = ?, started_at = COALESCE(started_at, ?), "
+                "missing_since = ? WHERE chain_id = ? AND n = ?",
+                (phase.value, reason, started_at, missing_since, chain_id, n),
+            )
+            if row is not None and row["phase"] != phase.value:
+                text = f"segment {n} is {phase.value}" + (f" ({reason})" if reason else "")
+                self._event(db, chain_id, n, now, phase.value, text)
+
+    # -- decisions ------------------------------------------------------------
+
+    def apply(self, chain_id: str, action: Action, now: float) -> None:
+        """Record one carried-out decision and its reason."""
+        with self._tx() as db:
+            if isinstance(action, EndSegment):
+                db.execute(
+                    "UPDATE segments SET phase = ?, outcome = ?, exit_code = ?, charged = ?, "
+                    "ended_at = ?, reason = ? WHERE chain_id = ? AND n = ?",
+                    (
+                        Phase.ENDED.value,
+                        action.outcome.value,
+                        action.exit_code,
+                        int(action.charged),
+                        action.ended_at,
+                        action.reason,
+                        chain_id,
+                        action.n,
+                    ),
+                )
+                db.execute(
+                    "UPDATE chains SET failures = failures + ?, used = used + ?, progress = ? WHERE id = ?",
+                    (
+                        int(action.charged),
+                        action.elapsed,
+                        json.dumps(action.progress.to_json()),
+                        chain_id,
+                    ),
+                )
+                cost = "costs one failure" if action.charged else "no cost"
+                self._event(
+                    db,
+                    chain_id,
+                    action.n,
+                    now,
+                    "ended",
+                    f"segment {action.n} ended: {action.reason}; {cost}; "
+                    f"progress: {action.progress.describe()}",
+                )
+            elif isinstance(action, Cancel):
+                db.execute(
+                    "UPDATE segments SET phase = ?, outcome = ?, ended_at = ?, reason = ? "
+                    "WHERE chain_id = ? AND n = ? AND phase != ?",
+                    (
+                        Phase.ENDED.value,
+                        Outcome.CANCELLED.value,
+                        now,
+                        action.reason,
+                        chain_id,
+                        action.n,
+                        Phase.ENDED.value,
+                    ),
+                )
+                job = f"job {action.job_id}" if action.job_id else "not yet submitted"
+                self._event(
+                    db,
+                    chain_id,
+                    action.n,
+                    now,
+                    "cancelled",
+                    f"segment {action.n} ({job}) cancelled: {action.reason}",
+                )
+            elif isinstance(action, Finish):
+                db.execute(
+                    "UPDATE chains SET state = ?, reason = ?, ended_at = ? WHERE id = ?",
+                    (action.state.value, action.reason, now, chain_id),
+                )
+                self._event(
+                    db,
+                    chain_id,
+                    None,
+                    now,
+                    action.state.value,
+                    f"chain {action.state.value}: {action.reason}",
+                )
+            else:
+                raise TypeError(f"not a recorded action: {action!r}")
+
+    # -- events ---------------------------------------------------------------
+
+    def event(self, chain_id: str, segment: Optional[int], kind: str, message: str) -> None:
+        with self._tx() as db:
+            self._event(db, chain_id, segment, time.time(), kind, message)
+
+    def events(self, chain_id: str, after_id: int = 0) -> list[Event]:
+        rows = self.db.execute(
+            "SELECT * FROM events WHERE chain_id = ? AND id > ? ORDER BY id", (chain_id, after_id)
+        )
+        return [Event(r["id"], r["chain_id"], r["segment"], r["at"], r["kind"], r["message"]) for r in rows]
+
+    @staticmethod
+    def _event(
+        db: sqlite3.Connection, chain_id: str, segment: Optional[int], at: float, kind: str, message: str
+    ) -> None:
+        db.execute(
+            "INSERT INTO events (chain_id, segment, at, kind, message) VALUES (?, ?, ?, ?, ?)",
+            (chain_id, segment, at, kind, message),
+        )
+
+
+def _segment(row: sqlite3.Row) -> Segment:
+    data: dict[str, Any] = dict(row)
+    return Segment(
+        chain_id=data["chain_id"],
+        n=data["n"],
+        walltime=data["walltime"],
+        phase=Phase(data["phase"]),
+        job_id=data["job_id"],
+        after=data["after"],
+        attempts=data["attempts"],
+        retry_at=data["retry_at"],
+        submitted_at=data["submitted_at"],
+        started_at=data["started_at"],
+        ended_at=data["ended_at"],
+        missing_since=data["missing_since"],
+        outcome=Outcome(data["outcome"]) if data["outcome"] else None,
+        exit_code=data["exit_code"],
+        charged=bool(data["charged"]),
+        reason=data["reason"],
+    )

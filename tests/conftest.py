@@ -1,0 +1,102 @@
+"""Shared fixtures: a private CHAINRUN_HOME, the chainrun CLI as a subprocess,
+and the rule that a test needing a real scheduler fails (not skips) in CI."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# Set by scripts/test: a missing scheduler is then a failure, never a skip.
+REQUIRE_CLUSTERS = os.environ.get("CHAINRUN_REQUIRE_CLUSTERS") == "1"
+
+
+def need(what: str, available: bool, how: str) -> None:
+    """Skip, or fail under CHAINRUN_REQUIRE_CLUSTERS=1, when ``what`` is missing."""
+    if available:
+        return
+    message = f"{what} is not available here; start it with {how}"
+    if REQUIRE_CLUSTERS:
+        pytest.fail(message + " (CHAINRUN_REQUIRE_CLUSTERS=1: missing schedulers are failures)")
+    pytest.skip(message)
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private CHAINRUN_HOME for this test."""
+    path = tmp_path / "home"
+    monkeypatch.setenv("CHAINRUN_HOME", str(path))
+    return path
+
+
+def cli_env(home: Path) -> dict[str, str]:
+    env = dict(os.environ, CHAINRUN_HOME=str(home), PYTHONUNBUFFERED="1")
+    # The training commands run `python3`: make it this interpreter.
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.fixture
+def chainrun(home: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run the chainrun CLI in a subprocess, as a user would."""
+
+    def run(*args: str, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "chainrun", *args],
+            capture_output=True,
+            text=True,
+            env=cli_env(home),
+            timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"chainrun {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+            )
+        return result
+
+    return run
+
+
+@pytest.fixture
+def service(home: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Start `chainrun daemon` processes; all are killed at the end of the test."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(interval: float = 0.5) -> subprocess.Popen[bytes]:
+        with open(home.parent / f"daemon-{len(procs)}.log", "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "chainrun", "daemon", "--interval", str(interval)],
+                env=cli_env(home),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str, every: float = 0.3) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def have(cmd: str) -> bool:
+    return shutil.which(cmd) is not None

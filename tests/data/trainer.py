@@ -1,0 +1,99 @@
+"""A stand-in training script for chain tests: stdlib only, deterministic.
+
+Each "epoch" sleeps --epoch-time seconds; after each epoch it saves a
+checkpoint and the progress sidecar atomically (as the contract says). On the
+walltime signal it saves and exits 0. --mode crash exits 1 at once;
+--mode stall runs but never advances its checkpoint; --mode corrupt
+leaves a half-written sidecar behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+
+
+def atomic(path: str, data: bytes) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--epoch-time", type=float, default=1.0)
+    p.add_argument("--mode", choices=["ok", "crash", "stall", "corrupt", "ignore-signal"], default="ok")
+    args = p.parse_args()
+    ckdir = os.environ.get("CHAINRUN_CHECKPOINT_DIR", "checkpoints")
+    os.makedirs(ckdir, exist_ok=True)
+    sidecar = os.path.join(ckdir, "chainrun-progress.json")
+    epoch = 0
+    if os.path.exists(sidecar):
+        try:
+            with open(sidecar) as f:
+                epoch = json.load(f)["epoch"]
+            print(f"resumed from model.ckpt (epoch {epoch})", flush=True)
+        except ValueError:
+            print("sidecar unreadable; starting from epoch 0", flush=True)
+    if args.mode == "crash":
+        print("crashing", flush=True)
+        return 1
+    stop = []
+    sig = os.environ.get("CHAINRUN_SIGNAL", "USR1")
+    if args.mode != "ignore-signal":
+        signal.signal(getattr(signal, "SIG" + sig), lambda *_: stop.append(1))
+    else:
+        for s in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+    while epoch < args.epochs and not stop:
+        deadline = time.time() + args.epoch_time
+        while time.time() < deadline and not stop:
+            time.sleep(0.05)
+        if stop:
+            break
+        if args.mode == "stall":
+            continue
+        if args.mode == "corrupt":  # a half-written, non-atomic sidecar
+            with open(sidecar, "w") as f:
+                f.write(f'{{"epoch": {epoch + 1}, "sa')
+            continue
+        epoch += 1
+        data = f"weights after epoch {epoch}\n".encode()
+        atomic(os.path.join(ckdir, "model.ckpt"), data)
+        atomic(
+            sidecar,
+            (
+                json.dumps(
+                    {
+                        "version": 1,
+                        "epoch": epoch,
+                        "step": 0,
+                        "file": "model.ckpt",
+                        "size": len(data),
+                        "sha256": hashlib.sha256(data).hexdigest(),
+                        "saved_at": time.time(),
+                        "done": False,
+                        "segment": int(os.environ.get("CHAINRUN_SEGMENT", "0")) or None,
+                        "metrics": {},
+                    },
+                    sort_keys=True,
+                )
+                + "\n"
+            ).encode(),
+        )
+        print(f"epoch {epoch} done", flush=True)
+    print("stopping" + (" on signal" if stop else ""), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""The chain rules of DESIGN.md, pinned table by table on the pure decide()."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from typing import Optional
+
+import pytest
+
+from chainrun.decide import decide
+from chainrun.model import (
+    NO_PROGRESS,
+    Cancel,
+    Chain,
+    ChainState,
+    EndSegment,
+    Finish,
+    JobSpec,
+    Observation,
+    Outcome,
+    Phase,
+    Progress,
+    Segment,
+    Submit,
+)
+
+SPEC = JobSpec(
+    name="t",
+    command="python train.py",
+    workdir="/w",
+    total_time=1000,
+    walltime=100,
+    target_epoch=10,
+    max_failures=2,
+    checkpoint_dir="/w/ckpt",
+    signal="USR1",
+    grace=10,
+)
+NOW = 10_000.0
+BEFORE = Progress(epoch=3, saved_at=100.0)
+AFTER = Progress(epoch=4, saved_at=200.0)
+
+
+def seg(n: int, phase: Phase = Phase.RUNNING, job: Optional[str] = None, **kw: object) -> Segment:
+    return Segment(chain_id="c", n=n, walltime=100, phase=phase, job_id=job or f"j{n}", **kw)  # type: ignore[arg-type]
+
+
+def chain(*segments: Segment, spec: JobSpec = SPEC, **kw: object) -> Chain:
+    fields: dict[str, object] = {"progress": BEFORE}
+    fields.update(kw)
+    return Chain(id="c", spec=spec, state=ChainState.ACTIVE, created_at=0.0, segments=segments, **fields)  # type: ignore[arg-type]
+
+
+def ended(job: str, outcome: Outcome, code: Optional[int] = 0, start: float = NOW - 90) -> Observation:
+    return Observation(job, Phase.ENDED, outcome=outcome, exit_code=code, started_at=start, ended_at=NOW - 1)
+
+
+def kinds(actions: list[object]) -> list[str]:
+    return [type(a).__name__ for a in actions]
+
+
+def test_empty_chain_submits_first_segment_with_full_walltime() -> None:
+    """A new chain asks for segment 1 with no dependency."""
+    assert decide(chain(), {}, NO_PROGRESS, NOW) == [Submit(n=1, walltime=100)]
+
+
+def test_one_live_segment_gets_one_successor_queued_after_it() -> None:
+    """The successor is queued ahead with a dependency on the current job."""
+    assert decide(chain(seg(1)), {}, BEFORE, NOW) == [Submit(n=2, walltime=100, after="j1")]
+
+
+def test_two_live_segments_queue_nothing_more() -> None:
+    """Never more than one successor queued ahead."""
+    assert decide(chain(seg(1), seg(2, Phase.PENDING)), {}, BEFORE, NOW) == []
+
+
+def test_no_successor_before_the_current_job_id_is_known() -> None:
+    """A dependency needs the predecessor's id; wait for it."""
+    journaled = seg(1, Phase.SUBMITTING, retry_at=NOW + 50)
+    journaled = replace(journaled, job_id=None)
+    assert decide(chain(journaled), {}, BEFORE, NOW) == []
+
+
+FREE_WITH_PROGRESS = (Outcome.TIMEOUT, Outcome.PREEMPTED, Outcome.COMPLETED)
+CRASHES = (Outcome.FAILED, Outcome.OOM, Outcome.NODE_FAIL, Outcome.CANCELLED, Outcome.LOST)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "advanced", "failures"),
+    list(itertools.product(FREE_WITH_PROGRESS + CRASHES, (True, False), (0, 1, 2))),
+)
+def test_every_outcome_progress_and_budget_edge(outcome: Outcome, advanced: bool, failures: int) -> None:
+    """Crashes always cost one; timeout/preempt/exit-0 cost one only without progress."""
+    c = chain(seg(1), seg(2, Phase.PENDING), failures=failures)
+    progress = AFTER if advanced else BEFORE
+    code = 0 if outcome in FREE_WITH_PROGRESS else 1
+    actions = decide(c, {"j1": ended("j1", outcome, code)}, progress, NOW)
+
+    end = actions[0]
+    assert isinstance(end, EndSegment)
+    expected_charge = outcome in CRASHES or not advanced
+    assert end.charged is expected_charge
+    assert end.outcome is outcome
+    assert end.progress == progress
+    assert end.elapsed == pytest.approx(89.0)
+    total = failures + expected_charge
+    if total > SPEC.max_failures:
+        assert kinds(actions) == ["EndSegment", "Cancel", "Finish"]
+        fin = actions[-1]
+        assert isinstance(fin, Finish) and fin.state is ChainState.FAILED
+        assert "failure budget spent" in fin.reason
+        assert ("no progress" in fin.reason) is (not expected_charge or outcome not in CRASHES)
+        assert actions[1] == Cancel(n=2, job_id="j2", reason="chain failed")
+    elif total == SPEC.max_failures:
+        # Last life: no successor is queued ahead behind segment 2.
+        assert kinds(actions) == ["EndSegment"]
+    else:
+        assert actions[1:] == [Submit(n=3, walltime=100, after="j2")]
+
+
+def test_no_progress_reason_names_it() -> None:
+    """A run that never advances its checkpoint fails with reason 'no progress'."""
+    c = chain(seg(1), failures=2)
+    actions = decide(c, {"j1": ended("j1", Outcome.TIMEOUT)}, BEFORE, NOW)
+    fin = actions[-1]
+    assert isinstance(fin, Finish) and fin.state is ChainState.FAILED
+    assert "no progress" in fin.reason and "failure budget spent" in fin.reason
+
+
+def test_unreadable_progress_counts_as_no_new_progress() -> None:
+    """A corrupt sidecar (progress None) never counts as progress."""
+    actions = decide(chain(seg(1)), {"j1": ended("j1", Outcome.TIMEOUT)}, None, NOW)
+    end = actions[0]
+    assert isinstance(end, EndSegment) and end.charged and end.progress == BEFORE
+
+
+def test_target_epoch_reached_completes_and_cancels_successor() -> None:
+    """Reaching target_epoch completes the chain and cancels the queued successor."""
+    done = Progress(epoch=10, saved_at=300.0)
+    actions = decide(chain(seg(1), seg(2, Phase.PENDING)), {"j1": ended("j1", Outcome.TIMEOUT)}, done, NOW)
+    assert kinds(actions) == ["EndSegment", "Cancel", "Finish"]
+    fin = actions[-1]
+    assert isinstance(fin, Finish) and fin.state is ChainState.COMPLETED
+    assert "target epoch 10 reached" in fin.reason
+
+
+def test_target_reached_while_running_cancels_the_queue_and_lets_the_runner_finish() -> None:
+    """Past the target, the queued successor goes; the running segment may finish its work."""
+    done = Progress(epoch=12, saved_at=300.0)
+    actions = decide(chain(seg(1), seg(2, Phase.PENDING)), {}, done, NOW)
+    assert actions == [Cancel(n=2, job_id="j2", reason="target reached")]
+    actions = decide(chain(seg(1)), {"j1": ended("j1", Outcome.COMPLETED)}, done, NOW)
+    assert kinds(actions) == ["EndSegment", "Finish"]
+
+
+def test_done_flag_completes_without_target() -> None:
+    """The helper's done flag completes the chain."""
+    spec = replace(SPEC, target_epoch=None)
+    obs = {"j1": ended("j1", Outcome.TIMEOUT)}
+    actions = decide(chain(seg(1), spec=spec), obs, Progress(epoch=2, done=True, saved_at=5.0), NOW)
+    assert isinstance(actions[-1], Finish) and actions[-1].state is ChainState.COMPLETED
+
+
+@pytest.mark.parametrize(("code", "completes"), [(0, True), (1, False)])
+def test_without_target_exit_zero_completes(code: int, completes: bool) -> None:
+    """With no target_epoch, a command that exits 0 on its own is done."""
+    spec = replace(SPEC, target_epoch=None)
+    outcome = Outcome.COMPLETED if code == 0 else Outcome.FAILED
+    actions = decide(chain(seg(1), spec=spec), {"j1": ended("j1", outcome, code)}, BEFORE, NOW)
+    finished = [a for a in actions if isinstance(a, Finish)]
+    assert bool(finished and finished[0].state is ChainState.COMPLETED) is completes
+    end = actions[0]
+    assert isinstance(end, EndSegment) and end.charged is (not completes)
+
+
+def test_completed_beats_failed_when_both_apply() -> None:
+    """A crash after the target was saved still completes the chain."""
+    done = Progress(epoch=10, saved_at=300.0)
+    actions = decide(chain(seg(1), failures=2), {"j1": ended("j1", Outcome.FAILED, 1)}, done, NOW)
+    fin = actions[-1]
+    assert isinstance(fin, Finish) and fin.state is ChainState.COMPLETED
+
+
+@pytest.mark.parametrize(
+    ("used", "expected"),
+    [
+        (0.0, [Submit(n=2, walltime=100)]),
+        (950.0, [Submit(n=2, walltime=50)]),  # last segment clamped to what is left
+        (989.0, [Submit(n=2, walltime=11)]),
+        (990.0, "exhausted"),  # what is left is not longer than grace
+        (1000.0, "exhausted"),
+    ],
+)
+def test_time_budget_clamps_and_exhausts(used: float, expected: object) -> None:
+    """The last segment is clamped; the chain is exhausted when no useful time is left."""
+    done_seg = seg(1, Phase.ENDED, outcome=Outcome.TIMEOUT)
+    actions = decide(chain(done_seg, used=used), {}, BEFORE, NOW)
+    if expected == "exhausted":
+        assert len(actions) == 1
+        fin = actions[0]
+        assert isinstance(fin, Finish) and fin.state is ChainState.EXHAUSTED
+        assert "time budget spent" in fin.reason
+    else:
+        assert actions == expected
+
+
+@pytest.mark.parametrize(("used", "expected"), [(800.0, 100), (850.0, 50), (895.0, None)])
+def test_successor_walltime_assumes_current_uses_all_of_its_own(used: float, expected: Optional[int]) -> None:
+    """The queued-ahead successor fits the budget left after the current segment's walltime."""
+    actions = decide(chain(seg(1), used=used), {}, BEFORE, NOW)
+    if expected is None:
+        assert actions == []
+    else:
+        assert actions == [Submit(n=2, walltime=expected, after="j1")]
+
+
+def test_cancel_requested_cancels_every_live_job() -> None:
+    """A user's cancel cancels running and queued jobs and ends the chain."""
+    c = chain(seg(1), seg(2, Phase.PENDING), cancel_requested=True)
+    assert decide(c, {}, BEFORE, NOW) == [
+        Cancel(n=1, job_id="j1", reason="chain cancelled"),
+        Cancel(n=2, job_id="j2", reason="chain cancelled"),
+        Finish(state=ChainState.CANCELLED, reason="cancelled by user"),
+    ]
+
+
+@pytest.mark.parametrize("state", [s for s in ChainState if s.final])
+def test_final_chain_gets_no_actions(state: ChainState) -> None:
+    """Nothing is ever submitted after a final state."""
+    c = replace(chain(seg(1)), state=state)
+    assert decide(c, {"j1": ended("j1", Outcome.FAILED, 1)}, AFTER, NOW) == []
+
+
+def test_rejected_submission_fails_chain_with_scheduler_message() -> None:
+    """A permanent rejection ends the chain at once with the scheduler's words."""
+    rejected = replace(
+        seg(1, Phase.ENDED),
+        job_id=None,
+        outcome=Outcome.REJECTED,
+        reason="sbatch: error: invalid partition specified: nosuch",
+    )
+    actions = decide(chain(rejected), {}, BEFORE, NOW)
+    assert actions == [Finish(ChainState.FAILED, "sbatch: error: invalid partition specified: nosuch")]
+
+
+@pytest.mark.parametrize(("retry_at", "resubmits"), [(NOW + 5, False), (NOW - 1, True), (None, True)])
+def test_journaled_submission_is_retried_after_backoff(retry_at: Optional[float], resubmits: bool) -> None:
+    """A submission that failed transiently is retried once its backoff has passed."""
+    s = replace(seg(1, Phase.SUBMITTING), job_id=None, retry_at=retry_at)
+    actions = decide(chain(s), {}, BEFORE, NOW)
+    assert actions == ([Submit(n=1, walltime=100, after=None)] if resubmits else [])
+
+
+def test_pending_and_running_observations_change_nothing() -> None:
+    """A job that has not ended is not charged and nothing is resubmitted."""
+    c = chain(seg(1), seg(2, Phase.PENDING))
+    obs = {
+        "j1": Observation("j1", Phase.RUNNING),
+        "j2": Observation("j2", Phase.PENDING, reason="Dependency"),
+    }
+    assert decide(c, obs, AFTER, NOW) == []
+
+
+def test_timeout_without_start_time_counts_its_walltime() -> None:
+    """A timed-out job never seen running still used its walltime."""
+    obs = Observation("j1", Phase.ENDED, outcome=Outcome.TIMEOUT, exit_code=0)
+    end = decide(chain(seg(1)), {"j1": obs}, AFTER, NOW)[0]
+    assert isinstance(end, EndSegment) and end.elapsed == 100.0
+
+
+def test_two_segments_ending_in_one_tick_credit_progress_once() -> None:
+    """Progress is credited to the first ended segment; the second made none."""
+    c = chain(seg(1), seg(2))
+    obs = {"j1": ended("j1", Outcome.TIMEOUT), "j2": ended("j2", Outcome.TIMEOUT)}
+    actions = decide(c, obs, AFTER, NOW)
+    ends = [a for a in actions if isinstance(a, EndSegment)]
+    assert [e.charged for e in ends] == [False, True]
+    assert isinstance(actions[-1], Submit) and actions[-1].n == 3
+
+
+def test_max_failures_zero_never_queues_ahead() -> None:
+    """With no failure budget, every segment is the last life: no successor ahead."""
+    spec = replace(SPEC, max_failures=0)
+    assert decide(chain(seg(1), spec=spec), {}, BEFORE, NOW) == []

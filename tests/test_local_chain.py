@@ -1,0 +1,189 @@
+"""Whole chains on the local runner, through the real CLI, service and store."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from conftest import wait_for
+
+TRAINER = Path(__file__).parent / "data" / "trainer.py"
+CLI = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def job(
+    tmp_path: Path,
+    mode: str = "ok",
+    epochs: int = 6,
+    walltime: str = "4s",
+    grace: str = "1s",
+    max_failures: int = 2,
+    total: str = "2m",
+    name: str = "t",
+    extra: str = "",
+) -> Path:
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    shutil.copy(TRAINER, work / "trainer.py")
+    path = work / "job.toml"
+    path.write_text(
+        f'name = "{name}"\n'
+        f'command = "python3 trainer.py --mode {mode} --epochs {epochs} --epoch-time 1"\n'
+        f'total_time = "{total}"\nwalltime = "{walltime}"\ngrace = "{grace}"\n'
+        f"target_epoch = {epochs}\nmax_failures = {max_failures}\n{extra}"
+    )
+    return path
+
+
+def status(chainrun: CLI, ref: str) -> dict:  # type: ignore[type-arg]
+    out = chainrun("status", ref, "--json", check=True).stdout
+    return json.loads(out)[0]  # type: ignore[no-any-return]
+
+
+def local_jobs(home: Path) -> list[dict]:  # type: ignore[type-arg]
+    jobs = home / "local" / "jobs"
+    return [json.loads((d / "job.json").read_text()) for d in jobs.iterdir()] if jobs.exists() else []
+
+
+def started_segments(work: Path) -> list[Path]:
+    return sorted(work.glob(".chainrun/*/seg-*.start"))
+
+
+@pytest.mark.slow
+def test_chain_reaches_target_over_three_segments_resuming_each_time(tmp_path: Path, chainrun: CLI) -> None:
+    """`chainrun run` carries a run to its target across walltime-limited segments."""
+    path = job(tmp_path, epochs=6)
+    result = chainrun("run", str(path), "--interval", "0.5")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "completed: target epoch 6 reached" in result.stdout
+    st = status(chainrun, "t")
+    ran = [s for s in st["segments"] if s["outcome"] in ("timeout", "completed")]
+    assert len(ran) >= 3
+    assert all(not s["charged"] for s in ran)
+    assert st["failures"] == 0 and st["epoch"] == 6
+    history = chainrun("history", "t", check=True).stdout
+    assert history.count("with progress") >= 2
+    logs = chainrun("logs", "t", check=True).stdout
+    assert "resumed from model.ckpt (epoch 2)" in logs or "resumed from model.ckpt (epoch 3)" in logs
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_crashing_script_stops_after_max_failures_plus_one_crashes(tmp_path: Path, chainrun: CLI) -> None:
+    """A script that crashes every time spends the budget: max_failures + 1 runs, not one more."""
+    path = job(tmp_path, mode="crash", max_failures=2)
+    result = chainrun("run", str(path), "--interval", "0.3")
+    assert result.returncode == 1
+    st = status(chainrun, "t")
+    assert st["state"] == "failed"
+    assert "failure budget spent" in st["reason"]
+    assert st["failures"] == 3
+    assert len(started_segments(path.parent)) == 3
+    ended_by_crash = [s for s in st["segments"] if s["outcome"] == "failed"]
+    assert len(ended_by_crash) == 3 and all(s["charged"] for s in ended_by_crash)
+
+
+@pytest.mark.slow
+def test_script_that_never_advances_stops_with_no_progress(tmp_path: Path, chainrun: CLI) -> None:
+    """Running but never saving spends the budget with reason 'no progress'."""
+    path = job(tmp_path, mode="stall", walltime="3s", max_failures=1)
+    result = chainrun("run", str(path), "--interval", "0.3")
+    assert result.returncode == 1
+    st = status(chainrun, "t")
+    assert st["state"] == "failed"
+    assert "no progress" in st["reason"] and "failure budget spent" in st["reason"]
+    assert [s["outcome"] for s in st["segments"]] == ["timeout", "timeout"]
+
+
+@pytest.mark.slow
+def test_corrupt_sidecar_is_no_progress_and_never_crashes_the_service(tmp_path: Path, chainrun: CLI) -> None:
+    """A half-written sidecar counts as no new progress; the service keeps going."""
+    path = job(tmp_path, mode="corrupt", walltime="3s", max_failures=1)
+    result = chainrun("run", str(path), "--interval", "0.3")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "progress sidecar unreadable" in result.stderr
+    st = status(chainrun, "t")
+    assert "no progress" in st["reason"]
+
+
+@pytest.mark.slow
+def test_service_killed_repeatedly_loses_and_duplicates_nothing(
+    tmp_path: Path,
+    chainrun: CLI,
+    service: Callable[..., subprocess.Popen[bytes]],
+    home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGKILL at random moments, restart: every segment runs once and the chain completes."""
+    # Each submission reports its job id 0.7 s late: kills land between submit and record.
+    monkeypatch.setenv("CHAINRUN_LOCAL_SUBMIT_DELAY", "0.7")
+    path = job(tmp_path, epochs=6, walltime="4s")
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    rng = random.Random(7)
+    for _ in range(8):
+        proc = service()
+        time.sleep(rng.uniform(0.4, 2.0))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    service()
+    wait_for(lambda: status(chainrun, chain_id)["state"] != "active", 120, "the chain to end")
+    st = status(chainrun, chain_id)
+    assert st["state"] == "completed", st["reason"]
+    names = [j["name"] for j in local_jobs(home)]
+    assert len(names) == len(set(names)), f"a segment was submitted twice: {sorted(names)}"
+    recorded = [s["job_id"] for s in st["segments"] if s["job_id"]]
+    assert len(recorded) == len(set(recorded))
+    assert len(names) == len(st["segments"])
+    history = chainrun("history", chain_id, check=True).stdout
+    assert "adopted after a restart" in history
+
+
+def test_cancel_without_a_service_cancels_jobs_at_once(tmp_path: Path, chainrun: CLI, home: Path) -> None:
+    """`chainrun cancel` with no service running carries the cancel out itself."""
+    path = job(tmp_path, epochs=50, walltime="30s", total="5m")
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    db = sqlite3.connect(home / "chainrun.db")
+    assert db.execute("select count(*) from segments").fetchone()[0] == 0
+    result = chainrun("cancel", chain_id, check=True)
+    assert "cancelled" in result.stdout
+    st = status(chainrun, chain_id)
+    assert st["state"] == "cancelled"
+
+
+def test_status_with_no_chains_says_how_to_start(chainrun: CLI) -> None:
+    """An empty status tells the user what to do."""
+    assert "submit one" in chainrun("status", check=True).stdout
+
+
+@pytest.mark.parametrize("args", [["status", "nosuch"], ["history", "nosuch"], ["cancel", "nosuch"]])
+def test_unknown_chain_is_one_line_exit_2(chainrun: CLI, args: list[str]) -> None:
+    """Naming a chain that does not exist is a one-line error, exit 2."""
+    result = chainrun(*args)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "no chain 'nosuch'" in result.stderr
+
+
+def test_bad_job_file_is_one_line_exit_2_and_stores_nothing(
+    tmp_path: Path, chainrun: CLI, home: Path
+) -> None:
+    """A malformed job file is refused by check, submit and run alike, without a traceback."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\ncommand = "true"\ntotal_time = "1h"\nwalltime = "2h"\n')
+    for cmd in ("check", "submit", "run"):
+        result = chainrun(cmd, str(bad))
+        assert result.returncode == 2, cmd
+        assert "walltime = '2h': longer than total_time" in result.stderr
+        assert "Traceback" not in result.stderr
+    assert (
+        not (home / "chainrun.db").exists()
+        or sqlite3.connect(home / "chainrun.db").execute("select count(*) from chains").fetchone()[0] == 0
+    )
