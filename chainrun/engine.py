@@ -89,10 +89,12 @@ class Engine:
         store: Store,
         clock: Callable[[], float] = time.time,
         transports: Callable[[Optional[str]], Transport] = transport_for,
+        on_end: Optional[Callable[[Chain], None]] = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self.transports = transports
+        self.on_end = on_end  # told of every chain that reaches a final state
 
     def tick(self) -> TickSummary:
         summary = TickSummary()
@@ -242,6 +244,8 @@ class Engine:
             elif isinstance(action, Finish):
                 self.store.apply(chain.id, action, now)
                 bound.info("chain ended", state=action.state.value, reason=action.reason)
+                if self.on_end is not None:
+                    self.on_end(self.store.chain(chain.id))
 
     def _cancel(self, cluster: _Cluster, chain: Chain, cancels: list[Cancel], now: float) -> None:
         ids = []

@@ -42,6 +42,8 @@ TOP_KEYS = (
     "checkpoint_dir",
     "signal",
     "grace",
+    "on_end",
+    "webhook",
     "scheduler",
     "env",
 )
@@ -209,6 +211,13 @@ def parse(data: dict[str, Any], path: str, base: Path) -> JobSpec:
             raise fe.error(key, "expected a string or number")
         env.append((key, str(value)))
 
+    on_end = f.get("on_end", str, "a shell command run when the chain ends")
+    f.checked("on_end", on_end, lambda c: c.strip() and "\0" not in c, "must be a non-empty command")
+    webhook = f.get("webhook", str, "an http:// or https:// URL")
+    f.checked(
+        "webhook", webhook, lambda u: re.match(r"^https?://\S+$", u), "must be an http:// or https:// URL"
+    )
+
     return JobSpec(
         name=name,
         command=command,
@@ -222,6 +231,8 @@ def parse(data: dict[str, Any], path: str, base: Path) -> JobSpec:
         grace=grace,
         scheduler=sched,
         env=tuple(env),
+        on_end=on_end,
+        webhook=webhook,
         source=str(Path(path).resolve()) if path else "",
     )
 

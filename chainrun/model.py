@@ -92,6 +92,8 @@ class JobSpec:
     grace: int
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     env: tuple[tuple[str, str], ...] = ()
+    on_end: Optional[str] = None  # a command run (locally) when the chain ends
+    webhook: Optional[str] = None  # an http(s) URL that gets a JSON POST when the chain ends
     source: str = ""
 
     def to_json(self) -> dict[str, Any]:
