@@ -1,0 +1,185 @@
+"""The Slurm backend: sbatch, squeue, sacct and scancel, built and parsed.
+
+Paths travel on sbatch's command line (quoted by the transport), so nothing
+from the job file needs quoting inside ``#SBATCH`` lines; the directives hold
+the tag, limits and signal, then the user's options verbatim.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import ClassVar, Optional
+
+from chainrun.errors import SchedulerError
+from chainrun.model import Outcome, Phase
+from chainrun.schedulers.base import LiveJob, SegmentJob
+from chainrun.transport import CommandResult
+
+# squeue and sacct fields; "|" cannot occur in any of them but the name, which is our tag.
+SQUEUE_FORMAT = "%i|%j|%T|%r|%S|%e"
+
+# One table from Slurm's job states to ours: (phase, outcome when ended).
+STATES: dict[str, tuple[Phase, Optional[Outcome]]] = {
+    "PENDING": (Phase.PENDING, None),
+    "REQUEUED": (Phase.PENDING, None),
+    "REQUEUE_HOLD": (Phase.PENDING, None),
+    "REQUEUE_FED": (Phase.PENDING, None),
+    "CONFIGURING": (Phase.RUNNING, None),
+    "RUNNING": (Phase.RUNNING, None),
+    "COMPLETING": (Phase.RUNNING, None),  # ending: the verdict comes next
+    "SUSPENDED": (Phase.RUNNING, None),
+    "STOPPED": (Phase.RUNNING, None),
+    "SIGNALING": (Phase.RUNNING, None),
+    "STAGE_OUT": (Phase.RUNNING, None),
+    "RESIZING": (Phase.RUNNING, None),
+    "RESV_DEL_HOLD": (Phase.PENDING, None),
+    "COMPLETED": (Phase.ENDED, Outcome.COMPLETED),
+    "FAILED": (Phase.ENDED, Outcome.FAILED),
+    "TIMEOUT": (Phase.ENDED, Outcome.TIMEOUT),
+    "DEADLINE": (Phase.ENDED, Outcome.TIMEOUT),
+    "PREEMPTED": (Phase.ENDED, Outcome.PREEMPTED),
+    "NODE_FAIL": (Phase.ENDED, Outcome.NODE_FAIL),
+    "BOOT_FAIL": (Phase.ENDED, Outcome.NODE_FAIL),
+    "OUT_OF_MEMORY": (Phase.ENDED, Outcome.OOM),
+    "CANCELLED": (Phase.ENDED, Outcome.CANCELLED),
+    "REVOKED": (Phase.ENDED, Outcome.CANCELLED),
+    "SPECIAL_EXIT": (Phase.ENDED, Outcome.FAILED),
+}
+
+# sbatch/squeue errors that say "try again later", not "this can never work".
+TRANSIENT = re.compile(
+    r"socket timed out|unable to contact slurm controller|temporarily unavailable|"
+    r"temporarily unable|connection refused|zero bytes were transmitted|"
+    r"slurm_persist_conn|communication connection failure|not responding|"
+    r"resource temporarily|try again|job submit/allocate failed: .*time",
+    re.IGNORECASE,
+)
+
+
+def slurm_time(seconds: int) -> str:
+    """Slurm's --time has minute resolution: round up, so the wrapper's deadline comes first."""
+    minutes = max(1, -(-seconds // 60))
+    days, rest = divmod(minutes, 1440)
+    return f"{days}-{rest // 60:02d}:{rest % 60:02d}:00"
+
+
+def _stamp(text: str) -> Optional[float]:
+    if not text or text in ("N/A", "Unknown", "None"):
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def _error(tool: str, result: CommandResult) -> SchedulerError:
+    text = (result.stderr.strip() or result.stdout.strip() or f"exit {result.returncode}").splitlines()
+    message = f"{tool}: " + " ".join(line.strip() for line in text[-3:])
+    if result.returncode == 127:
+        return SchedulerError(
+            f"{tool} not found: is Slurm installed and on PATH? ({message})", transient=False
+        )
+    return SchedulerError(message, transient=bool(TRANSIENT.search(message)))
+
+
+class SlurmScheduler:
+    kind: ClassVar[str] = "slurm"
+
+    def directives(self, job: SegmentJob) -> list[str]:
+        spec = job.spec
+        lines = [
+            f"#SBATCH --job-name={job.tag}",
+            f"#SBATCH --comment={job.tag}",
+            f"#SBATCH --time={slurm_time(job.walltime)}",
+            f"#SBATCH --signal=B:{spec.signal}@{spec.grace}",
+            "#SBATCH --open-mode=append",
+            "#SBATCH --export=ALL",
+        ]
+        if spec.scheduler.queue:
+            lines.append(f"#SBATCH --partition={spec.scheduler.queue}")
+        lines += [f"#SBATCH {opt}" for opt in spec.scheduler.options]
+        return lines
+
+    def submit_argv(self, job: SegmentJob) -> list[str]:
+        argv = [
+            "sbatch",
+            "--parsable",
+            f"--output={job.log_path}",
+            f"--chdir={job.spec.workdir}",
+        ]
+        if job.after:
+            argv.append(f"--dependency=afterany:{job.after}")
+        return [*argv, job.script_path]
+
+    def parse_submit(self, result: CommandResult) -> str:
+        if not result.ok:
+            raise _error("sbatch", result)
+        # --parsable prints "jobid" or "jobid;cluster" on the last line.
+        lines = result.stdout.strip().splitlines()
+        job_id = lines[-1].split(";")[0].strip() if lines else ""
+        if not job_id.isdigit():
+            raise SchedulerError(f"sbatch: unexpected output {result.stdout.strip()!r}", transient=True)
+        return job_id
+
+    def poll_argv(self) -> list[str]:
+        return ["squeue", "--me", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}"]
+
+    def parse_poll(self, result: CommandResult) -> dict[str, LiveJob]:
+        if not result.ok:
+            raise _error("squeue", result)
+        jobs = {}
+        for line in result.stdout.splitlines():
+            # The name is the one field that may hold "|" (the user's other jobs).
+            job_id, _, rest = line.partition("|")
+            fields = rest.rsplit("|", 4)
+            if len(fields) != 5:
+                continue
+            name, state, reason, start, end = fields
+            phase, outcome = STATES.get(state.split()[0].rstrip("+"), (Phase.RUNNING, None))
+            jobs[job_id.strip()] = LiveJob(
+                job_id=job_id.strip(),
+                name=name,
+                phase=phase,
+                outcome=outcome,
+                started_at=_stamp(start) if phase is not Phase.PENDING else None,
+                ended_at=_stamp(end) if phase is Phase.ENDED else None,
+                reason=state if phase is Phase.ENDED else ("" if reason == "None" else reason),
+            )
+        return jobs
+
+    def cancel_argv(self, job_ids: list[str]) -> list[str]:
+        return ["scancel", *job_ids]
+
+    def accounting_argv(self, job_ids: list[str]) -> Optional[list[str]]:
+        return [
+            "sacct",
+            "--noheader",
+            "--parsable2",
+            "--allocations",
+            "--jobs=" + ",".join(job_ids),
+            "--format=JobID,JobName,State,ExitCode,Start,End",
+        ]
+
+    def parse_accounting(self, result: CommandResult) -> dict[str, LiveJob]:
+        if not result.ok:
+            return {}  # accounting disabled or slurmdbd away: the engine goes on without it
+        jobs = {}
+        for line in result.stdout.splitlines():
+            parts = line.split("|")
+            if len(parts) != 6:
+                continue
+            job_id, name, state, exit_code, start, end = parts
+            phase, outcome = STATES.get(state.split()[0].rstrip("+") if state else "", (Phase.RUNNING, None))
+            code = exit_code.split(":")[0]
+            jobs[job_id] = LiveJob(
+                job_id=job_id,
+                name=name,
+                phase=phase,
+                outcome=outcome,
+                exit_code=int(code) if code.isdigit() else None,
+                started_at=_stamp(start),
+                ended_at=_stamp(end),
+                reason=f"{state} (sacct)",
+            )
+        return jobs
