@@ -19,11 +19,12 @@ from typing import Any, Optional
 import click
 
 from chainrun import jobfile, watch
-from chainrun.daemon import DEFAULT_INTERVAL, InstanceLock, Service
+from chainrun.daemon import DEFAULT_INTERVAL, NOTIFY_WAIT, InstanceLock, Service
 from chainrun.engine import Engine
-from chainrun.errors import ChainrunError, TransportError
+from chainrun.errors import ChainrunError, TransportError, UsageError
 from chainrun.jobfile import format_duration
-from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, Phase
+from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec
+from chainrun.notify import Hooks, Notifier
 from chainrun.schedulers.base import SegmentJob
 from chainrun.store import Store, default_home
 from chainrun.transport import transport_for
@@ -175,11 +176,18 @@ def run(ctx: click.Context, jobfile_path: str, interval: Optional[float]) -> Non
 
 @main.command()
 @click.option(
-    "--interval", type=float, default=DEFAULT_INTERVAL, show_default=True, help="Seconds between ticks."
+    "--interval",
+    type=click.FloatRange(min=0.01),
+    default=None,
+    help=f"Seconds between ticks (default: the config's interval, else {DEFAULT_INTERVAL:g}).",
 )
 @click.pass_context
-def daemon(ctx: click.Context, interval: float) -> None:
-    """Run the service in the foreground (what the systemd unit starts)."""
+def daemon(ctx: click.Context, interval: Optional[float]) -> None:
+    """Run the service in the foreground (what the systemd unit starts).
+
+    SIGHUP re-reads the service config and re-opens the log file; SIGTERM
+    stops it, leaving queued jobs running.
+    """
     Service(ctx.obj, interval=interval).run()
 
 
@@ -200,7 +208,10 @@ def cancel(ctx: click.Context, chain_ref: str) -> None:
             return
         lock.acquire()
         try:
-            Engine(store).tick()
+            # No service to tell of the end: deliver the notification here.
+            notifier = Notifier(ctx.obj, _hooks())
+            Engine(store, on_end=notifier).tick()
+            notifier.close(NOTIFY_WAIT)
         finally:
             lock.release()
         chain = store.chain(chain.id)
@@ -213,99 +224,65 @@ def cancel(ctx: click.Context, chain_ref: str) -> None:
 @click.option(
     "--all", "show_all", is_flag=True, help="Include ended chains (default: active, and ended today)."
 )
+@click.option(
+    "--watch",
+    "-w",
+    type=click.FloatRange(min=0.1),
+    is_flag=False,
+    flag_value=2.0,
+    default=None,
+    metavar="[SECONDS]",
+    help="Refresh in place every SECONDS (default 2) until Ctrl-C, or until CHAIN ends.",
+)
 @click.pass_context
-def status(ctx: click.Context, chain_ref: Optional[str], as_json: bool, show_all: bool) -> None:
-    """Show chains: state, epoch, segment, failures, time, current job."""
+def status(
+    ctx: click.Context, chain_ref: Optional[str], as_json: bool, show_all: bool, watch: Optional[float]
+) -> None:
+    """Show chains: progress, ETA, running job, next segment, failures, time."""
+    from chainrun import status as view
+
+    if watch is not None and as_json:
+        raise UsageError("--watch draws a table for people; for scripts, run `status --json` in a loop")
     with _store(ctx) as store:
-        if chain_ref:
-            chains = [store.find(chain_ref)]
-        else:
+
+        def chains() -> list[Chain]:
+            if chain_ref:
+                return [store.find(chain_ref)]
             day_ago = time.time() - 86400
-            chains = [
-                c for c in store.chains() if show_all or not c.state.final or (c.ended_at or 0) > day_ago
-            ]
-    if as_json:
-        click.echo(json.dumps([_status_json(c) for c in chains], indent=2))
-        return
+            return [c for c in store.chains() if show_all or not c.state.final or (c.ended_at or 0) > day_ago]
+
+        if as_json:
+            now = time.time()
+            click.echo(json.dumps([view.to_json(c, now) for c in chains()], indent=2))
+            return
+        if watch is None:
+            click.echo(_status_frame(ctx.obj, chains()))
+            return
+        tty = sys.stdout.isatty()
+        try:
+            while True:
+                shown = chains()
+                frame = _status_frame(ctx.obj, shown)
+                stamp = f"every {watch:g}s, {datetime.now():%H:%M:%S} (Ctrl-C to quit)"
+                text = f"{stamp}\n\n{frame}"
+                if tty:  # home, redraw each line clearing its tail, clear below: no flicker
+                    text = "\x1b[H" + "".join(f"{line}\x1b[K\n" for line in text.splitlines()) + "\x1b[J"
+                click.echo(text, nl=not tty)
+                if chain_ref and shown[0].state.final:
+                    return
+                time.sleep(watch)
+        except KeyboardInterrupt:
+            return
+
+
+def _status_frame(home: Path, chains: list[Chain]) -> str:
+    from chainrun import status as view
+
+    now = time.time()
+    service = view.service_line(home, now)
     if not chains:
-        click.echo("no chains; submit one with `chainrun submit JOBFILE`")
-        return
-    rows: list[tuple[str, ...]] = [("CHAIN", "STATE", "EPOCH", "SEGMENT", "FAILURES", "TIME", "JOB")]
-    rows += [_status_row(c) for c in chains]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
-    for c in chains:
-        if c.state.final and c.reason:
-            click.echo(f"{c.id}: {c.reason}")
-
-
-def _current(chain: Chain) -> str:
-    live = sorted(chain.live, key=lambda s: s.n)
-    if not live:
-        return "-"
-    parts = []
-    for s in live:
-        what = f"{s.job_id or '(submitting)'} {s.phase.value}"
-        if s.reason and s.phase is not Phase.RUNNING:
-            what += f" ({s.reason})"
-        parts.append(what)
-    return ", ".join(parts)
-
-
-def _bar(done: Optional[int], total: Optional[int], width: int = 10) -> str:
-    if done is None:
-        return "-"
-    if not total:
-        return str(done)
-    filled = min(width, int(width * done / total))
-    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
-
-
-def _status_row(c: Chain) -> tuple[str, ...]:
-    running = [s.n for s in c.segments if s.phase is Phase.RUNNING]
-    n = running[0] if running else max((s.n for s in c.segments), default=0)
-    return (
-        c.id,
-        c.state.value,
-        _bar(c.latest.epoch, c.spec.target_epoch),
-        f"{n}/{c.max_segments}",
-        f"{c.failures}/{c.spec.max_failures}",
-        f"{format_duration(c.used)}/{format_duration(c.spec.total_time)}",
-        _current(c),
-    )
-
-
-def _status_json(c: Chain) -> dict[str, Any]:
-    return {
-        "id": c.id,
-        "name": c.spec.name,
-        "state": c.state.value,
-        "reason": c.reason,
-        "epoch": c.latest.epoch,
-        "target_epoch": c.spec.target_epoch,
-        "progress": c.latest.to_json(),
-        "failures": c.failures,
-        "max_failures": c.spec.max_failures,
-        "used_seconds": c.used,
-        "total_seconds": c.spec.total_time,
-        "max_segments": c.max_segments,
-        "scheduler": c.spec.scheduler.kind,
-        "host": c.spec.scheduler.host,
-        "segments": [
-            {
-                "n": s.n,
-                "job_id": s.job_id,
-                "phase": s.phase.value,
-                "walltime": s.walltime,
-                "outcome": s.outcome.value if s.outcome else None,
-                "exit_code": s.exit_code,
-                "charged": s.charged,
-                "reason": s.reason,
-            }
-            for s in c.segments
-        ],
-    }
+        return f"no chains; submit one with `chainrun submit JOBFILE`\n{service}"
+    return f"{view.table(chains, now)}\n{service}"
 
 
 @main.command()
@@ -352,3 +329,51 @@ def logs(ctx: click.Context, chain_ref: str, segment: Optional[int], follow: boo
 def _clock(at: float, date: bool = False) -> str:
     fmt = "%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S"
     return datetime.fromtimestamp(at).strftime(fmt)
+
+
+def _hooks() -> Hooks:
+    """The config's hooks; a broken config must not stand between a user and a cancel."""
+    from chainrun.service import load_config
+
+    try:
+        config = load_config()
+    except ChainrunError as exc:
+        click.echo(f"chainrun: {exc}; its on_end and webhook are not used", err=True)
+        return Hooks()
+    return Hooks(on_end=config.on_end, webhook=config.webhook)
+
+
+@main.group()
+def service() -> None:
+    """Run chainrun as a systemd user service: install, uninstall, status."""
+
+
+@service.command("install")
+@click.option("--now", is_flag=True, help="Also start the service.")
+def service_install(now: bool) -> None:
+    """Write the user unit for this chainrun and enable it."""
+    from chainrun import service as unit
+
+    for line in unit.install(now=now):
+        click.echo(line)
+
+
+@service.command("uninstall")
+def service_uninstall() -> None:
+    """Stop and disable the service and remove its unit."""
+    from chainrun import service as unit
+
+    for line in unit.uninstall():
+        click.echo(line)
+
+
+@service.command("status")
+@click.pass_context
+def service_status(ctx: click.Context) -> None:
+    """Show the unit, what systemd says of it, lingering, the config and the process."""
+    from chainrun import service as unit
+    from chainrun import status as view
+
+    for line in unit.status():
+        click.echo(line)
+    click.echo(view.service_line(ctx.obj, time.time()))

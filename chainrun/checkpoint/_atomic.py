@@ -1,0 +1,319 @@
+"""Crash-proof file writes: temp file in the same directory, fsync, rename, fsync the directory.
+
+A reader sees either the old file or the complete new one, never a torn
+write, whatever moment the writer is killed at. The sha256 of what is written
+is computed on the way, in a helper thread while the kernel takes the bytes,
+so callers never read a large file twice. Temp files carry the writer's host and pid in their name, so a later
+run can tell a dead writer's leftovers from a live writer's work in progress.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import threading
+from typing import IO, Any, Callable, NamedTuple, Optional, Union, cast
+
+TEMP_SUFFIX = ".chainrun-tmp"
+_TEMP_RE = re.compile(
+    r"^\.(?P<base>.*)~(?P<host>[A-Za-z0-9.-]*)~(?P<pid>\d+)~[0-9a-f]+" + re.escape(TEMP_SUFFIX) + "$"
+)
+_HOST = re.sub(r"[^A-Za-z0-9.-]", "-", os.uname().nodename)[:64]
+_CHUNK = 4 << 20  # sha256_file reads in 4 MiB pieces
+_SMALL = 256 << 10  # writes below this are gathered before reaching the kernel
+_PARALLEL = 1 << 20  # pieces from this size on are hashed in a helper thread while written
+_PIECE = 8 << 20  # large writes go to the kernel (and to writeback) in pieces of this size
+_FADV_DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", None) if hasattr(os, "posix_fadvise") else None
+
+Writer = Callable[[IO[bytes]], Any]
+
+
+class Written(NamedTuple):
+    """What ``atomic_write`` put on disk: final path, size in bytes, sha256 hex digest."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+def atomic_write(
+    path: Union[str, os.PathLike[str]],
+    data_or_writer: Union[bytes, bytearray, memoryview, Writer],
+    *,
+    fsync: bool = True,
+) -> Written:
+    """Write ``path`` so that it is either untouched or complete, and durable once this returns.
+
+    ``data_or_writer`` is bytes, or a callable that receives a binary file
+    object (``write``, ``flush``, ``tell``) and writes into it, e.g.
+    ``lambda f: torch.save(state, f)``. The temp file is removed on any error,
+    including KeyboardInterrupt; only SIGKILL can leave one, and
+    :func:`cleanup_temp_files` removes those of dead writers later.
+    """
+    if isinstance(data_or_writer, str):
+        raise TypeError("atomic_write needs bytes or a writer callable, got str: pass text.encode()")
+    target = os.path.abspath(os.fspath(path))
+    directory, base = os.path.split(target)
+    if not base:
+        raise ValueError(f"atomic_write needs a file path, got directory {target!r}")
+    fd, temp = _create_temp(directory, base)
+    try:
+        sink = _Sink(fd)
+        try:
+            if callable(data_or_writer):
+                data_or_writer(cast(IO[bytes], sink))
+            else:
+                sink.write(data_or_writer)
+            sink.flush()
+            if fsync:
+                os.fsync(fd)
+            digest = sink.digest()
+        finally:
+            sink.close()
+            os.close(fd)
+        os.replace(temp, target)
+        if fsync:
+            fsync_dir(directory)
+    except BaseException:
+        _unlink_quietly(temp)
+        raise
+    return Written(target, sink.size, digest)
+
+
+def fsync_dir(directory: Union[str, os.PathLike[str]]) -> None:
+    """Make the directory's entries (a rename, a new file) durable; a no-op where unsupported."""
+    fd = os.open(os.fspath(directory), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        # Some network file systems refuse fsync on a directory; their
+        # renames are synchronous with the server anyway.
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Union[str, os.PathLike[str]]) -> None:
+    """Flush a file someone else wrote (TensorFlow, the user) to stable storage."""
+    fd = os.open(os.fspath(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_file(path: Union[str, os.PathLike[str]]) -> str:
+    """The sha256 hex digest of a file's content, read in large pieces."""
+    h = hashlib.sha256()
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def is_temp_file(name: str) -> bool:
+    """True for the name of an ``atomic_write`` temp file (finished or not)."""
+    return _TEMP_RE.match(name) is not None
+
+
+def cleanup_temp_files(directory: Union[str, os.PathLike[str]], *, max_age: float = 3600.0) -> list[str]:
+    """Remove temp files that no live writer owns; returns the names removed.
+
+    A temp file is stale when its writer ran on this host and is gone, or when
+    it was written on another host and is older than ``max_age`` seconds
+    (a shared file system cannot see other hosts' processes).
+    """
+    import time
+
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return removed
+    now = time.time()
+    for name in names:
+        m = _TEMP_RE.match(name)
+        if m is None:
+            continue
+        path = os.path.join(directory, name)
+        pid = int(m.group("pid"))
+        if m.group("host") == _HOST:
+            if pid == os.getpid() or _alive(pid):
+                continue
+        else:
+            try:
+                if now - os.stat(path).st_mtime < max_age:
+                    continue
+            except FileNotFoundError:
+                continue
+        if _unlink_quietly(path):
+            removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    return True
+
+
+def _create_temp(directory: str, base: str) -> tuple[int, str]:
+    prefix = f".{base[:100]}~{_HOST}~{os.getpid()}~"
+    for _ in range(100):
+        temp = os.path.join(directory, prefix + os.urandom(6).hex() + TEMP_SUFFIX)
+        try:
+            # 0o666 and no fchmod: the file gets the user's umask, like open().
+            return os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666), temp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a unique temp file for {base!r} in {directory!r}")
+
+
+def _unlink_quietly(path: str) -> bool:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+class _Sink:
+    """The binary file object handed to writer callables: gathers small writes, hashes everything.
+
+    A large write is cut into pieces; each piece is hashed in a helper thread
+    while this thread hands it to the kernel, and once both are done the
+    kernel is asked to start writing the piece out (``POSIX_FADV_DONTNEED``
+    starts writeback without waiting), so the disk works while later pieces
+    are hashed and the final fsync has little left to do. A buffer is only
+    used during the ``write`` call that passed it, as for any file object.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._pending = bytearray()
+        self._hash = hashlib.sha256()
+        self._hasher: Optional[_Hasher] = None
+        self.size = 0  # bytes accepted from the writer
+        self._written = 0  # bytes handed to the kernel
+        self._flushed_to = 0  # start of the range not yet sent to writeback
+
+    # The small file-object surface torch.save, pickle and numpy use.
+    def write(self, data: Union[bytes, bytearray, memoryview]) -> int:
+        view = memoryview(data)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        n = view.nbytes
+        self.size += n
+        if n < _SMALL:
+            self._pending += view
+            if len(self._pending) >= _SMALL:
+                self.flush()
+        else:
+            self.flush()
+            for start in range(0, n, _PIECE):
+                self._to_kernel(view[start : start + _PIECE])
+        return n
+
+    def flush(self) -> None:
+        if self._pending:
+            data = bytes(self._pending)
+            self._pending.clear()
+            self._to_kernel(memoryview(data))
+
+    def tell(self) -> int:
+        return self.size
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+    def _to_kernel(self, view: memoryview) -> None:
+        n = view.nbytes
+        parallel = n >= _PARALLEL
+        if parallel:
+            if self._hasher is None:
+                self._hasher = _Hasher(self._hash)
+            self._hasher.start(view)
+        try:
+            done = 0
+            while done < n:
+                done += os.write(self._fd, view[done:])
+        finally:
+            if parallel:
+                assert self._hasher is not None
+                self._hasher.wait()
+        if not parallel:
+            self._hash.update(view)
+        self._written += n
+        if _FADV_DONTNEED is not None and self._written - self._flushed_to >= _PIECE:
+            os.posix_fadvise(self._fd, self._flushed_to, self._written - self._flushed_to, _FADV_DONTNEED)
+            self._flushed_to = self._written
+
+    def digest(self) -> str:
+        return self._hash.hexdigest()
+
+    def close(self) -> None:
+        if self._hasher is not None:
+            self._hasher.stop()
+            self._hasher = None
+
+
+class _Hasher:
+    """A thread that feeds one buffer at a time to a hash object (hashlib releases the GIL)."""
+
+    def __init__(self, h: Any) -> None:
+        self._hash = h
+        self._view: Optional[memoryview] = None
+        self._error: Optional[BaseException] = None
+        self._go = threading.Semaphore(0)
+        self._done = threading.Semaphore(0)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="chainrun-hash", daemon=True)
+        self._thread.start()
+
+    def start(self, view: memoryview) -> None:
+        self._view = view
+        self._go.release()
+
+    def wait(self) -> None:
+        self._done.acquire()
+        self._view = None
+        if self._error is not None:
+            raise self._error
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._go.release()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self._go.acquire()
+            if self._stopping:
+                return
+            try:
+                self._hash.update(self._view)
+            except BaseException as exc:  # re-raised in the writing thread by wait()
+                self._error = exc
+            self._done.release()

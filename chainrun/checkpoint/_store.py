@@ -1,0 +1,456 @@
+"""The checkpoints of one run in one directory: naming, commit order, retention, and the restore order.
+
+Each save is an *entry*: a main file named ``<prefix>-<seq>-e<epoch>-s<step><suffix>``
+(seq counts up past every file present, so a save never replaces an existing
+file and names sort by age), a
+``<main>.sha256`` companion in ``sha256sum`` format, and for TensorFlow the
+data files that share the stem. A save commits in this order, each step
+durable before the next: the files, the companion, the sidecar. Restore tries
+the file the sidecar names, then older entries that have a companion, newest
+first, verifying each sha256; a fallback warns, and no usable checkpoint is
+an error rather than a silent fresh start. Retention keeps the last ``keep``
+committed entries and never deletes the one the sidecar names.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import warnings
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Callable, NamedTuple, Optional, Union
+
+from chainrun.checkpoint._atomic import Writer, atomic_write, cleanup_temp_files, sha256_file
+from chainrun.checkpoint._progress import SIDECAR_NAME, load_progress, write_progress
+
+DEFAULT_DIRECTORY = "checkpoints"
+COMPANION_SUFFIX = ".sha256"
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint where one was expected (all corrupt, missing files)."""
+
+
+class CheckpointWarning(UserWarning):
+    """Restore fell back to an older checkpoint, or started fresh because the caller allowed it."""
+
+
+class Entry(NamedTuple):
+    """One saved checkpoint as found in the directory."""
+
+    seq: int
+    epoch: int
+    step: int
+    name: str
+
+
+class Saved(NamedTuple):
+    """A committed save: the sidecar names ``file`` now."""
+
+    file: str
+    path: str
+    epoch: int
+    step: int
+    size: int
+    sha256: str
+    done: bool
+
+
+class Resume(NamedTuple):
+    """What ``restore()`` resumed from; ``fresh`` when there was nothing to resume.
+
+    ``epoch`` is the number of completed epochs and ``step`` the batches done in
+    the epoch in progress: continue with ``range(resume.epoch, epochs)`` and skip
+    ``resume.skip(epoch)`` batches of that first epoch. ``rejected`` says why
+    newer checkpoints were passed over; ``fell_back`` is true when any were.
+    """
+
+    epoch: int = 0
+    step: int = 0
+    file: Optional[str] = None
+    path: Optional[str] = None
+    fresh: bool = True
+    fell_back: bool = False
+    rejected: tuple[str, ...] = ()
+    done: bool = False
+    metrics: Mapping[str, Any] = MappingProxyType({})
+    extras: Mapping[str, Any] = MappingProxyType({})
+
+    def skip(self, epoch: int) -> int:
+        """Batches of ``epoch`` already trained before the checkpoint (0 for any other epoch)."""
+        return self.step if epoch == self.epoch else 0
+
+    def describe(self) -> str:
+        """One line for the log: ``resumed from ckpt-... (epoch 3) at step 17`` or ``fresh start``.
+
+        The epoch is the number of completed epochs; the step, when there is one,
+        the batches already done of the next.
+        """
+        if self.fresh:
+            return "fresh start (no checkpoint to resume)"
+        text = f"resumed from {self.file} (epoch {self.epoch})"
+        if self.step:
+            text += f" at step {self.step}"
+        if self.fell_back:
+            text += f" after skipping {len(self.rejected)} unusable checkpoint(s)"
+        return text
+
+
+class _Candidate(NamedTuple):
+    name: str
+    epoch: int
+    step: int
+    sha256: str
+    size: Optional[int]
+    progress: Optional[dict[str, Any]]
+
+
+def resolve_directory(directory: Optional[Union[str, os.PathLike[str]]]) -> str:
+    """The checkpoint directory: the argument, else ``CHAINRUN_CHECKPOINT_DIR``, else ``checkpoints``.
+
+    Warns when an explicit directory differs from the one chainrun watches.
+    """
+    env = os.environ.get("CHAINRUN_CHECKPOINT_DIR", "").strip()
+    if directory is None:
+        return os.path.abspath(env or DEFAULT_DIRECTORY)
+    path = os.path.abspath(os.fspath(directory))
+    if env and os.path.abspath(env) != path:
+        warnings.warn(
+            f"checkpoints go to {path} but chainrun reads progress from CHAINRUN_CHECKPOINT_DIR={env}: "
+            "pass no directory (or the same one as checkpoint_dir in the job file)",
+            CheckpointWarning,
+            stacklevel=3,
+        )
+    return path
+
+
+class CheckpointDir:
+    """Names, commits, prunes and lists the checkpoints of one run (framework-neutral).
+
+    The PyTorch and TensorFlow helpers build on it; a script with its own
+    serialization can use it directly: ``saved = store.save(writer, epoch=e, step=s)``
+    and ``resume = store.restore(load)``.
+    """
+
+    def __init__(
+        self,
+        directory: Optional[Union[str, os.PathLike[str]]] = None,
+        *,
+        prefix: str = "ckpt",
+        suffix: str = ".pt",
+        keep: int = 3,
+    ) -> None:
+        if not _PREFIX_RE.match(prefix):
+            raise ValueError(f"checkpoint prefix {prefix!r} may only hold letters, digits, '.', '_' and '-'")
+        if not suffix.startswith(".") or not _PREFIX_RE.match(suffix):
+            raise ValueError(
+                f"checkpoint suffix {suffix!r} must start with '.' and hold only letters, digits, "
+                "'.', '_' and '-'"
+            )
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep={keep!r}: keep at least 1 checkpoint")
+        self.path = resolve_directory(directory)
+        self.prefix = prefix
+        self.suffix = suffix
+        self.keep = keep
+        self._name_re = re.compile(rf"^{re.escape(prefix)}-(\d{{6,}})-e(\d+)-s(\d+){re.escape(suffix)}$")
+        # Every file of an entry, finished or not: main, companion, data files, temp dirs.
+        self._stem_re = re.compile(rf"^{re.escape(prefix)}-(\d{{6,}})-e\d+-s\d+[._]")
+        self._last_seq = 0
+        self._prepared = False
+
+    def __repr__(self) -> str:
+        return (
+            f"CheckpointDir({self.path!r}, prefix={self.prefix!r}, suffix={self.suffix!r}, keep={self.keep})"
+        )
+
+    # -- layout -----------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Get ready to write (once per instance, at the first save): create the directory and
+        remove what interrupted saves left (temp files of dead writers, uncommitted checkpoints).
+
+        One process writes a checkpoint directory; restore() changes nothing.
+        """
+        if self._prepared:
+            return
+        os.makedirs(self.path, exist_ok=True)
+        cleanup_temp_files(self.path)
+        self._drop_uncommitted()
+        self._prepared = True
+
+    def _drop_uncommitted(self) -> None:
+        try:
+            progress = load_progress(self.path)
+        except ValueError:
+            return  # an unreadable sidecar: leave every candidate for restore
+        try:
+            names = os.listdir(self.path)
+        except FileNotFoundError:
+            return
+        committed = None if progress is None else self.parse(progress["file"])
+        present = set(names)
+        groups: dict[int, list[str]] = {}
+        for name in names:
+            m = self._stem_re.match(name)
+            if m is not None:
+                groups.setdefault(int(m.group(1)), []).append(name)
+        for seq, group in groups.items():
+            if committed is not None:
+                stale = seq > committed.seq
+            else:  # never committed: only entries with a companion could still be restored
+                stale = not any(self.parse(n) is not None and n + COMPANION_SUFFIX in present for n in group)
+            if stale:
+                self._delete(group)
+
+    def parse(self, name: str) -> Optional[Entry]:
+        """The entry a file name stands for, or None for any other file."""
+        m = self._name_re.match(name)
+        if m is None:
+            return None
+        return Entry(int(m.group(1)), int(m.group(2)), int(m.group(3)), name)
+
+    def entries(self) -> list[Entry]:
+        """All checkpoint main files in the directory, oldest first (committed or not)."""
+        try:
+            names = os.listdir(self.path)
+        except FileNotFoundError:
+            return []
+        found = [e for e in map(self.parse, names) if e is not None]
+        return sorted(found)
+
+    def new_name(self, epoch: int, step: int) -> str:
+        """A fresh, never used name for a checkpoint at ``epoch``/``step``."""
+        for key, value in (("epoch", epoch), ("step", step)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{key} must be a non-negative integer, got {value!r}")
+        try:
+            names = os.listdir(self.path)
+        except FileNotFoundError:
+            names = []
+        # Leftovers of interrupted saves count too: a name is never reused.
+        seqs = [int(m.group(1)) for m in map(self._stem_re.match, names) if m is not None]
+        committed = self._committed_entry()
+        if committed is not None:
+            seqs.append(committed.seq)
+        seq = max([*seqs, self._last_seq]) + 1
+        self._last_seq = seq
+        return f"{self.prefix}-{seq:06d}-e{epoch:04d}-s{step:06d}{self.suffix}"
+
+    # -- saving -----------------------------------------------------------------------
+    def save(
+        self,
+        writer: Union[bytes, Writer],
+        *,
+        epoch: int,
+        step: int,
+        done: bool = False,
+        metrics: Optional[Mapping[str, Any]] = None,
+    ) -> Saved:
+        """Write a new checkpoint atomically with ``writer`` (bytes or ``f -> None``) and commit it."""
+        self.prepare()
+        name = self.new_name(epoch, step)
+        written = atomic_write(os.path.join(self.path, name), writer)
+        return self.commit(
+            name, epoch=epoch, step=step, size=written.size, sha256=written.sha256, done=done, metrics=metrics
+        )
+
+    def commit(
+        self,
+        name: str,
+        *,
+        epoch: int,
+        step: int,
+        size: int,
+        sha256: str,
+        done: bool = False,
+        metrics: Optional[Mapping[str, Any]] = None,
+    ) -> Saved:
+        """Make a durable checkpoint file the latest: companion, then sidecar, then retention."""
+        self.prepare()
+        atomic_write(os.path.join(self.path, name + COMPANION_SUFFIX), f"{sha256}  {name}\n".encode())
+        write_progress(
+            self.path, epoch=epoch, step=step, file=name, size=size, sha256=sha256, done=done, metrics=metrics
+        )
+        self.prune(committed=name)
+        return Saved(name, os.path.join(self.path, name), epoch, step, size, sha256, done)
+
+    def prune(self, committed: Optional[str] = None) -> list[str]:
+        """Delete all but the last ``keep`` committed checkpoints; returns the names removed.
+
+        The checkpoint the sidecar names (``committed``, read from the sidecar
+        when not given) is never deleted, nor anything newer (a save in
+        flight). Leftovers of interrupted saves older than it go too.
+        """
+        entry = self._committed_entry() if committed is None else self.parse(committed)
+        if entry is None:
+            return []
+        try:
+            names = os.listdir(self.path)
+        except FileNotFoundError:
+            return []
+        present = set(names)
+        groups: dict[int, list[str]] = {}
+        for name in names:
+            m = self._stem_re.match(name)
+            if m is not None and int(m.group(1)) < entry.seq:
+                groups.setdefault(int(m.group(1)), []).append(name)
+        complete = sorted(
+            (
+                e.seq
+                for e in map(self.parse, names)
+                if e is not None and e.seq < entry.seq and e.name + COMPANION_SUFFIX in present
+            ),
+            reverse=True,
+        )
+        kept = set(complete[: self.keep - 1])
+        removed: list[str] = []
+        for seq in sorted(groups):
+            if seq not in kept:
+                removed.extend(self._delete(groups[seq]))
+        return removed
+
+    def _delete(self, names: list[str]) -> list[str]:
+        # Companion first, main file last: an entry half deleted by a crash is
+        # then unverifiable, so restore skips it and the next prune finishes.
+        def order(name: str) -> int:
+            if name.endswith(self.suffix + COMPANION_SUFFIX):
+                return 0
+            return 2 if self.parse(name) is not None else 1
+
+        removed = []
+        for name in sorted(names, key=order):
+            path = os.path.join(self.path, name)
+            try:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
+            except FileNotFoundError:
+                continue
+            removed.append(name)
+        return removed
+
+    # -- restoring ----------------------------------------------------------------------
+    def restore(self, load: Callable[[str], Any], *, allow_fresh: bool = False) -> tuple[Resume, Any]:
+        """Load the newest good checkpoint with ``load(path)``; returns ``(resume, what load returned)``.
+
+        Newer checkpoints that are missing, fail their sha256 or fail to load
+        are skipped with a ``CheckpointWarning``. An empty directory is a fresh
+        start (``resume.fresh``, value None). When checkpoints exist but none is
+        usable, ``CheckpointError`` is raised, unless ``allow_fresh``: then it
+        warns and starts fresh.
+        """
+        candidates, rejected = self._candidates()
+        for cand in candidates:
+            path = os.path.join(self.path, cand.name)
+            problem = _verify(path, cand)
+            if problem is None:
+                try:
+                    value = load(path)
+                except CheckpointError:
+                    raise  # the loader's verdict that no fallback can help (wrong settings)
+                except Exception as exc:  # any other failure to load means: try the previous one
+                    problem = f"does not load ({type(exc).__name__}: {exc})"
+            if problem is not None:
+                rejected.append(f"{cand.name}: {problem}")
+                continue
+            progress = cand.progress or {}
+            resume = Resume(
+                epoch=cand.epoch,
+                step=cand.step,
+                file=cand.name,
+                path=path,
+                fresh=False,
+                fell_back=bool(rejected),
+                rejected=tuple(rejected),
+                done=bool(progress.get("done", False)),
+                metrics=dict(progress.get("metrics") or {}),
+            )
+            if rejected:
+                warnings.warn(
+                    f"chainrun: {resume.describe()} in {self.path}; passed over: " + "; ".join(rejected),
+                    CheckpointWarning,
+                    stacklevel=3,
+                )
+            return resume, value
+        if not rejected:
+            return Resume(), None
+        message = f"no usable checkpoint in {self.path}: " + "; ".join(rejected)
+        if not allow_fresh:
+            raise CheckpointError(
+                message
+                + ". Fix or restore the files, or restore(allow_fresh=True) to start over from scratch"
+            )
+        warnings.warn(
+            f"chainrun: {message}; starting fresh because allow_fresh=True", CheckpointWarning, stacklevel=3
+        )
+        return Resume(rejected=tuple(rejected)), None
+
+    def _committed_entry(self) -> Optional[Entry]:
+        try:
+            progress = load_progress(self.path)
+        except ValueError:
+            return None
+        return None if progress is None else self.parse(progress["file"])
+
+    def _candidates(self) -> tuple[list[_Candidate], list[str]]:
+        """What restore tries, newest first, and the problems found on the way."""
+        problems: list[str] = []
+        candidates: list[_Candidate] = []
+        newest_seq: Optional[int] = None
+        try:
+            progress = load_progress(self.path)
+        except (ValueError, OSError) as exc:
+            progress = None
+            problems.append(f"{SIDECAR_NAME}: unreadable ({exc})")
+        if progress is not None:
+            entry = self.parse(progress["file"])
+            newest_seq = entry.seq if entry is not None else None
+            candidates.append(
+                _Candidate(
+                    progress["file"],
+                    progress["epoch"],
+                    progress["step"],
+                    progress["sha256"],
+                    progress["size"],
+                    progress,
+                )
+            )
+        for e in reversed(self.entries()):
+            if newest_seq is not None and e.seq >= newest_seq:
+                continue  # the sidecar's own file, or a save that never committed
+            if progress is not None and e.name == progress["file"]:
+                continue
+            digest = _read_companion(os.path.join(self.path, e.name + COMPANION_SUFFIX), e.name)
+            if digest is None:
+                continue  # never finished: the save was interrupted before its companion
+            candidates.append(_Candidate(e.name, e.epoch, e.step, digest, None, None))
+        return candidates, problems
+
+
+def _verify(path: str, cand: _Candidate) -> Optional[str]:
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return "file is missing"
+    if cand.size is not None and size != cand.size:
+        return f"size {size} differs from the recorded {cand.size} (truncated or overwritten)"
+    digest = sha256_file(path)
+    if digest != cand.sha256:
+        return f"sha256 {digest[:12]}... differs from the recorded {cand.sha256[:12]}... (corrupt)"
+    return None
+
+
+def _read_companion(path: str, name: str) -> Optional[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    parts = text.rstrip("\n").split("  ", 1)
+    if len(parts) != 2 or parts[1] != name or not re.match(r"^[0-9a-f]{64}$", parts[0]):
+        return None
+    return parts[0]

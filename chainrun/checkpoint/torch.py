@@ -1,0 +1,496 @@
+"""Exact resume for PyTorch training loops: ``Checkpointer`` and ``ResumableSampler``.
+
+A checkpoint holds the model, optimizer, LR scheduler, GradScaler, any other
+object with ``state_dict``/``load_state_dict``, the RNG states (Python, NumPy,
+torch CPU and every CUDA device), the epoch, the step within it and user
+extras. ``Checkpointer.steps`` replays the data order of an interrupted epoch
+and skips the batches already trained, so an interrupted and resumed run ends
+with the same weights as an uninterrupted one. Saves are atomic and verified
+on restore (see ``chainrun.checkpoint.CheckpointDir``); with ``async_save`` the
+loop blocks only while the state is copied to host memory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import os
+import pickle
+import random
+import sys
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, Sized
+from typing import Any, Optional, Union
+
+import torch
+from torch.utils.data import BatchSampler, Sampler
+
+from chainrun.checkpoint._clock import SegmentClock
+from chainrun.checkpoint._store import CheckpointDir, CheckpointError, CheckpointWarning, Resume, Saved
+
+FORMAT = "chainrun-torch"
+FORMAT_VERSION = 1
+
+__all__ = ["FORMAT", "Checkpointer", "ResumableSampler", "capture_rng", "restore_rng"]
+
+
+class ResumableSampler(Sampler[int]):
+    """Shuffles with its own seed per epoch and can start part-way through an epoch.
+
+    The order of epoch ``e`` is a permutation drawn from ``seed + e`` alone, so
+    it does not depend on the global RNG and is the same in every process.
+    ``set_epoch(epoch, start)`` skips the first ``start`` samples of that order.
+    """
+
+    def __init__(self, data_source: Union[Sized, int], *, shuffle: bool = True, seed: int = 0) -> None:
+        super().__init__()
+        n = data_source if isinstance(data_source, int) else len(data_source)
+        if n < 0:
+            raise ValueError(f"ResumableSampler needs a dataset size >= 0, got {n}")
+        self.num_samples = n
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Use epoch ``epoch``'s order from sample ``start`` on (0: the whole epoch)."""
+        if not 0 <= start <= self.num_samples:
+            raise ValueError(f"start={start} is outside the epoch of {self.num_samples} samples")
+        self.epoch = epoch
+        self.start = start
+
+    def order(self, epoch: int) -> list[int]:
+        """All sample indices of ``epoch`` in the order they are drawn."""
+        if not self.shuffle:
+            return list(range(self.num_samples))
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + epoch)
+        return torch.randperm(self.num_samples, generator=generator).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.order(self.epoch)[self.start :])
+
+    def __len__(self) -> int:
+        return self.num_samples - self.start
+
+
+class Checkpointer:
+    """Saves and restores everything a PyTorch loop needs to continue exactly.
+
+    ``directory`` defaults to ``CHAINRUN_CHECKPOINT_DIR`` (else ``checkpoints``);
+    ``clock`` to a new ``SegmentClock``. ``stateful`` names further objects with
+    ``state_dict``/``load_state_dict`` (an EMA, a second model). ``keep`` is how
+    many checkpoints retention leaves. ``map_location`` is passed to
+    ``torch.load`` ("cpu" by default, so a GPU checkpoint resumes anywhere; the
+    load_state_dict calls then copy to where the model lives). Extras are loaded
+    with ``weights_only`` unless you pass ``weights_only=False``.
+
+    Typical loop::
+
+        ckpt = Checkpointer(model=model, optimizer=opt, scheduler=sched)
+        start = ckpt.restore()
+        for epoch in range(start.epoch, epochs):
+            for step, (x, y) in ckpt.steps(loader, epoch):
+                ...train on one batch...
+                if ckpt.should_stop():
+                    ckpt.save(epoch, step + 1)
+                    sys.exit(0)
+            ckpt.save(epoch + 1, 0, done=epoch + 1 == epochs)
+    """
+
+    def __init__(
+        self,
+        directory: Optional[Union[str, os.PathLike[str]]] = None,
+        *,
+        model: Optional[torch.nn.Module] = None,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        scheduler: Any = None,
+        scaler: Any = None,
+        stateful: Optional[Mapping[str, Any]] = None,
+        clock: Optional[SegmentClock] = None,
+        keep: int = 3,
+        prefix: str = "ckpt",
+        async_save: bool = False,
+        map_location: Any = "cpu",
+        weights_only: bool = True,
+    ) -> None:
+        self._objects: dict[str, Any] = {}
+        for name, obj in (
+            ("model", model),
+            ("optimizer", optimizer),
+            ("scheduler", scheduler),
+            ("scaler", scaler),
+        ):
+            if obj is not None:
+                self._objects[name] = obj
+        for name, obj in (stateful or {}).items():
+            if name in self._objects:
+                raise ValueError(
+                    f"stateful name {name!r} clashes with the {name} argument: choose another name"
+                )
+            self._objects[name] = obj
+        for name, obj in self._objects.items():
+            if not (
+                callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+            ):
+                raise TypeError(
+                    f"{name} ({type(obj).__name__}) has no state_dict/load_state_dict: "
+                    "it cannot be checkpointed"
+                )
+        self.store = CheckpointDir(directory, prefix=prefix, suffix=".pt", keep=keep)
+        self.clock = clock if clock is not None else SegmentClock()
+        self.async_save = async_save
+        self.map_location = map_location
+        self.weights_only = weights_only
+        self.last_saved: Optional[Saved] = None
+        self._resume: Optional[Resume] = None
+        self._resume_rng: Optional[dict[str, Any]] = None
+        self._resume_epoch_rng: Optional[dict[str, Any]] = None
+        self._epoch_rng: Optional[tuple[int, dict[str, Any]]] = None
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+        self._staging: dict[tuple[Any, ...], torch.Tensor] = {}
+        atexit.register(_finish_at_exit, weakref.ref(self))
+
+    @property
+    def directory(self) -> str:
+        """The absolute checkpoint directory."""
+        return self.store.path
+
+    # -- restore --------------------------------------------------------------------------
+    def restore(self, *, allow_fresh: bool = False) -> Resume:
+        """Load the newest good checkpoint into the objects and RNGs; returns what it resumed.
+
+        Falls back to an older checkpoint, with a ``CheckpointWarning``, when
+        the newest is missing, corrupt or does not load. An empty directory is a
+        fresh start; checkpoints that are all unusable raise ``CheckpointError``
+        unless ``allow_fresh``.
+        """
+        self.wait()
+        resume, payload = self.store.restore(self._load, allow_fresh=allow_fresh)
+        if payload is not None:
+            for name, obj in self._objects.items():
+                if name not in payload["objects"]:
+                    raise CheckpointError(
+                        f"checkpoint {resume.file} has no state for {name!r} (it holds "
+                        f"{sorted(payload['objects'])}): was it saved by a different script?"
+                    )
+                obj.load_state_dict(payload["objects"][name])
+            restore_rng(payload["rng"])
+            self._resume_rng = payload["rng"]
+            self._resume_epoch_rng = payload.get("epoch_rng")
+            resume = resume._replace(
+                epoch=payload["epoch"],
+                step=payload["step"],
+                extras=payload.get("extras") or {},
+                metrics=payload.get("metrics") or {},
+            )
+        self._resume = resume
+        return resume
+
+    def _load(self, path: str) -> dict[str, Any]:
+        location = self.map_location
+        if location is None and not torch.cuda.is_available():
+            location = "cpu"
+        try:
+            payload = torch.load(path, map_location=location, weights_only=self.weights_only)
+        except pickle.UnpicklingError as exc:
+            if self.weights_only:
+                raise CheckpointError(
+                    f"{path} holds objects torch.load(weights_only=True) refuses (probably in extras): "
+                    f"pass Checkpointer(weights_only=False) if you trust the file. {exc}"
+                ) from exc
+            raise
+        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+            raise ValueError("not a chainrun PyTorch checkpoint")
+        if payload.get("version") != FORMAT_VERSION:
+            raise ValueError(
+                f"checkpoint format version {payload.get('version')!r}; this chainrun reads {FORMAT_VERSION}"
+            )
+        return payload
+
+    # -- the loop ---------------------------------------------------------------------------
+    def steps(self, loader: Iterable[Any], epoch: int) -> Iterator[tuple[int, Any]]:
+        """``enumerate(loader)`` for ``epoch`` that continues an interrupted epoch exactly.
+
+        On the epoch restore() stopped in, the RNGs are rewound to that epoch's
+        start so the loader draws the same order, the batches already trained
+        are skipped (by index with a ``ResumableSampler``, else by loading and
+        dropping them), and the RNGs are then set to where the checkpoint left
+        them. Step numbers continue from the checkpoint's. Samplers with
+        ``set_epoch`` (``DistributedSampler``) get it called.
+        """
+        resume, self._resume = self._resume, None
+        skip = resume.skip(epoch) if resume is not None and not resume.fresh else 0
+        if skip and self._resume_epoch_rng is not None:
+            restore_rng(self._resume_epoch_rng)
+        self._epoch_rng = (epoch, capture_rng())
+        fast = _resumable(loader)
+        if fast is not None:
+            sampler, batch_size = fast
+            sampler.set_epoch(epoch, min(skip * batch_size, sampler.num_samples))
+        else:
+            sampler_ = getattr(loader, "sampler", None)
+            if callable(getattr(sampler_, "set_epoch", None)):
+                sampler_.set_epoch(epoch)  # type: ignore[union-attr]
+        if skip and fast is None and self._resume_epoch_rng is None:
+            warnings.warn(
+                f"resuming epoch {epoch} at step {skip} without the RNG state of the epoch's start "
+                "(the checkpoint was not saved inside steps()): a shuffling loader may not repeat "
+                "its order; use a ResumableSampler",
+                CheckpointWarning,
+                stacklevel=2,
+            )
+        it = iter(loader)
+        if skip and fast is None:
+            for done in range(skip):
+                try:
+                    next(it)
+                except StopIteration:
+                    raise CheckpointError(
+                        f"epoch {epoch} of the loader has {done} batches, but the checkpoint was "
+                        f"saved after {skip}: did the dataset or batch size change?"
+                    ) from None
+        if skip and self._resume_rng is not None:
+            restore_rng(self._resume_rng)
+        self._resume_rng = self._resume_epoch_rng = None
+        step = skip
+        for batch in it:
+            yield step, batch
+            step += 1
+
+    def should_stop(self) -> bool:
+        """True when the segment should save and exit; a background save is finished first."""
+        self._raise_background_error()
+        if self.clock.should_stop():
+            self.wait()
+            return True
+        return False
+
+    # -- save -------------------------------------------------------------------------------
+    def save(
+        self,
+        epoch: int,
+        step: int = 0,
+        *,
+        done: bool = False,
+        metrics: Optional[Mapping[str, Any]] = None,
+        extras: Optional[Mapping[str, Any]] = None,
+    ) -> Optional[Saved]:
+        """Checkpoint after ``epoch`` completed epochs and ``step`` batches of the next.
+
+        Returns the committed ``Saved``; with ``async_save`` it returns None and
+        the write goes on in a background thread (``wait()`` returns it). A save
+        with ``done=True`` or after the clock stopped is always synchronous.
+        """
+        self._raise_background_error()
+        state = self._state(epoch, step, done, metrics, extras)
+        self.wait()
+        if not self.async_save or done or self.clock.should_stop():
+            return self._write(state)
+        snapshot = _Stager(self._staging).stage(state)
+        self._thread = threading.Thread(
+            target=self._write_in_background, args=(snapshot,), name="chainrun-save"
+        )
+        self._thread.start()
+        return None
+
+    def wait(self) -> Optional[Saved]:
+        """Finish a background save, if any; returns the last committed save."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+            self._thread = None
+        self._raise_background_error()
+        return self.last_saved
+
+    def close(self) -> None:
+        """Finish pending work (the same as ``wait()``, for ``with`` blocks)."""
+        self.wait()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wait()
+
+    def _state(
+        self,
+        epoch: int,
+        step: int,
+        done: bool,
+        metrics: Optional[Mapping[str, Any]],
+        extras: Optional[Mapping[str, Any]],
+    ) -> dict[str, Any]:
+        for key, value in (("epoch", epoch), ("step", step)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"save({key}={value!r}): {key} must be a non-negative integer")
+        epoch_rng = None
+        if step and self._epoch_rng is not None and self._epoch_rng[0] == epoch:
+            epoch_rng = self._epoch_rng[1]
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "epoch": epoch,
+            "step": step,
+            "done": done,
+            "saved_at": time.time(),
+            "objects": {name: obj.state_dict() for name, obj in self._objects.items()},
+            "rng": capture_rng(),
+            "epoch_rng": epoch_rng,
+            "metrics": dict(metrics or {}),
+            "extras": dict(extras or {}),
+        }
+
+    def _write(self, state: dict[str, Any]) -> Saved:
+        saved = self.store.save(
+            lambda f: _save_without_crc32(state, f),
+            epoch=state["epoch"],
+            step=state["step"],
+            done=state["done"],
+            metrics=state["metrics"],
+        )
+        self.last_saved = saved
+        return saved
+
+    def _write_in_background(self, state: dict[str, Any]) -> None:
+        try:
+            self._write(state)
+        except BaseException as exc:  # handed to the training thread by wait()
+            self._error = exc
+
+    def _raise_background_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise CheckpointError(
+                f"a background save in {self.store.path} failed: {type(error).__name__}: {error}"
+            ) from error
+
+
+_CRC32_LOCK = threading.Lock()
+
+
+def _save_without_crc32(state: Any, f: Any) -> None:
+    """torch.save, minus the per-record CRC32 of its zip container.
+
+    chainrun's sha256 covers the whole file, and the CRC32 costs about a third
+    of the save time. torch.load does not check it; ``unzip -t`` would. The
+    option is process-wide in torch, so it is off only for this call.
+    """
+    get = getattr(torch.serialization, "get_crc32_options", None)
+    set_ = getattr(torch.serialization, "set_crc32_options", None)
+    if get is None or set_ is None:  # torch before 2.5 always computes it
+        torch.save(state, f)
+        return
+    with _CRC32_LOCK:
+        before = get()
+        set_(False)
+        try:
+            torch.save(state, f)
+        finally:
+            set_(before)
+
+
+def capture_rng() -> dict[str, Any]:
+    """The states of Python's, NumPy's (if installed), torch's CPU and every initialized CUDA RNG."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    np = _numpy()
+    if np is not None:
+        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        state["numpy"] = (str(kind), np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached))
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    """Set the RNGs from ``capture_rng()``'s result (CUDA states only where CUDA is here)."""
+    python = state["python"]
+    random.setstate((python[0], tuple(python[1]), python[2]))
+    torch.set_rng_state(state["torch"].cpu())
+    np = _numpy()
+    if np is not None and state.get("numpy") is not None:
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    cuda = state.get("cuda")
+    if cuda and torch.cuda.is_available():
+        for index, rng in enumerate(cuda[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(rng.cpu(), index)
+
+
+def _numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
+
+
+def _resumable(loader: Any) -> Optional[tuple[ResumableSampler, int]]:
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    if isinstance(batch_sampler, BatchSampler) and isinstance(batch_sampler.sampler, ResumableSampler):
+        return batch_sampler.sampler, batch_sampler.batch_size
+    return None
+
+
+class _Stager:
+    """Copies a state tree to host memory, reusing the buffers of the previous save."""
+
+    def __init__(self, cache: dict[tuple[Any, ...], torch.Tensor]) -> None:
+        self._cache = cache
+        self._seen: dict[int, torch.Tensor] = {}  # tied weights stay tied
+        self._cuda = False
+
+    def stage(self, state: Any) -> Any:
+        staged = self._copy(state, ())
+        if self._cuda:
+            torch.cuda.synchronize()
+        return staged
+
+    def _copy(self, obj: Any, key: tuple[Any, ...]) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return self._tensor(obj, key)
+        if isinstance(obj, dict):
+            out = obj.__class__((k, self._copy(v, (*key, k))) for k, v in obj.items())
+            metadata = getattr(obj, "_metadata", None)
+            if metadata is not None:
+                # load_state_dict reads module versions from it
+                out._metadata = copy.deepcopy(metadata)  # type: ignore[attr-defined]
+            return out
+        if isinstance(obj, list):
+            return [self._copy(v, (*key, i)) for i, v in enumerate(obj)]
+        if type(obj) is tuple:
+            return tuple(self._copy(v, (*key, i)) for i, v in enumerate(obj))
+        return copy.deepcopy(obj)
+
+    def _tensor(self, t: torch.Tensor, key: tuple[Any, ...]) -> torch.Tensor:
+        ident = id(t)
+        seen = self._seen.get(ident)
+        if seen is not None:
+            return seen
+        t = t.detach()
+        if t.layout != torch.strided or t.is_quantized or t.is_nested:
+            out = t.to("cpu", copy=True)
+        else:
+            out = self._cache.get(key)  # type: ignore[assignment]
+            if out is None or out.shape != t.shape or out.dtype != t.dtype:
+                out = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+                self._cache[key] = out
+            out.copy_(t, non_blocking=t.is_cuda)
+            self._cuda = self._cuda or t.is_cuda
+        self._seen[ident] = out
+        return out
+
+
+def _finish_at_exit(ref: weakref.ref[Checkpointer]) -> None:
+    ckpt = ref()
+    if ckpt is None:
+        return
+    try:
+        ckpt.wait()
+    except CheckpointError as exc:
+        print(f"chainrun: {exc}", file=sys.stderr)

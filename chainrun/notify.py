@@ -1,0 +1,269 @@
+"""Tell someone when a chain ends: the ``on_end`` command and the webhook.
+
+The engine calls a ``Notifier`` for every chain that reaches a final state.
+It writes the end to an outbox under ``$CHAINRUN_HOME`` and hands it to one
+background worker, so a slow hook never holds up a tick, and an end still
+undelivered when the service stops goes out at its next start (at least
+once). The command runs through the transport with ``bash -c`` in the
+chain's workdir, the chain's end in its environment; the webhook is a JSON
+POST with a timeout and a few tries. A hook that fails is logged and
+otherwise ignored: it never touches the chain.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import queue
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import urlsplit
+
+import structlog
+
+import chainrun
+from chainrun.errors import TransportError
+from chainrun.model import Chain
+from chainrun.transport import LocalTransport, Transport
+
+log = structlog.get_logger(__name__)
+
+HOOK_TIMEOUT = 60.0
+WEBHOOK_TIMEOUT = 10.0
+WEBHOOK_TRIES = 3
+OUTPUT_LIMIT = 4000  # characters of a hook's output kept in the log
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Where ends go when the job file does not say: the service config's values."""
+
+    on_end: Optional[str] = None
+    webhook: Optional[str] = None
+
+
+def end_payload(chain: Chain) -> dict[str, Any]:
+    """The chain's end as the webhook's JSON body."""
+    spec = chain.spec
+    return {
+        "event": "chain_ended",
+        "chain": chain.id,
+        "name": spec.name,
+        "state": chain.state.value,
+        "reason": chain.reason,
+        "epoch": chain.latest.epoch,
+        "target_epoch": spec.target_epoch,
+        "failures": chain.failures,
+        "max_failures": spec.max_failures,
+        "segments": len(chain.segments),
+        "used_seconds": chain.used,
+        "ended_at": chain.ended_at,
+        "scheduler": spec.scheduler.kind,
+        "host": spec.scheduler.host,
+        "workdir": spec.workdir,
+    }
+
+
+def hook_env(payload: dict[str, Any]) -> dict[str, str]:
+    """The environment of the ``on_end`` command."""
+    epoch = payload.get("epoch")
+    target = payload.get("target_epoch")
+    return {
+        "CHAINRUN_CHAIN": str(payload["chain"]),
+        "CHAINRUN_NAME": str(payload["name"]),
+        "CHAINRUN_STATE": str(payload["state"]),
+        "CHAINRUN_REASON": str(payload.get("reason") or ""),
+        "CHAINRUN_EPOCH": "" if epoch is None else str(epoch),
+        "CHAINRUN_TARGET_EPOCH": "" if target is None else str(target),
+    }
+
+
+def redact(url: str) -> str:
+    """``https://hooks.example.com/…``: webhook paths often hold a secret token."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}/…"
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One end to deliver, as written to the outbox."""
+
+    payload: dict[str, Any]
+    on_end: Optional[str]
+    webhook: Optional[str]
+    cwd: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"payload": self.payload, "on_end": self.on_end, "webhook": self.webhook, "cwd": self.cwd}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Delivery:
+        return cls(data["payload"], data.get("on_end"), data.get("webhook"), data["cwd"])
+
+
+class Notifier:
+    """The engine's ``on_end``: queues each end and delivers it in a worker thread."""
+
+    def __init__(
+        self,
+        home: Path,
+        defaults: Hooks = Hooks(),
+        transport: Optional[Transport] = None,
+        hook_timeout: float = HOOK_TIMEOUT,
+        webhook_timeout: float = WEBHOOK_TIMEOUT,
+        tries: int = WEBHOOK_TRIES,
+        backoff: float = 1.0,
+    ) -> None:
+        self.outbox = Path(home) / "outbox"
+        self.defaults = defaults  # replaced whole on a reload
+        self.transport = transport or LocalTransport()
+        self.hook_timeout = hook_timeout
+        self.webhook_timeout = webhook_timeout
+        self.tries = max(1, tries)
+        self.backoff = backoff
+        self._queue: queue.Queue[Optional[Path]] = queue.Queue()
+        self._thread: Optional[threading.Thread] = None
+        self._start_lock = threading.Lock()
+
+    def __call__(self, chain: Chain) -> None:
+        try:
+            delivery = self.plan(chain)
+            if delivery is None:
+                return
+            path = self._write(chain.id, delivery)
+        except Exception:  # a notification must never break the tick that ended the chain
+            log.exception("could not queue the end-of-chain notification", chain=chain.id)
+            return
+        self.start()
+        self._queue.put(path)
+
+    def plan(self, chain: Chain) -> Optional[Delivery]:
+        """What to deliver for ``chain``: the job file's hooks win over the defaults."""
+        spec = chain.spec
+        defaults = self.defaults
+        on_end = spec.on_end or defaults.on_end
+        webhook = spec.webhook or defaults.webhook
+        if not on_end and not webhook:
+            return None
+        # The workdir of a remote chain is on the cluster; the command runs here.
+        cwd = spec.workdir if not spec.scheduler.host else str(Path.home())
+        return Delivery(end_payload(chain), on_end, webhook, cwd)
+
+    def start(self, leftovers: bool = False) -> None:
+        """Start the worker (once); ``leftovers`` also queues ends a previous run left undelivered."""
+        with self._start_lock:
+            if self._thread is not None:
+                return
+            if leftovers and self.outbox.is_dir():
+                pending = sorted(self.outbox.glob("*.json"), key=lambda p: p.stat().st_mtime)
+                for path in pending:
+                    log.info("delivering an end left over from before the restart", file=path.name)
+                    self._queue.put(path)
+            self._thread = threading.Thread(target=self._work, name="chainrun-notify", daemon=True)
+            self._thread.start()
+
+    def close(self, timeout: float) -> bool:
+        """Finish queued deliveries, waiting at most ``timeout`` s; True when all are done."""
+        if self._thread is None:
+            return True
+        self._queue.put(None)
+        self._thread.join(timeout)
+        done = not self._thread.is_alive()
+        if not done:
+            log.warning(
+                "end-of-chain notifications still running at exit; "
+                "the undelivered ones go out at the next start",
+                outbox=str(self.outbox),
+            )
+        return done
+
+    def _write(self, chain_id: str, delivery: Delivery) -> Path:
+        self.outbox.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = self.outbox / f"{chain_id}.json"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(delivery.to_json()))
+        os.replace(tmp, path)
+        return path
+
+    def _work(self) -> None:
+        while True:
+            path = self._queue.get()
+            if path is None:
+                return
+            try:
+                delivery = Delivery.from_json(json.loads(path.read_text()))
+            except FileNotFoundError:
+                continue  # delivered already
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("unreadable notification in the outbox; dropped", file=str(path), error=str(exc))
+            else:
+                self.deliver(delivery)
+            path.unlink(missing_ok=True)
+
+    def deliver(self, delivery: Delivery) -> None:
+        """Run the command and post the webhook; failures are logged, never raised."""
+        bound = log.bind(chain=delivery.payload.get("chain"), state=delivery.payload.get("state"))
+        if delivery.on_end:
+            try:
+                self._run(delivery.on_end, delivery, bound)
+            except Exception:
+                bound.exception("on_end hook crashed; the chain is not affected")
+        if delivery.webhook:
+            try:
+                self._post(delivery.webhook, delivery.payload, bound)
+            except Exception:
+                bound.exception("webhook crashed; the chain is not affected")
+
+    def _run(self, command: str, delivery: Delivery, bound: Any) -> None:
+        # The workdir comes in as $1 so that nothing of it is parsed as shell.
+        script = 'cd -- "$1" || exit 1\nshift\n' + command
+        argv = ["bash", "-c", script, "chainrun-on-end", delivery.cwd]
+        try:
+            result = self.transport.run(argv, timeout=self.hook_timeout, env=hook_env(delivery.payload))
+        except TransportError as exc:
+            bound.warning(
+                "on_end hook did not finish; the chain is not affected", command=command, error=str(exc)
+            )
+            return
+        fields = {
+            "command": command,
+            "exit_code": result.returncode,
+            "stdout": result.stdout.strip()[-OUTPUT_LIMIT:],
+            "stderr": result.stderr.strip()[-OUTPUT_LIMIT:],
+        }
+        if result.ok:
+            bound.info("on_end hook ran", **fields)
+        else:
+            bound.warning("on_end hook failed; the chain is not affected", **fields)
+
+    def _post(self, url: str, payload: dict[str, Any], bound: Any) -> None:
+        body = json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json", "User-Agent": f"chainrun/{chainrun.__version__}"}
+        error = ""
+        attempt = 0
+        for attempt in range(1, self.tries + 1):
+            request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.webhook_timeout) as response:
+                    bound.info("webhook delivered", url=redact(url), status=response.status, attempt=attempt)
+                    return
+            except urllib.error.HTTPError as exc:
+                error = f"HTTP {exc.code} {exc.reason}"
+                # A client error will not go away by asking again (but 408 and 429 may).
+                if 400 <= exc.code < 500 and exc.code not in (408, 429):
+                    break
+            except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+                reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+                error = str(reason) or type(reason).__name__
+            if attempt < self.tries:
+                bound.info("webhook failed; retrying", url=redact(url), error=error, attempt=attempt)
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+        bound.warning(
+            "webhook failed; the chain is not affected", url=redact(url), error=error, attempts=attempt
+        )

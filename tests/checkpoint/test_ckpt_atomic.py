@@ -1,0 +1,161 @@
+"""atomic_write: all-or-nothing, durable, hashed on the way, and no temp file left behind."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+from ckpt_support import no_chainrun_env, restore_signal_handlers  # noqa: F401
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chainrun.checkpoint import _atomic, atomic_write, cleanup_temp_files, is_temp_file, sha256_file
+
+
+def temp_files(directory: Path) -> list[str]:
+    return [n for n in os.listdir(directory) if is_temp_file(n)]
+
+
+def test_atomic_write_replaces_content_and_reports_size_and_sha256(tmp_path: Path) -> None:
+    """The file holds exactly the new bytes and the result describes them."""
+    target = tmp_path / "state.bin"
+    target.write_bytes(b"old")
+    written = atomic_write(target, b"new content")
+    assert target.read_bytes() == b"new content"
+    assert written.path == str(target)
+    assert written.size == 11
+    assert written.sha256 == hashlib.sha256(b"new content").hexdigest()
+    assert temp_files(tmp_path) == []
+
+
+def test_atomic_write_hashes_large_writes_from_a_writer_callable(tmp_path: Path) -> None:
+    """Writes large enough to be cut in pieces and hashed in a thread still give the file's digest."""
+    big = os.urandom(40 << 20)
+
+    def writer(f: IO[bytes]) -> None:
+        f.write(b"header")
+        for _ in range(4):
+            f.write(big)
+        f.write(memoryview(b"tail"))
+
+    written = atomic_write(tmp_path / "big.bin", writer)
+    assert written.size == 6 + 4 * len(big) + 4
+    assert written.sha256 == sha256_file(tmp_path / "big.bin")
+    assert written.sha256 == hashlib.sha256(b"header" + big * 4 + b"tail").hexdigest()
+
+
+@settings(max_examples=60, deadline=None)
+@given(chunks=st.lists(st.binary(min_size=0, max_size=300), max_size=25))
+def test_atomic_write_digest_matches_the_file_for_any_write_pattern(
+    chunks: list[bytes], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Small gathered writes, large ones cut in pieces and hashed in a thread add up to the file."""
+    directory = tmp_path_factory.mktemp("pattern")
+    saved = (_atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE)
+    _atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE = 64, 100, 97  # tiny limits: every path runs
+    try:
+        written = atomic_write(directory / "f", lambda f: [f.write(c) for c in chunks])
+    finally:
+        _atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE = saved
+    whole = b"".join(chunks)
+    assert (directory / "f").read_bytes() == whole
+    assert written.sha256 == hashlib.sha256(whole).hexdigest()
+    assert written.size == len(whole)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("disk on fire"), KeyboardInterrupt()])
+def test_atomic_write_keeps_old_file_and_removes_temp_when_writer_fails(
+    tmp_path: Path, error: BaseException
+) -> None:
+    """A failing writer (even Ctrl-C) leaves the old content and no temp file."""
+    target = tmp_path / "state.bin"
+    target.write_bytes(b"old")
+
+    def writer(f: IO[bytes]) -> None:
+        f.write(os.urandom(10 << 20))
+        raise error
+
+    with pytest.raises(type(error)):
+        atomic_write(target, writer)
+    assert target.read_bytes() == b"old"
+    assert temp_files(tmp_path) == []
+
+
+def test_atomic_write_fsyncs_the_file_before_the_rename_and_the_directory_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The order that makes the new content durable before it becomes visible, and the rename durable."""
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append("fsync-dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync-file")
+        real_fsync(fd)
+
+    def replace(src: Any, dst: Any) -> None:
+        events.append("rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    atomic_write(tmp_path / "x", b"data")
+    assert events == ["fsync-file", "rename", "fsync-dir"]
+
+
+def test_atomic_write_gives_new_files_the_umask_permissions(tmp_path: Path) -> None:
+    """Like open(): 0666 minus the umask, not mkstemp's private 0600."""
+    old = os.umask(0o022)
+    try:
+        atomic_write(tmp_path / "x", b"data")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "x").st_mode) == 0o644
+
+
+def test_atomic_write_rejects_text_with_a_hint(tmp_path: Path) -> None:
+    """A str is refused rather than guessed at."""
+    with pytest.raises(TypeError, match=r"encode\(\)"):
+        atomic_write(tmp_path / "x", "text")  # type: ignore[arg-type]
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_cleanup_removes_temp_files_of_dead_writers_and_keeps_live_ones(tmp_path: Path) -> None:
+    """Stale temps of dead local writers and old remote ones go; live and recent remote ones stay."""
+    host = _atomic._HOST
+    dead = f".ckpt.pt~{host}~{dead_pid()}~ab12{_atomic.TEMP_SUFFIX}"
+    mine = f".ckpt.pt~{host}~{os.getpid()}~cd34{_atomic.TEMP_SUFFIX}"
+    remote_old = f".ckpt.pt~other-node~123~ef56{_atomic.TEMP_SUFFIX}"
+    remote_new = f".ckpt.pt~other-node~124~ef57{_atomic.TEMP_SUFFIX}"
+    unrelated = ".ckpt.pt.tmp"
+    for name in (dead, mine, remote_old, remote_new, unrelated):
+        (tmp_path / name).write_bytes(b"x")
+    os.utime(tmp_path / remote_old, (1, 1))
+    removed = cleanup_temp_files(tmp_path)
+    assert sorted(removed) == sorted([dead, remote_old])
+    assert sorted(os.listdir(tmp_path)) == sorted([mine, remote_new, unrelated])
+
+
+def test_temp_file_names_are_hidden_and_recognised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Temps start with a dot (the service's mtime watch skips them) and is_temp_file knows them."""
+    seen: list[str] = []
+    real_replace = os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        seen.append(os.path.basename(src))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    atomic_write(tmp_path / "model.pt", b"x")
+    assert len(seen) == 1 and seen[0].startswith(".model.pt~") and is_temp_file(seen[0])
+    assert not is_temp_file("model.pt")

@@ -1,0 +1,263 @@
+"""CheckpointDir: unique names, commit order, keep-last-K retention and the verified restore order."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+from ckpt_support import no_chainrun_env, restore_signal_handlers  # noqa: F401
+
+from chainrun.checkpoint import (
+    SIDECAR_NAME,
+    CheckpointDir,
+    CheckpointError,
+    CheckpointWarning,
+    Resume,
+    load_progress,
+    write_progress,
+)
+
+
+def save_n(store: CheckpointDir, n: int) -> list[str]:
+    return [store.save(f"payload {i}".encode(), epoch=i, step=0).file for i in range(1, n + 1)]
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_save_commits_file_companion_and_sidecar(tmp_path: Path) -> None:
+    """After save() the sidecar names the new file, with a sha256sum-style companion beside it."""
+    store = CheckpointDir(tmp_path, suffix=".bin")
+    saved = store.save(b"weights", epoch=2, step=5, done=False, metrics={"loss": 1.5})
+    assert saved.file == "ckpt-000001-e0002-s000005.bin"
+    assert (tmp_path / saved.file).read_bytes() == b"weights"
+    assert (tmp_path / (saved.file + ".sha256")).read_text() == f"{saved.sha256}  {saved.file}\n"
+    progress = load_progress(tmp_path)
+    assert progress is not None
+    assert (progress["file"], progress["epoch"], progress["step"], progress["sha256"]) == (
+        saved.file,
+        2,
+        5,
+        saved.sha256,
+    )
+    assert progress["metrics"] == {"loss": 1.5}
+
+
+def test_a_new_checkpoint_never_takes_the_name_of_an_existing_file(tmp_path: Path) -> None:
+    """The same epoch and step saved again by a new process gets a new name: the sidecar's file never changes under it."""
+    first = CheckpointDir(tmp_path, suffix=".bin").save(b"first", epoch=1, step=1)
+    second = CheckpointDir(tmp_path, suffix=".bin").save(b"second", epoch=1, step=1)
+    assert second.file != first.file
+    assert (tmp_path / first.file).read_bytes() == b"first"
+
+
+def test_new_names_sort_after_every_file_present_even_leftovers(tmp_path: Path) -> None:
+    """Names count up past any file of an entry, finished or not (TensorFlow data files included)."""
+    store = CheckpointDir(tmp_path, suffix=".bin")
+    (tmp_path / "ckpt-000009-e0001-s000000.bin").write_bytes(b"orphan")
+    (tmp_path / "ckpt-000011-e0001-s000000.data-00000-of-00001").write_bytes(b"orphan data")
+    assert store.new_name(1, 1) == "ckpt-000012-e0001-s000001.bin"
+    assert store.new_name(1, 1) == "ckpt-000013-e0001-s000001.bin"
+
+
+def test_retention_keeps_the_last_k_committed_checkpoints(tmp_path: Path) -> None:
+    """keep=2: the two newest stay (files and companions), older ones go."""
+    store = CheckpointDir(tmp_path, suffix=".bin", keep=2)
+    names = save_n(store, 5)
+    left = sorted(n for n in os.listdir(tmp_path) if n != SIDECAR_NAME)
+    assert left == sorted([names[3], names[3] + ".sha256", names[4], names[4] + ".sha256"])
+
+
+def test_retention_with_keep_1_leaves_only_the_newest(tmp_path: Path) -> None:
+    """Even keep=1 never deletes the checkpoint the sidecar names."""
+    store = CheckpointDir(tmp_path, suffix=".bin", keep=1)
+    names = save_n(store, 3)
+    assert sorted(os.listdir(tmp_path)) == sorted([SIDECAR_NAME, names[2], names[2] + ".sha256"])
+
+
+def test_prune_never_touches_the_sidecar_checkpoint_or_anything_newer(tmp_path: Path) -> None:
+    """A save in flight (newer than the sidecar's file) and the committed file survive pruning."""
+    store = CheckpointDir(tmp_path, suffix=".bin", keep=1)
+    names = save_n(store, 2)
+    in_flight = tmp_path / "ckpt-000003-e0003-s000000.bin"
+    in_flight.write_bytes(b"being written")
+    assert store.prune() == []
+    assert (tmp_path / names[1]).exists() and in_flight.exists()
+
+
+def test_prune_removes_leftovers_of_interrupted_older_saves(tmp_path: Path) -> None:
+    """Uncommitted files (no companion) and orphan data files older than the sidecar's go."""
+    store = CheckpointDir(tmp_path, suffix=".bin", keep=3)
+    (tmp_path / "ckpt-000001-e0001-s000000.bin").write_bytes(b"never committed")
+    (tmp_path / "ckpt-000002-e0001-s000000.data-00000-of-00001").write_bytes(b"orphan data")
+    (tmp_path / "ckpt-000002-e0001-s000000_temp").mkdir()
+    saved = store.save(b"good", epoch=2, step=0)
+    assert sorted(os.listdir(tmp_path)) == sorted([SIDECAR_NAME, saved.file, saved.file + ".sha256"])
+
+
+def test_restore_of_an_empty_directory_is_a_quiet_fresh_start(tmp_path: Path) -> None:
+    """The first segment has nothing to resume: fresh, with no warning and no load call."""
+    store = CheckpointDir(tmp_path / "new", suffix=".bin")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resume, value = store.restore(lambda path: pytest.fail("nothing to load"))
+    assert resume == Resume() and resume.fresh and value is None
+
+
+def test_restore_loads_the_checkpoint_the_sidecar_names(tmp_path: Path) -> None:
+    """The newest committed checkpoint is loaded and described."""
+    store = CheckpointDir(tmp_path, suffix=".bin")
+    names = save_n(store, 3)
+    resume, value = store.restore(lambda path: Path(path).read_bytes())
+    assert (resume.file, resume.epoch, resume.fresh, resume.fell_back) == (names[2], 3, False, False)
+    assert value == b"payload 3"
+    assert resume.describe() == f"resumed from {names[2]} (epoch 3)"
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (flip_a_byte, "sha256"),
+        (lambda p: p.write_bytes(p.read_bytes()[:-3]), "size"),
+        (os.unlink, "missing"),
+    ],
+)
+def test_restore_falls_back_to_the_previous_checkpoint_and_warns(
+    tmp_path: Path, damage: object, reason: str
+) -> None:
+    """A corrupt, truncated or missing newest checkpoint: the previous one is used, with a warning saying why."""
+    store = CheckpointDir(tmp_path, suffix=".bin")
+    names = save_n(store, 3)
+    damage(tmp_path / names[2])  # type: ignore[operator]
+    with pytest.warns(CheckpointWarning, match=rf"{names[2]}: .*{reason}") as record:
+        resume, value = store.restore(lambda path: Path(path).read_bytes())
+    assert f"resumed from {names[1]}" in str(record[0].message)
+    assert (resume.file, resume.epoch, resume.fell_back, value) == (names[1], 2, True, b"payload 2")
+    assert len(resume.rejected) == 1 and resume.rejected[0].startswith(names[2])
+
+
+def test_restore_falls_back_when_the_newest_does_not_load(tmp_path: Path) -> None:
+    """A file whose hash matches but whose loader fails is passed over too."""
+    store = CheckpointDir(tmp_path, suffix=".bin")
+    names = save_n(store, 2)
+
+    def load(path: str) -> bytes:
+        if path.endswith(names[1]):
+            raise ValueError("bad pickle")
+        return Path(path).read_bytes()
+
+    with pytest.warns(CheckpointWarning, match="bad pickle"):
+        resume, _ = store.restore(load)
+    assert resume.file == names[0]
+
+
+def test_restore_without_a_usable_checkpoint_is_an_error_not_a_fresh_start(tmp_path: Path) -> None:
+    """All checkpoints corrupt: CheckpointError lists them and says how to start over."""
+    store = CheckpointDir(tmp_path, suffix=".bin")
+    for name in save_n(store, 2):
+        flip_a_byte(tmp_path / name)
+    with pytest.raises(CheckpointError, match="no usable checkpoint") as info:
+        store.restore(lambda path: b"")
+    assert "allow_fresh=True" in str(info.value)
+    assert "ckpt-000001" in str(info.value) and "ckpt-000002" in str(info.value)
+
+
+def test_restore_starts_fresh_with_a_warning_only_when_allowed(tmp_path: Path) -> None:
+    """allow_fresh=True turns the error into a loud fresh start."""
+    store = CheckpointDir(tmp_path, suffix=".bin")
+    (name,) = save_n(store, 1)
+    os.unlink(tmp_path / name)
+    with pytest.warns(CheckpointWarning, match="starting fresh"):
+        resume, value = store.restore(lambda path: b"", allow_fresh=True)
+    assert resume.fresh and value is None and resume.rejected
+
+
+def test_restore_with_a_corrupt_sidecar_uses_the_newest_verified_checkpoint(tmp_path: Path) -> None:
+    """Without a readable sidecar the companions still vouch for the files."""
+    store = CheckpointDir(tmp_path, suffix=".bin")
+    names = save_n(store, 2)
+    (tmp_path / SIDECAR_NAME).write_bytes(b"{garbage")
+    with pytest.warns(CheckpointWarning, match="unreadable"):
+        resume, _ = store.restore(lambda path: b"")
+    assert resume.file == names[1]
+
+
+def test_restore_ignores_a_newer_save_that_never_committed(tmp_path: Path) -> None:
+    """A checkpoint written after the sidecar's (killed before the sidecar moved) is not used."""
+    store = CheckpointDir(tmp_path, suffix=".bin")
+    (committed,) = save_n(store, 1)
+    newer = store.new_name(5, 0)
+    (tmp_path / newer).write_bytes(b"uncommitted")
+    resume, value = store.restore(lambda path: Path(path).read_bytes())
+    assert resume.file == committed and value == b"payload 1" and not resume.fell_back
+
+
+def test_restore_skips_a_half_deleted_older_checkpoint(tmp_path: Path) -> None:
+    """An older file whose companion is gone (prune interrupted) is not a fallback candidate."""
+    store = CheckpointDir(tmp_path, suffix=".bin")
+    names = save_n(store, 3)
+    os.unlink(tmp_path / (names[1] + ".sha256"))
+    flip_a_byte(tmp_path / names[2])
+    with pytest.warns(CheckpointWarning):
+        resume, _ = store.restore(lambda path: b"")
+    assert resume.file == names[0]
+
+
+def test_restore_reports_done_and_metrics_from_the_sidecar(tmp_path: Path) -> None:
+    """A finished run says so, so the script can exit at once."""
+    store = CheckpointDir(tmp_path, suffix=".bin")
+    store.save(b"x", epoch=10, step=0, done=True, metrics={"acc": 0.9})
+    resume, _ = store.restore(lambda path: None)
+    assert resume.done and resume.metrics == {"acc": 0.9}
+
+
+def test_sidecar_can_name_a_file_the_user_wrote(tmp_path: Path) -> None:
+    """A script with its own saves can still publish progress; restore verifies that file."""
+    (tmp_path / "model.pt").write_bytes(b"own format")
+    write_progress(tmp_path, epoch=4, step=0, file="model.pt")
+    resume, value = CheckpointDir(tmp_path).restore(lambda path: Path(path).read_bytes())
+    assert (resume.file, resume.epoch, value) == ("model.pt", 4, b"own format")
+
+
+def test_directory_defaults_to_chainrun_checkpoint_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside a chainrun segment the helper saves where the service looks."""
+    monkeypatch.setenv("CHAINRUN_CHECKPOINT_DIR", str(tmp_path / "watched"))
+    assert CheckpointDir().path == str(tmp_path / "watched")
+
+
+def test_directory_defaults_to_checkpoints_without_chainrun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without chainrun the directory is ./checkpoints."""
+    monkeypatch.chdir(tmp_path)
+    assert CheckpointDir().path == str(tmp_path / "checkpoints")
+
+
+def test_explicit_directory_other_than_the_watched_one_warns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Saving elsewhere than CHAINRUN_CHECKPOINT_DIR would look like no progress: say so."""
+    monkeypatch.setenv("CHAINRUN_CHECKPOINT_DIR", str(tmp_path / "watched"))
+    with pytest.warns(CheckpointWarning, match="CHAINRUN_CHECKPOINT_DIR"):
+        CheckpointDir(tmp_path / "elsewhere")
+
+
+@pytest.mark.parametrize("kwargs", [{"keep": 0}, {"prefix": "a b"}, {"prefix": "x~y"}, {"suffix": "pt"}])
+def test_bad_store_settings_are_refused(tmp_path: Path, kwargs: dict[str, object]) -> None:
+    """keep < 1 or names that would break the file pattern are errors."""
+    with pytest.raises(ValueError):
+        CheckpointDir(tmp_path, **kwargs)  # type: ignore[arg-type]
+
+
+def test_resume_skip_counts_batches_only_in_the_resumed_epoch() -> None:
+    """skip(epoch) is the step for the epoch in progress and 0 for the others."""
+    resume = Resume(epoch=3, step=17, file="x", fresh=False)
+    assert (resume.skip(3), resume.skip(4), resume.skip(2)) == (17, 0, 0)
+    assert resume.describe() == "resumed from x (epoch 3) at step 17"

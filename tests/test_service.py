@@ -1,0 +1,698 @@
+"""The systemd side of chainrun: the unit, `service install`, sd_notify, signals, logs."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytest
+import structlog
+from conftest import REPO, cli_env, have, need, wait_for
+
+from chainrun import logs
+from chainrun import service as unit
+from chainrun.errors import JobFileError
+
+TRAINER = Path(__file__).parent / "data" / "trainer.py"
+
+
+# -- helpers --------------------------------------------------------------------
+
+
+class Listener:
+    """A unix datagram socket standing in for systemd's notify socket."""
+
+    def __init__(self, address: Optional[str] = None) -> None:
+        self.name = address or f"@chainrun-test-{secrets.token_hex(6)}"
+        bind_to = "\0" + self.name[1:] if self.name.startswith("@") else self.name
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(bind_to)
+        self.sock.settimeout(0.2)
+        self.messages: list[tuple[float, list[str]]] = []
+        self.lock = threading.Lock()
+        self.done = False
+        self.thread = threading.Thread(target=self._receive, daemon=True)
+        self.thread.start()
+
+    def _receive(self) -> None:
+        while not self.done:
+            try:
+                data = self.sock.recv(4096)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            with self.lock:
+                self.messages.append((time.monotonic(), data.decode().split("\n")))
+
+    def fields(self) -> list[tuple[float, str]]:
+        """Every field received, in order, with its arrival time."""
+        with self.lock:
+            return [(t, f) for t, fields in self.messages for f in fields]
+
+    def wait(self, predicate: Callable[[str], bool], timeout: float, what: str, after: int = 0) -> int:
+        """Index (in fields()) of the first field from ``after`` on that matches."""
+        found: list[int] = []
+
+        def seen() -> bool:
+            for i, (_, f) in enumerate(self.fields()[after:], start=after):
+                if predicate(f):
+                    found.append(i)
+                    return True
+            return False
+
+        wait_for(seen, timeout, what, every=0.05)
+        return found[0]
+
+    def close(self) -> None:
+        self.done = True
+        self.thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def listener() -> Iterator[Listener]:
+    """A notify socket in the abstract namespace, as systemd uses."""
+    sock = Listener()
+    yield sock
+    sock.close()
+
+
+@pytest.fixture
+def daemon(home: Path, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Start `chainrun daemon` with extra environment; all are killed at the end."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(interval: Optional[float] = 0.3, **env: str) -> subprocess.Popen[bytes]:
+        full = cli_env(home)
+        full["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+        for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "JOURNAL_STREAM"):
+            full.pop(name, None)
+        full.update(env)
+        with open(tmp_path / f"daemon-{len(procs)}.log", "wb") as out:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "chainrun",
+                    "daemon",
+                    *(["--interval", str(interval)] if interval else []),
+                ],
+                env=full,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def daemon_log(tmp_path: Path, n: int = 0) -> str:
+    return (tmp_path / f"daemon-{n}.log").read_text()
+
+
+def write_job(tmp_path: Path, command: str, name: str = "t", extra: str = "") -> Path:
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    shutil.copy(TRAINER, work / "trainer.py")
+    path = work / f"{name}.toml"
+    path.write_text(
+        f'name = "{name}"\ncommand = "{command}"\ntotal_time = "5m"\nwalltime = "1m"\ngrace = "2s"\n{extra}'
+    )
+    return path
+
+
+def trainer(epochs: int, epoch_time: float = 0.4, mode: str = "ok") -> str:
+    return f"python3 trainer.py --mode {mode} --epochs {epochs} --epoch-time {epoch_time}"
+
+
+def chain_json(chainrun: Callable[..., subprocess.CompletedProcess[str]], ref: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(chainrun("status", ref, "--json", check=True).stdout)[0]
+    return data
+
+
+def segments(home: Path) -> list[tuple[int, Optional[str], str]]:
+    db = sqlite3.connect(home / "chainrun.db")
+    try:
+        return [
+            (n, job, phase)
+            for n, job, phase in db.execute("select n, job_id, phase from segments order by n")
+        ]
+    finally:
+        db.close()
+
+
+def verify(path: Path, home_dir: Path) -> subprocess.CompletedProcess[str]:
+    """`systemd-analyze verify --user PATH`, as REAL-CLUSTERS.md says it runs here."""
+    need("systemd-analyze", have("systemd-analyze"), "apt-get install systemd")
+    runtime = home_dir / "runtime"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    env = dict(os.environ, HOME=str(home_dir), XDG_RUNTIME_DIR=str(runtime))
+    env.pop("XDG_CONFIG_HOME", None)
+    return subprocess.run(
+        ["systemd-analyze", "verify", "--user", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def fake_tools(bin_dir: Path, systemd: bool, linger: str = "no") -> Path:
+    """`systemctl` and `loginctl` stand-ins that record their argv (no user manager runs here)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    calls = bin_dir / "calls"
+    systemctl = f'echo "systemctl $*" >> {shlex.quote(str(calls))}\n' + (
+        "exit 0\n" if systemd else 'echo "Failed to connect to bus: No medium found" >&2\nexit 1\n'
+    )
+    loginctl = f'echo "loginctl $*" >> {shlex.quote(str(calls))}\necho Linger={linger}\n'
+    for name, body in (("systemctl", systemctl), ("loginctl", loginctl)):
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    return calls
+
+
+def install_env(home: Path, tmp_path: Path, bin_dir: Path) -> dict[str, str]:
+    env = cli_env(home)
+    env["HOME"] = str(tmp_path / "userhome")
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    env["USER"] = "alice"
+    env.pop("XDG_CONFIG_HOME", None)
+    return env
+
+
+def run_cli(
+    env: dict[str, str], *args: str, exe: Optional[list[str]] = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*(exe or [sys.executable, "-m", "chainrun"]), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def exec_start(unit_text: str) -> list[str]:
+    line = unit.unit_exec_start(unit_text)
+    assert line is not None
+    return shlex.split(line)
+
+
+# -- the unit -------------------------------------------------------------------
+
+
+def test_shipped_unit_passes_systemd_analyze_verify_without_a_word(tmp_path: Path) -> None:
+    """systemd/chainrun.service verifies clean when %h/.local/bin/chainrun exists."""
+    bin_dir = tmp_path / "userhome" / ".local" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "chainrun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "chainrun").chmod(0o755)
+    result = verify(REPO / "systemd" / "chainrun.service", tmp_path / "userhome")
+    assert result.returncode == 0 and result.stdout + result.stderr == ""
+
+
+def test_shipped_unit_is_exactly_what_install_writes_for_the_default_path() -> None:
+    """The shipped file and the installer's template cannot drift apart."""
+    assert (REPO / "systemd" / "chainrun.service").read_text() == unit.shipped_unit()
+
+
+def test_shipped_unit_declares_notify_watchdog_reload_restart_and_quick_stop() -> None:
+    """The unit's settings that the service's behaviour relies on."""
+    text = unit.shipped_unit()
+    for line in (
+        "Type=notify",
+        "ExecReload=/bin/kill -HUP $MAINPID",
+        "Restart=on-failure",
+        "WatchdogSec=10min",
+        "TimeoutStopSec=30s",
+        "KillMode=process",
+        "WantedBy=default.target",
+    ):
+        assert f"\n{line}\n" in text, line
+
+
+def test_install_without_systemd_writes_a_verified_unit_running_this_chainrun_and_says_what_to_run(
+    home: Path, tmp_path: Path
+) -> None:
+    """No user manager: the unit is written with the real interpreter, and the commands are printed."""
+    calls = fake_tools(tmp_path / "bin", systemd=False)
+    env = install_env(home, tmp_path, tmp_path / "bin")
+    result = run_cli(env, "service", "install", "--now")
+    assert result.returncode == 0, result.stderr
+    path = tmp_path / "userhome" / ".config" / "systemd" / "user" / "chainrun.service"
+    text = path.read_text()
+    argv = exec_start(text)
+    assert argv == [sys.executable, "-m", "chainrun", "daemon"]
+    # Run from a checkout, chainrun is importable only through PYTHONPATH: the unit carries it.
+    assert f"Environment=PYTHONPATH={REPO}\n" in text
+    # The command line the unit starts really is chainrun, with nothing from this shell.
+    clean = {"PATH": "/usr/bin:/bin", "HOME": env["HOME"], "PYTHONPATH": str(REPO)}
+    help_run = subprocess.run(
+        [*argv[:-1], "daemon", "--help"], capture_output=True, text=True, env=clean, cwd="/"
+    )
+    assert help_run.returncode == 0 and "Run the service in the foreground" in help_run.stdout
+    assert "systemctl --user daemon-reload" in result.stdout
+    assert "systemctl --user enable --now chainrun.service" in result.stdout
+    assert "loginctl enable-linger alice" in result.stdout
+    assert "systemctl --user daemon-reload" not in calls.read_text()  # only the probe ran
+    check = verify(path, tmp_path / "userhome")
+    assert check.returncode == 0 and check.stdout + check.stderr == ""
+
+    result = run_cli(env, "service", "uninstall")
+    assert result.returncode == 0 and not path.exists()
+    assert f"removed {path}" in result.stdout
+
+
+def test_install_with_systemd_reloads_and_enables_now_and_uninstall_disables(
+    home: Path, tmp_path: Path
+) -> None:
+    """With a user manager: daemon-reload, enable --now; uninstall: disable --now, remove, reload."""
+    calls = fake_tools(tmp_path / "bin", systemd=True, linger="yes")
+    env = install_env(home, tmp_path, tmp_path / "bin")
+    result = run_cli(env, "service", "install", "--now")
+    assert result.returncode == 0, result.stderr
+    recorded = calls.read_text().splitlines()
+    assert "systemctl --user daemon-reload" in recorded
+    assert recorded.index("systemctl --user daemon-reload") < recorded.index(
+        "systemctl --user enable --now chainrun.service"
+    )
+    assert "loginctl show-user alice -p Linger" in recorded
+    assert "lingering is on for alice" in result.stdout and "enable-linger" not in result.stdout
+    path = tmp_path / "userhome" / ".config" / "systemd" / "user" / "chainrun.service"
+    assert path.exists()
+
+    calls.write_text("")
+    result = run_cli(env, "service", "uninstall")
+    assert result.returncode == 0, result.stderr
+    assert not path.exists()
+    recorded = calls.read_text().splitlines()
+    assert recorded.index("systemctl --user disable --now chainrun.service") < recorded.index(
+        "systemctl --user daemon-reload"
+    )
+
+
+def test_install_from_a_console_script_puts_that_script_in_exec_start(home: Path, tmp_path: Path) -> None:
+    """Run through a virtualenv's `chainrun` script, the unit starts that very script."""
+    fake_tools(tmp_path / "bin", systemd=False)
+    env = install_env(home, tmp_path, tmp_path / "bin")
+    venv_bin = tmp_path / "my venv" / "bin"  # a space, as in "My Projects"
+    venv_bin.mkdir(parents=True)
+    script = venv_bin / "chainrun"
+    script.write_text(  # what pip writes for a console_scripts entry point
+        f"#!{sys.executable}\nimport sys\nfrom chainrun.cli import main\nif __name__ == '__main__':\n    sys.exit(main())\n"
+    )
+    script.chmod(0o755)
+    result = run_cli(env, "service", "install", exe=[str(script)])
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "userhome" / ".config" / "systemd" / "user" / "chainrun.service").read_text()
+    assert exec_start(text) == [str(script), "daemon"]
+    assert f'ExecStart="{script}" daemon\n' in text
+
+
+def test_service_status_reports_the_unit_linger_config_and_process(home: Path, tmp_path: Path) -> None:
+    """`service status` says where the unit is, whether lingering is on, the config, and the process."""
+    fake_tools(tmp_path / "bin", systemd=False, linger="no")
+    env = install_env(home, tmp_path, tmp_path / "bin")
+    out = run_cli(env, "service", "status").stdout
+    assert "unit: not installed" in out and "lingering is off for alice" in out
+    assert "service: not running" in out
+    run_cli(env, "service", "install")
+    config = tmp_path / "userhome" / ".config" / "chainrun" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('interval = "30s"\n')
+    out = run_cli(env, "service", "status").stdout
+    assert "unit: " + str(tmp_path / "userhome" / ".config" / "systemd" / "user" / "chainrun.service") in out
+    assert "not the chainrun running now" not in out
+    assert "interval=30.0" in out
+    config.write_text("interval = -1\n")
+    result = run_cli(env, "service", "status")
+    assert (
+        result.returncode == 0
+        and "config: BROKEN" in result.stdout
+        and "must be longer than zero" in result.stdout
+    )
+
+
+# -- config ---------------------------------------------------------------------
+
+
+def test_config_unknown_key_is_an_error_that_names_it(tmp_path: Path) -> None:
+    """A typo in config.toml is refused, naming the key and what is allowed."""
+    path = tmp_path / "config.toml"
+    path.write_text('on_edn = "true"\n')
+    with pytest.raises(JobFileError, match="unknown key on_edn; allowed here: on_end, webhook, interval"):
+        unit.load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ('webhook = "ftp://x"', "webhook = 'ftp://x': must be an http:// or https:// URL"),
+        ('interval = "soon"', "interval = 'soon': not a duration"),
+        ("interval = 0", "interval = 0: must be longer than zero"),
+        ('on_end = "  "', "on_end = '  ': must be a non-empty command"),
+    ],
+)
+def test_config_bad_values_are_errors_naming_the_field(tmp_path: Path, text: str, problem: str) -> None:
+    """Each config field is validated like a job file field."""
+    path = tmp_path / "config.toml"
+    path.write_text(text + "\n")
+    with pytest.raises(JobFileError, match=problem.replace("(", r"\(")):
+        unit.load_config(path)
+
+
+def test_config_interval_takes_durations_and_seconds_and_a_missing_file_is_defaults(tmp_path: Path) -> None:
+    """interval = "1m" and interval = 60 mean the same; no file means nothing set."""
+    path = tmp_path / "config.toml"
+    path.write_text('interval = "1m"\non_end = "notify-send done"\n')
+    assert unit.load_config(path).interval == 60.0
+    path.write_text("interval = 60\n")
+    assert unit.load_config(path).interval == 60.0
+    assert unit.load_config(tmp_path / "none.toml") == unit.ServiceConfig(path=str(tmp_path / "none.toml"))
+
+
+def test_systemd_quote_escapes_specifiers_variables_and_spaces() -> None:
+    """% and $ are doubled and words with spaces quoted, so systemd reads back the same word."""
+    assert unit.systemd_quote("/opt/bin/chainrun") == "/opt/bin/chainrun"
+    assert unit.systemd_quote("/a b/c") == '"/a b/c"'
+    assert unit.systemd_quote("/x/50%/$HOME") == "/x/50%%/$$HOME"
+    assert unit.systemd_quote('say "hi"') == '"say \\"hi\\""'
+
+
+# -- sd_notify --------------------------------------------------------------------
+
+
+def test_sd_notify_reaches_a_filesystem_socket_and_an_abstract_one(tmp_path: Path) -> None:
+    """One datagram per send, to a path or to @name in the abstract namespace."""
+    short = Path(tempfile.mkdtemp(prefix="cr-", dir="/tmp"))  # socket paths must stay under 108 bytes
+    try:
+        for address in (str(short / "notify"), None):
+            sock = Listener(address)
+            try:
+                notify = unit.SdNotify(sock.name)
+                assert notify.send("READY=1", "STATUS=1 running, 0 queued, 0 failed")
+                sock.wait(lambda f: f.startswith("STATUS="), 5, "the status")
+                assert sock.messages[0][1] == ["READY=1", "STATUS=1 running, 0 queued, 0 failed"]
+                notify.close()
+            finally:
+                sock.close()
+    finally:
+        shutil.rmtree(short)
+
+
+def test_sd_notify_without_socket_is_a_no_op_and_hides_its_variables_from_children(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Outside systemd nothing is sent; inside, children never inherit NOTIFY_SOCKET."""
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    assert unit.SdNotify.from_environ().send("READY=1") is False
+    monkeypatch.setenv("NOTIFY_SOCKET", "@x")
+    monkeypatch.setenv("WATCHDOG_USEC", "4000000")
+    notify = unit.SdNotify.from_environ()
+    assert notify.watchdog_period == 2.0
+    assert "NOTIFY_SOCKET" not in os.environ and "WATCHDOG_USEC" not in os.environ
+    monkeypatch.setenv("WATCHDOG_USEC", "4000000")
+    monkeypatch.setenv("WATCHDOG_PID", "1")  # the watchdog is someone else's
+    assert unit.SdNotify.from_environ().watchdog_period is None
+
+
+def test_ready_comes_only_after_the_first_tick_adopted_an_interrupted_submission(
+    tmp_path: Path,
+    home: Path,
+    chainrun: Callable[..., subprocess.CompletedProcess[str]],
+    daemon: Callable[..., subprocess.Popen[bytes]],
+    listener: Listener,
+) -> None:
+    """A service killed mid-submission restarts; READY=1 arrives once the job is adopted, not before."""
+    path = write_job(tmp_path, "sleep 30")
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    first = daemon(CHAINRUN_LOCAL_SUBMIT_DELAY="3")
+    wait_for(
+        lambda: (home / "chainrun.db").exists() and any(s[2] == "submitting" for s in segments(home)),
+        15,
+        "a journaled submission",
+    )
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert segments(home) == [(1, None, "submitting")]
+
+    daemon(NOTIFY_SOCKET=listener.name)
+    ready = listener.wait(lambda f: f == "READY=1", 15, "READY=1")
+    # Read at READY: the interrupted submission is already resolved, by adoption.
+    ((n, job_id, phase),) = segments(home)
+    assert n == 1 and job_id is not None and phase in ("pending", "running")
+    assert "adopted after a restart" in chainrun("history", chain_id, check=True).stdout
+    assert listener.fields()[ready + 1][1].startswith("STATUS=")
+    chainrun("cancel", chain_id, check=True)
+
+
+def test_watchdog_pings_at_half_the_timeout_and_stop_while_a_tick_hangs(
+    tmp_path: Path,
+    chainrun: Callable[..., subprocess.CompletedProcess[str]],
+    daemon: Callable[..., subprocess.Popen[bytes]],
+    listener: Listener,
+) -> None:
+    """WATCHDOG=1 every WATCHDOG_USEC/2 from the tick loop; a tick blocked on a FIFO stops them."""
+    path = write_job(tmp_path, "sleep 30")
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    proc = daemon(interval=5.0, NOTIFY_SOCKET=listener.name, WATCHDOG_USEC="400000")
+    listener.wait(lambda f: f == "READY=1", 15, "READY=1")
+    start = len(listener.fields())
+    time.sleep(1.5)
+    pings = [t for t, f in listener.fields()[start:] if f == "WATCHDOG=1"]
+    # Every 0.2 s, though the engine ticks only every 5 s.
+    assert len(pings) >= 5
+    assert max(b - a for a, b in zip(pings, pings[1:])) < 0.4
+
+    # The engine reads the progress sidecar every tick: make it a FIFO with no
+    # writer, and the next read blocks, exactly like a hung NFS or SSH read.
+    fifo = tmp_path / "work" / "checkpoints" / "chainrun-progress.json"
+    fifo.parent.mkdir(exist_ok=True)
+    os.mkfifo(fifo)
+    time.sleep(5.5)  # the next engine tick comes within 5 s and blocks on the FIFO
+    hung_since = len(listener.fields())
+    time.sleep(1.5)
+    assert [f for _, f in listener.fields()[hung_since:] if f == "WATCHDOG=1"] == []
+    assert proc.poll() is None
+
+    # Unblock the read (a writer comes and goes): the same loop pings again.
+    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    fifo.unlink()
+    os.write(fd, b"not json")
+    os.close(fd)
+    listener.wait(lambda f: f == "WATCHDOG=1", 5, "pings after the tick returned", after=hung_since)
+    proc.terminate()
+    proc.wait(10)
+    chainrun("cancel", chain_id, check=True)
+
+
+def test_status_line_follows_chains_as_they_run_complete_and_fail(
+    tmp_path: Path,
+    chainrun: Callable[..., subprocess.CompletedProcess[str]],
+    daemon: Callable[..., subprocess.Popen[bytes]],
+    listener: Listener,
+) -> None:
+    """STATUS= tells running, queued and failed chains, and changes with them."""
+    ok = write_job(tmp_path, trainer(epochs=2), name="ok", extra="target_epoch = 2\n")
+    chainrun("submit", str(ok), check=True)
+    daemon(interval=0.2, NOTIFY_SOCKET=listener.name)
+    # A running chain keeps its successor queued ahead: it counts in both.
+    listener.wait(lambda f: f == "STATUS=1 running, 1 queued, 0 failed", 15, "the chain running")
+    done = listener.wait(lambda f: f == "STATUS=0 running, 0 queued, 0 failed", 15, "the chain completed")
+    bad = write_job(tmp_path, trainer(epochs=2, mode="crash"), name="bad", extra="max_failures = 0\n")
+    chainrun("submit", str(bad), check=True)
+    listener.wait(lambda f: f == "STATUS=0 running, 0 queued, 1 failed", 15, "the chain failed", after=done)
+    assert chain_json(chainrun, "ok")["state"] == "completed"
+
+
+def test_sigterm_sends_stopping_exits_at_once_and_leaves_the_job_running(
+    tmp_path: Path,
+    home: Path,
+    chainrun: Callable[..., subprocess.CompletedProcess[str]],
+    daemon: Callable[..., subprocess.Popen[bytes]],
+    listener: Listener,
+) -> None:
+    """Stopping is quick and loses nothing: STOPPING=1, exit 0, the segment keeps running."""
+    path = write_job(tmp_path, "sleep 30")
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    proc = daemon(NOTIFY_SOCKET=listener.name)
+    listener.wait(lambda f: f.startswith("STATUS=1 running"), 15, "the segment running")
+    proc.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    assert proc.wait(10) == 0
+    assert time.monotonic() - started < 3
+    assert "STOPPING=1" in [f for _, f in listener.fields()]
+    assert not (home / "service.status").exists()
+    # The running segment and its queued successor both live on after the service.
+    jobs = home / "local" / "jobs"
+    assert sorted(p.name for p in jobs.iterdir()) == ["1", "2"]
+    assert (jobs / "1" / "start.json").exists()
+    assert not (jobs / "1" / "end.json").exists() and not (jobs / "2" / "end.json").exists()
+    for job in ("1", "2"):
+        os.kill(int((jobs / job / "supervisor.pid").read_text()), 0)  # raises if it died
+    st = chain_json(chainrun, chain_id)
+    assert st["state"] == "active" and st["segments"][0]["phase"] == "running"
+    chainrun("cancel", chain_id, check=True)
+
+
+def test_sighup_reloads_config_and_log_file_without_dropping_a_chain(
+    tmp_path: Path,
+    home: Path,
+    chainrun: Callable[..., subprocess.CompletedProcess[str]],
+    daemon: Callable[..., subprocess.Popen[bytes]],
+    listener: Listener,
+) -> None:
+    """SIGHUP: RELOADING=1 then READY=1; a bad config is kept out; the new on_end applies; the chain goes on."""
+    path = write_job(tmp_path, trainer(epochs=6, epoch_time=0.5), extra="target_epoch = 6\n")
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    proc = daemon(interval=0.2, NOTIFY_SOCKET=listener.name)
+    listener.wait(lambda f: f.startswith("STATUS=1 running"), 15, "the segment running")
+    config = tmp_path / "config" / "chainrun" / "config.toml"
+    config.parent.mkdir(parents=True)
+
+    config.write_text('on_edn = "typo"\n')
+    mark = len(listener.fields())
+    proc.send_signal(signal.SIGHUP)
+    reloading = listener.wait(lambda f: f == "RELOADING=1", 5, "RELOADING=1", after=mark)
+    listener.wait(lambda f: f == "READY=1", 5, "READY=1 after the failed reload", after=reloading)
+    assert "unknown key on_edn" in daemon_log(tmp_path)
+
+    ended = tmp_path / "ended.txt"
+    config.write_text(f'on_end = "echo $CHAINRUN_STATE > {ended}"\n')
+    (home / "service.log").rename(home / "service.log.1")  # as logrotate does
+    mark = len(listener.fields())
+    proc.send_signal(signal.SIGHUP)
+    reloading = listener.wait(lambda f: f == "RELOADING=1", 5, "RELOADING=1", after=mark)
+    assert any(f.startswith("MONOTONIC_USEC=") for _, f in listener.fields()[reloading:])
+    listener.wait(lambda f: f == "READY=1", 5, "READY=1 after the reload", after=reloading)
+    listener.wait(lambda f: f.startswith("STATUS=1 running"), 5, "ticks after the reload", after=reloading)
+    assert proc.poll() is None
+
+    wait_for(lambda: chain_json(chainrun, chain_id)["state"] != "active", 20, "the chain to end")
+    st = chain_json(chainrun, chain_id)
+    assert st["state"] == "completed" and st["failures"] == 0
+    # The segment running across both reloads carried the run to its end; the
+    # queued successor was cancelled unused.
+    assert [(g["n"], g["outcome"]) for g in st["segments"]] == [(1, "completed"), (2, "cancelled")]
+    wait_for(ended.exists, 10, "the reloaded on_end hook")
+    assert ended.read_text().strip() == "completed"
+    reopened = (home / "service.log").read_text()
+    assert "configuration reloaded" in reopened
+
+
+def test_ticks_follow_the_config_interval_and_a_reload_changes_it(
+    tmp_path: Path, daemon: Callable[..., subprocess.Popen[bytes]], listener: Listener
+) -> None:
+    """With no --interval, config.toml's interval paces the ticks; SIGHUP applies a new one."""
+    config = tmp_path / "config" / "chainrun" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text("interval = 0.25\n")
+    proc = daemon(interval=None, NOTIFY_SOCKET=listener.name)
+    listener.wait(lambda f: f == "READY=1", 15, "READY=1")
+
+    def ticks_in(seconds: float) -> int:
+        start = len(listener.fields())
+        time.sleep(seconds)
+        return sum(f.startswith("STATUS=0 running") for _, f in listener.fields()[start:])
+
+    assert 7 <= ticks_in(2.5) <= 11  # every 0.25 s, none skipped
+    config.write_text('interval = "1s"\n')
+    mark = len(listener.fields())
+    proc.send_signal(signal.SIGHUP)
+    listener.wait(lambda f: f == "READY=1", 5, "READY=1 after the reload", after=mark)
+    assert 2 <= ticks_in(3.2) <= 4
+
+
+# -- logs ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """Leave logging as it was for the tests that follow."""
+    yield
+    logs.reset()
+
+
+def test_logs_are_json_lines_with_bound_context_off_a_terminal(restore_logging: None) -> None:
+    """Not a TTY, not journald: one JSON object per line, chain/segment/job included."""
+    out = io.StringIO()
+    logs.setup("info", stream=out)
+    structlog.get_logger("chainrun.test").bind(chain="c-1", segment=2).info("submitted", job="42")
+    logging.getLogger("apscheduler.scheduler").warning("Run time of job was missed")
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert lines[0]["event"] == "submitted" and lines[0]["level"] == "info"
+    assert (lines[0]["chain"], lines[0]["segment"], lines[0]["job"]) == ("c-1", 2, "42")
+    assert lines[1]["event"] == "Run time of job was missed" and lines[1]["level"] == "warning"
+
+
+def test_logs_under_journald_carry_the_syslog_priority_prefix(
+    restore_logging: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With $JOURNAL_STREAM naming our stream, lines start <6>, <4>, <3> so journalctl -p works."""
+    with open(tmp_path / "journal", "w+") as stream:
+        st = os.fstat(stream.fileno())
+        monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino}")
+        logs.setup("debug", stream=stream)
+        log = structlog.get_logger("chainrun.test")
+        log.debug("d")
+        log.info("i")
+        log.warning("w", chain="c-1")
+        try:
+            raise RuntimeError("boom")
+        except RuntimeError:
+            log.exception("tick failed")
+        stream.seek(0)
+        lines = stream.read().splitlines()
+    assert [line[:3] for line in lines] == ["<7>", "<6>", "<4>", "<3>"]
+    assert json.loads(lines[2][3:])["chain"] == "c-1"
+    assert "RuntimeError: boom" in json.loads(lines[3][3:])["exception"]
+
+
+def test_journal_stream_of_another_file_does_not_add_prefixes(
+    restore_logging: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A JOURNAL_STREAM inherited by a process whose stderr went elsewhere is ignored."""
+    monkeypatch.setenv("JOURNAL_STREAM", "1:1")
+    out = io.StringIO()
+    logs.setup("info", stream=out)
+    structlog.get_logger("chainrun.test").warning("w")
+    assert out.getvalue().startswith("{")
+
+
+def test_log_file_rotates_and_reopens(
+    restore_logging: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """service.log rotates by size, and reopen_file starts a fresh file after an outside rename."""
+    monkeypatch.setattr(logs, "MAX_BYTES", 2000)
+    logs.setup("info", stream=io.StringIO())
+    path = logs.open_file(tmp_path)
+    log = structlog.get_logger("chainrun.test")
+    for i in range(40):
+        log.info("tick", n=i)
+    assert (tmp_path / "service.log.1").exists()
+    path.rename(tmp_path / "moved.log")
+    logs.reopen_file()
+    log.info("after reopen")
+    assert json.loads(path.read_text().splitlines()[-1])["event"] == "after reopen"
