@@ -17,8 +17,4 @@ def scheduler_for(kind: str, host: Optional[str]) -> Scheduler:
         from chainrun.schedulers.slurm import SlurmScheduler
 
         return SlurmScheduler()
-    if kind == "sge":
-        from chainrun.schedulers.sge import SGEScheduler
-
-        return SGEScheduler()
     raise ValueError(f"unknown scheduler kind {kind!r}")
