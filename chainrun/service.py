@@ -346,7 +346,7 @@ def linger_advice(systemd: Systemd) -> list[str]:
         f"{head}: without it the user manager, and the service, stop when you log out.",
         f"  turn it on with: loginctl enable-linger {user}",
         "  where the site does not allow lingering, run the service under tmux, nohup or",
-        "  scrontab instead: the README section "Running chainrun as a service" has the commands",
+        "  scrontab instead: the README section 'Running chainrun as a service' has the commands",
     ]
 
 
