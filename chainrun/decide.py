@@ -59,6 +59,8 @@ def decide(
     failures, used = chain.failures, chain.used
     actions: list[Action] = []
     ends: list[_End] = []
+    # A successor that starts after the goal exits at once ("skipped"): free.
+    goal_met = bool(_done_reason(chain, mark, []))
     for seg in sorted(chain.live, key=lambda s: s.n):
         obs = observations.get(seg.job_id) if seg.job_id else None
         if obs is None or obs.phase is not Phase.ENDED:
@@ -68,7 +70,7 @@ def decide(
         finished_on_its_own = (
             spec.target_epoch is None and obs.outcome is Outcome.COMPLETED and obs.exit_code == 0
         )
-        charged, why = _charge(seg, obs, advanced, finished_on_its_own)
+        charged, why = _charge(seg, obs, advanced, finished_on_its_own, goal_met)
         elapsed = _elapsed(seg, obs, now)
         actions.append(
             EndSegment(
@@ -145,7 +147,9 @@ def _queue_ahead(chain: Chain, current: Segment, left: float, failures: int) -> 
     return [Submit(n=chain.next_n, walltime=min(spec.walltime, int(after_current)), after=current.job_id)]
 
 
-def _charge(seg: Segment, obs: Observation, advanced: bool, finished: bool) -> tuple[bool, str]:
+def _charge(
+    seg: Segment, obs: Observation, advanced: bool, finished: bool, goal_met: bool
+) -> tuple[bool, str]:
     """Whether a segment's end costs failure budget, and the words for it."""
     outcome = obs.outcome
     assert outcome is not None
@@ -155,6 +159,8 @@ def _charge(seg: Segment, obs: Observation, advanced: bool, finished: bool) -> t
         return True, f"{outcome.value}{code}{detail}"
     if finished:
         return False, f"{outcome.value}{code}: the command finished on its own"
+    if goal_met and not advanced:
+        return False, f"{outcome.value}{code} after the goal was already reached{detail}"
     if not advanced:
         return True, f"{outcome.value}{code} and made no progress{detail}"
     return False, f"{outcome.value}{code} with progress{detail}"

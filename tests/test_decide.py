@@ -283,3 +283,12 @@ def test_max_failures_zero_never_queues_ahead() -> None:
     """With no failure budget, every segment is the last life: no successor ahead."""
     spec = replace(SPEC, max_failures=0)
     assert decide(chain(seg(1), spec=spec), {}, BEFORE, NOW) == []
+
+
+def test_segment_ending_after_the_goal_was_reached_costs_nothing() -> None:
+    """A queued-ahead successor that ran after the target (skipped) is not charged."""
+    c = chain(seg(2), progress=Progress(epoch=10, saved_at=300.0))
+    actions = decide(c, {"j2": ended("j2", Outcome.COMPLETED)}, Progress(epoch=10, saved_at=300.0), NOW)
+    end = actions[0]
+    assert isinstance(end, EndSegment) and not end.charged
+    assert isinstance(actions[-1], Finish) and actions[-1].state is ChainState.COMPLETED
