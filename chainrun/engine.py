@@ -155,7 +155,8 @@ class Engine:
                     seg.job_id, job.phase, started_at=job.started_at, reason=job.reason
                 )
                 continue
-            obs = self._ended(cluster, chain, seg, job)
+            obs = self._unstick(cluster, job) if job is not None and job.stuck else None
+            obs = obs or self._ended(cluster, chain, seg, job)
             if obs is None:
                 unknown.append(seg)
             else:
@@ -175,6 +176,19 @@ class Engine:
             return None
         started = obs.started_at or seg.started_at or self._started_at(cluster, job_)
         return replace(obs, job_id=seg.job_id or "", started_at=started)
+
+    def _unstick(self, cluster: _Cluster, job: LiveJob) -> Observation:
+        """A job the scheduler holds in an error state: learn why, then remove it."""
+        reason = job.reason
+        argv = cluster.scheduler.explain_argv(job.job_id)
+        if argv is not None:
+            reason = (
+                cluster.scheduler.parse_explain(cluster.transport.run(argv, timeout=POLL_TIMEOUT)) or reason
+            )
+        result = cluster.transport.run(cluster.scheduler.cancel_argv([job.job_id]), timeout=POLL_TIMEOUT)
+        if not result.ok:
+            log.warning("could not remove a stuck job", job=job.job_id, error=result.describe())
+        return Observation(job.job_id, Phase.ENDED, outcome=job.outcome or Outcome.FAILED, reason=reason)
 
     def _started_at(self, cluster: _Cluster, job: SegmentJob) -> Optional[float]:
         data = cluster.transport.read_file(job.stem + ".start")

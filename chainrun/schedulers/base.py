@@ -75,12 +75,18 @@ class LiveJob:
     started_at: Optional[float] = None
     ended_at: Optional[float] = None
     reason: str = ""
+    # Held by the scheduler in an error state (SGE's Eqw): it will never run
+    # on its own. The engine asks why (explain_argv), then removes it.
+    stuck: bool = False
 
 
 class Scheduler(Protocol):
     """A backend: builds commands, parses their output. Never runs anything."""
 
     kind: ClassVar[str]
+    # True when the scheduler cannot send the warning signal ``grace`` seconds
+    # before its walltime kill; the wrapper then sends it to itself.
+    wrapper_signals: ClassVar[bool]
 
     def directives(self, job: SegmentJob) -> list[str]:
         """Header lines (``#SBATCH ...``) placed right after the shebang."""
@@ -106,6 +112,12 @@ class Scheduler(Protocol):
     def parse_accounting(self, result: CommandResult) -> dict[str, LiveJob]:
         """Job id -> final state from accounting; empty when it knows nothing yet."""
 
+    def explain_argv(self, job_id: str) -> Optional[list[str]]:
+        """One command saying why a stuck job is stuck, or None if there is none."""
+
+    def parse_explain(self, result: CommandResult) -> str:
+        """The scheduler's reason from explain_argv's output; empty if none."""
+
 
 def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
     """The batch script: shebang, the backend's directives, the shared wrapper."""
@@ -120,6 +132,8 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
         "SIGNAL": q(spec.signal),
         "RUN_DIR": q(job.run_dir),
         "WALLTIME": str(job.walltime),
+        "GRACE": str(spec.grace),
+        "WRAPPER_SIGNALS": "1" if scheduler.wrapper_signals else "",
         "ENV": env,
         "TARGET": q("" if spec.target_epoch is None else str(spec.target_epoch)),
         "WORKDIR": q(spec.workdir),

@@ -21,6 +21,7 @@ _PHASES = {"pending": Phase.PENDING, "running": Phase.RUNNING, "ended": Phase.EN
 
 class LocalScheduler:
     kind: ClassVar[str] = "local"
+    wrapper_signals: ClassVar[bool] = False
 
     def __init__(self, python: Optional[str] = None) -> None:
         # On this machine, the interpreter chainrun runs under; on a remote
@@ -87,3 +88,9 @@ class LocalScheduler:
 
     def parse_accounting(self, result: CommandResult) -> dict[str, LiveJob]:
         return {}
+
+    def explain_argv(self, job_id: str) -> Optional[list[str]]:
+        return None  # no state here holds a job forever
+
+    def parse_explain(self, result: CommandResult) -> str:
+        return ""

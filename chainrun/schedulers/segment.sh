@@ -65,12 +65,27 @@ trap 'forward TERM' TERM
 echo "chainrun: segment @@SEGMENT@@ of chain $CHAINRUN_CHAIN starting on $(hostname) as job ${job:-?}"
 bash -c @@COMMAND@@ &
 child=$!
+timer=""
+if [ -n "@@WRAPPER_SIGNALS@@" ]; then
+    # This scheduler sends no warning before its walltime kill: send the
+    # signal to ourselves (and so on to the command) grace seconds before it.
+    (
+        at=$((CHAINRUN_DEADLINE - @@GRACE@@))
+        while [ "$(date +%s)" -lt "$at" ]; do
+            sleep 1
+            kill -0 "$$" 2>/dev/null || exit 0
+        done
+        kill -s "$CHAINRUN_SIGNAL" "$$"
+    ) &
+    timer=$!
+fi
 while :; do
     wait "$child"
     kill -0 "$child" 2>/dev/null || break
 done
 wait "$child"
 rc=$?
+if [ -n "$timer" ]; then kill "$timer" 2>/dev/null || true; fi
 code=$rc
 # SGE reschedules a job that exits 99 and puts one that exits 100 in error
 # state: never pass those on by accident. The original is in the marker.

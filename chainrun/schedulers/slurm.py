@@ -85,6 +85,7 @@ def _error(tool: str, result: CommandResult) -> SchedulerError:
 
 class SlurmScheduler:
     kind: ClassVar[str] = "slurm"
+    wrapper_signals: ClassVar[bool] = False
 
     def directives(self, job: SegmentJob) -> list[str]:
         spec = job.spec
@@ -183,3 +184,9 @@ class SlurmScheduler:
                 reason=f"{state} (sacct)",
             )
         return jobs
+
+    def explain_argv(self, job_id: str) -> Optional[list[str]]:
+        return None  # no state here holds a job forever
+
+    def parse_explain(self, result: CommandResult) -> str:
+        return ""
