@@ -137,7 +137,6 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
         "ENV": env,
         "TARGET": q("" if spec.target_epoch is None else str(spec.target_epoch)),
         "WORKDIR": q(spec.workdir),
-        "WORKDIR_TEXT": q(spec.workdir),
         "COMMAND": q(spec.command),
     }
     body = resources.files("chainrun.schedulers").joinpath("segment.sh").read_text()

@@ -45,8 +45,9 @@ if [ -n "$skip" ]; then
     exit 0
 fi
 
-if ! cd @@WORKDIR@@; then
-    echo "chainrun: cannot enter workdir @@WORKDIR_TEXT@@" >&2
+workdir=@@WORKDIR@@
+if ! cd "$workdir"; then
+    echo "chainrun: cannot enter workdir $workdir" >&2
     end_marker 2 2 0
     exit 2
 fi

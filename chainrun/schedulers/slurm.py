@@ -138,6 +138,11 @@ class SlurmScheduler:
                 continue
             name, state, reason, start, end = fields
             phase, outcome = STATES.get(state.split()[0].rstrip("+"), (Phase.RUNNING, None))
+            if reason == "DependencyNeverSatisfied":  # a user option's dependency failed: never runs
+                jobs[job_id.strip()] = LiveJob(
+                    job_id.strip(), name, Phase.ENDED, Outcome.FAILED, reason=reason, stuck=True
+                )
+                continue
             jobs[job_id.strip()] = LiveJob(
                 job_id=job_id.strip(),
                 name=name,

@@ -2,9 +2,10 @@
 
 Each "epoch" sleeps --epoch-time seconds; after each epoch it saves a
 checkpoint and the progress sidecar atomically (as the contract says). On the
-walltime signal it saves and exits 0. --mode crash exits 1 at once;
---mode stall runs but never advances its checkpoint; --mode corrupt
-leaves a half-written sidecar behind.
+walltime signal it saves and exits 0. --mode crash exits --exit-code (1) at
+once; --mode stall runs but never advances its checkpoint; --mode corrupt
+leaves a half-written sidecar behind. --ignore-signals ignores the walltime
+signal and SIGTERM, so only the scheduler's kill stops it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--epoch-time", type=float, default=1.0)
-    p.add_argument("--mode", choices=["ok", "crash", "stall", "corrupt", "ignore-signal"], default="ok")
+    p.add_argument("--mode", choices=["ok", "crash", "stall", "corrupt"], default="ok")
+    p.add_argument("--exit-code", type=int, default=1)
+    p.add_argument("--ignore-signals", action="store_true")
     args = p.parse_args()
     ckdir = os.environ.get("CHAINRUN_CHECKPOINT_DIR", "checkpoints")
     os.makedirs(ckdir, exist_ok=True)
@@ -46,14 +49,14 @@ def main() -> int:
             print("sidecar unreadable; starting from epoch 0", flush=True)
     if args.mode == "crash":
         print("crashing", flush=True)
-        return 1
+        return args.exit_code
     stop = []
     sig = os.environ.get("CHAINRUN_SIGNAL", "USR1")
-    if args.mode != "ignore-signal":
-        signal.signal(getattr(signal, "SIG" + sig), lambda *_: stop.append(1))
+    if args.ignore_signals:
+        for name in {sig, "TERM"}:
+            signal.signal(getattr(signal, "SIG" + name), signal.SIG_IGN)
     else:
-        for s in (signal.SIGUSR1, signal.SIGTERM):
-            signal.signal(s, signal.SIG_IGN)
+        signal.signal(getattr(signal, "SIG" + sig), lambda *_: stop.append(1))
     while epoch < args.epochs and not stop:
         deadline = time.time() + args.epoch_time
         while time.time() < deadline and not stop:

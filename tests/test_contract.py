@@ -1,0 +1,458 @@
+"""The contract every backend keeps, run against the local runner, a real Slurm and a real SGE.
+
+Each test is parametrized over the clusters; the Slurm and SGE cases need the
+schedulers that scripts/start-slurm and scripts/start-sge start, and fail
+(not skip) under CHAINRUN_REQUIRE_CLUSTERS=1 when they are missing. Every
+chain runs through the real CLI and service, in a working directory whose
+name needs quoting, and is checked through what the user sees (status,
+history, logs) and what the scheduler itself reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from conftest import REPO, have, need, wait_for
+
+from chainrun.schedulers import scheduler_for
+from chainrun.schedulers.base import LiveJob
+from chainrun.transport import LocalTransport
+
+DATA = Path(__file__).parent / "data"
+TORCH_TRAINER = Path(__file__).parent / "checkpoint" / "_torch_train.py"
+CLI = Callable[..., "subprocess.CompletedProcess[str]"]
+Service = Callable[..., "subprocess.Popen[bytes]"]
+
+
+def _answers(*argv: str) -> bool:
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """One scheduler under test, with the timings it can honour."""
+
+    kind: str
+    walltime: int  # the shortest walltime (s) it enforces well
+    grace: int  # the warning signal comes this long before it
+    train_seconds: float  # work for the PyTorch chain: at least three segments of it
+    submit: str = ""  # the submit command, wrapped in tests that slow it down
+    controller: str = ""  # the daemon whose loss must cost nothing
+    start_script: str = ""
+
+    def available(self) -> bool:
+        if self.kind == "slurm":
+            return have("sbatch") and _answers("scontrol", "ping")
+        if self.kind == "sge":
+            return have("qsub") and _answers("qstat")
+        return True
+
+    def live_jobs(self, chain_id: str) -> list[LiveJob]:
+        """The chain's jobs the scheduler still holds (pending or running), as it reports them."""
+        scheduler = scheduler_for(self.kind, None)
+        jobs = scheduler.parse_poll(LocalTransport().run(scheduler.poll_argv(), timeout=60))
+        return [j for j in jobs.values() if j.name.startswith(f"cr.{chain_id}.") and j.phase.value != "ended"]
+
+    def stop_controller(self) -> None:
+        subprocess.run(["pkill", "-KILL", "-x", self.controller], check=True)
+
+    def start_controller(self) -> None:
+        subprocess.run([str(REPO / "scripts" / self.start_script)], check=True, timeout=300)
+
+
+CLUSTERS = {
+    "local": Cluster("local", walltime=10, grace=4, train_seconds=12),
+    # Slurm takes whole minutes and checks limits every 30 s: the signal comes
+    # 10-40 s into a one-minute job, the kill 60-95 s.
+    "slurm": Cluster(
+        "slurm",
+        walltime=60,
+        grace=50,
+        train_seconds=90,
+        submit="sbatch",
+        controller="slurmctld",
+        start_script="start-slurm",
+    ),
+    "sge": Cluster(
+        "sge",
+        walltime=10,
+        grace=4,
+        train_seconds=12,
+        submit="qsub",
+        controller="sge_qmaster",
+        start_script="start-sge",
+    ),
+}
+ALL = [
+    pytest.param("local"),
+    pytest.param("slurm", marks=pytest.mark.slurm),
+    pytest.param("sge", marks=pytest.mark.sge),
+]
+CLUSTERS_ONLY = ALL[1:]
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest) -> Cluster:
+    c = CLUSTERS[request.param]
+    need(f"a running {c.kind}", c.available(), f"sudo scripts/{c.start_script}")
+    return c
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    """The training's working directory: its name needs quoting in every shell."""
+    path = tmp_path / "work dir 'q' $x"
+    path.mkdir()
+    shutil.copy(DATA / "trainer.py", path / "trainer.py")
+    shutil.copy(TORCH_TRAINER, path / "torch_train.py")
+    return path
+
+
+def toml(value: Any) -> str:
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(toml(v) for v in value) + "]"
+    return str(value)
+
+
+def write_job(
+    work: Path,
+    cluster: Cluster,
+    command: str,
+    *,
+    name: str = "t",
+    walltime: int = 0,
+    grace: int = 0,
+    total: str = "30m",
+    target_epoch: int = 1000,
+    max_failures: int = 2,
+    queue: str = "",
+    env: dict[str, str] | None = None,
+    checkpoint_dir: str = "checkpoints",
+) -> Path:
+    fields = {
+        "name": name,
+        "command": command,
+        "workdir": str(work),
+        "checkpoint_dir": checkpoint_dir,
+        "total_time": total,
+        "walltime": f"{walltime or cluster.walltime}s",
+        "grace": f"{grace or cluster.grace}s",
+        "target_epoch": target_epoch,
+        "max_failures": max_failures,
+    }
+    lines = [f"{k} = {toml(v)}" for k, v in fields.items()]
+    lines += ["[scheduler]", f"kind = {toml(cluster.kind)}"]
+    if queue:
+        lines.append(f"queue = {toml(queue)}")
+    if env:
+        lines += ["[env]", *(f"{k} = {toml(v)}" for k, v in env.items())]
+    path = work / f"{name}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def status(chainrun: CLI, ref: str) -> dict[str, Any]:
+    return json.loads(chainrun("status", ref, "--json", check=True).stdout)[0]  # type: ignore[no-any-return]
+
+
+def ran(st: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in st["segments"] if s["started_at"] is not None]
+
+
+def starts_in_log(work: Path, n: int) -> int:
+    """How many times segment n's command was started (the wrapper's line in its log)."""
+    logs = list(work.glob(f".chainrun/*/seg-{n:04d}.log"))
+    return sum(log.read_text(errors="replace").count(f"chainrun: segment {n} of chain") for log in logs)
+
+
+def same_state(a: Any, b: Any, where: str = "state") -> None:
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), f"{where} differs"
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), f"{where} keys differ"
+        for key in a:
+            same_state(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{where} lengths differ"
+        for i, (x, y) in enumerate(zip(a, b)):
+            same_state(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize("cluster", ALL, indirect=True)
+def test_pytorch_chain_reaches_target_resuming_exactly(
+    cluster: Cluster, work: Path, tmp_path: Path, chainrun: CLI
+) -> None:
+    """Three or more chained jobs, each stopped by the walltime signal, end bit-equal to one run."""
+    torch = pytest.importorskip("torch")
+    epochs, steps = 4, 12  # the trainer's data makes 12 steps an epoch
+    sleep = cluster.train_seconds / (epochs * steps)
+    args = f"--dir checkpoints --out final.pt --epochs {epochs}"
+    ref = tmp_path / "reference"
+    ref.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHAINRUN_")}
+    subprocess.run(
+        [sys.executable, str(TORCH_TRAINER), *args.split()], cwd=ref, env=env, check=True, timeout=300
+    )
+
+    path = write_job(
+        work, cluster, f"python3 torch_train.py {args} --step-sleep {sleep:.3f}", target_epoch=epochs
+    )
+    result = chainrun("run", str(path), "--interval", "1", timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    st = status(chainrun, "t")
+    assert st["state"] == "completed" and st["failures"] == 0, st["reason"]
+    segs = ran(st)
+    assert len(segs) >= 3, f"only {len(segs)} segments ran"
+    assert all(s["outcome"] in ("timeout", "completed") and not s["charged"] for s in segs)
+    # Chained, not overlapping: each started after the one before had ended.
+    for before, after in zip(segs, segs[1:]):
+        assert after["started_at"] >= before["ended_at"] - 1, (before, after)
+    history = chainrun("history", "t", check=True).stdout
+    if cluster.kind != "local":
+        assert history.count("submitted after job") >= 2, history
+    logs = chainrun("logs", "t", check=True).stdout
+    assert logs.count("stopped at epoch") >= 2 and "resumed from" in logs
+    same_state(torch.load(ref / "final.pt"), torch.load(work / "final.pt"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", ALL, indirect=True)
+def test_walltime_kill_is_a_timeout_free_only_with_progress(
+    cluster: Cluster, work: Path, chainrun: CLI, service: Service, home: Path
+) -> None:
+    """A command that ignores the warning is killed at the walltime: free if it saved, charged if not."""
+    common = dict(max_failures=0, walltime=cluster.walltime, grace=min(cluster.grace, 10))
+    saving = write_job(
+        work,
+        cluster,
+        "python3 trainer.py --ignore-signals --epochs 1000 --epoch-time 1",
+        name="saving",
+        **common,  # type: ignore[arg-type]
+    )
+    stalled = write_job(
+        work,
+        cluster,
+        "python3 trainer.py --mode stall --ignore-signals --epochs 1000",
+        name="stalled",
+        checkpoint_dir="stalled-checkpoints",  # its own: the other chain's saves are not its progress
+        **common,  # type: ignore[arg-type]
+    )
+    chainrun("submit", str(saving), check=True)
+    chainrun("submit", str(stalled), check=True)
+    service(interval=1)
+
+    def first_ended(ref: str) -> bool:
+        segs = status(chainrun, ref)["segments"]
+        return bool(segs) and segs[0]["outcome"] is not None
+
+    wait_for(lambda: first_ended("saving") and first_ended("stalled"), 240, "both first segments to end")
+    ok, bad = status(chainrun, "saving"), status(chainrun, "stalled")
+    assert ok["segments"][0]["outcome"] == "timeout" and not ok["segments"][0]["charged"], ok
+    assert ok["failures"] == 0
+    wait_for(lambda: status(chainrun, "stalled")["state"] != "active", 60, "the stalled chain to end")
+    bad = status(chainrun, "stalled")
+    assert bad["segments"][0]["outcome"] == "timeout" and bad["segments"][0]["charged"], bad
+    assert bad["state"] == "failed" and "no progress" in bad["reason"]
+    chainrun("cancel", "saving", check=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", ALL, indirect=True)
+def test_crash_loop_spends_the_budget_and_leaves_nothing_queued(
+    cluster: Cluster, work: Path, chainrun: CLI, home: Path
+) -> None:
+    """A command that crashes every time runs max_failures + 1 times, then nothing is left queued."""
+    path = write_job(work, cluster, "python3 trainer.py --mode crash", max_failures=2)
+    result = chainrun("run", str(path), "--interval", "0.5", timeout=600)
+    assert result.returncode == 1, result.stdout + result.stderr
+    st = status(chainrun, "t")
+    assert st["state"] == "failed" and "failure budget spent" in st["reason"]
+    assert st["failures"] == 3
+    crashed = [s for s in st["segments"] if s["outcome"] == "failed"]
+    assert len(crashed) == 3 and all(s["charged"] and s["exit_code"] == 1 for s in crashed)
+    assert [starts_in_log(work, n) for n in (1, 2, 3, 4)] == [1, 1, 1, 0]
+    assert cluster.live_jobs(st["id"]) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", ALL, indirect=True)
+def test_target_reached_cancels_the_queued_successor(
+    cluster: Cluster, work: Path, chainrun: CLI, home: Path
+) -> None:
+    """When the target epoch is reached, the successor queued ahead never runs the command."""
+    path = write_job(
+        work,
+        cluster,
+        "python3 trainer.py --epochs 5 --epoch-time 1",
+        walltime=max(60, cluster.walltime),
+        grace=10,
+        target_epoch=5,
+    )
+    result = chainrun("run", str(path), "--interval", "0.5", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    st = status(chainrun, "t")
+    assert st["state"] == "completed" and st["epoch"] == 5
+    first, *rest = st["segments"]
+    assert first["outcome"] == "completed"
+    assert len(rest) == 1, "a successor was queued ahead"
+    assert rest[0]["outcome"] in ("cancelled", "completed"), rest[0]
+    assert not rest[0]["charged"]
+    assert starts_in_log(work, 2) == 0, "the successor ran the command"
+    assert cluster.live_jobs(st["id"]) == []
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS_ONLY, indirect=True)
+def test_unknown_queue_fails_at_once_with_the_schedulers_message(
+    cluster: Cluster, work: Path, chainrun: CLI
+) -> None:
+    """A partition or queue the cluster does not have fails the chain at once, in the scheduler's words."""
+    path = write_job(work, cluster, "python3 trainer.py", queue="nosuchqueue")
+    result = chainrun("run", str(path), "--interval", "0.5", timeout=120)
+    assert result.returncode == 1
+    st = status(chainrun, "t")
+    assert st["state"] == "failed"
+    words = {"slurm": "invalid partition", "sge": "unknown queue"}[cluster.kind]
+    assert words in st["reason"].lower(), st["reason"]
+    assert "nosuchqueue" in st["reason"]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", CLUSTERS_ONLY, indirect=True)
+def test_controller_down_mid_chain_costs_no_budget(
+    cluster: Cluster, work: Path, chainrun: CLI, service: Service, home: Path
+) -> None:
+    """slurmctld or sge_qmaster dies while a segment runs: the chain waits and completes, charged nothing."""
+    path = write_job(work, cluster, "python3 trainer.py --epochs 8 --epoch-time 1", target_epoch=8)
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    service(interval=1)
+
+    def running() -> bool:
+        segs = status(chainrun, chain_id)["segments"]
+        return bool(segs) and segs[0]["phase"] == "running" and segs[0]["job_id"] is not None
+
+    wait_for(running, 120, "the first segment to run")
+    job_id = status(chainrun, chain_id)["segments"][0]["job_id"]
+    assert job_id in chainrun("status", chain_id, check=True).stdout
+    try:
+        cluster.stop_controller()
+        time.sleep(12)
+    finally:
+        cluster.start_controller()
+    wait_for(lambda: status(chainrun, chain_id)["state"] != "active", 400, "the chain to end")
+    st = status(chainrun, chain_id)
+    assert st["state"] == "completed", st["reason"]
+    assert st["failures"] == 0 and st["epoch"] == 8
+    daemon_log = (home.parent / "daemon-0.log").read_text()
+    assert "poll failed" in daemon_log, "the controller's absence went unnoticed"
+
+
+@pytest.fixture
+def slow_submit(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, home: Path
+) -> Iterator[Callable[[], list[str]]]:
+    """Make every submission report its job id 3 s late; yields a list of what reached the scheduler."""
+    if cluster.kind == "local":
+        monkeypatch.setenv("CHAINRUN_LOCAL_SUBMIT_DELAY", "3")
+
+        def submitted() -> list[str]:
+            jobs = home / "local" / "jobs"
+            return (
+                [json.loads((d / "job.json").read_text())["name"] for d in jobs.iterdir()]
+                if jobs.exists()
+                else []
+            )
+
+        yield submitted
+        return
+    real = shutil.which(cluster.submit)
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    record = tmp_path / "submitted.txt"
+    record.touch()
+    (shim / cluster.submit).write_text(
+        "#!/bin/bash\n"
+        f'out=$({real} "$@")\nrc=$?\n'
+        f'printf "%s\\n" "${{@: -1}}" >>{record}\n'
+        'printf "%s\\n" "$out"\nsleep 3\nexit $rc\n'
+    )
+    (shim / cluster.submit).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
+    yield lambda: record.read_text().split()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", ALL, indirect=True)
+def test_service_killed_between_submit_and_record_never_duplicates(
+    cluster: Cluster,
+    work: Path,
+    chainrun: CLI,
+    service: Service,
+    slow_submit: Callable[[], list[str]],
+) -> None:
+    """SIGKILL the service while the scheduler holds a job it has not recorded: it adopts the job."""
+    path = write_job(work, cluster, "python3 trainer.py --epochs 6 --epoch-time 1", target_epoch=6)
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    for k in (1, 2, 3):
+        proc = service(interval=0.5)
+        wait_for(lambda k=k: len(slow_submit()) >= k, 180, f"submission {k}")  # type: ignore[misc]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    service(interval=0.5)
+    wait_for(lambda: status(chainrun, chain_id)["state"] != "active", 400, "the chain to end")
+    st = status(chainrun, chain_id)
+    assert st["state"] == "completed", st["reason"]
+    names = slow_submit()
+    assert len(names) == len(set(names)), f"a segment was submitted twice: {sorted(names)}"
+    assert len(names) == len(st["segments"])
+    recorded = [s["job_id"] for s in st["segments"]]
+    assert None not in recorded and len(recorded) == len(set(recorded))
+    assert "adopted after a restart" in chainrun("history", chain_id, check=True).stdout
+
+
+@pytest.mark.parametrize("cluster", ALL, indirect=True)
+def test_exit_99_is_a_crash_not_a_reschedule_and_hostile_values_arrive_intact(
+    cluster: Cluster, work: Path, chainrun: CLI, home: Path
+) -> None:
+    """A command exiting 99 (SGE's 'reschedule me') runs once and counts as a crash; env values arrive unchanged."""
+    weird = 'it\'s "quoted" $(touch pwned) `touch pwned2` ${HOME} \\ 100%\nsecond line'
+    path = write_job(
+        work,
+        cluster,
+        "printf '%s' \"$WEIRD\" > weird.out; exit 99",
+        max_failures=0,
+        env={"WEIRD": weird},
+    )
+    result = chainrun("run", str(path), "--interval", "0.5", timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    time.sleep(3)  # room for a reschedule to show up, if the scheduler made one
+    st = status(chainrun, "t")
+    assert st["state"] == "failed"
+    [seg] = st["segments"]
+    assert seg["outcome"] == "failed" and seg["exit_code"] == 99 and seg["charged"]
+    assert starts_in_log(work, 1) == 1
+    assert cluster.live_jobs(st["id"]) == []
+    assert (work / "weird.out").read_text() == weird
+    assert not list(work.rglob("pwned*"))

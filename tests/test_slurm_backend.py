@@ -1,0 +1,200 @@
+"""The Slurm backend's builders and parsers, on outputs copied from the real Slurm 22.05
+(tests/cluster/slurm_facts.md). The chains themselves run against the real Slurm in test_contract."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from chainrun.errors import SchedulerError
+from chainrun.model import JobSpec, Outcome, Phase, SchedulerSpec
+from chainrun.schedulers.base import SegmentJob, render_script
+from chainrun.schedulers.slurm import STATES, SlurmScheduler, slurm_time
+from chainrun.transport import CommandResult
+
+GOLDEN = Path(__file__).parent / "data" / "golden" / "slurm-hostile.sh"
+HOSTILE_COMMAND = "python3 train.py --note \"it's $(rm -rf ~) `id` ${HOME}\" \\\n  --lr 1e-3; echo 'done' # end"
+HOSTILE_ENV = (("NOTE", "a'b\"c $(id) `id` ${X}\nline two"), ("EMPTY", ""))
+
+
+def hostile_spec(workdir: str = "/scratch/my run's dir $x") -> JobSpec:
+    return JobSpec(
+        name="hostile",
+        command=HOSTILE_COMMAND,
+        workdir=workdir,
+        total_time=86400,
+        walltime=3 * 3600 + 1,
+        target_epoch=30,
+        max_failures=2,
+        checkpoint_dir=workdir + "/ckpt 'x'",
+        signal="USR1",
+        grace=300,
+        scheduler=SchedulerSpec(kind="slurm", queue="gpu", options=("--gres=gpu:1", "--mem=16G")),
+        env=HOSTILE_ENV,
+    )
+
+
+def result(rc: int, out: str = "", err: str = "") -> CommandResult:
+    return CommandResult(("sbatch",), rc, out, err)
+
+
+def test_batch_script_matches_the_golden_file() -> None:
+    """Every value from the job file lands quoted; the directives carry tag, limits and signal."""
+    script = render_script(SlurmScheduler(), SegmentJob("hostile-1a2b3c", 3, hostile_spec(), 3 * 3600 + 1))
+    if os.environ.get("CHAINRUN_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(script)
+    assert script == GOLDEN.read_text()
+
+
+def test_hostile_values_reach_the_command_unchanged(tmp_path: Path) -> None:
+    """Run the rendered script with bash: the command and env arrive byte for byte, nothing is executed."""
+    work = tmp_path / "my run's dir $x"
+    work.mkdir()
+    spec = replace(
+        hostile_spec(str(work)),
+        command="printf '%s|%s' \"$NOTE\" \"$EMPTY\" > seen.txt; echo 'it''s' >> seen.txt",
+    )
+    job = SegmentJob("hostile-1a2b3c", 1, spec, 60)
+    os.makedirs(job.run_dir)
+    Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB_ID"))}
+    proc = subprocess.run(["bash", job.script_path], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert (work / "seen.txt").read_text() == "a'b\"c $(id) `id` ${X}\nline two|its\n"
+    assert "exit=0" in Path(job.stem + ".end").read_text()
+
+
+def test_submit_argv_chains_with_afterany_and_keeps_paths_as_single_arguments() -> None:
+    job = SegmentJob("c-1", 2, hostile_spec(), 600, after="41")
+    argv = SlurmScheduler().submit_argv(job)
+    assert argv[:2] == ["sbatch", "--parsable"]
+    assert "--dependency=afterany:41" in argv
+    assert f"--output={job.log_path}" in argv and f"--chdir={job.spec.workdir}" in argv
+    assert argv[-1] == job.script_path
+    assert "--dependency=afterany:41" not in SlurmScheduler().submit_argv(replace(job, after=None))
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(1, "0-00:01:00"), (60, "0-00:01:00"), (61, "0-00:02:00"), (4 * 3600, "0-04:00:00"), (86400 * 2 + 5, "2-00:01:00")],
+)
+def test_time_limit_rounds_up_to_whole_minutes(seconds: int, text: str) -> None:
+    assert slurm_time(seconds) == text
+
+
+def test_parse_submit_reads_the_parsable_id() -> None:
+    assert SlurmScheduler().parse_submit(result(0, "1234\n")) == "1234"
+    assert SlurmScheduler().parse_submit(result(0, "1234;cluster2\n")) == "1234"
+
+
+@pytest.mark.parametrize(
+    ("rc", "err", "transient"),
+    [
+        (
+            1,
+            "sbatch: error: invalid partition specified: nosuch\n"
+            "sbatch: error: Batch job submission failed: Invalid partition name specified\n",
+            False,
+        ),
+        (255, "sbatch: unrecognized option '--nosuchopt'\nTry \"sbatch --help\" for more information\n", False),
+        (255, "sbatch: error: Invalid --time specification\n", False),
+        (1, "sbatch: error: Batch job submission failed: Invalid account or account/partition combination\n", False),
+        (
+            1,
+            "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)\n",
+            True,
+        ),
+        (1, "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation\n", True),
+        (127, "bash: sbatch: command not found\n", False),
+    ],
+)
+def test_submit_errors_are_split_into_transient_and_permanent(rc: int, err: str, transient: bool) -> None:
+    with pytest.raises(SchedulerError) as caught:
+        SlurmScheduler().parse_submit(result(rc, "", err))
+    assert caught.value.transient is transient
+    assert err.splitlines()[-1].split(": ")[-1] in str(caught.value)
+
+
+# Lines copied from `squeue --me -t all -h -o '%i|%j|%T|%r|%S|%e'` on the test cluster.
+POLL = """\
+2|cr.a-1.2|PENDING|Dependency|N/A|N/A
+8|ignterm|PENDING|Resources|N/A|N/A
+12|afterok-on-failed|PENDING|DependencyNeverSatisfied|N/A|N/A
+4|tmo|RUNNING|None|2026-11-25T22:10:29|2026-11-25T22:11:29
+7|runcancel|RUNNING|None|2026-11-25T22:10:38|NONE
+9|ignterm|COMPLETING|None|2026-11-25T22:10:51|2026-11-25T22:10:52
+1|envjob.sh|COMPLETED|None|2026-11-25T22:10:29|2026-11-25T22:10:44
+5|tmo|TIMEOUT|TimeLimit|2026-11-25T22:10:29|2026-11-25T22:11:56
+6|pendcancel|CANCELLED|Dependency|2026-11-25T22:10:37|2026-11-25T22:10:37
+3|name|with|bars|FAILED|NonZeroExitCode|2026-11-25T22:10:29|2026-11-25T22:10:29
+13|oom|OUT_OF_MEMORY|OutOfMemory|2026-11-25T22:10:29|2026-11-25T22:10:31
+14|nf|NODE_FAIL|NodeDown|2026-11-25T22:10:29|2026-11-25T22:10:31
+15|pre|PREEMPTED|None|2026-11-25T22:10:29|2026-11-25T22:10:31
+"""
+
+
+def test_poll_maps_every_line_through_the_state_table() -> None:
+    jobs = SlurmScheduler().parse_poll(CommandResult(("squeue",), 0, POLL, ""))
+    view = {i: (j.phase, j.outcome) for i, j in jobs.items()}
+    assert view == {
+        "2": (Phase.PENDING, None),
+        "8": (Phase.PENDING, None),
+        "12": (Phase.ENDED, Outcome.FAILED),
+        "4": (Phase.RUNNING, None),
+        "7": (Phase.RUNNING, None),
+        "9": (Phase.RUNNING, None),
+        "1": (Phase.ENDED, Outcome.COMPLETED),
+        "5": (Phase.ENDED, Outcome.TIMEOUT),
+        "6": (Phase.ENDED, Outcome.CANCELLED),
+        "3": (Phase.ENDED, Outcome.FAILED),
+        "13": (Phase.ENDED, Outcome.OOM),
+        "14": (Phase.ENDED, Outcome.NODE_FAIL),
+        "15": (Phase.ENDED, Outcome.PREEMPTED),
+    }
+    assert jobs["2"].name == "cr.a-1.2" and jobs["2"].reason == "Dependency"
+    assert jobs["3"].name == "name|with|bars"
+    assert jobs["12"].stuck and "DependencyNeverSatisfied" in jobs["12"].reason
+    assert jobs["4"].started_at is not None and jobs["4"].ended_at is None
+    assert jobs["1"].ended_at is not None and jobs["1"].ended_at > jobs["1"].started_at  # type: ignore[operator]
+    assert jobs["7"].started_at is not None
+
+
+def test_every_job_state_slurm_documents_is_in_the_table() -> None:
+    documented = (
+        "BOOT_FAIL CANCELLED COMPLETED CONFIGURING COMPLETING DEADLINE FAILED NODE_FAIL OUT_OF_MEMORY "
+        "PENDING PREEMPTED RUNNING RESV_DEL_HOLD REQUEUE_FED REQUEUE_HOLD REQUEUED RESIZING REVOKED "
+        "SIGNALING SPECIAL_EXIT STAGE_OUT STOPPED SUSPENDED TIMEOUT"
+    ).split()
+    assert sorted(STATES) == sorted(documented)
+
+
+def test_poll_failure_while_slurmctld_is_down_is_transient() -> None:
+    down = CommandResult(
+        ("squeue",), 1, "", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n"
+    )
+    with pytest.raises(SchedulerError) as caught:
+        SlurmScheduler().parse_poll(down)
+    assert caught.value.transient
+
+
+def test_accounting_disabled_is_no_answer_not_an_error() -> None:
+    off = CommandResult(("sacct",), 1, "", "Slurm accounting storage is disabled\n")
+    assert SlurmScheduler().parse_accounting(off) == {}
+
+
+def test_accounting_lines_give_state_and_exit_code() -> None:
+    out = "41|cr.a-1.1|TIMEOUT|0:9|2026-11-25T22:10:29|2026-11-25T22:11:56\n42|cr.a-1.2|FAILED|3:0|2026-11-25T22:12:00|2026-11-25T22:12:01\n43|x|CANCELLED by 0|0:15|2026-11-25T22:12:00|2026-11-25T22:12:01\n"
+    jobs = SlurmScheduler().parse_accounting(CommandResult(("sacct",), 0, out, ""))
+    assert (jobs["41"].outcome, jobs["41"].exit_code) == (Outcome.TIMEOUT, 0)
+    assert (jobs["42"].outcome, jobs["42"].exit_code) == (Outcome.FAILED, 3)
+    assert jobs["43"].outcome is Outcome.CANCELLED
+    argv = SlurmScheduler().accounting_argv(["41", "42"])
+    assert argv is not None and "--jobs=41,42" in argv
+
+
+def test_cancel_is_one_scancel_for_all_ids() -> None:
+    assert SlurmScheduler().cancel_argv(["7", "8"]) == ["scancel", "7", "8"]
