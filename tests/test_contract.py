@@ -400,7 +400,7 @@ def slow_submit(
     )
     (shim / cluster.submit).chmod(0o755)
     monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
-    yield lambda: record.read_text().split()
+    yield lambda: record.read_text().splitlines()
 
 
 @pytest.mark.slow

@@ -67,6 +67,7 @@ def main() -> int:
         print(f"already done; best validation accuracy {best:.3f}")
         return 0
 
+    loss = torch.zeros((), device=device)  # a resume at the end of an epoch runs no step in it
     for epoch in range(start.epoch, args.epochs):
         model.train()
         for step, (xb, yb) in ckpt.steps(loader, epoch):

@@ -59,6 +59,7 @@ def main() -> int:
         )
         return loss
 
+    loss = tf.constant(0.0)  # a resume at the end of an epoch runs no step in it
     for epoch in range(start.epoch, args.epochs):
         batches = (
             tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=epoch).batch(args.batch_size)

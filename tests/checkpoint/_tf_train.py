@@ -55,6 +55,7 @@ def main() -> int:
     signal_at = tuple(int(v) for v in args.signal_at.split(":")) if args.signal_at else None
     generator = tf.random.get_global_generator()
 
+    loss = tf.constant(0.0)  # a resume at the end of an epoch runs no step in it
     for epoch in range(start.epoch, args.epochs):
         batches = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(96, seed=100 + epoch).batch(8)
         for step, (xb, yb) in ckpt.steps(batches, epoch):

@@ -74,6 +74,7 @@ def main() -> int:
     stop_signal = signal.Signals["SIG" + os.environ.get("CHAINRUN_SIGNAL", "USR1")]
     print("training", flush=True)
 
+    loss = torch.zeros(())  # a resume at the end of an epoch runs no step in it
     for epoch in range(start.epoch, args.epochs):
         for step, (xb, yb) in ckpt.steps(loader, epoch):
             xb = xb + 0.01 * torch.randn_like(xb)
