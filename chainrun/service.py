@@ -44,7 +44,8 @@ SYSTEMCTL_TIMEOUT = 60.0
 UNIT_TEMPLATE = """\
 # chainrun keeps long training runs alive by chaining walltime-limited jobs.
 # `chainrun service install` writes this unit with the real path of chainrun
-# in ExecStart; the README section "Running chainrun as a service" explains the settings and the fallbacks.
+# in ExecStart; the README section "Running chainrun as a service" explains
+# the settings and the fallbacks.
 [Unit]
 Description=chainrun: keeps long training runs alive across walltime-limited jobs
 StartLimitIntervalSec=10min
