@@ -21,7 +21,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on old Pythons only
     import tomli as tomllib
 
-SCHEDULER_KINDS = ("local", "slurm")  # sge: backend not built yet (issue 4)
+SCHEDULER_KINDS = ("local", "slurm", "sge")
 # INT is left out: bash starts background commands with SIGINT ignored.
 SIGNALS = ("USR1", "USR2", "TERM")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

@@ -413,7 +413,10 @@ def test_service_killed_between_submit_and_record_never_duplicates(
     slow_submit: Callable[[], list[str]],
 ) -> None:
     """SIGKILL the service while the scheduler holds a job it has not recorded: it adopts the job."""
-    path = write_job(work, cluster, "python3 trainer.py --epochs 6 --epoch-time 1", target_epoch=6)
+    epochs = int(cluster.train_seconds)  # three segments or more: three submissions to kill the service in
+    path = write_job(
+        work, cluster, f"python3 trainer.py --epochs {epochs} --epoch-time 1", target_epoch=epochs
+    )
     chain_id = chainrun("submit", str(path), check=True).stdout.strip()
     for k in (1, 2, 3):
         proc = service(interval=0.5)

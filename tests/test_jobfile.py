@@ -114,7 +114,7 @@ BASE = 'name="a"\ncommand="true"\ntotal_time="1h"\nwalltime="20m"\n'
         ('name="a/b"\ncommand="true"\ntotal_time="1h"\nwalltime="20m"\n', "name = 'a/b'"),
         ('name="my run"\ncommand="true"\ntotal_time="1h"\nwalltime="20m"\n', "name = 'my run'"),
         (BASE + 'signal = "KILL"\n', "signal = 'KILL': allowed: USR1, USR2, TERM"),
-        (BASE + '[scheduler]\nkind="pbs"\n', "scheduler.kind = 'pbs': allowed: local, slurm"),
+        (BASE + '[scheduler]\nkind="pbs"\n', "scheduler.kind = 'pbs': allowed: local, slurm, sge"),
         (BASE + '[scheduler]\nkind="slurm"\noptions="--mem=1G"\n', "scheduler.options"),
         (BASE + '[scheduler]\nkind="slurm"\nhost="login"\n', "workdir: with scheduler.host set"),
         (BASE + '[env]\nCHAINRUN_X = "1"\n', "env.CHAINRUN_X"),

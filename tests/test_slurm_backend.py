@@ -17,7 +17,9 @@ from chainrun.schedulers.slurm import STATES, SlurmScheduler, slurm_time
 from chainrun.transport import CommandResult
 
 GOLDEN = Path(__file__).parent / "data" / "golden" / "slurm-hostile.sh"
-HOSTILE_COMMAND = "python3 train.py --note \"it's $(rm -rf ~) `id` ${HOME}\" \\\n  --lr 1e-3; echo 'done' # end"
+HOSTILE_COMMAND = (
+    "python3 train.py --note \"it's $(rm -rf ~) `id` ${HOME}\" \\\n  --lr 1e-3; echo 'done' # end"
+)
 HOSTILE_ENV = (("NOTE", "a'b\"c $(id) `id` ${X}\nline two"), ("EMPTY", ""))
 
 
@@ -80,7 +82,13 @@ def test_submit_argv_chains_with_afterany_and_keeps_paths_as_single_arguments() 
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(1, "0-00:01:00"), (60, "0-00:01:00"), (61, "0-00:02:00"), (4 * 3600, "0-04:00:00"), (86400 * 2 + 5, "2-00:01:00")],
+    [
+        (1, "0-00:01:00"),
+        (60, "0-00:01:00"),
+        (61, "0-00:02:00"),
+        (4 * 3600, "0-04:00:00"),
+        (86400 * 2 + 5, "2-00:01:00"),
+    ],
 )
 def test_time_limit_rounds_up_to_whole_minutes(seconds: int, text: str) -> None:
     assert slurm_time(seconds) == text
@@ -100,9 +108,17 @@ def test_parse_submit_reads_the_parsable_id() -> None:
             "sbatch: error: Batch job submission failed: Invalid partition name specified\n",
             False,
         ),
-        (255, "sbatch: unrecognized option '--nosuchopt'\nTry \"sbatch --help\" for more information\n", False),
+        (
+            255,
+            "sbatch: unrecognized option '--nosuchopt'\nTry \"sbatch --help\" for more information\n",
+            False,
+        ),
         (255, "sbatch: error: Invalid --time specification\n", False),
-        (1, "sbatch: error: Batch job submission failed: Invalid account or account/partition combination\n", False),
+        (
+            1,
+            "sbatch: error: Batch job submission failed: Invalid account or account/partition combination\n",
+            False,
+        ),
         (
             1,
             "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)\n",
@@ -119,21 +135,22 @@ def test_submit_errors_are_split_into_transient_and_permanent(rc: int, err: str,
     assert err.splitlines()[-1].split(": ")[-1] in str(caught.value)
 
 
-# Lines copied from `squeue --me -t all -h -o '%i|%j|%T|%r|%S|%e'` on the test cluster.
+# Lines copied from `SLURM_TIME_FORMAT=%s squeue --me -t all -h -o '%i|%j|%T|%r|%S|%e'` on the test
+# cluster (jobs 13-15 in the same form: this cluster cannot OOM, fail a node or preempt).
 POLL = """\
 2|cr.a-1.2|PENDING|Dependency|N/A|N/A
 8|ignterm|PENDING|Resources|N/A|N/A
 12|afterok-on-failed|PENDING|DependencyNeverSatisfied|N/A|N/A
-4|tmo|RUNNING|None|2026-11-25T22:10:29|2026-11-25T22:11:29
-7|runcancel|RUNNING|None|2026-11-25T22:10:38|NONE
-9|ignterm|COMPLETING|None|2026-11-25T22:10:51|2026-11-25T22:10:52
-1|envjob.sh|COMPLETED|None|2026-11-25T22:10:29|2026-11-25T22:10:44
-5|tmo|TIMEOUT|TimeLimit|2026-11-25T22:10:29|2026-11-25T22:11:56
-6|pendcancel|CANCELLED|Dependency|2026-11-25T22:10:37|2026-11-25T22:10:37
-3|name|with|bars|FAILED|NonZeroExitCode|2026-11-25T22:10:29|2026-11-25T22:10:29
-13|oom|OUT_OF_MEMORY|OutOfMemory|2026-11-25T22:10:29|2026-11-25T22:10:31
-14|nf|NODE_FAIL|NodeDown|2026-11-25T22:10:29|2026-11-25T22:10:31
-15|pre|PREEMPTED|None|2026-11-25T22:10:29|2026-11-25T22:10:31
+4|tmo|RUNNING|None|1795644629|1795644689
+7|runcancel|RUNNING|None|1795644638|NONE
+9|ignterm|COMPLETING|None|1795644651|1795644652
+1|envjob.sh|COMPLETED|None|1795644629|1795644644
+5|tmo|TIMEOUT|TimeLimit|1795644629|1795644716
+6|pendcancel|CANCELLED|Dependency|1795644637|1795644637
+3|name|with|bars|FAILED|NonZeroExitCode|1795644629|1795644629
+13|oom|OUT_OF_MEMORY|OutOfMemory|1795644629|1795644631
+14|nf|NODE_FAIL|NodeDown|1795644629|1795644631
+15|pre|PREEMPTED|None|1795644629|1795644631
 """
 
 
@@ -159,16 +176,36 @@ def test_poll_maps_every_line_through_the_state_table() -> None:
     assert jobs["3"].name == "name|with|bars"
     assert jobs["12"].stuck and "DependencyNeverSatisfied" in jobs["12"].reason
     assert jobs["4"].started_at is not None and jobs["4"].ended_at is None
-    assert jobs["1"].ended_at is not None and jobs["1"].ended_at > jobs["1"].started_at  # type: ignore[operator]
+    assert (jobs["1"].started_at, jobs["1"].ended_at) == (1795644629.0, 1795644644.0)
     assert jobs["7"].started_at is not None
 
 
 def test_every_job_state_slurm_documents_is_in_the_table() -> None:
-    documented = (
-        "BOOT_FAIL CANCELLED COMPLETED CONFIGURING COMPLETING DEADLINE FAILED NODE_FAIL OUT_OF_MEMORY "
-        "PENDING PREEMPTED RUNNING RESV_DEL_HOLD REQUEUE_FED REQUEUE_HOLD REQUEUED RESIZING REVOKED "
-        "SIGNALING SPECIAL_EXIT STAGE_OUT STOPPED SUSPENDED TIMEOUT"
-    ).split()
+    documented = [
+        *[
+            "BOOT_FAIL",
+            "CANCELLED",
+            "COMPLETED",
+            "CONFIGURING",
+            "COMPLETING",
+            "DEADLINE",
+            "FAILED",
+            "NODE_FAIL",
+            "OUT_OF_MEMORY",
+        ],
+        *[
+            "PENDING",
+            "PREEMPTED",
+            "RUNNING",
+            "RESV_DEL_HOLD",
+            "REQUEUE_FED",
+            "REQUEUE_HOLD",
+            "REQUEUED",
+            "RESIZING",
+            "REVOKED",
+        ],
+        *["SIGNALING", "SPECIAL_EXIT", "STAGE_OUT", "STOPPED", "SUSPENDED", "TIMEOUT"],
+    ]
     assert sorted(STATES) == sorted(documented)
 
 
@@ -187,7 +224,7 @@ def test_accounting_disabled_is_no_answer_not_an_error() -> None:
 
 
 def test_accounting_lines_give_state_and_exit_code() -> None:
-    out = "41|cr.a-1.1|TIMEOUT|0:9|2026-11-25T22:10:29|2026-11-25T22:11:56\n42|cr.a-1.2|FAILED|3:0|2026-11-25T22:12:00|2026-11-25T22:12:01\n43|x|CANCELLED by 0|0:15|2026-11-25T22:12:00|2026-11-25T22:12:01\n"
+    out = "41|cr.a-1.1|TIMEOUT|0:9|1795644629|1795644716\n42|cr.a-1.2|FAILED|3:0|1795644720|1795644721\n43|x|CANCELLED by 0|0:15|1795644720|1795644721\n"
     jobs = SlurmScheduler().parse_accounting(CommandResult(("sacct",), 0, out, ""))
     assert (jobs["41"].outcome, jobs["41"].exit_code) == (Outcome.TIMEOUT, 0)
     assert (jobs["42"].outcome, jobs["42"].exit_code) == (Outcome.FAILED, 3)

@@ -17,4 +17,8 @@ def scheduler_for(kind: str, host: Optional[str]) -> Scheduler:
         from chainrun.schedulers.slurm import SlurmScheduler
 
         return SlurmScheduler()
+    if kind == "sge":
+        from chainrun.schedulers.sge import SgeScheduler
+
+        return SgeScheduler()
     raise ValueError(f"unknown scheduler kind {kind!r}")

@@ -119,10 +119,16 @@ class Scheduler(Protocol):
         """The scheduler's reason from explain_argv's output; empty if none."""
 
 
+def quote(value: str) -> str:
+    """shlex.quote, with each newline written as ``$'\\n'``: no value from the job
+    file ever starts a line of the script (qsub reads ``#$`` at any line's start)."""
+    return "$'\\n'".join(shlex.quote(part) for part in value.split("\n"))
+
+
 def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
     """The batch script: shebang, the backend's directives, the shared wrapper."""
     spec = job.spec
-    q = shlex.quote
+    q = quote
     env = "\n".join(f"export {key}={q(value)}" for key, value in spec.env)
     values = {
         "CHAIN": q(job.chain_id),

@@ -8,13 +8,16 @@ the tag, limits and signal, then the user's options verbatim.
 from __future__ import annotations
 
 import re
-from datetime import datetime
 from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
 from chainrun.model import Outcome, Phase
 from chainrun.schedulers.base import LiveJob, SegmentJob
 from chainrun.transport import CommandResult
+
+# Times as epoch seconds: Slurm prints local time without a zone otherwise, and
+# the service may run in another zone than the cluster (over SSH).
+EPOCH_ENV = ["env", "SLURM_TIME_FORMAT=%s"]
 
 # squeue and sacct fields; "|" cannot occur in any of them but the name, which is our tag.
 SQUEUE_FORMAT = "%i|%j|%T|%r|%S|%e"
@@ -65,12 +68,8 @@ def slurm_time(seconds: int) -> str:
 
 
 def _stamp(text: str) -> Optional[float]:
-    if not text or text in ("N/A", "Unknown", "None"):
-        return None
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        return None
+    """A time printed under SLURM_TIME_FORMAT=%s; "N/A", "NONE", "Unknown" are no time."""
+    return float(text) if text.strip().isdigit() else None
 
 
 def _error(tool: str, result: CommandResult) -> SchedulerError:
@@ -124,7 +123,7 @@ class SlurmScheduler:
         return job_id
 
     def poll_argv(self) -> list[str]:
-        return ["squeue", "--me", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}"]
+        return [*EPOCH_ENV, "squeue", "--me", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}"]
 
     def parse_poll(self, result: CommandResult) -> dict[str, LiveJob]:
         if not result.ok:
@@ -159,6 +158,7 @@ class SlurmScheduler:
 
     def accounting_argv(self, job_ids: list[str]) -> Optional[list[str]]:
         return [
+            *EPOCH_ENV,
             "sacct",
             "--noheader",
             "--parsable2",

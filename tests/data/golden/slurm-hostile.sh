@@ -16,8 +16,7 @@ export CHAINRUN_CHECKPOINT_DIR='/scratch/my run'"'"'s dir $x/ckpt '"'"'x'"'"''
 export CHAINRUN_SIGNAL=USR1
 export CHAINRUN_RUN_DIR='/scratch/my run'"'"'s dir $x/.chainrun/hostile-1a2b3c'
 export CHAINRUN_DEADLINE=$(( $(date +%s) + 10801 ))
-export NOTE='a'"'"'b"c $(id) `id` ${X}
-line two'
+export NOTE='a'"'"'b"c $(id) `id` ${X}'$'\n''line two'
 export EMPTY=''
 target=30
 marker="$CHAINRUN_RUN_DIR/seg-0003"
@@ -76,8 +75,7 @@ trap 'forward USR1' USR1
 trap 'forward USR2' USR2
 trap 'forward TERM' TERM
 echo "chainrun: segment 3 of chain $CHAINRUN_CHAIN starting on $(hostname) as job ${job:-?}"
-bash -c 'python3 train.py --note "it'"'"'s $(rm -rf ~) `id` ${HOME}" \
-  --lr 1e-3; echo '"'"'done'"'"' # end' &
+bash -c 'python3 train.py --note "it'"'"'s $(rm -rf ~) `id` ${HOME}" \'$'\n''  --lr 1e-3; echo '"'"'done'"'"' # end' &
 child=$!
 timer=""
 if [ -n "" ]; then

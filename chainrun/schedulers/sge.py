@@ -1,0 +1,221 @@
+"""The Son of Grid Engine backend: qsub, qstat -xml, qacct and qdel, built and parsed.
+
+Paths travel on qsub's command line (quoted by the transport); the ``#$``
+directives hold the tag, the shell, the limit and the queue, then the user's
+options verbatim. Every behaviour relied on here was measured on a real SGE
+8.1.9 (tests/cluster/sge_facts.md). qstat and qacct print local time without
+a zone, so they run under ``TZ=UTC``: a cluster in another zone cannot skew
+the times chainrun charges.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
+from typing import ClassVar, Optional
+
+from chainrun.errors import SchedulerError
+from chainrun.model import Outcome, Phase
+from chainrun.schedulers.base import LiveJob, SegmentJob
+from chainrun.transport import CommandResult
+
+UTC_ENV = ["env", "TZ=UTC"]
+QSTAT_TIME = "%Y-%m-%dT%H:%M:%S"  # 2026-11-25T22:15:05
+QACCT_TIME = "%a %b %d %H:%M:%S %Y"  # Wed Nov 25 22:15:05 2026
+
+# One table from SGE's state letters to ours: (phase, outcome when ended, words).
+# A state is a string of letters (qw, hqw, hRwq, Rr, dr, Eqw, ...); the first
+# letter of this table found in it decides. d (being deleted) and R
+# (rescheduled) only qualify another letter: dr is still running, Rq queued.
+STATES: dict[str, tuple[Phase, Optional[Outcome], str]] = {
+    "E": (Phase.ENDED, Outcome.FAILED, "error state, SGE will not run it"),
+    "s": (Phase.RUNNING, None, "suspended"),
+    "S": (Phase.RUNNING, None, "suspended with its queue"),
+    "T": (Phase.RUNNING, None, "suspended at a load threshold"),
+    "t": (Phase.RUNNING, None, "starting"),
+    "r": (Phase.RUNNING, None, ""),
+    "h": (Phase.PENDING, None, "held"),  # -hold_jid on a job still queued, or qhold
+    "q": (Phase.PENDING, None, ""),
+    "w": (Phase.PENDING, None, ""),
+}
+
+# qsub/qstat errors that say "qmaster is away, try again", not "this can never work".
+TRANSIENT = re.compile(
+    r"unable to send message to qmaster|unable to contact qmaster|commlib error|got send error|"
+    r"connection refused|receive timeout|temporarily unavailable|try again",
+    re.IGNORECASE,
+)
+
+# qacct's "failed" codes (man sge_status) that blame the host, not the job:
+# prolog/epilog, PE start/stop, a crashed shepherd, daemons, groups.
+HOST_FAILURES = frozenset({*range(1, 17), *range(18, 22), 36, 38})
+
+# A tag SGE keeps intact: -N refuses a leading digit, / : @ \ * ? and
+# non-ASCII, and qstat -xml mangles < (sge_facts.md, "Job name rules").
+TAG_RE = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,510}\Z")
+PATH_REWRITES = re.compile(r",|\$(HOME|USER|JOB_ID|JOB_NAME|HOSTNAME|TASK_ID)")
+
+
+def _utc(text: str, fmt: str) -> Optional[float]:
+    try:
+        return datetime.strptime(text.strip(), fmt).replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None  # "-/-" for a job that never started
+
+
+def _error(tool: str, result: CommandResult) -> SchedulerError:
+    text = result.stderr.strip() or result.stdout.strip() or f"exit {result.returncode}"
+    lines = [line.strip() for line in text.splitlines() if line.strip() not in ("", "Exiting.")]
+    message = f"{tool}: " + " ".join(lines[-3:])
+    if result.returncode == 127:
+        return SchedulerError(
+            f"{tool} not found: is SGE installed and on PATH "
+            f"(source $SGE_ROOT/$SGE_CELL/common/settings.sh)? ({message})",
+            transient=False,
+        )
+    return SchedulerError(message, transient=bool(TRANSIENT.search(message)))
+
+
+def _number(text: str) -> int:
+    """The leading integer of a qacct value: ``37  : qmaster ...``, ``137 (Killed)``, ``6s``."""
+    m = re.match(r"\s*(\d+)", text)
+    return int(m.group(1)) if m else 0
+
+
+def _acct_state(block: dict[str, str]) -> tuple[Phase, Optional[Outcome]]:
+    failed, code = _number(block.get("failed", "")), _number(block.get("exit_status", ""))
+    h_rt = re.search(r"\bh_rt=(\d+)", block.get("category", ""))
+    wallclock = _number(block.get("ru_wallclock", ""))
+    killed_at_limit = code == 137 and h_rt is not None and wallclock >= int(h_rt[1])
+    if failed in (24, 25):  # migrating or rescheduled (exit 99): it runs again under this id
+        return Phase.PENDING, None
+    if failed == 37 or killed_at_limit:  # h_rt: SIGKILL at h_rt + ~1 s, no warning
+        return Phase.ENDED, Outcome.TIMEOUT
+    if failed in (17, 100):  # killed after it started: qdel (measured: 100 / 137), a limit, its host
+        return Phase.ENDED, Outcome.CANCELLED
+    if failed in HOST_FAILURES:
+        return Phase.ENDED, Outcome.NODE_FAIL
+    if failed or code:  # 26-30: output file, shell, working directory, exit 100; or the exit code
+        return Phase.ENDED, Outcome.FAILED
+    return Phase.ENDED, Outcome.COMPLETED
+
+
+class SgeScheduler:
+    kind: ClassVar[str] = "sge"
+    # No s_rt: after its warning SGE holds the h_rt kill back by 90 s and the
+    # warning goes to the whole process group, workers included
+    # (sge_facts.md, "Signals and limits"). The wrapper's own timer sends the
+    # signal ``grace`` seconds before h_rt instead.
+    wrapper_signals: ClassVar[bool] = True
+
+    def directives(self, job: SegmentJob) -> list[str]:
+        spec = job.spec
+        if not TAG_RE.match(job.tag):
+            raise SchedulerError(f"sge: {job.tag!r} is not a job name SGE keeps intact", transient=False)
+        lines = [
+            f"#$ -N {job.tag}",
+            "#$ -S /bin/bash",
+            "#$ -j y",
+            f"#$ -l h_rt={job.walltime}",
+            "#$ -V",  # like Slurm's --export=ALL: SGE resets PATH otherwise
+        ]
+        if spec.scheduler.queue:
+            lines.append(f"#$ -q {spec.scheduler.queue}")
+        return lines + [f"#$ {opt}" for opt in spec.scheduler.options]
+
+    def submit_argv(self, job: SegmentJob) -> list[str]:
+        # -o takes "[host:]path[,...]": a leading ":" keeps a ":" in the path,
+        # nothing keeps a ","; and in -o and -wd SGE replaces $HOME, $USER, ...
+        # (a prefix is enough: $HOMEx too), but not $x, ${JOB_ID} (measured).
+        if PATH_REWRITES.search(job.log_path):
+            raise SchedulerError(
+                f"sge: qsub cannot write the log {job.log_path!r}: SGE splits -o paths at ',' "
+                "and replaces $HOME, $USER, $JOB_ID, $JOB_NAME, $HOSTNAME and $TASK_ID in them; "
+                "use a workdir without these",
+                transient=False,
+            )
+        argv = ["qsub", "-terse", "-o", ":" + job.log_path, "-wd", job.spec.workdir]
+        if job.after:
+            argv += ["-hold_jid", job.after]
+        return [*argv, job.script_path]
+
+    def parse_submit(self, result: CommandResult) -> str:
+        if not result.ok:
+            raise _error("qsub", result)
+        # -terse prints the bare id ("ID.1-N:1" for an array job).
+        lines = result.stdout.strip().splitlines()
+        job_id = lines[-1].split(".")[0].strip() if lines else ""
+        if not job_id.isdigit():
+            raise SchedulerError(f"qsub: unexpected output {result.stdout.strip()!r}", transient=True)
+        return job_id
+
+    def poll_argv(self) -> list[str]:
+        return [*UTC_ENV, "qstat", "-xml"]  # without -u: only the caller's jobs
+
+    def parse_poll(self, result: CommandResult) -> dict[str, LiveJob]:
+        if not result.ok:
+            raise _error("qstat", result)
+        try:
+            root = ET.fromstring(result.stdout) if result.stdout.strip() else None
+        except ET.ParseError as exc:
+            raise SchedulerError(f"qstat: unreadable XML ({exc})", transient=True) from exc
+        jobs = {}
+        # Running jobs under queue_info, pending ones (Eqw too) under job_info. A
+        # rescheduled job shows in both (Rr ending, Rq queued): the later one wins.
+        for item in root.iter("job_list") if root is not None else ():
+            job_id, code = item.findtext("JB_job_number", ""), item.findtext("state", "")
+            if "z" in code:
+                continue  # finished (qstat -s z): accounting knows how it ended
+            phase, outcome, words = next((STATES[c] for c in STATES if c in code), (Phase.RUNNING, None, ""))
+            start = item.findtext("JAT_start_time")
+            jobs[job_id] = LiveJob(
+                job_id=job_id,
+                name=item.findtext("JB_name", ""),
+                phase=phase,
+                outcome=outcome,
+                started_at=_utc(start, QSTAT_TIME) if start else None,
+                reason=f"{words} ({code})" if words else "",
+                stuck=phase is Phase.ENDED,
+            )
+        return jobs
+
+    def cancel_argv(self, job_ids: list[str]) -> list[str]:
+        # qdel of a predecessor releases its -hold_jid successor: successors first.
+        return ["qdel", *sorted(job_ids, key=lambda i: int(i) if i.isdigit() else -1, reverse=True)]
+
+    def accounting_argv(self, job_ids: list[str]) -> Optional[list[str]]:
+        # qacct -j takes one job (a second -j replaces the first): loop in one round trip.
+        return [*UTC_ENV, "sh", "-c", 'for j; do qacct -j "$j"; done', "sh", *job_ids]
+
+    def parse_accounting(self, result: CommandResult) -> dict[str, LiveJob]:
+        # No rc check: the loop's status is the last qacct's, and an id not yet in
+        # the accounting file ("error: job id N not found") is simply left out.
+        jobs = {}
+        for chunk in re.split(r"^=+$", result.stdout, flags=re.MULTILINE):
+            block = {k: v.strip() for k, _, v in (line.partition(" ") for line in chunk.splitlines())}
+            job_id = block.get("jobnumber", "")
+            if not job_id:
+                continue
+            phase, outcome = _acct_state(block)
+            failed = " ".join(block.get("failed", "0").split())  # "37 : qmaster enforced h_rt, ..."
+            exit_code = _number(block.get("exit_status", ""))
+            jobs[job_id] = LiveJob(  # a rerun writes a later block: the last one wins
+                job_id=job_id,
+                name=block.get("jobname", ""),
+                phase=phase,
+                outcome=outcome,
+                exit_code=exit_code,
+                started_at=_utc(block.get("start_time", ""), QACCT_TIME),
+                ended_at=_utc(block.get("end_time", ""), QACCT_TIME),
+                reason=f"qacct: failed {failed}" if failed != "0" else f"qacct: exit_status {exit_code}",
+            )
+        return jobs
+
+    def explain_argv(self, job_id: str) -> Optional[list[str]]:
+        return ["qstat", "-j", job_id]
+
+    def parse_explain(self, result: CommandResult) -> str:
+        # "error reason    1:      11/25/2026 22:15:11 [0:2863]: error: can't chdir to ..."
+        found = re.findall(r"^error reason\s+\d+:\s*(?:\S+ \S+ \[[^\]]*\]:\s*)?(.*)$", result.stdout, re.M)
+        return "; ".join(dict.fromkeys(r.strip() for r in found if r.strip()))

@@ -1,0 +1,106 @@
+#!/bin/bash
+#$ -N cr.hostile-a1b2c3.3
+#$ -S /bin/bash
+#$ -j y
+#$ -l h_rt=14400
+#$ -V
+#$ -q gpu.q
+#$ -l gpu=1
+#$ -pe smp 4
+# ---- chainrun segment wrapper (generated; every value below is shell-quoted) ----
+set -u
+export CHAINRUN_CHAIN=hostile-a1b2c3
+export CHAINRUN_SEGMENT=3
+export CHAINRUN_CHECKPOINT_DIR='/scratch/my runs/bob'"'"'s/ckpt'
+export CHAINRUN_SIGNAL=USR1
+export CHAINRUN_RUN_DIR='/scratch/my runs/bob'"'"'s/.chainrun/hostile-a1b2c3'
+export CHAINRUN_DEADLINE=$(( $(date +%s) + 14400 ))
+export MSG='it'"'"'s "$(rm -rf /)" `x`'$'\n''line2 $HOME'
+export SEED=7
+target=200
+marker="$CHAINRUN_RUN_DIR/seg-0003"
+job="${SLURM_JOB_ID:-${JOB_ID:-${CHAINRUN_LOCAL_JOB_ID:-}}}"
+
+# The end marker is how chainrun learns the real exit code and whether the
+# walltime signal came first; it is written atomically (temp + mv).
+end_marker() { # exit-code original-code skipped
+    (
+        umask 077
+        printf 'exit=%s\noriginal=%s\nsignal=%s\nskipped=%s\njob=%s\nat=%s\n' \
+            "$1" "$2" "$got" "$3" "$job" "$(date +%s)" >"$marker.end.tmp"
+    ) && mv -f "$marker.end.tmp" "$marker.end"
+}
+
+got=""
+(umask 077 && printf 'job=%s\nhost=%s\nat=%s\n' "$job" "$(hostname)" "$(date +%s)" >"$marker.start")
+
+# A successor queued ahead must never burn an allocation once the goal is met.
+skip=""
+progress="$CHAINRUN_CHECKPOINT_DIR/chainrun-progress.json"
+if [ -e "$CHAINRUN_RUN_DIR/final" ]; then
+    skip="the chain has already ended"
+elif [ -r "$progress" ]; then
+    if grep -q '"done": true' "$progress"; then
+        skip="the checkpoint says training is done"
+    elif [ -n "$target" ]; then
+        epoch=$(grep -o '"epoch": *[0-9][0-9]*' "$progress" | grep -o '[0-9]*$' || true)
+        if [ -n "$epoch" ] && [ "$epoch" -ge "$target" ]; then
+            skip="epoch $epoch already reached target_epoch $target"
+        fi
+    fi
+fi
+if [ -n "$skip" ]; then
+    echo "chainrun: segment 3 skipped: $skip"
+    end_marker 0 0 1
+    exit 0
+fi
+
+workdir='/scratch/my runs/bob'"'"'s'
+if ! cd "$workdir"; then
+    echo "chainrun: cannot enter workdir $workdir" >&2
+    end_marker 2 2 0
+    exit 2
+fi
+mkdir -p "$CHAINRUN_CHECKPOINT_DIR"
+
+# bash runs traps only between commands, so the command runs in the
+# background and the wrapper waits; signals are forwarded to it.
+child=""
+forward() {
+    got=$1
+    if [ -n "$child" ]; then kill -s "$1" "$child" 2>/dev/null || true; fi
+}
+trap 'forward USR1' USR1
+trap 'forward USR2' USR2
+trap 'forward TERM' TERM
+echo "chainrun: segment 3 of chain $CHAINRUN_CHAIN starting on $(hostname) as job ${job:-?}"
+bash -c 'python3 "train.py" --tag '"'"'a b'"'"' $(whoami) `id` \'$'\n''  --next'$'\n''echo "done $HOME"' &
+child=$!
+timer=""
+if [ -n "1" ]; then
+    # This scheduler sends no warning before its walltime kill: send the
+    # signal to ourselves (and so on to the command) grace seconds before it.
+    (
+        at=$((CHAINRUN_DEADLINE - 300))
+        while [ "$(date +%s)" -lt "$at" ]; do
+            sleep 1
+            kill -0 "$$" 2>/dev/null || exit 0
+        done
+        kill -s "$CHAINRUN_SIGNAL" "$$"
+    ) &
+    timer=$!
+fi
+while :; do
+    wait "$child"
+    kill -0 "$child" 2>/dev/null || break
+done
+wait "$child"
+rc=$?
+if [ -n "$timer" ]; then kill "$timer" 2>/dev/null || true; fi
+code=$rc
+# SGE reschedules a job that exits 99 and puts one that exits 100 in error
+# state: never pass those on by accident. The original is in the marker.
+case $rc in 99 | 100) code=1 ;; esac
+echo "chainrun: segment 3 command exited $rc${got:+ after SIG$got}"
+end_marker "$code" "$rc" 0
+exit "$code"
