@@ -10,6 +10,7 @@ history, logs) and what the scheduler itself reports.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -106,10 +107,15 @@ CLUSTERS_ONLY = ALL[1:]
 
 
 @pytest.fixture
-def cluster(request: pytest.FixtureRequest) -> Cluster:
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """The scheduler, shared with tests running beside this one (pytest -n), or all
+    to itself for a test marked ``takes_down_the_controller``."""
     c = CLUSTERS[request.param]
     need(f"a running {c.kind}", c.available(), f"sudo scripts/{c.start_script}")
-    return c
+    exclusive = request.node.get_closest_marker("takes_down_the_controller") is not None
+    with open(f"/tmp/chainrun-tests-{c.kind}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield c
 
 
 @pytest.fixture
@@ -340,6 +346,7 @@ def test_unknown_queue_fails_at_once_with_the_schedulers_message(
 
 
 @pytest.mark.slow
+@pytest.mark.takes_down_the_controller
 @pytest.mark.parametrize("cluster", CLUSTERS_ONLY, indirect=True)
 def test_controller_down_mid_chain_costs_no_budget(
     cluster: Cluster, work: Path, chainrun: CLI, service: Service, home: Path
