@@ -1,0 +1,81 @@
+"""The segment wrapper every backend runs, run here with bash as a scheduler would run it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from test_slurm_backend import hostile_spec
+
+from chainrun.schedulers.base import EndMarker, SegmentJob, render_script
+from chainrun.schedulers.slurm import SlurmScheduler
+
+
+def run_wrapper(work: Path, command: str, n: int = 1) -> tuple[subprocess.CompletedProcess[str], SegmentJob]:
+    spec = replace(hostile_spec(str(work)), command=command)
+    job = SegmentJob("hostile-1a2b3c", n, spec, 60)
+    os.makedirs(job.run_dir, exist_ok=True)
+    Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB_ID", "CHAINRUN_"))}
+    proc = subprocess.run(["bash", job.script_path], env=env, capture_output=True, text=True, timeout=60)
+    return proc, job
+
+
+def marker(job: SegmentJob) -> EndMarker:
+    found = EndMarker.parse(Path(job.stem + ".end").read_bytes())
+    assert found is not None
+    return found
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    path = tmp_path / "my run's dir $x"
+    path.mkdir()
+    return path
+
+
+def test_hostile_values_reach_the_command_unchanged(work: Path) -> None:
+    """The command and [env] arrive byte for byte; nothing in them is executed by the wrapper."""
+    proc, job = run_wrapper(work, "printf '%s|%s' \"$NOTE\" \"$EMPTY\" > seen.txt; echo 'it''s' >> seen.txt")
+    assert proc.returncode == 0, proc.stderr
+    assert (work / "seen.txt").read_text() == "a'b\"c $(id) `id` ${X}\nline two|its\n"
+    assert (marker(job).exit_code, marker(job).skipped) == (0, False)
+
+
+@pytest.mark.parametrize(
+    ("setup", "why"),
+    [
+        ("progress", "epoch 30 already reached target_epoch 30"),
+        ("done", "the checkpoint says training is done"),
+        ("final", "the chain has already ended"),
+    ],
+)
+def test_successor_that_starts_after_the_goal_exits_at_once_without_training(
+    work: Path, setup: str, why: str
+) -> None:
+    """A successor the service could not cancel in time runs nothing and leaves a 'skipped' marker."""
+    spec = hostile_spec(str(work))
+    job = SegmentJob("hostile-1a2b3c", 2, spec, 60)
+    os.makedirs(job.run_dir, exist_ok=True)
+    os.makedirs(spec.checkpoint_dir, exist_ok=True)
+    sidecar = {"version": 1, "epoch": 30 if setup == "progress" else 3, "step": 0, "done": setup == "done"}
+    Path(spec.checkpoint_dir, "chainrun-progress.json").write_text(json.dumps(sidecar))
+    if setup == "final":
+        Path(job.run_dir, "final").write_text("chain ended\n")
+    proc, job = run_wrapper(work, "touch trained", n=2)
+    assert proc.returncode == 0, proc.stderr
+    assert f"segment 2 skipped: {why}" in proc.stdout
+    assert not (work / "trained").exists()
+    assert marker(job).skipped and marker(job).exit_code == 0
+
+
+@pytest.mark.parametrize("code", [99, 100])
+def test_exit_codes_sge_would_act_on_are_never_passed_on(work: Path, code: int) -> None:
+    """99 (SGE: reschedule) and 100 (SGE: error state) leave the wrapper as 1; the marker keeps the original."""
+    proc, job = run_wrapper(work, f"exit {code}")
+    assert proc.returncode == 1
+    assert (marker(job).exit_code, marker(job).original) == (1, code)
