@@ -98,9 +98,19 @@ def default_home() -> Path:
 
 
 def private_dir(path: Path) -> Path:
-    """Create ``path`` (mode 0700) if needed; state is private to the user."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
+    """Create ``path`` (mode 0700) if needed; state is private to the user.
+
+    An existing directory others can enter is refused, never chmod-ed: it may
+    be a shared one (CHAINRUN_HOME=$HOME by mistake) that must stay as it is.
+    """
+    try:
+        path.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        if path.is_dir() and path.stat().st_mode & 0o077:
+            raise StoreError(
+                f"{path} is open to other users; chainrun keeps its state private: "
+                f"run `chmod 700 {path}` if it is chainrun's own, or set CHAINRUN_HOME to a new directory"
+            ) from None
     return path
 
 

@@ -466,3 +466,28 @@ def test_exit_99_is_a_crash_not_a_reschedule_and_hostile_values_arrive_intact(
     assert cluster.live_jobs(st["id"]) == []
     assert (work / "weird.out").read_text() == weird
     assert not list(work.rglob("pwned*"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", CLUSTERS_ONLY[1:], indirect=True)
+def test_job_in_error_state_is_explained_removed_and_charged(
+    cluster: Cluster, work: Path, chainrun: CLI, service: Service
+) -> None:
+    """The run directory vanishes under a queued successor: SGE puts it in Eqw; the chain says why and moves on."""
+    path = write_job(work, cluster, "python3 trainer.py --epochs 1000 --epoch-time 1", max_failures=3)
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    service(interval=0.5)
+
+    def successor_queued() -> bool:
+        segs = status(chainrun, chain_id)["segments"]
+        return len(segs) == 2 and segs[0]["phase"] == "running" and segs[1]["job_id"] is not None
+
+    wait_for(successor_queued, 60, "a successor queued behind a running segment")
+    work.rename(work.with_name("moved away"))  # a scratch purge, a user's mv
+    wait_for(lambda: status(chainrun, chain_id)["state"] != "active", 180, "the chain to end")
+    st = status(chainrun, chain_id)
+    assert st["state"] == "failed" and "failure budget spent" in st["reason"]
+    stuck = [s for s in st["segments"] if "error" in (s["reason"] or "").lower()]
+    assert stuck and stuck[0]["outcome"] == "failed" and stuck[0]["charged"], st["segments"]
+    assert "can't" in stuck[0]["reason"] or "cannot" in stuck[0]["reason"], stuck[0]["reason"]
+    assert cluster.live_jobs(chain_id) == []

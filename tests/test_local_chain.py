@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import signal
 import sqlite3
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -187,3 +189,17 @@ def test_bad_job_file_is_one_line_exit_2_and_stores_nothing(
         not (home / "chainrun.db").exists()
         or sqlite3.connect(home / "chainrun.db").execute("select count(*) from chains").fetchone()[0] == 0
     )
+
+
+def test_state_directory_open_to_others_is_refused_never_chmodded(tmp_path: Path) -> None:
+    """CHAINRUN_HOME set to a shared directory by mistake: a one-line refusal, the directory untouched."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    env = dict(os.environ, CHAINRUN_HOME=str(shared))
+    result = subprocess.run(
+        [sys.executable, "-m", "chainrun", "status"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode != 0
+    assert "is open to other users" in result.stderr and "Traceback" not in result.stderr
+    assert shared.stat().st_mode & 0o777 == 0o755 and list(shared.iterdir()) == []
