@@ -40,7 +40,7 @@ from chainrun.engine import Engine, TickSummary
 from chainrun.errors import AlreadyRunning, ChainrunError
 from chainrun.notify import Hooks, Notifier
 from chainrun.service import SdNotify, ServiceConfig, load_config
-from chainrun.store import Store
+from chainrun.store import Store, private_dir
 
 log = structlog.get_logger(__name__)
 
@@ -55,6 +55,7 @@ class InstanceLock:
     """Holds the single-instance lock of a CHAINRUN_HOME while open."""
 
     def __init__(self, home: Path) -> None:
+        private_dir(Path(home))  # before filelock, which would make it with the umask's mode
         self.path = Path(home) / "service.lock"
         self.pidfile = Path(home) / "service.pid"
         self.lock = filelock.FileLock(str(self.path), timeout=0)

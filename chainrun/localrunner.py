@@ -27,17 +27,17 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from chainrun.errors import ChainrunError
+from chainrun.store import default_home, private_dir
+
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL, like Slurm's KillWait
 TICK = 0.2
 KEEP_ENDED = 7 * 86400
 
 
 def home() -> Path:
-    base = os.environ.get("CHAINRUN_HOME") or os.path.join(
-        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "chainrun"
-    )
-    path = Path(base) / "local"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = private_dir(default_home()) / "local"
+    path.mkdir(mode=0o700, exist_ok=True)
     return path
 
 
@@ -287,7 +287,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("jobdir", type=Path)
     p.set_defaults(func=lambda a: supervise(a.jobdir))
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except ChainrunError as exc:  # e.g. a state directory open to others: one line, exit 2
+        print(f"chainrun local runner: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

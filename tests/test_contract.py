@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -54,8 +54,11 @@ class Cluster:
     submit: str = ""  # the submit command, wrapped in tests that slow it down
     controller: str = ""  # the daemon whose loss must cost nothing
     start_script: str = ""
+    host: str = ""  # an ssh alias: every command goes over SSH, as to a remote login node
 
     def available(self) -> bool:
+        if self.host and not _answers("ssh", "-F", SSH_CONFIG, self.host, "true"):
+            return False
         if self.kind == "slurm":
             return have("sbatch") and _answers("scontrol", "ping")
         if self.kind == "sge":
@@ -64,7 +67,7 @@ class Cluster:
 
     def live_jobs(self, chain_id: str) -> list[LiveJob]:
         """The chain's jobs the scheduler still holds (pending or running), as it reports them."""
-        scheduler = scheduler_for(self.kind, None)
+        scheduler = scheduler_for(self.kind, self.host or None)
         jobs = scheduler.parse_poll(LocalTransport().run(scheduler.poll_argv(), timeout=60))
         return [j for j in jobs.values() if j.name.startswith(f"cr.{chain_id}.") and j.phase.value != "ended"]
 
@@ -98,20 +101,29 @@ CLUSTERS = {
         start_script="start-sge",
     ),
 }
+# Slurm on a "remote" login node: root over the test sshd (scripts/start-sshd),
+# so the service's every command and file access goes through paramiko.
+SSH_CONFIG = "/var/lib/chainrun-test/ssh/config"
+CLUSTERS["slurm-ssh"] = replace(
+    CLUSTERS["slurm"], host="root-local", start_script="start-slurm and scripts/start-sshd"
+)
 ALL = [
     pytest.param("local"),
     pytest.param("slurm", marks=pytest.mark.slurm),
     pytest.param("sge", marks=pytest.mark.sge),
 ]
 CLUSTERS_ONLY = ALL[1:]
+OVER_SSH = [pytest.param("slurm-ssh", marks=[pytest.mark.slurm, pytest.mark.ssh])]
 
 
 @pytest.fixture
-def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+def cluster(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
     """The scheduler, shared with tests running beside this one (pytest -n), or all
     to itself for a test marked ``takes_down_the_controller``."""
     c = CLUSTERS[request.param]
-    need(f"a running {c.kind}", c.available(), f"sudo scripts/{c.start_script}")
+    need(f"a running {request.param}", c.available(), f"sudo scripts/{c.start_script}")
+    if c.host:
+        monkeypatch.setenv("CHAINRUN_SSH_CONFIG", SSH_CONFIG)
     exclusive = request.node.get_closest_marker("takes_down_the_controller") is not None
     with open(f"/tmp/chainrun-tests-{c.kind}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
@@ -164,6 +176,8 @@ def write_job(
     }
     lines = [f"{k} = {toml(v)}" for k, v in fields.items()]
     lines += ["[scheduler]", f"kind = {toml(cluster.kind)}"]
+    if cluster.host:
+        lines.append(f"host = {toml(cluster.host)}")
     if queue:
         lines.append(f"queue = {toml(queue)}")
     if env:
@@ -285,7 +299,7 @@ def test_walltime_kill_is_a_timeout_free_only_with_progress(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cluster", ALL, indirect=True)
+@pytest.mark.parametrize("cluster", ALL + OVER_SSH, indirect=True)
 def test_crash_loop_spends_the_budget_and_leaves_nothing_queued(
     cluster: Cluster, work: Path, chainrun: CLI, home: Path
 ) -> None:
@@ -303,7 +317,7 @@ def test_crash_loop_spends_the_budget_and_leaves_nothing_queued(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cluster", ALL, indirect=True)
+@pytest.mark.parametrize("cluster", ALL + OVER_SSH, indirect=True)
 def test_target_reached_cancels_the_queued_successor(
     cluster: Cluster, work: Path, chainrun: CLI, home: Path
 ) -> None:
@@ -329,7 +343,7 @@ def test_target_reached_cancels_the_queued_successor(
     assert cluster.live_jobs(st["id"]) == []
 
 
-@pytest.mark.parametrize("cluster", CLUSTERS_ONLY, indirect=True)
+@pytest.mark.parametrize("cluster", CLUSTERS_ONLY + OVER_SSH, indirect=True)
 def test_unknown_queue_fails_at_once_with_the_schedulers_message(
     cluster: Cluster, work: Path, chainrun: CLI
 ) -> None:
@@ -486,7 +500,7 @@ def test_job_in_error_state_is_explained_removed_and_charged(
     work.rename(work.with_name("moved away"))  # a scratch purge, a user's mv
     wait_for(lambda: status(chainrun, chain_id)["state"] != "active", 180, "the chain to end")
     st = status(chainrun, chain_id)
-    assert st["state"] == "failed" and "failure budget spent" in st["reason"]
+    assert st["state"] == "failed" and "failure budget spent" in st["reason"], st
     stuck = [s for s in st["segments"] if "error" in (s["reason"] or "").lower()]
     assert stuck and stuck[0]["outcome"] == "failed" and stuck[0]["charged"], st["segments"]
     assert "can't" in stuck[0]["reason"] or "cannot" in stuck[0]["reason"], stuck[0]["reason"]

@@ -1,21 +1,18 @@
-"""Whole chains on the local runner, through the real CLI, service and store."""
+"""Local-runner chains through the real CLI, service and store, beyond the shared contract
+(tests/test_contract.py runs the contract on the local runner as on Slurm and SGE)."""
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
 import pytest
-from conftest import wait_for
 
 TRAINER = Path(__file__).parent / "data" / "trainer.py"
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -60,40 +57,6 @@ def started_segments(work: Path) -> list[Path]:
 
 
 @pytest.mark.slow
-def test_chain_reaches_target_over_three_segments_resuming_each_time(tmp_path: Path, chainrun: CLI) -> None:
-    """`chainrun run` carries a run to its target across walltime-limited segments."""
-    path = job(tmp_path, epochs=6)
-    result = chainrun("run", str(path), "--interval", "0.5")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "completed: target epoch 6 reached" in result.stdout
-    st = status(chainrun, "t")
-    ran = [s for s in st["segments"] if s["outcome"] in ("timeout", "completed")]
-    assert len(ran) >= 3
-    assert all(not s["charged"] for s in ran)
-    assert st["failures"] == 0 and st["epoch"] == 6
-    history = chainrun("history", "t", check=True).stdout
-    assert history.count("with progress") >= 2
-    logs = chainrun("logs", "t", check=True).stdout
-    assert "resumed from model.ckpt (epoch 2)" in logs or "resumed from model.ckpt (epoch 3)" in logs
-    assert "Traceback" not in result.stderr
-
-
-@pytest.mark.slow
-def test_crashing_script_stops_after_max_failures_plus_one_crashes(tmp_path: Path, chainrun: CLI) -> None:
-    """A script that crashes every time spends the budget: max_failures + 1 runs, not one more."""
-    path = job(tmp_path, mode="crash", max_failures=2)
-    result = chainrun("run", str(path), "--interval", "0.3")
-    assert result.returncode == 1
-    st = status(chainrun, "t")
-    assert st["state"] == "failed"
-    assert "failure budget spent" in st["reason"]
-    assert st["failures"] == 3
-    assert len(started_segments(path.parent)) == 3
-    ended_by_crash = [s for s in st["segments"] if s["outcome"] == "failed"]
-    assert len(ended_by_crash) == 3 and all(s["charged"] for s in ended_by_crash)
-
-
-@pytest.mark.slow
 def test_script_that_never_advances_stops_with_no_progress(tmp_path: Path, chainrun: CLI) -> None:
     """Running but never saving spends the budget with reason 'no progress'."""
     path = job(tmp_path, mode="stall", walltime="3s", max_failures=1)
@@ -115,38 +78,6 @@ def test_corrupt_sidecar_is_no_progress_and_never_crashes_the_service(tmp_path: 
     assert "progress sidecar unreadable" in result.stderr
     st = status(chainrun, "t")
     assert "no progress" in st["reason"]
-
-
-@pytest.mark.slow
-def test_service_killed_repeatedly_loses_and_duplicates_nothing(
-    tmp_path: Path,
-    chainrun: CLI,
-    service: Callable[..., subprocess.Popen[bytes]],
-    home: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """SIGKILL at random moments, restart: every segment runs once and the chain completes."""
-    # Each submission reports its job id 0.7 s late: kills land between submit and record.
-    monkeypatch.setenv("CHAINRUN_LOCAL_SUBMIT_DELAY", "0.7")
-    path = job(tmp_path, epochs=6, walltime="4s")
-    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
-    rng = random.Random(7)
-    for _ in range(8):
-        proc = service()
-        time.sleep(rng.uniform(0.4, 2.0))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    service()
-    wait_for(lambda: status(chainrun, chain_id)["state"] != "active", 120, "the chain to end")
-    st = status(chainrun, chain_id)
-    assert st["state"] == "completed", st["reason"]
-    names = [j["name"] for j in local_jobs(home)]
-    assert len(names) == len(set(names)), f"a segment was submitted twice: {sorted(names)}"
-    recorded = [s["job_id"] for s in st["segments"] if s["job_id"]]
-    assert len(recorded) == len(set(recorded))
-    assert len(names) == len(st["segments"])
-    history = chainrun("history", chain_id, check=True).stdout
-    assert "adopted after a restart" in history
 
 
 def test_cancel_without_a_service_cancels_jobs_at_once(tmp_path: Path, chainrun: CLI, home: Path) -> None:
