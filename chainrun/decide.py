@@ -89,6 +89,8 @@ def decide(
         if advanced:
             mark = current
         ends.append(_End(seg, obs, charged, why))
+        # Its successor may have ended (skipped) in the same tick.
+        goal_met = goal_met or bool(_done_reason(chain, mark, ends))
 
     ended = {e.seg.n for e in ends}
     live = [s for s in sorted(chain.live, key=lambda s: s.n) if s.n not in ended]

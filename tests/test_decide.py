@@ -292,3 +292,14 @@ def test_segment_ending_after_the_goal_was_reached_costs_nothing() -> None:
     end = actions[0]
     assert isinstance(end, EndSegment) and not end.charged
     assert isinstance(actions[-1], Finish) and actions[-1].state is ChainState.COMPLETED
+
+
+def test_successor_skipped_in_the_same_tick_as_the_segment_that_reached_the_goal_costs_nothing() -> None:
+    """Seen on the real Slurm: both jobs' ends arrive in one poll; the skipped one is free."""
+    target = Progress(epoch=SPEC.target_epoch, saved_at=300.0)
+    c = chain(seg(1), seg(2, Phase.PENDING))
+    obs = {"j1": ended("j1", Outcome.COMPLETED), "j2": ended("j2", Outcome.COMPLETED)}
+    actions = decide(c, obs, target, NOW)
+    ends = [a for a in actions if isinstance(a, EndSegment)]
+    assert [(e.n, e.charged) for e in ends] == [(1, False), (2, False)]
+    assert isinstance(actions[-1], Finish) and actions[-1].state is ChainState.COMPLETED

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 from test_slurm_backend import hostile_spec
 
 from chainrun.schedulers.base import EndMarker, SegmentJob, render_script
@@ -79,3 +81,27 @@ def test_exit_codes_sge_would_act_on_are_never_passed_on(work: Path, code: int) 
     proc, job = run_wrapper(work, f"exit {code}")
     assert proc.returncode == 1
     assert (marker(job).exit_code, marker(job).original) == (1, code)
+
+
+def test_walltime_signal_that_comes_early_is_passed_on_at_walltime_minus_grace(work: Path) -> None:
+    """Slurm may send --signal up to 60 s early (seen here: before the command had started):
+    the wrapper holds it until walltime - grace, so the command trains on and gets it then."""
+    spec = replace(
+        hostile_spec(str(work)),
+        grace=3,
+        command="echo $CHAINRUN_DEADLINE > deadline; trap 'date +%s > got; exit 0' USR1; "
+        "while :; do sleep 0.1; done",
+    )
+    job = SegmentJob("hostile-1a2b3c", 1, spec, 6)
+    os.makedirs(job.run_dir)
+    Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB_ID", "CHAINRUN_"))}
+    proc = subprocess.Popen(["bash", job.script_path], env=env, stdout=subprocess.PIPE, text=True)
+    wait_for((work / "deadline").exists, 30, "the command to start")
+    proc.send_signal(signal.SIGUSR1)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert "SIGUSR1 came" in out and "early" in out
+    deadline = int((work / "deadline").read_text())
+    assert int((work / "got").read_text()) >= deadline - 3
+    assert marker(job).signal == "USR1" and marker(job).outcome().value == "timeout"

@@ -66,7 +66,31 @@ mkdir -p "$CHAINRUN_CHECKPOINT_DIR"
 # bash runs traps only between commands, so the command runs in the
 # background and the wrapper waits; signals are forwarded to it.
 child=""
+timer=""
+signal_at=$((CHAINRUN_DEADLINE - 300))
+# Sends the walltime signal to ourselves (and so on to the command) at
+# walltime minus grace; a background loop, so a trap can start it too.
+start_timer() {
+    [ -n "$timer" ] && return
+    (
+        while [ "$(date +%s)" -lt "$signal_at" ]; do
+            sleep 1
+            kill -0 "$$" 2>/dev/null || exit 0
+        done
+        kill -s "$CHAINRUN_SIGNAL" "$$"
+    ) &
+    timer=$!
+}
 forward() {
+    # Slurm may send --signal up to 60 s early (its limit checks are that
+    # coarse), even before the command has set its handler: hold it until
+    # the time asked for (a second or two early is clock granularity: passed
+    # on). TERM is never held: it may be a preemption or scancel.
+    if [ "$1" = "$CHAINRUN_SIGNAL" ] && [ "$1" != TERM ] && [ "$(date +%s)" -lt $((signal_at - 2)) ]; then
+        echo "chainrun: SIG$1 came $((signal_at - $(date +%s)))s early; passing it on at walltime - grace"
+        start_timer
+        return
+    fi
     got=$1
     if [ -n "$child" ]; then kill -s "$1" "$child" 2>/dev/null || true; fi
 }
@@ -76,20 +100,9 @@ trap 'forward TERM' TERM
 echo "chainrun: segment 3 of chain $CHAINRUN_CHAIN starting on $(hostname) as job ${job:-?}"
 bash -c 'python3 "train.py" --tag '"'"'a b'"'"' $(whoami) `id` \'$'\n''  --next'$'\n''echo "done $HOME"' &
 child=$!
-timer=""
-if [ -n "1" ]; then
-    # This scheduler sends no warning before its walltime kill: send the
-    # signal to ourselves (and so on to the command) grace seconds before it.
-    (
-        at=$((CHAINRUN_DEADLINE - 300))
-        while [ "$(date +%s)" -lt "$at" ]; do
-            sleep 1
-            kill -0 "$$" 2>/dev/null || exit 0
-        done
-        kill -s "$CHAINRUN_SIGNAL" "$$"
-    ) &
-    timer=$!
-fi
+if [ -n "$got" ]; then kill -s "$got" "$child" 2>/dev/null || true; fi  # it came before the command
+# A scheduler that sends no warning before its walltime kill (SGE) gets ours.
+if [ -n "1" ]; then start_timer; fi
 while :; do
     wait "$child"
     kill -0 "$child" 2>/dev/null || break
