@@ -10,12 +10,14 @@ wrapper's markers.
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
 import signal as signals
 from dataclasses import dataclass
 from importlib import resources
 from typing import ClassVar, Optional, Protocol
 
+from chainrun.errors import SchedulerError
 from chainrun.model import JobSpec, Observation, Outcome, Phase
 from chainrun.transport import CommandResult
 
@@ -117,6 +119,28 @@ class Scheduler(Protocol):
 
     def parse_explain(self, result: CommandResult) -> str:
         """The scheduler's reason from explain_argv's output; empty if none."""
+
+
+def command_error(
+    tool: str, result: CommandResult, transient: re.Pattern[str], missing: str
+) -> SchedulerError:
+    """A failed scheduler command as one line in the tool's own words; transient when
+    ``transient`` matches it; a tool not found (exit 127) is permanent, with ``missing``."""
+    text = result.stderr.strip() or result.stdout.strip() or f"exit {result.returncode}"
+    lines = [line.strip() for line in text.splitlines() if line.strip() not in ("", "Exiting.")]
+    message = f"{tool}: " + " ".join(lines[-3:])
+    if result.returncode == 127:
+        return SchedulerError(f"{tool} not found: {missing} ({message})", transient=False)
+    return SchedulerError(message, transient=bool(transient.search(message)))
+
+
+def submitted_id(tool: str, result: CommandResult, separator: str) -> str:
+    """The job id a successful submit printed on its last line, before ``separator``."""
+    lines = result.stdout.strip().splitlines()
+    job_id = lines[-1].split(separator)[0].strip() if lines else ""
+    if not job_id.isdigit():
+        raise SchedulerError(f"{tool}: unexpected output {result.stdout.strip()!r}", transient=True)
+    return job_id
 
 
 def quote(value: str) -> str:

@@ -17,7 +17,7 @@ from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
 from chainrun.model import Outcome, Phase
-from chainrun.schedulers.base import LiveJob, SegmentJob
+from chainrun.schedulers.base import LiveJob, SegmentJob, command_error, submitted_id
 from chainrun.transport import CommandResult
 
 UTC_ENV = ["env", "TZ=UTC"]
@@ -65,16 +65,8 @@ def _utc(text: str, fmt: str) -> Optional[float]:
 
 
 def _error(tool: str, result: CommandResult) -> SchedulerError:
-    text = result.stderr.strip() or result.stdout.strip() or f"exit {result.returncode}"
-    lines = [line.strip() for line in text.splitlines() if line.strip() not in ("", "Exiting.")]
-    message = f"{tool}: " + " ".join(lines[-3:])
-    if result.returncode == 127:
-        return SchedulerError(
-            f"{tool} not found: is SGE installed and on PATH "
-            f"(source $SGE_ROOT/$SGE_CELL/common/settings.sh)? ({message})",
-            transient=False,
-        )
-    return SchedulerError(message, transient=bool(TRANSIENT.search(message)))
+    missing = "is SGE installed and on PATH (source $SGE_ROOT/$SGE_CELL/common/settings.sh)?"
+    return command_error(tool, result, TRANSIENT, missing)
 
 
 def _number(text: str) -> int:
@@ -143,12 +135,7 @@ class SgeScheduler:
     def parse_submit(self, result: CommandResult) -> str:
         if not result.ok:
             raise _error("qsub", result)
-        # -terse prints the bare id ("ID.1-N:1" for an array job).
-        lines = result.stdout.strip().splitlines()
-        job_id = lines[-1].split(".")[0].strip() if lines else ""
-        if not job_id.isdigit():
-            raise SchedulerError(f"qsub: unexpected output {result.stdout.strip()!r}", transient=True)
-        return job_id
+        return submitted_id("qsub", result, ".")  # -terse: the bare id ("ID.1-N:1" for an array job)
 
     def poll_argv(self) -> list[str]:
         return [*UTC_ENV, "qstat", "-xml"]  # without -u: only the caller's jobs

@@ -12,7 +12,7 @@ from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
 from chainrun.model import Outcome, Phase
-from chainrun.schedulers.base import LiveJob, SegmentJob
+from chainrun.schedulers.base import LiveJob, SegmentJob, command_error, submitted_id
 from chainrun.transport import CommandResult
 
 # Times as epoch seconds: Slurm prints local time without a zone otherwise, and
@@ -73,13 +73,7 @@ def _stamp(text: str) -> Optional[float]:
 
 
 def _error(tool: str, result: CommandResult) -> SchedulerError:
-    text = (result.stderr.strip() or result.stdout.strip() or f"exit {result.returncode}").splitlines()
-    message = f"{tool}: " + " ".join(line.strip() for line in text[-3:])
-    if result.returncode == 127:
-        return SchedulerError(
-            f"{tool} not found: is Slurm installed and on PATH? ({message})", transient=False
-        )
-    return SchedulerError(message, transient=bool(TRANSIENT.search(message)))
+    return command_error(tool, result, TRANSIENT, "is Slurm installed and on PATH?")
 
 
 class SlurmScheduler:
@@ -115,12 +109,7 @@ class SlurmScheduler:
     def parse_submit(self, result: CommandResult) -> str:
         if not result.ok:
             raise _error("sbatch", result)
-        # --parsable prints "jobid" or "jobid;cluster" on the last line.
-        lines = result.stdout.strip().splitlines()
-        job_id = lines[-1].split(";")[0].strip() if lines else ""
-        if not job_id.isdigit():
-            raise SchedulerError(f"sbatch: unexpected output {result.stdout.strip()!r}", transient=True)
-        return job_id
+        return submitted_id("sbatch", result, ";")  # --parsable: "jobid" or "jobid;cluster"
 
     def poll_argv(self) -> list[str]:
         return [*EPOCH_ENV, "squeue", "--me", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}"]
