@@ -80,8 +80,9 @@ class Cluster:
 
 CLUSTERS = {
     "local": Cluster("local", walltime=10, grace=4, train_seconds=12),
-    # Slurm takes whole minutes and checks limits every 30 s: the signal comes
-    # 10-40 s into a one-minute job, the kill 60-95 s.
+    # Slurm takes whole minutes and checks limits every 30 s: the command gets
+    # the signal 10-40 s into a one-minute job (the wrapper holds an early
+    # one until walltime - grace), the kill comes at 60-95 s.
     "slurm": Cluster(
         "slurm",
         walltime=60,
