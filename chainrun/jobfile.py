@@ -137,18 +137,28 @@ def load(path: str | os.PathLike[str]) -> JobSpec:
     """Read and validate the job file at ``path``."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        data = read_toml(p, "a job file")
     except FileNotFoundError:
         raise JobFileError(f"{p}: no such job file") from None
-    except OSError as exc:
-        raise JobFileError(f"{p}: cannot read job file: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise JobFileError(f"{p}: not UTF-8 text; a job file is TOML") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise JobFileError(f"{p}: not valid TOML: {exc}") from None
     return parse(data, str(p), base=p.resolve().parent)
+
+
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """``what`` (a job file, the service config) as TOML: FileNotFoundError passes
+    through; any other trouble is one JobFileError line naming the file."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise JobFileError(f"{path}: cannot read {what}: {exc.strerror}") from None
+    try:
+        data: dict[str, Any] = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise JobFileError(f"{path}: not UTF-8 text; {what} is TOML") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise JobFileError(f"{path}: not valid TOML: {exc}") from None
+    return data
 
 
 def parse(data: dict[str, Any], path: str, base: Path) -> JobSpec:

@@ -59,7 +59,8 @@ def _read_json(path: Path) -> Optional[dict[str, Any]]:
     return data if isinstance(data, dict) else None
 
 
-def _alive(pid: Optional[int]) -> bool:
+def alive(pid: Optional[int]) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
     if not pid:
         return False
     try:
@@ -132,7 +133,7 @@ def _ended(root: Path, job_id: Optional[str]) -> bool:
     jobdir = root / "jobs" / str(job_id)
     if not jobdir.exists() or (jobdir / "end.json").exists():
         return True
-    return not _alive(_pid(jobdir / "supervisor.pid"))
+    return not alive(_pid(jobdir / "supervisor.pid"))
 
 
 def _pid(path: Path) -> Optional[int]:
@@ -229,7 +230,7 @@ def poll(args: argparse.Namespace) -> int:
         if end is not None:
             line.update(state="ended", outcome=end["outcome"], exit_code=end.get("exit_code"))
             line.update(started_at=end.get("started_at"), ended_at=end.get("ended_at"))
-        elif not _alive(_pid(jobdir / "supervisor.pid")):
+        elif not alive(_pid(jobdir / "supervisor.pid")):
             line.update(state="ended", outcome="node_fail", reason="the local supervisor died")
         elif start is not None:
             line.update(state="running", started_at=start["started_at"])

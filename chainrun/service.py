@@ -23,14 +23,9 @@ from typing import Any, Optional
 import structlog
 
 import chainrun
-from chainrun.errors import ChainrunError, JobFileError
-from chainrun.jobfile import DURATION_HELP, _Fields, parse_duration
+from chainrun.errors import ChainrunError
+from chainrun.jobfile import DURATION_HELP, _Fields, parse_duration, read_toml
 from chainrun.transport import LocalTransport, Transport
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on old Pythons only
-    import tomli as tomllib
 
 log = structlog.get_logger(__name__)
 
@@ -100,17 +95,9 @@ def load_config(path: Optional[Path] = None) -> ServiceConfig:
     """Read and validate the service config; a missing file means all defaults."""
     p = path or config_path()
     try:
-        raw = p.read_bytes()
+        data = read_toml(p, "the service config")
     except FileNotFoundError:
         return ServiceConfig(path=str(p))
-    except OSError as exc:
-        raise JobFileError(f"{p}: cannot read the service config: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise JobFileError(f"{p}: not UTF-8 text; the service config is TOML") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise JobFileError(f"{p}: not valid TOML: {exc}") from None
     return parse_config(data, str(p))
 
 

@@ -10,12 +10,12 @@ but the service's own status file.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Optional
 
 from chainrun.daemon import read_status
 from chainrun.jobfile import format_duration
+from chainrun.localrunner import alive
 from chainrun.model import Chain, ChainState, Phase, Segment
 
 HEADER = ("CHAIN", "STATE", "PROGRESS", "ETA", "SEGMENT", "JOB", "NEXT", "FAILURES", "TIME")
@@ -151,7 +151,7 @@ def service_line(home: Path, now: float) -> str:
     """Whether a service is ticking these chains, from its status file."""
     st = read_status(home)
     pid = st.get("pid") if st else None
-    if isinstance(pid, int) and _alive(pid):
+    if isinstance(pid, int) and alive(pid):
         at = st.get("at") if st else None
         ago = f"; last tick {short(now - at)} ago" if isinstance(at, (int, float)) else ""
         return f"service: running (pid {pid}){ago}: {st.get('status', '?') if st else '?'}"
@@ -159,16 +159,6 @@ def service_line(home: Path, now: float) -> str:
         "service: not running; chains advance only while one runs "
         "(`chainrun service install --now`, or `chainrun daemon`)"
     )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def to_json(c: Chain, now: float) -> dict[str, Any]:

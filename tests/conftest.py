@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import pytest
 
@@ -71,11 +71,22 @@ def service(home: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """Start `chainrun daemon` processes; all are killed at the end of the test."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(interval: float = 0.5) -> subprocess.Popen[bytes]:
+    def start(interval: Optional[float] = 0.5, **env: str) -> subprocess.Popen[bytes]:
+        """One service with ``env`` added (interval None: the config's); its output in daemon-N.log."""
+        full = cli_env(home)
+        for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "JOURNAL_STREAM"):
+            full.pop(name, None)  # never this shell's systemd context
+        full.update(env)
         with open(home.parent / f"daemon-{len(procs)}.log", "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "chainrun", "daemon", "--interval", str(interval)],
-                env=cli_env(home),
+                [
+                    sys.executable,
+                    "-m",
+                    "chainrun",
+                    "daemon",
+                    *(["--interval", str(interval)] if interval else []),
+                ],
+                env=full,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )

@@ -96,37 +96,15 @@ def listener() -> Iterator[Listener]:
 
 
 @pytest.fixture
-def daemon(home: Path, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    """Start `chainrun daemon` with extra environment; all are killed at the end."""
-    procs: list[subprocess.Popen[bytes]] = []
+def daemon(
+    service: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
+) -> Callable[..., subprocess.Popen[bytes]]:
+    """conftest's service, ticking every 0.3 s, with its config under tmp_path/config."""
 
     def start(interval: Optional[float] = 0.3, **env: str) -> subprocess.Popen[bytes]:
-        full = cli_env(home)
-        full["XDG_CONFIG_HOME"] = str(tmp_path / "config")
-        for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "JOURNAL_STREAM"):
-            full.pop(name, None)
-        full.update(env)
-        with open(tmp_path / f"daemon-{len(procs)}.log", "wb") as out:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "chainrun",
-                    "daemon",
-                    *(["--interval", str(interval)] if interval else []),
-                ],
-                env=full,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        procs.append(proc)
-        return proc
+        return service(interval, XDG_CONFIG_HOME=str(tmp_path / "config"), **env)
 
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+    return start
 
 
 def daemon_log(tmp_path: Path, n: int = 0) -> str:

@@ -79,6 +79,15 @@ class Resume(NamedTuple):
     metrics: Mapping[str, Any] = MappingProxyType({})
     extras: Mapping[str, Any] = MappingProxyType({})
 
+    def loaded(self, saved: Mapping[str, Any]) -> Resume:
+        """This resume with the epoch, step, extras and metrics a checkpoint saved."""
+        return self._replace(
+            epoch=saved["epoch"],
+            step=saved["step"],
+            extras=saved.get("extras") or {},
+            metrics=saved.get("metrics") or {},
+        )
+
     def skip(self, epoch: int) -> int:
         """Batches of ``epoch`` already trained before the checkpoint (0 for any other epoch)."""
         return self.step if epoch == self.epoch else 0

@@ -109,12 +109,7 @@ class Checkpointer:
                     f"(was the model changed?): {exc}"
                 ) from exc
             _restore_host_rng(manifest["rng"])
-            resume = resume._replace(
-                epoch=manifest["epoch"],
-                step=manifest["step"],
-                extras=manifest.get("extras") or {},
-                metrics=manifest.get("metrics") or {},
-            )
+            resume = resume.loaded(manifest)
         self._resume = resume
         return resume
 

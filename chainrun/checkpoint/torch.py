@@ -183,12 +183,7 @@ class Checkpointer:
             restore_rng(payload["rng"])
             self._resume_rng = payload["rng"]
             self._resume_epoch_rng = payload.get("epoch_rng")
-            resume = resume._replace(
-                epoch=payload["epoch"],
-                step=payload["step"],
-                extras=payload.get("extras") or {},
-                metrics=payload.get("metrics") or {},
-            )
+            resume = resume.loaded(payload)
         self._resume = resume
         return resume
 
