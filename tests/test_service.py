@@ -573,12 +573,16 @@ def test_sighup_reloads_config_and_log_file_without_dropping_a_chain(
     listener.wait(lambda f: f.startswith("STATUS=1 running"), 30, "ticks after the reload", after=reloading)
     assert proc.poll() is None
 
-    wait_for(lambda: chain_json(chainrun, chain_id)["state"] != "active", 20, "the chain to end")
+    wait_for(lambda: chain_json(chainrun, chain_id)["state"] != "active", 60, "the chain to end")
     st = chain_json(chainrun, chain_id)
     assert st["state"] == "completed" and st["failures"] == 0
     # The segment running across both reloads carried the run to its end; the
-    # queued successor was cancelled unused.
-    assert [(g["n"], g["outcome"]) for g in st["segments"]] == [(1, "completed"), (2, "cancelled")]
+    # queued successor was cancelled unused, or (on a loaded machine) started
+    # first and exited at once as skipped, charged nothing.
+    first, second = st["segments"]
+    assert (first["n"], first["outcome"]) == (1, "completed")
+    assert second["outcome"] == "cancelled" or "skipped" in second["reason"], second
+    assert not second["charged"]
     wait_for(ended.exists, 10, "the reloaded on_end hook")
     assert ended.read_text().strip() == "completed"
     reopened = (home / "service.log").read_text()
