@@ -92,7 +92,7 @@ def test_walltime_signal_that_comes_early_is_passed_on_at_walltime_minus_grace(w
         command="echo $CHAINRUN_DEADLINE > deadline; trap 'date +%s > got; exit 0' USR1; "
         "while :; do sleep 0.1; done",
     )
-    job = SegmentJob("hostile-1a2b3c", 1, spec, 6)
+    job = SegmentJob("hostile-1a2b3c", 1, spec, 15)  # held for up to 12 s: early even on a loaded machine
     os.makedirs(job.run_dir)
     Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB_ID", "CHAINRUN_"))}
