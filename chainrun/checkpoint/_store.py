@@ -179,7 +179,9 @@ class CheckpointDir:
     # -- layout -----------------------------------------------------------------------
     def prepare(self) -> None:
         """Get ready to write (once per instance, at the first save): create the directory and
-        remove what interrupted saves left (temp files of dead writers, uncommitted checkpoints).
+        remove what interrupted saves left: temp files of dead writers, uncommitted checkpoints,
+        and committed ones past ``keep`` whose writer died before retention ran (left unchecked,
+        writers killed between commit and prune would pile them up one per segment).
 
         One process writes a checkpoint directory; restore() changes nothing.
         """
@@ -188,6 +190,7 @@ class CheckpointDir:
         os.makedirs(self.path, exist_ok=True)
         cleanup_temp_files(self.path)
         self._drop_uncommitted()
+        self.prune()
         self._prepared = True
 
     def _drop_uncommitted(self) -> None:

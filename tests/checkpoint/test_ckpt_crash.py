@@ -136,7 +136,7 @@ def make_torch_check() -> Callable[[Path, dict[str, Any]], None]:
 
 
 def check_after_kill(
-    directory: Path, check: Callable[[Path, dict[str, Any]], None], last: tuple[int, int], streak: int
+    directory: Path, check: Callable[[Path, dict[str, Any]], None], last: tuple[int, int]
 ) -> tuple[int, int]:
     """The invariants after one kill; returns the committed position."""
     names = os.listdir(directory)
@@ -159,14 +159,10 @@ def check_after_kill(
     check(directory, progress)
     position = (progress["epoch"], progress["step"])
     assert position >= last, f"progress went backwards from {last} to {position}"
-    # The sidecar's checkpoint, KEEP - 1 older ones, one more if the kill hit retention, this
-    # child's uncommitted one, and one left by each child before it that died before its
-    # first save committed (``streak`` of them in a row; the next committed save removes them).
+    # Each child starts from at most KEEP (its first save drops uncommitted leftovers and prunes),
+    # then adds one: in flight, or committed with the kill before or during retention.
     checkpoints = [n for n in names if n.startswith("ckpt-") and n.endswith((".bin", ".pt"))]
-    allowed = KEEP + 2 + max(1, streak)
-    assert len(checkpoints) <= allowed, (
-        f"retention let checkpoints pile up: {sorted(checkpoints)} ({streak} kills before a commit)"
-    )
+    assert len(checkpoints) <= KEEP + 1, f"retention let checkpoints pile up: {sorted(checkpoints)}"
     return position
 
 
@@ -187,7 +183,6 @@ def test_sigkill_at_any_moment_leaves_a_loadable_committed_checkpoint(
     zygote = Zygote(mode, tmp_path)
     phases: Counter[str] = Counter()
     last = (-1, -1)
-    streak = 0  # kills in a row that committed nothing new
     try:
         for i, (plan, delay) in enumerate(plans):
             status, phase = zygote.trial(i, plan, delay)
@@ -195,9 +190,7 @@ def test_sigkill_at_any_moment_leaves_a_loadable_committed_checkpoint(
                 f"trial {i} ({plan}): the saving child ended with status {status}, not by SIGKILL"
             )
             phases[phase if plan == "timed" else plan.split(":")[0]] += 1
-            position = check_after_kill(tmp_path, check, last, streak)
-            streak = 0 if position > last else streak + 1
-            last = position
+            last = check_after_kill(tmp_path, check, last)
     finally:
         zygote.close()
     assert last > (0, 0), "no save ever committed"

@@ -80,6 +80,14 @@ def test_retention_with_keep_1_leaves_only_the_newest(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == sorted([SIDECAR_NAME, names[2], names[2] + ".sha256"])
 
 
+def test_a_new_writer_prunes_what_writers_killed_before_retention_left(tmp_path: Path) -> None:
+    """Writers killed between commit and prune, one per segment, leave old checkpoints; the next writer removes them before it writes."""
+    names = save_n(CheckpointDir(tmp_path, suffix=".bin", keep=10), 5)  # as if no prune ever ran
+    CheckpointDir(tmp_path, suffix=".bin", keep=2).prepare()
+    left = sorted(n for n in os.listdir(tmp_path) if n != SIDECAR_NAME)
+    assert left == sorted([names[3], names[3] + ".sha256", names[4], names[4] + ".sha256"])
+
+
 def test_prune_never_touches_the_sidecar_checkpoint_or_anything_newer(tmp_path: Path) -> None:
     """A save in flight (newer than the sidecar's file) and the committed file survive pruning."""
     store = CheckpointDir(tmp_path, suffix=".bin", keep=1)
