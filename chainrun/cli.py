@@ -25,6 +25,7 @@ from chainrun.errors import ChainrunError, TransportError, UsageError
 from chainrun.jobfile import format_duration
 from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec
 from chainrun.notify import Hooks, Notifier
+from chainrun.schedulers import preflight
 from chainrun.schedulers.base import SegmentJob
 from chainrun.store import Store, default_home
 from chainrun.transport import transport_for
@@ -70,6 +71,7 @@ def _store(ctx: click.Context) -> Iterator[Store]:
 
 
 def _submit(store: Store, spec: JobSpec) -> Chain:
+    preflight(spec)
     try:
         baseline = watch.progress(transport_for(spec.scheduler.host), spec)
     except TransportError as exc:
@@ -83,6 +85,7 @@ def _submit(store: Store, spec: JobSpec) -> Chain:
 def check(jobfile_path: str) -> None:
     """Validate JOBFILE and print the plan: segments, walltimes, budget."""
     spec = jobfile.load(jobfile_path)
+    preflight(spec)
     click.echo(f"{jobfile_path}: valid job file for chain {spec.name!r}")
     for label, value in _plan(spec):
         click.echo(f"  {label:<11} {value}")

@@ -122,6 +122,28 @@ def test_bad_job_file_is_one_line_exit_2_and_stores_nothing(
     )
 
 
+def test_what_the_backend_refuses_is_caught_by_check_and_submit_before_any_state(
+    tmp_path: Path, chainrun: CLI, home: Path
+) -> None:
+    """An SGE workdir holding ',' (SGE would split its -o path): check and submit refuse it in one
+    line, with no scheduler reached and no chain stored."""
+    work = tmp_path / "runs,v2"
+    work.mkdir()
+    path = work / "job.toml"
+    path.write_text(
+        'name = "x"\ncommand = "true"\ntotal_time = "2h"\nwalltime = "1h"\n[scheduler]\nkind = "sge"\n'
+    )
+    for cmd in ("check", "submit"):
+        result = chainrun(cmd, str(path))
+        assert result.returncode == 2, cmd
+        assert "SGE splits -o paths at ','" in result.stderr and "Traceback" not in result.stderr
+        assert result.stderr.strip().count("\n") == 0
+    assert (
+        not (home / "chainrun.db").exists()
+        or sqlite3.connect(home / "chainrun.db").execute("select count(*) from chains").fetchone()[0] == 0
+    )
+
+
 def test_state_directory_open_to_others_is_refused_never_chmodded(tmp_path: Path) -> None:
     """CHAINRUN_HOME set to a shared directory by mistake: a one-line refusal, the directory untouched."""
     shared = tmp_path / "shared"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from chainrun.schedulers.base import Scheduler
+from chainrun.errors import JobFileError, SchedulerError
+from chainrun.model import JobSpec
+from chainrun.schedulers.base import Scheduler, SegmentJob, render_script
 
 
 def scheduler_for(kind: str, host: Optional[str]) -> Scheduler:
@@ -22,3 +24,15 @@ def scheduler_for(kind: str, host: Optional[str]) -> Scheduler:
 
         return SgeScheduler()
     raise ValueError(f"unknown scheduler kind {kind!r}")
+
+
+def preflight(spec: JobSpec) -> None:
+    """Build a segment's script and submit command without running them, so what the backend
+    refuses (a job name, a path SGE would rewrite) is a job file error before any chain exists."""
+    scheduler = scheduler_for(spec.scheduler.kind, spec.scheduler.host)
+    job = SegmentJob(f"{spec.name}-000000", 1, spec, spec.walltime, after="1")  # ids as Store makes them
+    try:
+        render_script(scheduler, job)
+        scheduler.submit_argv(job)
+    except SchedulerError as exc:
+        raise JobFileError(f"{spec.source}: {exc}") from None
