@@ -8,6 +8,7 @@ import signal
 import subprocess
 from dataclasses import replace
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from conftest import wait_for
@@ -17,13 +18,17 @@ from chainrun.schedulers.base import EndMarker, SegmentJob, render_script
 from chainrun.schedulers.slurm import SlurmScheduler
 
 
-def run_wrapper(work: Path, command: str, n: int = 1) -> tuple[subprocess.CompletedProcess[str], SegmentJob]:
+def run_wrapper(
+    work: Path, command: str, n: int = 1, extra_env: Optional[dict[str, str]] = None
+) -> tuple[subprocess.CompletedProcess[str], SegmentJob]:
     spec = replace(hostile_spec(str(work)), command=command)
     job = SegmentJob("hostile-1a2b3c", n, spec, 60)
     os.makedirs(job.run_dir, exist_ok=True)
     Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB_ID", "CHAINRUN_"))}
-    proc = subprocess.run(["bash", job.script_path], env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", job.script_path], env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=60
+    )
     return proc, job
 
 
@@ -46,6 +51,16 @@ def test_hostile_values_reach_the_command_unchanged(work: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert (work / "seen.txt").read_text() == "a'b\"c $(id) `id` ${X}\nline two|its\n"
     assert (marker(job).exit_code, marker(job).skipped) == (0, False)
+
+
+def test_the_services_systemd_variables_do_not_reach_the_command(work: Path) -> None:
+    """The job inherits the submitter's environment, but not the sd_notify socket or watchdog meant for the service."""
+    service_env = {"NOTIFY_SOCKET": "@/x", "WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1", "JOURNAL_STREAM": "8:9"}
+    proc, _ = run_wrapper(work, "env > env.txt", extra_env={**service_env, "MY_SETTING": "kept"})
+    assert proc.returncode == 0, proc.stderr
+    names = {line.split("=", 1)[0] for line in (work / "env.txt").read_text().splitlines()}
+    assert "MY_SETTING" in names and "NOTE" in names  # the rest, and [env], arrive
+    assert names.isdisjoint(service_env)
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,9 @@
 # ---- chainrun segment wrapper (generated; every value below is shell-quoted) ----
 set -u
+# What systemd gave the service is not the job's (--export=ALL and -V pass
+# it on): a job answering NOTIFY_SOCKET would speak for the service.
+unset NOTIFY_SOCKET WATCHDOG_PID WATCHDOG_USEC LISTEN_PID LISTEN_FDS LISTEN_FDNAMES \
+    JOURNAL_STREAM INVOCATION_ID MANAGERPID
 export CHAINRUN_CHAIN=@@CHAIN@@
 export CHAINRUN_SEGMENT=@@SEGMENT@@
 export CHAINRUN_CHECKPOINT_DIR=@@CHECKPOINT_DIR@@

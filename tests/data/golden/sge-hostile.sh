@@ -9,6 +9,10 @@
 #$ -pe smp 4
 # ---- chainrun segment wrapper (generated; every value below is shell-quoted) ----
 set -u
+# What systemd gave the service is not the job's (--export=ALL and -V pass
+# it on): a job answering NOTIFY_SOCKET would speak for the service.
+unset NOTIFY_SOCKET WATCHDOG_PID WATCHDOG_USEC LISTEN_PID LISTEN_FDS LISTEN_FDNAMES \
+    JOURNAL_STREAM INVOCATION_ID MANAGERPID
 export CHAINRUN_CHAIN=hostile-a1b2c3
 export CHAINRUN_SEGMENT=3
 export CHAINRUN_CHECKPOINT_DIR='/scratch/my runs/bob'"'"'s/ckpt'

@@ -10,6 +10,10 @@
 #SBATCH --mem=16G
 # ---- chainrun segment wrapper (generated; every value below is shell-quoted) ----
 set -u
+# What systemd gave the service is not the job's (--export=ALL and -V pass
+# it on): a job answering NOTIFY_SOCKET would speak for the service.
+unset NOTIFY_SOCKET WATCHDOG_PID WATCHDOG_USEC LISTEN_PID LISTEN_FDS LISTEN_FDNAMES \
+    JOURNAL_STREAM INVOCATION_ID MANAGERPID
 export CHAINRUN_CHAIN=hostile-1a2b3c
 export CHAINRUN_SEGMENT=3
 export CHAINRUN_CHECKPOINT_DIR='/scratch/my run'"'"'s dir $x/ckpt '"'"'x'"'"''
