@@ -27,7 +27,11 @@ def run_wrapper(
     Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB_ID", "CHAINRUN_"))}
     proc = subprocess.run(
-        ["bash", job.script_path], env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=60
+        ["bash", job.script_path],
+        env={**env, **(extra_env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     return proc, job
 
@@ -55,7 +59,12 @@ def test_hostile_values_reach_the_command_unchanged(work: Path) -> None:
 
 def test_the_services_systemd_variables_do_not_reach_the_command(work: Path) -> None:
     """The job inherits the submitter's environment, but not the sd_notify socket or watchdog meant for the service."""
-    service_env = {"NOTIFY_SOCKET": "@/x", "WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1", "JOURNAL_STREAM": "8:9"}
+    service_env = {
+        "NOTIFY_SOCKET": "@/x",
+        "WATCHDOG_USEC": "30000000",
+        "WATCHDOG_PID": "1",
+        "JOURNAL_STREAM": "8:9",
+    }
     proc, _ = run_wrapper(work, "env > env.txt", extra_env={**service_env, "MY_SETTING": "kept"})
     assert proc.returncode == 0, proc.stderr
     names = {line.split("=", 1)[0] for line in (work / "env.txt").read_text().splitlines()}
