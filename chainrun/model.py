@@ -194,6 +194,7 @@ class Chain:
     used: float = 0.0
     progress: Progress = NO_PROGRESS  # the mark: progress when the last segment ended
     latest: Progress = NO_PROGRESS  # the newest progress seen, for display
+    baseline: Progress = NO_PROGRESS  # what checkpoint_dir held at submission
     cancel_requested: bool = False
     reason: str = ""
     ended_at: Optional[float] = None

@@ -48,13 +48,15 @@ def trained(chain: Chain, now: float) -> float:
 def epoch_rate(chain: Chain, now: float) -> Optional[float]:
     """Epochs per second of training time over the chain so far; None when unknown.
 
-    Counts epochs from 0: a chain started from an existing checkpoint reads fast.
+    Counts from the epoch the chain started at (a run resumed from an existing
+    checkpoint did not train its first epochs in this chain's time).
     """
     epoch = chain.latest.epoch
     elapsed = trained(chain, now)
-    if epoch is None or epoch <= 0 or elapsed <= 0:
+    if epoch is None or elapsed <= 0:
         return None
-    return epoch / elapsed
+    gained = epoch - (chain.baseline.epoch or 0)
+    return gained / elapsed if gained > 0 else None
 
 
 def eta(chain: Chain, now: float) -> Optional[float]:

@@ -36,7 +36,7 @@ from chainrun.model import (
     Submit,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Migrations from version i to i+1 are MIGRATIONS[i]; index 0 creates the schema.
 MIGRATIONS: list[str] = [
@@ -85,6 +85,9 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX events_by_chain ON events (chain_id, id);
     """,
+    # 2: the progress already in checkpoint_dir at submission, so the epoch rate
+    # counts only what the chain trained (NULL for older chains: from epoch 0).
+    "ALTER TABLE chains ADD COLUMN baseline TEXT",
 ]
 
 
@@ -191,13 +194,15 @@ class Store:
         chain_id = f"{spec.name}-{secrets.token_hex(3)}"
         with self._tx() as db:
             db.execute(
-                "INSERT INTO chains (id, name, spec, state, created_at, progress) VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO chains (id, name, spec, state, created_at, progress, baseline)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     chain_id,
                     spec.name,
                     json.dumps(spec.to_json()),
                     ChainState.ACTIVE.value,
                     now,
+                    json.dumps(progress.to_json()),
                     json.dumps(progress.to_json()),
                 ),
             )
@@ -249,6 +254,7 @@ class Store:
             used=row["used"],
             progress=Progress.from_json(json.loads(row["progress"] or "null")),
             latest=Progress.from_json(json.loads(row["latest"] or row["progress"] or "null")),
+            baseline=Progress.from_json(json.loads(row["baseline"] or "null")),
             cancel_requested=bool(row["cancel_requested"]),
             reason=row["reason"],
             ended_at=row["ended_at"],

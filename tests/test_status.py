@@ -78,6 +78,14 @@ def test_eta_is_epochs_left_over_the_epoch_rate_of_training_time() -> None:
     assert view.row(c, NOW)[3] == "3h"
 
 
+def test_eta_counts_only_the_epochs_trained_by_this_chain() -> None:
+    """Submitted on a checkpoint at epoch 50, at 60 after 1 h: 10/h, so 40 to go is 4 h, not 40 min."""
+    c = replace(chain(epoch=60, target=100, used=3600.0), baseline=Progress(epoch=50))
+    assert view.epoch_rate(c, NOW) == 10 / 3600
+    assert view.eta(c, NOW) == 4 * 3600
+    assert view.eta(replace(c, latest=Progress(epoch=50)), NOW) is None  # nothing gained yet
+
+
 def test_eta_counts_the_running_segment_time_so_far() -> None:
     """1 h ended plus 30 min running, 15 epochs: 25 left at 10/h is 2h30m."""
     running = seg(2, Phase.RUNNING, job_id="1234", started_at=NOW - 1800)
