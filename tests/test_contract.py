@@ -122,12 +122,13 @@ def cluster(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     """The scheduler, shared with tests running beside this one (pytest -n), or all
     to itself for a test marked ``takes_down_the_controller``."""
     c = CLUSTERS[request.param]
-    need(f"a running {request.param}", c.available(), f"sudo scripts/{c.start_script}")
     if c.host:
         monkeypatch.setenv("CHAINRUN_SSH_CONFIG", SSH_CONFIG)
     exclusive = request.node.get_closest_marker("takes_down_the_controller") is not None
     with open(f"/tmp/chainrun-tests-{c.kind}.lock", "a") as lock:
+        # Lock first: a test beside this one may have the controller down until it lets go.
         fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        need(f"a running {request.param}", c.available(), f"sudo scripts/{c.start_script}")
         yield c
 
 
