@@ -100,6 +100,11 @@ def default_home() -> Path:
     return Path(state) / "chainrun"
 
 
+def new_chain_id(name: str) -> str:
+    """A fresh chain id: the chain's name and six random hex digits."""
+    return f"{name}-{secrets.token_hex(3)}"
+
+
 def private_dir(path: Path) -> Path:
     """Create ``path`` (mode 0700) if needed; state is private to the user.
 
@@ -191,7 +196,8 @@ class Store:
     # -- chains ---------------------------------------------------------------
 
     def add_chain(self, spec: JobSpec, progress: Progress, now: float) -> Chain:
-        chain_id = f"{spec.name}-{secrets.token_hex(3)}"
+        chain_id = new_chain_id(spec.name)
+        start = json.dumps(progress.to_json())
         with self._tx() as db:
             db.execute(
                 "INSERT INTO chains (id, name, spec, state, created_at, progress, baseline)"
@@ -202,8 +208,8 @@ class Store:
                     json.dumps(spec.to_json()),
                     ChainState.ACTIVE.value,
                     now,
-                    json.dumps(progress.to_json()),
-                    json.dumps(progress.to_json()),
+                    start,
+                    start,
                 ),
             )
             self._event(db, chain_id, None, now, "submitted", f"chain submitted from {spec.source}")

@@ -7,6 +7,7 @@ from typing import Optional
 from chainrun.errors import JobFileError, SchedulerError
 from chainrun.model import JobSpec
 from chainrun.schedulers.base import Scheduler, SegmentJob, render_script
+from chainrun.store import new_chain_id
 
 
 def scheduler_for(kind: str, host: Optional[str]) -> Scheduler:
@@ -30,7 +31,7 @@ def preflight(spec: JobSpec) -> None:
     """Build a segment's script and submit command without running them, so what the backend
     refuses (a job name, a path SGE would rewrite) is a job file error before any chain exists."""
     scheduler = scheduler_for(spec.scheduler.kind, spec.scheduler.host)
-    job = SegmentJob(f"{spec.name}-000000", 1, spec, spec.walltime, after="1")  # ids as Store makes them
+    job = SegmentJob(new_chain_id(spec.name), 1, spec, spec.walltime, after="1")
     try:
         render_script(scheduler, job)
         scheduler.submit_argv(job)

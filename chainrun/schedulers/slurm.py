@@ -125,14 +125,13 @@ class SlurmScheduler:
             if len(fields) != 5:
                 continue
             name, state, reason, start, end = fields
-            phase, outcome = STATES.get(state.split()[0].rstrip("+"), (Phase.RUNNING, None))
+            job_id = job_id.strip()
             if reason == "DependencyNeverSatisfied":  # a user option's dependency failed: never runs
-                jobs[job_id.strip()] = LiveJob(
-                    job_id.strip(), name, Phase.ENDED, Outcome.FAILED, reason=reason, stuck=True
-                )
+                jobs[job_id] = LiveJob(job_id, name, Phase.ENDED, Outcome.FAILED, reason=reason, stuck=True)
                 continue
-            jobs[job_id.strip()] = LiveJob(
-                job_id=job_id.strip(),
+            phase, outcome = STATES.get(state.split()[0].rstrip("+"), (Phase.RUNNING, None))
+            jobs[job_id] = LiveJob(
+                job_id=job_id,
                 name=name,
                 phase=phase,
                 outcome=outcome,
