@@ -68,6 +68,9 @@ class TickSummary:
     active: int = 0
     failed: int = 0
     errors: list[str] = field(default_factory=list)
+    # Seconds until the engine wants its next tick (a submission's backoff
+    # ends sooner than the interval); None: the service's interval.
+    next_in: Optional[float] = None
 
     def line(self) -> str:
         text = f"{self.running} running, {self.queued} queued, {self.failed} failed"
@@ -96,10 +99,15 @@ class Engine:
         self.transports = transports
         self.on_end = on_end  # told of every chain that reaches a final state
 
-    def tick(self) -> TickSummary:
+    def tick(self, only: Optional[str] = None) -> TickSummary:
+        """Move every active chain (or only the chain with id ``only``) forward once.
+
+        Raises StoreUnavailable when the database cannot be used (an outage)."""
         summary = TickSummary()
         groups: dict[tuple[str, str], list[Chain]] = defaultdict(list)
         for chain in self.store.chains(active_only=True):
+            if only is not None and chain.id != only:
+                continue
             groups[chain.spec.scheduler.cluster_key].append(chain)
         for (kind, host), chains in groups.items():
             try:

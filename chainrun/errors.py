@@ -50,5 +50,11 @@ class StoreError(ChainrunError):
     """The state database cannot be opened or is from a newer chainrun."""
 
 
+class StoreUnavailable(StoreError):
+    """The database is fine but cannot be used now: its disk is full, it is
+    read-only, or another process holds its lock. An outage: the service logs
+    it and retries; no chain is charged for it."""
+
+
 class AlreadyRunning(ChainrunError):
     """Another chainrun service holds the lock on this CHAINRUN_HOME."""
