@@ -26,7 +26,7 @@ from chainrun.jobfile import format_duration
 from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec
 from chainrun.notify import Hooks, Notifier
 from chainrun.schedulers import preflight
-from chainrun.schedulers.base import SegmentJob
+from chainrun.schedulers.segment import SegmentJob
 from chainrun.store import Store, default_home
 from chainrun.transport import transport_for
 

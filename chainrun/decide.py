@@ -1,137 +1,394 @@
-"""The chain state machine: facts in, actions out.
+"""The chain state machine: facts in, actions out. Every rule lives here.
 
-``decide`` is pure: it takes a chain as stored, what the scheduler says about
-the chain's jobs, what the checkpoint says, and the time, and returns the
-actions that bring the chain forward. It does no I/O and reads no clock, so
-every rule of DESIGN.md "Chain rules" is pinned by table-driven tests.
+``decide`` is pure: it takes a chain as stored and the plain facts the engine
+gathered this tick (what the scheduler's live view, the wrapper's markers and
+accounting say of each job, which jobs carry the chain's tags, what the
+checkpoint says now) and returns the actions that bring the chain forward,
+each with its reason: track a job, adopt one an interrupted service left
+behind, submit, remove a stuck or duplicate job, end a segment (charged or
+not, lost included), cancel, end the chain. ``after_submit`` turns a failed
+submission into "retry later" or "rejected". Neither does I/O nor reads a
+clock, so every rule of DESIGN.md "Chain rules" is pinned by table tests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
+from chainrun.errors import SchedulerError, TransportError
 from chainrun.jobfile import format_duration
 from chainrun.model import (
+    NO_PROGRESS,
     Action,
+    Adopt,
     Cancel,
     Chain,
     ChainState,
     EndSegment,
     Finish,
-    Observation,
+    LiveJob,
     Outcome,
     Phase,
     Progress,
+    Reject,
+    Remove,
+    RetryLater,
     Segment,
     Submit,
+    Track,
 )
+from chainrun.schedulers.segment import EndMarker, StartMarker
+
+LOST_AFTER = 180.0  # seconds a job may be gone without a trace before it is "lost"
+
+
+def backoff(attempts: int) -> float:
+    """Seconds before retrying a submission that failed ``attempts`` times."""
+    return float(min(300, 5 * 2 ** max(0, attempts - 1)))
 
 
 @dataclass(frozen=True)
-class _End:
-    seg: Segment
-    obs: Observation
-    charged: bool
-    why: str
+class JobFacts:
+    """What the engine learned of one job this tick, without judging it."""
+
+    live: Optional[LiveJob] = None  # the scheduler's live view; None: not in it
+    end: Optional[EndMarker] = None  # the wrapper's end marker
+    start: Optional[StartMarker] = None  # the wrapper's start marker
+    accounting: Optional[LiveJob] = None  # sacct/qacct, asked only for jobs gone from the view
+    why_stuck: str = ""  # the scheduler's own words for a job held in an error state
 
 
-def decide(
-    chain: Chain,
-    observations: Mapping[str, Observation],
-    progress: Optional[Progress],
-    now: float,
-) -> list[Action]:
-    """The actions that move ``chain`` forward; ``progress`` None means unreadable."""
+@dataclass(frozen=True)
+class Facts:
+    """Everything ``decide`` needs to know about one chain now."""
+
+    # By job id, the recorded live jobs the engine looked at (one missing
+    # here: nothing learned of it this tick).
+    jobs: Mapping[str, JobFacts] = field(default_factory=dict)
+    # Jobs the live view shows under the tag cr.CHAIN.N, by N: an interrupted
+    # submission's job to adopt, or a second job of one segment to remove.
+    tagged: Mapping[int, tuple[LiveJob, ...]] = field(default_factory=dict)
+    # Job ids the start markers of segments being submitted name.
+    found: Mapping[int, str] = field(default_factory=dict)
+    progress: Optional[Progress] = NO_PROGRESS  # the checkpoint now; None: unreadable
+
+
+@dataclass(frozen=True)
+class _Ending:
+    """How a job ended, from the best evidence there is."""
+
+    outcome: Outcome
+    exit_code: Optional[int]
+    started_at: Optional[float]
+    ended_at: Optional[float]
+    reason: str
+    remove: bool = False  # still held by the scheduler (stuck): remove it
+
+
+def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
+    """The actions that move ``chain`` forward."""
     if chain.state.final:
         return []
     spec = chain.spec
+    live = sorted(chain.live, key=lambda s: s.n)
     if chain.cancel_requested:
-        return _finish(chain.live, ChainState.CANCELLED, "cancelled by user")
-
+        return _finish(chain, facts, live, ChainState.CANCELLED, "cancelled by user")
     rejected = next((s for s in chain.segments if s.outcome is Outcome.REJECTED), None)
     if rejected is not None:
-        return _finish(chain.live, ChainState.FAILED, rejected.reason)
+        return _finish(chain, facts, live, ChainState.FAILED, rejected.reason)
 
-    current = progress if progress is not None else chain.progress
+    switched = _duplicates(chain, facts, live)
+    if switched is not None:
+        return switched
+    actions: list[Action] = [a for s in live for a in _removals(s, facts)]
+
+    current = facts.progress if facts.progress is not None else chain.progress
     mark = chain.progress
     failures, used = chain.failures, chain.used
-    actions: list[Action] = []
-    ends: list[_End] = []
-    # A successor that starts after the goal exits at once ("skipped"): free.
-    goal_met = bool(_done_reason(chain, mark, []))
-    for seg in sorted(chain.live, key=lambda s: s.n):
-        obs = observations.get(seg.job_id) if seg.job_id else None
-        if obs is None or obs.phase is not Phase.ENDED:
-            continue
-        assert obs.outcome is not None, "an ended observation carries its outcome"
-        advanced = current.advanced_from(mark)
-        finished_on_its_own = (
-            spec.target_epoch is None and obs.outcome is Outcome.COMPLETED and obs.exit_code == 0
-        )
-        charged, why = _charge(seg, obs, advanced, finished_on_its_own, goal_met)
-        elapsed = _elapsed(seg, obs, now)
+    ended: set[int] = set()
+    charged_last = ""
+    goal_met = bool(_done_reason(chain, mark, None))  # a successor that starts after the goal skips: free
+    for i, seg in enumerate(live):
+        job = facts.jobs.get(seg.job_id) if seg.job_id is not None else None
+        if job is None:
+            continue  # nothing learned of it this tick
+        ending = _ending(job)
+        if ending is None:
+            actions.extend(_track(seg, job, now))
+            lost = _lost(seg, job, now)
+            if lost is None:
+                continue
+            ending = lost
+        if ending.remove:
+            actions.append(
+                Remove(n=seg.n, job_id=seg.job_id, reason=f"held by the scheduler: {ending.reason}")
+            )
+        # Each segment is judged on its own progress: from the checkpoint it
+        # found to the one it left (the wrapper's markers), so segments that
+        # ended while the service was away are each credited what they did.
+        following = live[i + 1] if i + 1 < len(live) else None
+        end_progress = _end_progress(job, following, facts, current)
+        start = job.start.progress if job.start is not None and job.start.progress is not None else mark
+        advanced = end_progress.advanced_from(start)
+        finished = spec.target_epoch is None and ending.outcome is Outcome.COMPLETED and ending.exit_code == 0
+        charged, why = _charge(ending, advanced, finished, goal_met)
+        elapsed = _elapsed(seg, job, ending, now)
+        if advanced and end_progress.key > mark.key:
+            mark = end_progress
         actions.append(
             EndSegment(
                 n=seg.n,
-                outcome=obs.outcome,
-                exit_code=obs.exit_code,
+                outcome=ending.outcome,
+                exit_code=ending.exit_code,
                 charged=charged,
                 elapsed=elapsed,
-                ended_at=obs.ended_at or now,
+                ended_at=ending.ended_at or now,
                 reason=why,
-                progress=current if advanced else mark,
+                progress=end_progress if advanced else mark,
             )
         )
         failures += charged
         used += elapsed
-        if advanced:
-            mark = current
-        ends.append(_End(seg, obs, charged, why))
-        # Its successor may have ended (skipped) in the same tick.
-        goal_met = goal_met or bool(_done_reason(chain, mark, ends))
+        ended.add(seg.n)
+        if charged:
+            charged_last = f"segment {seg.n} {why}"
+        if finished:
+            goal_met = True
+        goal_met = goal_met or bool(_done_reason(chain, mark, None))
 
-    ended = {e.seg.n for e in ends}
-    live = [s for s in sorted(chain.live, key=lambda s: s.n) if s.n not in ended]
-
-    done = _done_reason(chain, current, ends)
+    still = [s for s in live if s.n not in ended]
+    best = current if current.key >= mark.key or current.done else mark
+    finished_segment = next(
+        (a.n for a in actions if isinstance(a, EndSegment) and _finished_on_its_own(chain, a)), None
+    )
+    done = _done_reason(chain, best, finished_segment)
     if done:
         # A running segment may still be writing its final model or metrics:
         # let it end on its own (its walltime bounds it); cancel only the queue.
-        running = [s for s in live if s.phase is Phase.RUNNING]
-        if running:
+        if any(s.phase is Phase.RUNNING for s in still):
             return actions + [
-                Cancel(n=s.n, job_id=s.job_id, reason="target reached")
-                for s in live
+                Cancel(n=s.n, job_id=_job_of(s, facts), reason="target reached")
+                for s in still
                 if s.phase is not Phase.RUNNING
             ]
-        return actions + _finish(live, ChainState.COMPLETED, done)
+        return actions + _finish(chain, facts, still, ChainState.COMPLETED, done)
     if failures > spec.max_failures:
-        last = [e for e in ends if e.charged][-1]
         reason = (
-            f"failure budget spent ({failures} failures, max_failures = {spec.max_failures}): "
-            f"segment {last.seg.n} {last.why}"
+            f"failure budget spent ({failures} failures, max_failures = {spec.max_failures}): {charged_last}"
         )
-        return actions + _finish(live, ChainState.FAILED, reason)
+        return actions + _finish(chain, facts, still, ChainState.FAILED, reason)
 
     left = spec.total_time - used
-    if not live:
+    if not still:
         if left <= spec.grace:
             reason = (
                 f"time budget spent: {format_duration(used)} of total_time "
-                f"{format_duration(spec.total_time)} used; {current.describe()}"
+                f"{format_duration(spec.total_time)} used; {best.describe()}"
             )
-            return actions + _finish([], ChainState.EXHAUSTED, reason)
-        actions.append(Submit(n=chain.next_n, walltime=min(spec.walltime, int(left))))
-        return actions
+            return actions + _finish(chain, facts, [], ChainState.EXHAUSTED, reason)
+        return [*actions, Submit(n=chain.next_n, walltime=min(spec.walltime, int(left)))]
 
-    for seg in live:
-        if seg.phase is Phase.SUBMITTING and (seg.retry_at is None or now >= seg.retry_at):
-            actions.append(Submit(n=seg.n, walltime=seg.walltime, after=seg.after))
-    if len(live) == 1:
-        actions.extend(_queue_ahead(chain, live[0], left, failures))
+    for seg in still:
+        if seg.phase is Phase.SUBMITTING:
+            found = _job_of(seg, facts)
+            if found is not None:
+                actions.append(Adopt(n=seg.n, job_id=found, how="adopted after a restart"))
+            elif seg.retry_at is None or now >= seg.retry_at:
+                actions.append(Submit(n=seg.n, walltime=seg.walltime, after=seg.after))
+    if len(still) == 1:
+        actions.extend(_queue_ahead(chain, still[0], left, failures))
     return actions
+
+
+def after_submit(n: int, attempts: int, error: SchedulerError | TransportError, now: float) -> Action:
+    """What the ``attempts``-th failed submission of segment ``n`` means: retry later,
+    or rejected for good."""
+    if isinstance(error, SchedulerError) and not error.transient:
+        return Reject(n=n, reason=str(error))
+    return RetryLater(n=n, at=now + backoff(attempts), reason=str(error))
+
+
+# -- what happened to a job ----------------------------------------------------------
+
+
+def _ending(job: JobFacts) -> Optional[_Ending]:
+    """How the job ended, or None while it has not (or nothing says so yet).
+
+    Evidence in order: the live view (it knows timeouts, OOM and node
+    failures), the wrapper's end marker (the real exit code and whether the
+    walltime signal came first), accounting."""
+    live = job.live
+    if live is not None and live.stuck:
+        return _Ending(
+            live.outcome or Outcome.FAILED,
+            live.exit_code,
+            live.started_at,
+            live.ended_at,
+            job.why_stuck or live.reason,
+            remove=True,
+        )
+    if live is not None and live.phase is not Phase.ENDED:
+        return None
+    view = live if live is not None else job.accounting
+    if view is not None and view.phase is not Phase.ENDED:
+        view = None
+    marker = job.end
+    if view is None and marker is None:
+        return None
+    outcome = view.outcome if view is not None else None
+    overridable = outcome is None or outcome in (Outcome.COMPLETED, Outcome.FAILED)
+    if marker is not None and overridable and (outcome is None or marker.stopped_by_signal):
+        outcome = marker.outcome()
+    reasons = [r for r in (view.reason if view else "", marker.describe() if marker else "") if r]
+    return _Ending(
+        outcome=outcome or Outcome.LOST,
+        exit_code=marker.original if marker is not None else (view.exit_code if view else None),
+        started_at=view.started_at if view else None,
+        ended_at=(view.ended_at if view else None) or (marker.at if marker else None),
+        reason="; ".join(reasons),
+    )
+
+
+def _lost(seg: Segment, job: JobFacts, now: float) -> Optional[_Ending]:
+    """A job gone from the scheduler with no record of its end, for long enough."""
+    if job.live is not None or seg.missing_since is None or now - seg.missing_since < LOST_AFTER:
+        return None
+    return _Ending(
+        Outcome.LOST,
+        None,
+        None,
+        None,
+        f"gone from the scheduler for {now - seg.missing_since:.0f}s with no record of how it ended",
+    )
+
+
+def _track(seg: Segment, job: JobFacts, now: float) -> list[Action]:
+    """Record what changed about a job that has not ended."""
+    live = job.live
+    if live is None:  # gone from the live view, no record of its end yet
+        if seg.missing_since is not None:
+            return []
+        return [Track(seg.n, seg.phase, "gone from the queue", None, now)]
+    started = live.started_at if live.started_at and not seg.started_at else None
+    if (live.phase, live.reason) == (seg.phase, seg.reason) and not seg.missing_since and not started:
+        return []
+    return [Track(seg.n, live.phase, live.reason, started, None)]
+
+
+def _end_progress(job: JobFacts, following: Optional[Segment], facts: Facts, current: Progress) -> Progress:
+    """The checkpoint a segment left: its end marker's, else what the next segment found
+    at its start, else the checkpoint now."""
+    if job.end is not None and job.end.progress is not None:
+        return job.end.progress
+    if following is not None and following.job_id is not None:
+        nxt = facts.jobs.get(following.job_id)
+        if nxt is not None and nxt.start is not None and nxt.start.progress is not None:
+            return nxt.start.progress
+    return current
+
+
+def _elapsed(seg: Segment, job: JobFacts, ending: _Ending, now: float) -> float:
+    start = ending.started_at or seg.started_at or (job.start.at if job.start is not None else None)
+    if start is None:
+        return float(seg.walltime) if ending.outcome is Outcome.TIMEOUT else 0.0
+    return max(0.0, (ending.ended_at or now) - start)
+
+
+def _charge(ending: _Ending, advanced: bool, finished: bool, goal_met: bool) -> tuple[bool, str]:
+    """Whether a segment's end costs failure budget, and the words for it."""
+    outcome = ending.outcome
+    code = "" if ending.exit_code is None else f" (exit {ending.exit_code})"
+    detail = f": {ending.reason}" if ending.reason else ""
+    if outcome.crashed:
+        return True, f"{outcome.value}{code}{detail}"
+    if finished:
+        return False, f"{outcome.value}{code}: the command finished on its own"
+    if goal_met and not advanced:
+        return False, f"{outcome.value}{code} after the goal was already reached{detail}"
+    if not advanced:
+        return True, f"{outcome.value}{code} and made no progress{detail}"
+    return False, f"{outcome.value}{code} with progress{detail}"
+
+
+def _finished_on_its_own(chain: Chain, end: EndSegment) -> bool:
+    return chain.spec.target_epoch is None and end.outcome is Outcome.COMPLETED and end.exit_code == 0
+
+
+def _done_reason(chain: Chain, progress: Progress, finished_segment: Optional[int]) -> str:
+    target = chain.spec.target_epoch
+    if progress.done:
+        return f"the training marked itself done at {progress.describe()}"
+    if target is not None and progress.epoch is not None and progress.epoch >= target:
+        return f"target epoch {target} reached ({progress.describe()})"
+    if finished_segment is not None:
+        return f"segment {finished_segment} exited 0 before its walltime"
+    return ""
+
+
+# -- jobs of a segment -----------------------------------------------------------------
+
+
+def _job_of(seg: Segment, facts: Facts) -> Optional[str]:
+    """Segment ``seg``'s job: the recorded one, else one the scheduler shows under its tag
+    (a live one first, else the newest), else the one its start marker names."""
+    if seg.job_id is not None:
+        return seg.job_id
+    tagged = facts.tagged.get(seg.n, ())
+    running = [j for j in tagged if j.phase is not Phase.ENDED]
+    pick = running or sorted(tagged, key=lambda j: (j.ended_at or 0.0, j.job_id))[-1:]
+    if pick:
+        return pick[0].job_id
+    return facts.found.get(seg.n)
+
+
+def _extras(seg: Segment, facts: Facts) -> list[LiveJob]:
+    """Jobs of segment ``seg`` besides its recorded one that have not ended."""
+    return [j for j in facts.tagged.get(seg.n, ()) if j.job_id != seg.job_id and j.phase is not Phase.ENDED]
+
+
+def _duplicates(chain: Chain, facts: Facts, live: list[Segment]) -> Optional[list[Action]]:
+    """When a second job of a queued segment already runs it (a submission an interrupted
+    service left behind), keep that one: it runs the checkpoint. Its recorded job and
+    the successors queued after it go, and are queued again behind the one kept."""
+    for seg in live:
+        if seg.job_id is None:
+            continue
+        recorded = facts.jobs.get(seg.job_id, JobFacts()).live
+        running = [j for j in _extras(seg, facts) if j.phase is Phase.RUNNING]
+        if not running or recorded is None or recorded.phase is not Phase.PENDING:
+            continue
+        keep = running[0]
+        why = f"segment {seg.n} already runs as job {keep.job_id}"
+        actions: list[Action] = [Adopt(n=seg.n, job_id=keep.job_id, how="kept: it runs the segment")]
+        actions += [
+            Remove(n=seg.n, job_id=j.job_id, reason=f"a second job of segment {seg.n}; {why}")
+            for j in [recorded, *_extras(seg, facts)]
+            if j.job_id != keep.job_id
+        ]
+        actions += [
+            Cancel(n=s.n, job_id=s.job_id, reason=f"queued after a job of segment {seg.n} that was removed")
+            for s in live
+            if s.n > seg.n
+        ]
+        return actions
+    return None
+
+
+def _removals(seg: Segment, facts: Facts) -> list[Action]:
+    """A second live job of a segment (an interrupted submission that landed late) goes."""
+    if seg.job_id is None:
+        return []
+    return [
+        Remove(
+            n=seg.n,
+            job_id=j.job_id,
+            reason=f"a second job of segment {seg.n}, left by an interrupted submission; "
+            f"job {seg.job_id} runs it",
+        )
+        for j in _extras(seg, facts)
+    ]
 
 
 def _queue_ahead(chain: Chain, current: Segment, left: float, failures: int) -> list[Action]:
@@ -149,46 +406,8 @@ def _queue_ahead(chain: Chain, current: Segment, left: float, failures: int) -> 
     return [Submit(n=chain.next_n, walltime=min(spec.walltime, int(after_current)), after=current.job_id)]
 
 
-def _charge(
-    seg: Segment, obs: Observation, advanced: bool, finished: bool, goal_met: bool
-) -> tuple[bool, str]:
-    """Whether a segment's end costs failure budget, and the words for it."""
-    outcome = obs.outcome
-    assert outcome is not None
-    code = "" if obs.exit_code is None else f" (exit {obs.exit_code})"
-    detail = f": {obs.reason}" if obs.reason else ""
-    if outcome.crashed:
-        return True, f"{outcome.value}{code}{detail}"
-    if finished:
-        return False, f"{outcome.value}{code}: the command finished on its own"
-    if goal_met and not advanced:
-        return False, f"{outcome.value}{code} after the goal was already reached{detail}"
-    if not advanced:
-        return True, f"{outcome.value}{code} and made no progress{detail}"
-    return False, f"{outcome.value}{code} with progress{detail}"
-
-
-def _elapsed(seg: Segment, obs: Observation, now: float) -> float:
-    start = obs.started_at or seg.started_at
-    if start is None:
-        return float(seg.walltime) if obs.outcome is Outcome.TIMEOUT else 0.0
-    end = obs.ended_at or now
-    return max(0.0, end - start)
-
-
-def _done_reason(chain: Chain, current: Progress, ends: list[_End]) -> str:
-    target = chain.spec.target_epoch
-    if current.done:
-        return f"the training marked itself done at {current.describe()}"
-    if target is not None and current.epoch is not None and current.epoch >= target:
-        return f"target epoch {target} reached ({current.describe()})"
-    if target is None:
-        for e in ends:
-            if e.obs.outcome is Outcome.COMPLETED and e.obs.exit_code == 0:
-                return f"segment {e.seg.n} exited 0 before its walltime"
-    return ""
-
-
-def _finish(live: list[Segment] | tuple[Segment, ...], state: ChainState, reason: str) -> list[Action]:
-    cancels: list[Action] = [Cancel(n=s.n, job_id=s.job_id, reason=f"chain {state.value}") for s in live]
+def _finish(chain: Chain, facts: Facts, live: list[Segment], state: ChainState, reason: str) -> list[Action]:
+    cancels: list[Action] = [
+        Cancel(n=s.n, job_id=_job_of(s, facts), reason=f"chain {state.value}") for s in live
+    ]
     return [*cancels, Finish(state=state, reason=reason)]

@@ -1,62 +1,63 @@
-"""One tick of the service: gather facts, decide, carry out.
+"""One tick of the service: observe, decide, act and record.
 
-Per cluster, one batched poll of the scheduler serves every chain on it. For
-each chain the engine works out what happened to its jobs (the live view, the
-wrapper's end marker, accounting, or "lost"), reads its progress, asks the
-pure ``decide`` what to do, and carries the actions out through the backend's
-commands and the transport, recording each one in the store.
+**Observe** writes nothing: per cluster, one batched poll of the scheduler
+serves every chain on it; for each chain the engine reads what it needs (the
+wrapper's markers of jobs that left the live view or ended, the checkpoint,
+why a stuck job is stuck) and asks accounting once for all jobs that are
+gone without a marker. **Decide** is ``decide()``: facts in, actions out.
+**Act and record**: a submission is journaled, then made; cancels go out in
+one command; then everything the tick learned and did for the chain is
+written in one transaction.
+
+A fault in one chain's tick is that chain's: it is logged, counted, retried
+next tick, and after ``STUCK_AFTER`` failing ticks the chain is marked stuck
+(retried every ``STUCK_RETRY``); the other chains go on. A database that
+cannot be written (``StoreUnavailable``) is an outage of the whole service:
+the tick stops there and the service retries; nothing is charged for it.
 """
 
 from __future__ import annotations
 
-import posixpath
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Optional, TypeVar
 
 import structlog
 
 from chainrun import watch
-from chainrun.decide import decide
-from chainrun.errors import SchedulerError, TransportError
+from chainrun.decide import Facts, JobFacts, after_submit, decide
+from chainrun.errors import SchedulerError, StoreUnavailable, TransportError
 from chainrun.model import (
     Action,
+    Adopt,
     Cancel,
     Chain,
     ChainState,
     EndSegment,
     Finish,
-    Observation,
-    Outcome,
+    LiveJob,
     Phase,
-    Segment,
+    Reject,
+    Remove,
+    RetryLater,
     Submit,
+    Track,
 )
 from chainrun.schedulers import scheduler_for
-from chainrun.schedulers.base import (
-    EndMarker,
-    LiveJob,
-    Scheduler,
-    SegmentJob,
-    render_script,
-    resolve,
-    run_dir,
-)
+from chainrun.schedulers.base import Scheduler
+from chainrun.schedulers.segment import EndMarker, SegmentJob, StartMarker, final_path, render_script
 from chainrun.store import Store
 from chainrun.transport import Transport, transport_for
 
 log = structlog.get_logger(__name__)
+_T = TypeVar("_T")
 
-LOST_AFTER = 180.0  # seconds a job may be gone without a trace before it is "lost"
 SUBMIT_TIMEOUT = 120.0
 POLL_TIMEOUT = 60.0
-
-
-def backoff(attempts: int) -> float:
-    """Seconds before retrying a submission that failed ``attempts`` times."""
-    return float(min(300, 5 * 2 ** max(0, attempts - 1)))
+STUCK_AFTER = 3  # failing ticks in a row before a chain is marked stuck
+STUCK_RETRY = 600.0  # seconds between tries of a stuck chain
 
 
 @dataclass
@@ -67,6 +68,7 @@ class TickSummary:
     queued: int = 0
     active: int = 0
     failed: int = 0
+    stuck: int = 0
     errors: list[str] = field(default_factory=list)
     # Seconds until the engine wants its next tick (a submission's backoff
     # ends sooner than the interval); None: the service's interval.
@@ -74,7 +76,9 @@ class TickSummary:
 
     def line(self) -> str:
         text = f"{self.running} running, {self.queued} queued, {self.failed} failed"
-        return text + (f"; {len(self.errors)} cluster errors" if self.errors else "")
+        if self.stuck:
+            text += f", {self.stuck} stuck"
+        return text + (f"; {len(self.errors)} errors" if self.errors else "")
 
 
 @dataclass(frozen=True)
@@ -92,23 +96,29 @@ class Engine:
         store: Store,
         clock: Callable[[], float] = time.time,
         transports: Callable[[Optional[str]], Transport] = transport_for,
+        schedulers: Callable[[str, Optional[str]], Scheduler] = scheduler_for,
         on_end: Optional[Callable[[Chain], None]] = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self.transports = transports
+        self.schedulers = schedulers
         self.on_end = on_end  # told of every chain that reaches a final state
+        self.failing: dict[str, int] = {}  # chain id -> failing ticks in a row
+        self.stuck_until: dict[str, float] = {}  # chain id -> when a stuck chain is tried again
+        self.starts: dict[tuple[str, int], StartMarker] = {}  # start markers never change: read once
 
     def tick(self, only: Optional[str] = None) -> TickSummary:
         """Move every active chain (or only the chain with id ``only``) forward once.
 
         Raises StoreUnavailable when the database cannot be used (an outage)."""
         summary = TickSummary()
+        now = self.clock()
         groups: dict[tuple[str, str], list[Chain]] = defaultdict(list)
+        retries: list[float] = []  # when submissions that failed want their next try
         for chain in self.store.chains(active_only=True):
-            if only is not None and chain.id != only:
-                continue
-            groups[chain.spec.scheduler.cluster_key].append(chain)
+            if (only is None or chain.id == only) and now >= self.stuck_until.get(chain.id, 0.0):
+                groups[chain.spec.scheduler.cluster_key].append(chain)
         for (kind, host), chains in groups.items():
             try:
                 cluster = self._poll(kind, host or None)
@@ -116,203 +126,196 @@ class Engine:
                 log.warning("poll failed; retrying next tick", scheduler=kind, host=host, error=str(exc))
                 summary.errors.append(str(exc))
                 continue
+            gathered: dict[str, Facts] = {}
             for chain in chains:
-                try:
-                    self._tick_chain(cluster, chain)
-                except (TransportError, SchedulerError) as exc:
-                    log.warning("tick failed; retrying next tick", chain=chain.id, error=str(exc))
-                    summary.errors.append(str(exc))
-        for chain in self.store.chains():
-            summary.failed += chain.state is ChainState.FAILED
-            if chain.state is ChainState.ACTIVE:
-                summary.active += 1
-                summary.running += any(s.phase is Phase.RUNNING for s in chain.segments)
-                summary.queued += any(s.phase is Phase.PENDING for s in chain.segments)
+                facts = self._guarded(chain, summary, self._observe, cluster, chain)
+                if facts is not None:
+                    gathered[chain.id] = facts
+            gathered = self._account(cluster, gathered)
+            for chain in chains:
+                if chain.id in gathered:
+                    retries += (
+                        self._guarded(chain, summary, self._act, cluster, chain, gathered[chain.id]) or []
+                    )
+        counts = self.store.summary()
+        summary.running, summary.queued = counts["running"], counts["queued"]
+        summary.active, summary.failed, summary.stuck = counts["active"], counts["failed"], counts["stuck"]
+        if retries:
+            summary.next_in = max(0.0, min(retries) - self.clock())
         return summary
 
     def _poll(self, kind: str, host: Optional[str]) -> _Cluster:
-        scheduler = scheduler_for(kind, host)
+        scheduler = self.schedulers(kind, host)
         transport = self.transports(host)
         result = transport.run(scheduler.poll_argv(), timeout=POLL_TIMEOUT)
         return _Cluster(scheduler, transport, scheduler.parse_poll(result))
 
-    # -- facts ------------------------------------------------------------------
+    def _guarded(
+        self, chain: Chain, summary: TickSummary, step: Callable[..., _T], *args: object
+    ) -> Optional[_T]:
+        """One chain's step; a fault in it stays the chain's (None). An outage stops the tick."""
+        try:
+            return step(*args)
+        except StoreUnavailable:
+            raise
+        except Exception as exc:  # a bug or a broken file must not stop the other chains
+            expected = isinstance(exc, (TransportError, SchedulerError))
+            message = str(exc) if expected else f"{type(exc).__name__}: {exc}"
+            count = self.failing[chain.id] = self.failing.get(chain.id, 0) + 1
+            log.warning(
+                "tick of a chain failed; retrying next tick",
+                chain=chain.id,
+                failures=count,
+                error=message,
+                exc_info=not expected,  # a bug: its traceback goes to the log
+            )
+            summary.errors.append(f"{chain.id}: {message}")
+            if count >= STUCK_AFTER:
+                self.stuck_until[chain.id] = self.clock() + STUCK_RETRY
+                if chain.state is not ChainState.STUCK:
+                    reason = (
+                        f"{count} ticks in a row failed, the last with {message}; "
+                        f"tried again every {STUCK_RETRY:.0f}s"
+                    )
+                    self.store.set_stuck(chain.id, True, reason, self.clock())
+                    log.error("chain stuck", chain=chain.id, reason=reason)
+            return None
 
-    def _tick_chain(self, cluster: _Cluster, chain: Chain) -> None:
-        now = self.clock()
-        observations = self._observe(cluster, chain, now)
-        chain = self.store.chain(chain.id)  # observe() may have recorded start times
-        progress = watch.progress(cluster.transport, chain.spec)
-        if progress is not None and progress != chain.latest:
-            self.store.note_progress(chain.id, progress)
-        actions = decide(chain, observations, progress, now)
-        self._execute(cluster, chain, actions, now)
+    # -- observe: facts, nothing written -------------------------------------------
 
-    def _observe(self, cluster: _Cluster, chain: Chain, now: float) -> dict[str, Observation]:
-        observations: dict[str, Observation] = {}
-        unknown: list[Segment] = []
+    def _observe(self, cluster: _Cluster, chain: Chain) -> Facts:
+        jobs: dict[str, JobFacts] = {}
         for seg in chain.live:
             if seg.job_id is None:
                 continue
-            job = cluster.live.get(seg.job_id)
-            if job is not None and job.phase is not Phase.ENDED:
-                changed = (job.phase, job.reason) != (seg.phase, seg.reason)
-                if changed or seg.missing_since or (job.started_at and not seg.started_at):
-                    self.store.observe(chain.id, seg.n, job.phase, job.reason, job.started_at, None, now)
-                observations[seg.job_id] = Observation(
-                    seg.job_id, job.phase, started_at=job.started_at, reason=job.reason
-                )
+            live = cluster.live.get(seg.job_id)
+            if live is not None and live.phase is Phase.PENDING and not live.stuck:
+                jobs[seg.job_id] = JobFacts(live=live)
                 continue
-            obs = self._unstick(cluster, job) if job is not None and job.stuck else None
-            obs = obs or self._ended(cluster, chain, seg, job)
-            if obs is None:
-                unknown.append(seg)
-            else:
-                observations[seg.job_id] = obs
-        if unknown:
-            observations.update(self._account_or_lose(cluster, chain, unknown, now))
-        return observations
+            job = SegmentJob(chain.id, seg.n, chain.spec, seg.walltime)
+            start = self._start(cluster, chain, seg.n)
+            if live is not None and live.phase is Phase.RUNNING and not live.stuck:
+                jobs[seg.job_id] = JobFacts(live=live, start=start)
+                continue
+            data = cluster.transport.read_file(job.stem + ".end")
+            end = EndMarker.parse(data) if data is not None else None
+            why = self._explain(cluster, live.job_id) if live is not None and live.stuck else ""
+            jobs[seg.job_id] = JobFacts(live=live, end=end, start=start, why_stuck=why)
+        prefix = f"cr.{chain.id}."
+        tagged: dict[int, list[LiveJob]] = defaultdict(list)
+        for job_ in cluster.live.values():
+            if job_.name.startswith(prefix) and job_.name[len(prefix) :].isdigit():
+                tagged[int(job_.name[len(prefix) :])].append(job_)
+        found = {}
+        for seg in chain.live:
+            if seg.phase is Phase.SUBMITTING and seg.n not in tagged:
+                start = self._start(cluster, chain, seg.n)
+                if start is not None and start.job_id:
+                    found[seg.n] = start.job_id
+        return Facts(
+            jobs=jobs,
+            tagged={n: tuple(js) for n, js in tagged.items()},
+            found=found,
+            progress=watch.progress(cluster.transport, chain.spec),
+        )
 
-    def _ended(
-        self, cluster: _Cluster, chain: Chain, seg: Segment, job: Optional[LiveJob]
-    ) -> Optional[Observation]:
-        job_ = SegmentJob(chain.id, seg.n, chain.spec, seg.walltime)
-        data = cluster.transport.read_file(job_.stem + ".end")
-        marker = EndMarker.parse(data) if data is not None else None
-        obs = resolve(job, marker)
-        if obs is None:
-            return None
-        started = obs.started_at or seg.started_at or self._started_at(cluster, job_)
-        return replace(obs, job_id=seg.job_id or "", started_at=started)
+    def _start(self, cluster: _Cluster, chain: Chain, n: int) -> Optional[StartMarker]:
+        key = (chain.id, n)
+        if key not in self.starts:
+            data = cluster.transport.read_file(SegmentJob(chain.id, n, chain.spec, 0).stem + ".start")
+            if data is None:
+                return None
+            self.starts[key] = StartMarker.parse(data)
+        return self.starts[key]
 
-    def _unstick(self, cluster: _Cluster, job: LiveJob) -> Observation:
-        """A job the scheduler holds in an error state: learn why, then remove it."""
-        reason = job.reason
-        argv = cluster.scheduler.explain_argv(job.job_id)
-        if argv is not None:
-            reason = (
-                cluster.scheduler.parse_explain(cluster.transport.run(argv, timeout=POLL_TIMEOUT)) or reason
-            )
-        result = cluster.transport.run(cluster.scheduler.cancel_argv([job.job_id]), timeout=POLL_TIMEOUT)
-        if not result.ok:
-            log.warning("could not remove a stuck job", job=job.job_id, error=result.describe())
-        return Observation(job.job_id, Phase.ENDED, outcome=job.outcome or Outcome.FAILED, reason=reason)
+    def _explain(self, cluster: _Cluster, job_id: str) -> str:
+        argv = cluster.scheduler.explain_argv(job_id)
+        if argv is None:
+            return ""
+        return cluster.scheduler.parse_explain(cluster.transport.run(argv, timeout=POLL_TIMEOUT))
 
-    def _started_at(self, cluster: _Cluster, job: SegmentJob) -> Optional[float]:
-        data = cluster.transport.read_file(job.stem + ".start")
-        for line in (data or b"").decode(errors="replace").splitlines():
-            if line.startswith("at="):
-                try:
-                    return float(line[3:])
-                except ValueError:
-                    return None
-        return None
-
-    def _account_or_lose(
-        self, cluster: _Cluster, chain: Chain, segs: list[Segment], now: float
-    ) -> dict[str, Observation]:
-        ids = [s.job_id for s in segs if s.job_id]
-        found: dict[str, LiveJob] = {}
-        argv = cluster.scheduler.accounting_argv(ids)
-        if argv is not None:
+    def _account(self, cluster: _Cluster, gathered: dict[str, Facts]) -> dict[str, Facts]:
+        """Ask accounting once, for every job of the cluster gone from the view without a marker."""
+        unknown = [
+            job_id
+            for facts in gathered.values()
+            for job_id, job in facts.jobs.items()
+            if job.live is None and job.end is None
+        ]
+        argv = cluster.scheduler.accounting_argv(unknown) if unknown else None
+        if argv is None:
+            return gathered
+        try:
             found = cluster.scheduler.parse_accounting(cluster.transport.run(argv, timeout=POLL_TIMEOUT))
-        observations = {}
-        for seg in segs:
-            assert seg.job_id is not None
-            job = found.get(seg.job_id)
-            if job is not None and job.phase is Phase.ENDED:
-                obs = self._ended(cluster, chain, seg, job)
-                if obs is not None:
-                    observations[seg.job_id] = obs
-                    continue
-            if seg.missing_since is None:
-                self.store.observe(chain.id, seg.n, seg.phase, "gone from the queue", None, now, now)
-            elif now - seg.missing_since >= LOST_AFTER:
-                observations[seg.job_id] = Observation(
-                    seg.job_id,
-                    Phase.ENDED,
-                    outcome=Outcome.LOST,
-                    reason=f"gone from the scheduler for {now - seg.missing_since:.0f}s "
-                    "with no record of how it ended",
-                )
-        return observations
+        except (TransportError, SchedulerError) as exc:
+            log.warning("accounting failed; asking again next tick", error=str(exc))
+            return gathered
+        return {
+            chain_id: replace(
+                facts,
+                jobs={
+                    job_id: replace(job, accounting=found.get(job_id)) if job_id in found else job
+                    for job_id, job in facts.jobs.items()
+                },
+            )
+            for chain_id, facts in gathered.items()
+        }
 
-    # -- actions ----------------------------------------------------------------
+    # -- act and record ------------------------------------------------------------
 
-    def _execute(self, cluster: _Cluster, chain: Chain, actions: list[Action], now: float) -> None:
+    def _act(self, cluster: _Cluster, chain: Chain, facts: Facts) -> list[float]:
+        """Decide, carry out, record; returns when failed submissions want their next try."""
+        now = self.clock()
+        actions = decide(chain, facts, now)
+        warnings: list[str] = []
         if any(isinstance(a, Finish) for a in actions):
             # Written first: a successor that starts anyway exits at once.
-            path = posixpath.join(run_dir(chain.spec, chain.id), "final")
             try:
-                cluster.transport.write_file(path, b"chain ended\n")
+                cluster.transport.write_file(final_path(chain.spec, chain.id), b"chain ended\n")
             except TransportError as exc:
-                log.warning("could not write the final marker", chain=chain.id, error=str(exc))
-        cancels = [a for a in actions if isinstance(a, Cancel)]
-        if cancels:
-            self._cancel(cluster, chain, cancels, now)
+                warnings.append(f"could not write the final marker ({exc}); a late successor may start")
+        self._cancel(cluster, [a for a in actions if isinstance(a, (Cancel, Remove))], warnings)
+        done: list[Action] = []
         for action in actions:
-            bound = log.bind(chain=chain.id)
             if isinstance(action, Submit):
-                self._submit(cluster, chain, action)
-            elif isinstance(action, EndSegment):
-                self.store.apply(chain.id, action, now)
-                bound.info(
-                    "segment ended",
-                    segment=action.n,
-                    outcome=action.outcome.value,
-                    charged=action.charged,
-                    reason=action.reason,
-                )
-            elif isinstance(action, Finish):
-                self.store.apply(chain.id, action, now)
-                bound.info("chain ended", state=action.state.value, reason=action.reason)
-                if self.on_end is not None:
-                    self.on_end(self.store.chain(chain.id))
+                done.append(self._submit(cluster, chain, action))
+            else:
+                done.append(action)
+        latest = facts.progress if facts.progress is not None and facts.progress != chain.latest else None
+        self.store.record(chain.id, done, latest, warnings, now)
+        for action in done:
+            _log(chain.id, action)
+        if chain.id in self.failing:
+            del self.failing[chain.id]
+        if chain.state is ChainState.STUCK:
+            self.stuck_until.pop(chain.id, None)
+            self.store.set_stuck(chain.id, False, "a tick succeeded again", now)
+        if any(isinstance(a, Finish) for a in done):
+            self.starts = {k: v for k, v in self.starts.items() if k[0] != chain.id}
+            if self.on_end is not None:
+                self.on_end(self.store.chain(chain.id))
+        return [a.at for a in done if isinstance(a, RetryLater)] + [
+            s.retry_at for s in chain.live if s.phase is Phase.SUBMITTING and s.retry_at is not None
+        ]
 
-    def _cancel(self, cluster: _Cluster, chain: Chain, cancels: list[Cancel], now: float) -> None:
-        ids = []
-        for c in cancels:
-            job_id = c.job_id or self._find(cluster, chain, c.n)
-            if job_id:
-                ids.append(job_id)
-        if ids:
-            try:
-                result = cluster.transport.run(cluster.scheduler.cancel_argv(ids), timeout=POLL_TIMEOUT)
-                if not result.ok:
-                    self.store.event(chain.id, None, "warning", f"cancel: {result.describe()}")
-            except TransportError as exc:
-                self.store.event(
-                    chain.id,
-                    None,
-                    "warning",
-                    f"could not cancel jobs {', '.join(ids)} ({exc}); they exit at once if they start",
-                )
-        for c in cancels:
-            self.store.apply(chain.id, c, now)
+    def _cancel(self, cluster: _Cluster, actions: Iterable[Cancel | Remove], warnings: list[str]) -> None:
+        ids = [a.job_id for a in actions if a.job_id]
+        if not ids:
+            return
+        try:
+            result = cluster.transport.run(cluster.scheduler.cancel_argv(ids), timeout=POLL_TIMEOUT)
+            if not result.ok:
+                warnings.append(f"cancel: {result.describe()}")
+        except TransportError as exc:
+            warnings.append(
+                f"could not cancel jobs {', '.join(ids)} ({exc}); they exit at once if they start"
+            )
 
-    def _find(self, cluster: _Cluster, chain: Chain, n: int) -> Optional[str]:
-        """The job of segment ``n`` if an earlier attempt reached the scheduler."""
-        job = SegmentJob(chain.id, n, chain.spec, 0)
-        for live in cluster.live.values():
-            if live.name == job.tag:
-                return live.job_id
-        data = cluster.transport.read_file(job.stem + ".start")
-        for line in (data or b"").decode(errors="replace").splitlines():
-            if line.startswith("job=") and line[4:].strip():
-                return line[4:].strip()
-        return None
-
-    def _submit(self, cluster: _Cluster, chain: Chain, sub: Submit) -> None:
+    def _submit(self, cluster: _Cluster, chain: Chain, sub: Submit) -> Action:
+        """Journal, then submit: the job's id, or what its failure means."""
         now = self.clock()
-        earlier = self.store.journal_submit(chain.id, sub, now)
-        if earlier:
-            found = self._find(cluster, chain, sub.n)
-            if found:
-                self.store.record_job(chain.id, sub.n, found, "adopted after a restart", now)
-                log.info("adopted job", chain=chain.id, segment=sub.n, job=found)
-                return
+        attempts = self.store.journal_submit(chain.id, sub, now)
         job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime, sub.after)
-        attempts = next((s.attempts for s in chain.segments if s.n == sub.n), 0) + 1
         try:
             cluster.transport.makedirs(job.run_dir)
             cluster.transport.write_file(
@@ -321,13 +324,29 @@ class Engine:
             result = cluster.transport.run(cluster.scheduler.submit_argv(job), timeout=SUBMIT_TIMEOUT)
             job_id = cluster.scheduler.parse_submit(result)
         except (TransportError, SchedulerError) as exc:
-            if isinstance(exc, SchedulerError) and not exc.transient:
-                self.store.reject(chain.id, sub.n, str(exc), now)
-                log.error("submission rejected", chain=chain.id, segment=sub.n, error=str(exc))
-                return
-            self.store.submit_failed(chain.id, sub.n, str(exc), now + backoff(attempts), now)
-            log.warning("submission failed; will retry", chain=chain.id, segment=sub.n, error=str(exc))
-            return
-        after = f" after job {sub.after}" if sub.after else ""
-        self.store.record_job(chain.id, sub.n, job_id, f"submitted{after}", now)
-        log.info("submitted", chain=chain.id, segment=sub.n, job=job_id, after=sub.after)
+            return after_submit(sub.n, attempts, exc, now)
+        return Adopt(
+            n=sub.n, job_id=job_id, how="submitted" + (f" after job {sub.after}" if sub.after else "")
+        )
+
+
+def _log(chain_id: str, action: Action) -> None:
+    bound = log.bind(chain=chain_id, segment=getattr(action, "n", None))
+    if isinstance(action, Adopt):
+        bound.info("job recorded", job=action.job_id, how=action.how)
+    elif isinstance(action, RetryLater):
+        bound.warning("submission failed; will retry", error=action.reason, at=action.at)
+    elif isinstance(action, Finish):
+        bound.info("chain ended", state=action.state.value, reason=action.reason)
+    elif isinstance(action, Remove):
+        bound.warning("job removed", job=action.job_id, reason=action.reason)
+    elif isinstance(action, Cancel):
+        bound.info("segment cancelled", job=action.job_id, reason=action.reason)
+    elif isinstance(action, EndSegment):
+        bound.info(
+            "segment ended", outcome=action.outcome.value, charged=action.charged, reason=action.reason
+        )
+    elif isinstance(action, Reject):
+        bound.error("submission rejected", error=action.reason)
+    elif isinstance(action, Track):
+        bound.debug("job seen", phase=action.phase.value, reason=action.reason)

@@ -48,9 +48,12 @@ class Phase(enum.Enum):
 
 
 class ChainState(enum.Enum):
-    """The state of a whole chain; every state but ACTIVE is final."""
+    """The state of a whole chain; every state but ACTIVE and STUCK is final."""
 
     ACTIVE = "active"
+    # Its ticks kept failing (a bug, a file it cannot read): retried now and
+    # then, and active again after one good tick; the other chains go on.
+    STUCK = "stuck"
     COMPLETED = "completed"
     EXHAUSTED = "exhausted"
     FAILED = "failed"
@@ -58,7 +61,7 @@ class ChainState(enum.Enum):
 
     @property
     def final(self) -> bool:
-        return self is not ChainState.ACTIVE
+        return self not in (ChainState.ACTIVE, ChainState.STUCK)
 
 
 @dataclass(frozen=True)
@@ -214,33 +217,90 @@ class Chain:
 
 
 @dataclass(frozen=True)
-class Observation:
-    """What the scheduler (or the wrapper's markers) says about one job now."""
+class LiveJob:
+    """One job as the scheduler shows it (squeue, qstat, sacct, the local runner)."""
 
     job_id: str
+    name: str
     phase: Phase
-    outcome: Optional[Outcome] = None
+    outcome: Optional[Outcome] = None  # set when the view shows a finished job
     exit_code: Optional[int] = None
     started_at: Optional[float] = None
     ended_at: Optional[float] = None
-    reason: str = ""  # pending reason, scheduler state text, or how the end was learned
+    reason: str = ""
+    # Held by the scheduler in an error state (SGE's Eqw, Slurm's
+    # DependencyNeverSatisfied): it will never run on its own.
+    stuck: bool = False
 
 
-# Actions returned by decide(); the executor carries them out in order.
+# Actions returned by decide(); the engine carries them out in order and
+# records each, with its reason, in one transaction per chain and tick.
 
 
 @dataclass(frozen=True)
 class Submit:
+    """Queue segment ``n`` (journaled first), after job ``after`` if set."""
+
     n: int
     walltime: int
     after: Optional[str] = None
 
 
 @dataclass(frozen=True)
+class Adopt:
+    """Record ``job_id`` as segment ``n``'s job: a submission that answered, or one an
+    interrupted service left behind."""
+
+    n: int
+    job_id: str
+    how: str
+
+
+@dataclass(frozen=True)
+class RetryLater:
+    """A submission failed for a passing reason: try segment ``n`` again at ``at``."""
+
+    n: int
+    at: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reject:
+    """The scheduler refused segment ``n`` for good (unknown partition)."""
+
+    n: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class Cancel:
+    """Cancel segment ``n``'s job (if it has one) and end the segment, free of charge."""
+
     n: int
     job_id: Optional[str]
     reason: str
+
+
+@dataclass(frozen=True)
+class Remove:
+    """Cancel job ``job_id`` of segment ``n`` in the scheduler, leaving the segment's
+    record to the other actions: a stuck job, or a second job of one segment."""
+
+    n: int
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Track:
+    """What is now known of segment ``n``'s job while it has not ended."""
+
+    n: int
+    phase: Phase
+    reason: str
+    started_at: Optional[float]
+    missing_since: Optional[float]
 
 
 @dataclass(frozen=True)
@@ -261,4 +321,4 @@ class Finish:
     reason: str
 
 
-Action = Union[Submit, Cancel, EndSegment, Finish]
+Action = Union[Submit, Adopt, RetryLater, Reject, Cancel, Remove, Track, EndSegment, Finish]

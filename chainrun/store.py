@@ -4,7 +4,12 @@ One SQLite file in WAL mode under ``$CHAINRUN_HOME`` holds the chains, their
 segments, and an append-only events log of every decision with its reason.
 Submission is journaled: a segment row in phase ``submitting`` is written
 before the scheduler is asked, so a crash between the two is found again and
-resolved by adoption rather than a second submission.
+resolved by adoption rather than a second submission. Everything else a tick
+learns and does for one chain is recorded in one transaction (``record``).
+
+A database that cannot be used for now (its disk full, read-only, locked by
+another process) raises ``StoreUnavailable`` with what is wrong: an outage
+that the service waits out, never a reason to charge a chain.
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from chainrun.errors import StoreError, UsageError
+from chainrun.errors import StoreError, StoreUnavailable, UsageError
 from chainrun.model import (
     Action,
+    Adopt,
     Cancel,
     Chain,
     ChainState,
@@ -32,11 +38,17 @@ from chainrun.model import (
     Outcome,
     Phase,
     Progress,
+    Reject,
+    Remove,
+    RetryLater,
     Segment,
     Submit,
+    Track,
 )
 
 SCHEMA_VERSION = 2
+BUSY_TIMEOUT = 10.0  # seconds a statement waits for another process's write lock
+LIVE_STATES = (ChainState.ACTIVE.value, ChainState.STUCK.value)  # the chains a tick moves
 
 # Migrations from version i to i+1 are MIGRATIONS[i]; index 0 creates the schema.
 MIGRATIONS: list[str] = [
@@ -141,7 +153,9 @@ class Store:
         old_umask = os.umask(0o077)
         try:
             # The service ticks in a worker thread, one tick at a time.
-            self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            self.db = sqlite3.connect(
+                self.path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
+            )
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot open the state database: {exc}") from None
         finally:
@@ -153,24 +167,62 @@ class Store:
             self.db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
             os.chmod(self.path, 0o600)
+        except StoreError:
+            self.db.close()
+            raise
+        except sqlite3.OperationalError as exc:
+            self.db.close()
+            raise self._unavailable(exc) from None
         except sqlite3.DatabaseError as exc:
+            self.db.close()
             raise StoreError(
                 f"{self.path}: not a usable chainrun database ({exc}); "
                 "move it aside and resubmit, or point CHAINRUN_HOME elsewhere"
             ) from None
+
+    def _unavailable(self, exc: sqlite3.Error) -> StoreError:
+        """What an SQLite error means for the user: an outage named for what it is."""
+        text = str(exc).lower()
+        where = self.path
+        if "full" in text:
+            return StoreUnavailable(f"the disk holding {where} is full; free some space (chainrun retries)")
+        if "readonly" in text or "read-only" in text:
+            return StoreUnavailable(f"{where} is read-only here; chainrun needs to write it (it retries)")
+        if "locked" in text or "busy" in text:
+            return StoreUnavailable(
+                f"{where} is locked by another process for more than {BUSY_TIMEOUT:g} s (chainrun retries)"
+            )
+        if "i/o error" in text or "unable to open" in text:
+            return StoreUnavailable(f"cannot read or write {where}: {exc} (chainrun retries)")
+        return StoreError(
+            f"{where}: not a usable chainrun database ({exc}); "
+            "move it aside and resubmit, or point CHAINRUN_HOME elsewhere"
+        )
 
     def close(self) -> None:
         self.db.close()
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise self._unavailable(exc) from None
         try:
             yield self.db
-        except BaseException:
-            self.db.execute("ROLLBACK")
+            self.db.execute("COMMIT")
+        except BaseException as exc:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError):
+                raise self._unavailable(exc) from None
             raise
-        self.db.execute("COMMIT")
+
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        try:
+            return self.db.execute(sql, args).fetchall()
+        except sqlite3.OperationalError as exc:
+            raise self._unavailable(exc) from None
 
     def _migrate(self) -> None:
         with self._tx() as db:
@@ -216,16 +268,34 @@ class Store:
         return self.chain(chain_id)
 
     def chain(self, chain_id: str) -> Chain:
-        row = self.db.execute("SELECT * FROM chains WHERE id = ?", (chain_id,)).fetchone()
-        if row is None:
+        rows = self._rows("SELECT * FROM chains WHERE id = ?", (chain_id,))
+        if not rows:
             raise UsageError(f"no chain {chain_id!r}; `chainrun status` lists them")
-        return self._chain(row)
+        return self._chain(rows[0])
 
     def chains(self, active_only: bool = False) -> list[Chain]:
-        sql = "SELECT * FROM chains"
+        """Every chain, or only those a tick moves (active and stuck), oldest first."""
         if active_only:
-            sql += " WHERE state = 'active'"
-        return [self._chain(r) for r in self.db.execute(sql + " ORDER BY created_at")]
+            rows = self._rows("SELECT * FROM chains WHERE state IN (?, ?) ORDER BY created_at", LIVE_STATES)
+        else:
+            rows = self._rows("SELECT * FROM chains ORDER BY created_at")
+        return [self._chain(r) for r in rows]
+
+    def summary(self) -> dict[str, int]:
+        """Counts for the service's status line, from one query: chains with a running
+        job, with a queued one, active (stuck included), stuck, failed."""
+        row = self._rows(
+            """SELECT
+                (SELECT COUNT(DISTINCT s.chain_id) FROM segments s JOIN chains c ON c.id = s.chain_id
+                 WHERE c.state IN (?, ?) AND s.phase = 'running') AS running,
+                (SELECT COUNT(DISTINCT s.chain_id) FROM segments s JOIN chains c ON c.id = s.chain_id
+                 WHERE c.state IN (?, ?) AND s.phase = 'pending') AS queued,
+                (SELECT COUNT(*) FROM chains WHERE state IN (?, ?)) AS active,
+                (SELECT COUNT(*) FROM chains WHERE state = 'stuck') AS stuck,
+                (SELECT COUNT(*) FROM chains WHERE state = 'failed') AS failed""",
+            LIVE_STATES * 3,
+        )[0]
+        return {key: int(value) for key, value in zip(row.keys(), row)}
 
     def find(self, ref: str) -> Chain:
         """A chain by id, unique id prefix, or name (the newest chain of that name)."""
@@ -247,9 +317,7 @@ class Store:
         raise UsageError(f"no chain {ref!r}; `chainrun status` lists them")
 
     def _chain(self, row: sqlite3.Row) -> Chain:
-        segs = self.db.execute(
-            "SELECT * FROM segments WHERE chain_id = ? ORDER BY n", (row["id"],)
-        ).fetchall()
+        segs = self._rows("SELECT * FROM segments WHERE chain_id = ? ORDER BY n", (row["id"],))
         return Chain(
             id=row["id"],
             spec=JobSpec.from_json(json.loads(row["spec"])),
@@ -266,13 +334,6 @@ class Store:
             ended_at=row["ended_at"],
         )
 
-    def note_progress(self, chain_id: str, progress: Progress) -> None:
-        """Keep the newest progress seen, for status between segment ends."""
-        with self._tx() as db:
-            db.execute(
-                "UPDATE chains SET latest = ? WHERE id = ?", (json.dumps(progress.to_json()), chain_id)
-            )
-
     def request_cancel(self, chain_id: str, now: float) -> None:
         with self._tx() as db:
             db.execute("UPDATE chains SET cancel_requested = 1 WHERE id = ?", (chain_id,))
@@ -280,12 +341,9 @@ class Store:
 
     # -- segments -------------------------------------------------------------
 
-    def journal_submit(self, chain_id: str, sub: Submit, now: float) -> bool:
-        """Write 'submitting segment n' before the scheduler is asked.
-
-        Returns True when the row was already there: an earlier attempt may
-        have reached the scheduler, so the caller must look for that job first.
-        """
+    def journal_submit(self, chain_id: str, sub: Submit, now: float) -> int:
+        """Write 'submitting segment n' before the scheduler is asked; returns the attempt's
+        number. A crash after this is resolved by adoption (decide), never a second job."""
         with self._tx() as db:
             row = db.execute(
                 "SELECT attempts FROM segments WHERE chain_id = ? AND n = ?", (chain_id, sub.n)
@@ -296,148 +354,146 @@ class Store:
                     "VALUES (?, ?, ?, ?, ?, 1, ?)",
                     (chain_id, sub.n, sub.walltime, Phase.SUBMITTING.value, sub.after, now),
                 )
-            else:
-                db.execute(
-                    "UPDATE segments SET attempts = attempts + 1, submitted_at = ? "
-                    "WHERE chain_id = ? AND n = ?",
-                    (now, chain_id, sub.n),
-                )
-        return row is not None
+                return 1
+            db.execute(
+                "UPDATE segments SET attempts = attempts + 1, submitted_at = ? WHERE chain_id = ? AND n = ?",
+                (now, chain_id, sub.n),
+            )
+            return int(row["attempts"]) + 1
 
-    def record_job(self, chain_id: str, n: int, job_id: str, how: str, now: float) -> None:
+    def set_stuck(self, chain_id: str, stuck: bool, reason: str, now: float) -> None:
+        """Mark a chain whose ticks keep failing as stuck (with why), or active again."""
+        state = ChainState.STUCK if stuck else ChainState.ACTIVE
         with self._tx() as db:
             db.execute(
-                "UPDATE segments SET job_id = ?, phase = ?, retry_at = NULL WHERE chain_id = ? AND n = ?",
-                (job_id, Phase.PENDING.value, chain_id, n),
+                "UPDATE chains SET state = ?, reason = ? WHERE id = ? AND state IN (?, ?)",
+                (state.value, reason, chain_id, *LIVE_STATES),
             )
-            self._event(db, chain_id, n, now, "job", f"segment {n} {how} as job {job_id}")
+            self._event(db, chain_id, None, now, state.value, f"chain {state.value}: {reason}")
 
-    def submit_failed(self, chain_id: str, n: int, message: str, retry_at: float, now: float) -> None:
+    # -- one tick's record ------------------------------------------------------
+
+    def record(
+        self,
+        chain_id: str,
+        actions: list[Action],
+        latest: Optional[Progress],
+        warnings: list[str],
+        now: float,
+    ) -> None:
+        """Record one tick of a chain in one transaction: the actions carried out (each
+        with its reason), the newest progress seen, and what went wrong on the way."""
         with self._tx() as db:
+            if latest is not None:
+                db.execute(
+                    "UPDATE chains SET latest = ? WHERE id = ?", (json.dumps(latest.to_json()), chain_id)
+                )
+            for action in actions:
+                self._apply(db, chain_id, action, now)
+            for text in warnings:
+                self._event(db, chain_id, None, now, "warning", text)
+
+    def _apply(self, db: sqlite3.Connection, chain_id: str, action: Action, now: float) -> None:
+        seg = (chain_id, getattr(action, "n", None))
+        if isinstance(action, Track):
+            row = db.execute("SELECT phase FROM segments WHERE chain_id = ? AND n = ?", seg).fetchone()
+            db.execute(
+                "UPDATE segments SET phase = ?, reason = ?, started_at = COALESCE(started_at, ?), "
+                "missing_since = ? WHERE chain_id = ? AND n = ?",
+                (action.phase.value, action.reason, action.started_at, action.missing_since, *seg),
+            )
+            if row is not None and row["phase"] != action.phase.value:
+                text = f"segment {action.n} is {action.phase.value}"
+                self._event(db, chain_id, action.n, now, action.phase.value, text + _paren(action.reason))
+            elif action.missing_since is not None:
+                self._event(db, chain_id, action.n, now, "missing", f"segment {action.n} {action.reason}")
+        elif isinstance(action, Adopt):
+            db.execute(
+                "UPDATE segments SET job_id = ?, phase = CASE WHEN phase = ? THEN ? ELSE phase END, "
+                "retry_at = NULL, missing_since = NULL WHERE chain_id = ? AND n = ?",
+                (action.job_id, Phase.SUBMITTING.value, Phase.PENDING.value, *seg),
+            )
+            self._event(
+                db, chain_id, action.n, now, "job", f"segment {action.n} {action.how} as job {action.job_id}"
+            )
+        elif isinstance(action, RetryLater):
             db.execute(
                 "UPDATE segments SET retry_at = ?, reason = ? WHERE chain_id = ? AND n = ?",
-                (retry_at, message, chain_id, n),
+                (action.at, action.reason, *seg),
             )
             self._event(
                 db,
                 chain_id,
-                n,
+                action.n,
                 now,
                 "retry",
-                f"submitting segment {n} failed, retrying in {retry_at - now:.0f}s: {message}",
+                f"submitting segment {action.n} failed, retrying in {action.at - now:.0f}s: {action.reason}",
             )
-
-    def reject(self, chain_id: str, n: int, message: str, now: float) -> None:
-        with self._tx() as db:
+        elif isinstance(action, Reject):
             db.execute(
                 "UPDATE segments SET phase = ?, outcome = ?, reason = ?, ended_at = ? "
                 "WHERE chain_id = ? AND n = ?",
-                (Phase.ENDED.value, Outcome.REJECTED.value, message, now, chain_id, n),
+                (Phase.ENDED.value, Outcome.REJECTED.value, action.reason, now, *seg),
             )
-            self._event(db, chain_id, n, now, "rejected", f"segment {n} rejected: {message}")
-
-    def observe(
-        self,
-        chain_id: str,
-        n: int,
-        phase: Phase,
-        reason: str,
-        started_at: Optional[float],
-        missing_since: Optional[float],
-        now: float,
-    ) -> None:
-        """Record a live job's phase; an event only when the phase changes."""
-        with self._tx() as db:
-            row = db.execute(
-                "SELECT phase, started_at FROM segments WHERE chain_id = ? AND n = ?",
-                (chain_id, n),
-            ).fetchone()
+            self._event(
+                db, chain_id, action.n, now, "rejected", f"segment {action.n} rejected: {action.reason}"
+            )
+        elif isinstance(action, Remove):
+            self._event(
+                db, chain_id, action.n, now, "removed", f"job {action.job_id} removed: {action.reason}"
+            )
+        elif isinstance(action, EndSegment):
             db.execute(
-                "UPDATE segments SET phase = ?, reason = ?, started_at = COALESCE(started_at, ?), "
-                "missing_since = ? WHERE chain_id = ? AND n = ?",
-                (phase.value, reason, started_at, missing_since, chain_id, n),
+                "UPDATE segments SET phase = ?, outcome = ?, exit_code = ?, charged = ?, "
+                "ended_at = ?, reason = ? WHERE chain_id = ? AND n = ?",
+                (
+                    Phase.ENDED.value,
+                    action.outcome.value,
+                    action.exit_code,
+                    int(action.charged),
+                    action.ended_at,
+                    action.reason,
+                    *seg,
+                ),
             )
-            if row is not None and row["phase"] != phase.value:
-                text = f"segment {n} is {phase.value}" + (f" ({reason})" if reason else "")
-                self._event(db, chain_id, n, now, phase.value, text)
-
-    # -- decisions ------------------------------------------------------------
-
-    def apply(self, chain_id: str, action: Action, now: float) -> None:
-        """Record one carried-out decision and its reason."""
-        with self._tx() as db:
-            if isinstance(action, EndSegment):
-                db.execute(
-                    "UPDATE segments SET phase = ?, outcome = ?, exit_code = ?, charged = ?, "
-                    "ended_at = ?, reason = ? WHERE chain_id = ? AND n = ?",
-                    (
-                        Phase.ENDED.value,
-                        action.outcome.value,
-                        action.exit_code,
-                        int(action.charged),
-                        action.ended_at,
-                        action.reason,
-                        chain_id,
-                        action.n,
-                    ),
-                )
-                db.execute(
-                    "UPDATE chains SET failures = failures + ?, used = used + ?, progress = ? WHERE id = ?",
-                    (
-                        int(action.charged),
-                        action.elapsed,
-                        json.dumps(action.progress.to_json()),
-                        chain_id,
-                    ),
-                )
-                cost = "costs one failure" if action.charged else "no cost"
-                self._event(
-                    db,
-                    chain_id,
-                    action.n,
-                    now,
-                    "ended",
-                    f"segment {action.n} ended: {action.reason}; {cost}; "
-                    f"progress: {action.progress.describe()}",
-                )
-            elif isinstance(action, Cancel):
-                db.execute(
-                    "UPDATE segments SET phase = ?, outcome = ?, ended_at = ?, reason = ? "
-                    "WHERE chain_id = ? AND n = ? AND phase != ?",
-                    (
-                        Phase.ENDED.value,
-                        Outcome.CANCELLED.value,
-                        now,
-                        action.reason,
-                        chain_id,
-                        action.n,
-                        Phase.ENDED.value,
-                    ),
-                )
-                job = f"job {action.job_id}" if action.job_id else "not yet submitted"
-                self._event(
-                    db,
-                    chain_id,
-                    action.n,
-                    now,
-                    "cancelled",
-                    f"segment {action.n} ({job}) cancelled: {action.reason}",
-                )
-            elif isinstance(action, Finish):
-                db.execute(
-                    "UPDATE chains SET state = ?, reason = ?, ended_at = ? WHERE id = ?",
-                    (action.state.value, action.reason, now, chain_id),
-                )
-                self._event(
-                    db,
-                    chain_id,
-                    None,
-                    now,
-                    action.state.value,
-                    f"chain {action.state.value}: {action.reason}",
-                )
-            else:
-                raise TypeError(f"not a recorded action: {action!r}")
+            db.execute(
+                "UPDATE chains SET failures = failures + ?, used = used + ?, progress = ? WHERE id = ?",
+                (int(action.charged), action.elapsed, json.dumps(action.progress.to_json()), chain_id),
+            )
+            cost = "costs one failure" if action.charged else "no cost"
+            self._event(
+                db,
+                chain_id,
+                action.n,
+                now,
+                "ended",
+                f"segment {action.n} ended: {action.reason}; {cost}; progress: {action.progress.describe()}",
+            )
+        elif isinstance(action, Cancel):
+            db.execute(
+                "UPDATE segments SET phase = ?, outcome = ?, ended_at = ?, reason = ? "
+                "WHERE chain_id = ? AND n = ? AND phase != ?",
+                (Phase.ENDED.value, Outcome.CANCELLED.value, now, action.reason, *seg, Phase.ENDED.value),
+            )
+            job = f"job {action.job_id}" if action.job_id else "not yet submitted"
+            self._event(
+                db,
+                chain_id,
+                action.n,
+                now,
+                "cancelled",
+                f"segment {action.n} ({job}) cancelled: {action.reason}",
+            )
+        elif isinstance(action, Finish):
+            db.execute(
+                "UPDATE chains SET state = ?, reason = ?, ended_at = ? WHERE id = ?",
+                (action.state.value, action.reason, now, chain_id),
+            )
+            self._event(
+                db, chain_id, None, now, action.state.value, f"chain {action.state.value}: {action.reason}"
+            )
+        else:
+            raise TypeError(f"not a recorded action: {action!r}")
 
     # -- events ---------------------------------------------------------------
 
@@ -446,7 +502,7 @@ class Store:
             self._event(db, chain_id, segment, time.time(), kind, message)
 
     def events(self, chain_id: str, after_id: int = 0) -> list[Event]:
-        rows = self.db.execute(
+        rows = self._rows(
             "SELECT * FROM events WHERE chain_id = ? AND id > ? ORDER BY id", (chain_id, after_id)
         )
         return [Event(r["id"], r["chain_id"], r["segment"], r["at"], r["kind"], r["message"]) for r in rows]
@@ -459,6 +515,10 @@ class Store:
             "INSERT INTO events (chain_id, segment, at, kind, message) VALUES (?, ?, ?, ?, ?)",
             (chain_id, segment, at, kind, message),
         )
+
+
+def _paren(text: str) -> str:
+    return f" ({text})" if text else ""
 
 
 def _segment(row: sqlite3.Row) -> Segment:

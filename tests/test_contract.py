@@ -27,7 +27,7 @@ import pytest
 from conftest import REPO, have, need, wait_for
 
 from chainrun.schedulers import scheduler_for
-from chainrun.schedulers.base import LiveJob
+from chainrun.model import LiveJob
 from chainrun.transport import LocalTransport
 
 DATA = Path(__file__).parent / "data"

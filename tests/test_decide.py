@@ -8,7 +8,7 @@ from typing import Optional
 
 import pytest
 
-from chainrun.decide import decide
+from chainrun.decide import LOST_AFTER, Facts, JobFacts, decide
 from chainrun.model import (
     NO_PROGRESS,
     Cancel,
@@ -17,12 +17,13 @@ from chainrun.model import (
     EndSegment,
     Finish,
     JobSpec,
-    Observation,
+    LiveJob,
     Outcome,
     Phase,
     Progress,
     Segment,
     Submit,
+    Track,
 )
 
 SPEC = JobSpec(
@@ -52,8 +53,18 @@ def chain(*segments: Segment, spec: JobSpec = SPEC, **kw: object) -> Chain:
     return Chain(id="c", spec=spec, state=ChainState.ACTIVE, created_at=0.0, segments=segments, **fields)  # type: ignore[arg-type]
 
 
-def ended(job: str, outcome: Outcome, code: Optional[int] = 0, start: float = NOW - 90) -> Observation:
-    return Observation(job, Phase.ENDED, outcome=outcome, exit_code=code, started_at=start, ended_at=NOW - 1)
+def ended(job: str, outcome: Outcome, code: Optional[int] = 0, start: float = NOW - 90) -> JobFacts:
+    """The live view shows the job ended (no wrapper markers)."""
+    return JobFacts(live=LiveJob(job, job, Phase.ENDED, outcome, code, started_at=start, ended_at=NOW - 1))
+
+
+def shown(job: str, phase: Phase, reason: str = "") -> JobFacts:
+    return JobFacts(live=LiveJob(job, job, phase, reason=reason))
+
+
+def run(c: Chain, jobs: dict[str, JobFacts], progress: Optional[Progress], now: float = NOW) -> list[object]:
+    """decide() on the live view ``jobs`` and the checkpoint ``progress``."""
+    return decide(c, Facts(jobs=jobs, progress=progress), now)  # type: ignore[return-value]
 
 
 def kinds(actions: list[object]) -> list[str]:
@@ -62,24 +73,24 @@ def kinds(actions: list[object]) -> list[str]:
 
 def test_empty_chain_submits_first_segment_with_full_walltime() -> None:
     """A new chain asks for segment 1 with no dependency."""
-    assert decide(chain(), {}, NO_PROGRESS, NOW) == [Submit(n=1, walltime=100)]
+    assert run(chain(), {}, NO_PROGRESS, NOW) == [Submit(n=1, walltime=100)]
 
 
 def test_one_live_segment_gets_one_successor_queued_after_it() -> None:
     """The successor is queued ahead with a dependency on the current job."""
-    assert decide(chain(seg(1)), {}, BEFORE, NOW) == [Submit(n=2, walltime=100, after="j1")]
+    assert run(chain(seg(1)), {}, BEFORE, NOW) == [Submit(n=2, walltime=100, after="j1")]
 
 
 def test_two_live_segments_queue_nothing_more() -> None:
     """Never more than one successor queued ahead."""
-    assert decide(chain(seg(1), seg(2, Phase.PENDING)), {}, BEFORE, NOW) == []
+    assert run(chain(seg(1), seg(2, Phase.PENDING)), {}, BEFORE, NOW) == []
 
 
 def test_no_successor_before_the_current_job_id_is_known() -> None:
     """A dependency needs the predecessor's id; wait for it."""
     journaled = seg(1, Phase.SUBMITTING, retry_at=NOW + 50)
     journaled = replace(journaled, job_id=None)
-    assert decide(chain(journaled), {}, BEFORE, NOW) == []
+    assert run(chain(journaled), {}, BEFORE, NOW) == []
 
 
 FREE_WITH_PROGRESS = (Outcome.TIMEOUT, Outcome.PREEMPTED, Outcome.COMPLETED)
@@ -95,7 +106,7 @@ def test_every_outcome_progress_and_budget_edge(outcome: Outcome, advanced: bool
     c = chain(seg(1), seg(2, Phase.PENDING), failures=failures)
     progress = AFTER if advanced else BEFORE
     code = 0 if outcome in FREE_WITH_PROGRESS else 1
-    actions = decide(c, {"j1": ended("j1", outcome, code)}, progress, NOW)
+    actions = run(c, {"j1": ended("j1", outcome, code)}, progress, NOW)
 
     end = actions[0]
     assert isinstance(end, EndSegment)
@@ -122,7 +133,7 @@ def test_every_outcome_progress_and_budget_edge(outcome: Outcome, advanced: bool
 def test_no_progress_reason_names_it() -> None:
     """A run that never advances its checkpoint fails with reason 'no progress'."""
     c = chain(seg(1), failures=2)
-    actions = decide(c, {"j1": ended("j1", Outcome.TIMEOUT)}, BEFORE, NOW)
+    actions = run(c, {"j1": ended("j1", Outcome.TIMEOUT)}, BEFORE, NOW)
     fin = actions[-1]
     assert isinstance(fin, Finish) and fin.state is ChainState.FAILED
     assert "no progress" in fin.reason and "failure budget spent" in fin.reason
@@ -130,7 +141,7 @@ def test_no_progress_reason_names_it() -> None:
 
 def test_unreadable_progress_counts_as_no_new_progress() -> None:
     """A corrupt sidecar (progress None) never counts as progress."""
-    actions = decide(chain(seg(1)), {"j1": ended("j1", Outcome.TIMEOUT)}, None, NOW)
+    actions = run(chain(seg(1)), {"j1": ended("j1", Outcome.TIMEOUT)}, None, NOW)
     end = actions[0]
     assert isinstance(end, EndSegment) and end.charged and end.progress == BEFORE
 
@@ -138,7 +149,7 @@ def test_unreadable_progress_counts_as_no_new_progress() -> None:
 def test_target_epoch_reached_completes_and_cancels_successor() -> None:
     """Reaching target_epoch completes the chain and cancels the queued successor."""
     done = Progress(epoch=10, saved_at=300.0)
-    actions = decide(chain(seg(1), seg(2, Phase.PENDING)), {"j1": ended("j1", Outcome.TIMEOUT)}, done, NOW)
+    actions = run(chain(seg(1), seg(2, Phase.PENDING)), {"j1": ended("j1", Outcome.TIMEOUT)}, done, NOW)
     assert kinds(actions) == ["EndSegment", "Cancel", "Finish"]
     fin = actions[-1]
     assert isinstance(fin, Finish) and fin.state is ChainState.COMPLETED
@@ -148,9 +159,9 @@ def test_target_epoch_reached_completes_and_cancels_successor() -> None:
 def test_target_reached_while_running_cancels_the_queue_and_lets_the_runner_finish() -> None:
     """Past the target, the queued successor goes; the running segment may finish its work."""
     done = Progress(epoch=12, saved_at=300.0)
-    actions = decide(chain(seg(1), seg(2, Phase.PENDING)), {}, done, NOW)
+    actions = run(chain(seg(1), seg(2, Phase.PENDING)), {}, done, NOW)
     assert actions == [Cancel(n=2, job_id="j2", reason="target reached")]
-    actions = decide(chain(seg(1)), {"j1": ended("j1", Outcome.COMPLETED)}, done, NOW)
+    actions = run(chain(seg(1)), {"j1": ended("j1", Outcome.COMPLETED)}, done, NOW)
     assert kinds(actions) == ["EndSegment", "Finish"]
 
 
@@ -158,7 +169,7 @@ def test_done_flag_completes_without_target() -> None:
     """The helper's done flag completes the chain."""
     spec = replace(SPEC, target_epoch=None)
     obs = {"j1": ended("j1", Outcome.TIMEOUT)}
-    actions = decide(chain(seg(1), spec=spec), obs, Progress(epoch=2, done=True, saved_at=5.0), NOW)
+    actions = run(chain(seg(1), spec=spec), obs, Progress(epoch=2, done=True, saved_at=5.0), NOW)
     assert isinstance(actions[-1], Finish) and actions[-1].state is ChainState.COMPLETED
 
 
@@ -167,7 +178,7 @@ def test_without_target_exit_zero_completes(code: int, completes: bool) -> None:
     """With no target_epoch, a command that exits 0 on its own is done."""
     spec = replace(SPEC, target_epoch=None)
     outcome = Outcome.COMPLETED if code == 0 else Outcome.FAILED
-    actions = decide(chain(seg(1), spec=spec), {"j1": ended("j1", outcome, code)}, BEFORE, NOW)
+    actions = run(chain(seg(1), spec=spec), {"j1": ended("j1", outcome, code)}, BEFORE, NOW)
     finished = [a for a in actions if isinstance(a, Finish)]
     assert bool(finished and finished[0].state is ChainState.COMPLETED) is completes
     end = actions[0]
@@ -177,7 +188,7 @@ def test_without_target_exit_zero_completes(code: int, completes: bool) -> None:
 def test_completed_beats_failed_when_both_apply() -> None:
     """A crash after the target was saved still completes the chain."""
     done = Progress(epoch=10, saved_at=300.0)
-    actions = decide(chain(seg(1), failures=2), {"j1": ended("j1", Outcome.FAILED, 1)}, done, NOW)
+    actions = run(chain(seg(1), failures=2), {"j1": ended("j1", Outcome.FAILED, 1)}, done, NOW)
     fin = actions[-1]
     assert isinstance(fin, Finish) and fin.state is ChainState.COMPLETED
 
@@ -195,7 +206,7 @@ def test_completed_beats_failed_when_both_apply() -> None:
 def test_time_budget_clamps_and_exhausts(used: float, expected: object) -> None:
     """The last segment is clamped; the chain is exhausted when no useful time is left."""
     done_seg = seg(1, Phase.ENDED, outcome=Outcome.TIMEOUT)
-    actions = decide(chain(done_seg, used=used), {}, BEFORE, NOW)
+    actions = run(chain(done_seg, used=used), {}, BEFORE, NOW)
     if expected == "exhausted":
         assert len(actions) == 1
         fin = actions[0]
@@ -208,7 +219,7 @@ def test_time_budget_clamps_and_exhausts(used: float, expected: object) -> None:
 @pytest.mark.parametrize(("used", "expected"), [(800.0, 100), (850.0, 50), (895.0, None)])
 def test_successor_walltime_assumes_current_uses_all_of_its_own(used: float, expected: Optional[int]) -> None:
     """The queued-ahead successor fits the budget left after the current segment's walltime."""
-    actions = decide(chain(seg(1), used=used), {}, BEFORE, NOW)
+    actions = run(chain(seg(1), used=used), {}, BEFORE, NOW)
     if expected is None:
         assert actions == []
     else:
@@ -218,7 +229,7 @@ def test_successor_walltime_assumes_current_uses_all_of_its_own(used: float, exp
 def test_cancel_requested_cancels_every_live_job() -> None:
     """A user's cancel cancels running and queued jobs and ends the chain."""
     c = chain(seg(1), seg(2, Phase.PENDING), cancel_requested=True)
-    assert decide(c, {}, BEFORE, NOW) == [
+    assert run(c, {}, BEFORE, NOW) == [
         Cancel(n=1, job_id="j1", reason="chain cancelled"),
         Cancel(n=2, job_id="j2", reason="chain cancelled"),
         Finish(state=ChainState.CANCELLED, reason="cancelled by user"),
@@ -229,7 +240,7 @@ def test_cancel_requested_cancels_every_live_job() -> None:
 def test_final_chain_gets_no_actions(state: ChainState) -> None:
     """Nothing is ever submitted after a final state."""
     c = replace(chain(seg(1)), state=state)
-    assert decide(c, {"j1": ended("j1", Outcome.FAILED, 1)}, AFTER, NOW) == []
+    assert run(c, {"j1": ended("j1", Outcome.FAILED, 1)}, AFTER, NOW) == []
 
 
 def test_rejected_submission_fails_chain_with_scheduler_message() -> None:
@@ -240,7 +251,7 @@ def test_rejected_submission_fails_chain_with_scheduler_message() -> None:
         outcome=Outcome.REJECTED,
         reason="sbatch: error: invalid partition specified: nosuch",
     )
-    actions = decide(chain(rejected), {}, BEFORE, NOW)
+    actions = run(chain(rejected), {}, BEFORE, NOW)
     assert actions == [Finish(ChainState.FAILED, "sbatch: error: invalid partition specified: nosuch")]
 
 
@@ -248,24 +259,36 @@ def test_rejected_submission_fails_chain_with_scheduler_message() -> None:
 def test_journaled_submission_is_retried_after_backoff(retry_at: Optional[float], resubmits: bool) -> None:
     """A submission that failed transiently is retried once its backoff has passed."""
     s = replace(seg(1, Phase.SUBMITTING), job_id=None, retry_at=retry_at)
-    actions = decide(chain(s), {}, BEFORE, NOW)
+    actions = run(chain(s), {}, BEFORE, NOW)
     assert actions == ([Submit(n=1, walltime=100, after=None)] if resubmits else [])
 
 
 def test_pending_and_running_observations_change_nothing() -> None:
     """A job that has not ended is not charged and nothing is resubmitted."""
-    c = chain(seg(1), seg(2, Phase.PENDING))
-    obs = {
-        "j1": Observation("j1", Phase.RUNNING),
-        "j2": Observation("j2", Phase.PENDING, reason="Dependency"),
-    }
-    assert decide(c, obs, AFTER, NOW) == []
+    c = chain(seg(1), seg(2, Phase.PENDING, reason="Dependency"))
+    obs = {"j1": shown("j1", Phase.RUNNING), "j2": shown("j2", Phase.PENDING, "Dependency")}
+    assert run(c, obs, AFTER, NOW) == []
+
+
+def test_a_job_that_changed_is_tracked_and_one_gone_is_lost_only_after_a_while() -> None:
+    """Start, reason and disappearance are recorded; a job gone without a trace is lost
+    LOST_AFTER seconds after it was first missed, and that costs a failure."""
+    c = chain(seg(1, Phase.PENDING), seg(2, Phase.PENDING))
+    obs = {"j1": JobFacts(live=LiveJob("j1", "j1", Phase.RUNNING, started_at=NOW - 5))}
+    assert run(c, obs, AFTER, NOW) == [Track(1, Phase.RUNNING, "", NOW - 5, None)]
+    assert run(c, {"j1": JobFacts()}, AFTER, NOW) == [Track(1, Phase.PENDING, "gone from the queue", None, NOW)]
+    missing = chain(seg(1, missing_since=NOW - LOST_AFTER + 1), seg(2, Phase.PENDING))
+    assert run(missing, {"j1": JobFacts()}, AFTER, NOW) == []
+    lost = chain(seg(1, missing_since=NOW - LOST_AFTER), seg(2, Phase.PENDING))
+    (end, *rest) = run(lost, {"j1": JobFacts()}, AFTER, NOW)
+    assert isinstance(end, EndSegment) and end.outcome is Outcome.LOST and end.charged
+    assert "gone from the scheduler for 180s" in end.reason
 
 
 def test_timeout_without_start_time_counts_its_walltime() -> None:
     """A timed-out job never seen running still used its walltime."""
-    obs = Observation("j1", Phase.ENDED, outcome=Outcome.TIMEOUT, exit_code=0)
-    end = decide(chain(seg(1)), {"j1": obs}, AFTER, NOW)[0]
+    obs = JobFacts(live=LiveJob("j1", "j1", Phase.ENDED, Outcome.TIMEOUT, 0))
+    end = run(chain(seg(1)), {"j1": obs}, AFTER, NOW)[0]
     assert isinstance(end, EndSegment) and end.elapsed == 100.0
 
 
@@ -273,7 +296,7 @@ def test_two_segments_ending_in_one_tick_credit_progress_once() -> None:
     """Progress is credited to the first ended segment; the second made none."""
     c = chain(seg(1), seg(2))
     obs = {"j1": ended("j1", Outcome.TIMEOUT), "j2": ended("j2", Outcome.TIMEOUT)}
-    actions = decide(c, obs, AFTER, NOW)
+    actions = run(c, obs, AFTER, NOW)
     ends = [a for a in actions if isinstance(a, EndSegment)]
     assert [e.charged for e in ends] == [False, True]
     assert isinstance(actions[-1], Submit) and actions[-1].n == 3
@@ -282,13 +305,13 @@ def test_two_segments_ending_in_one_tick_credit_progress_once() -> None:
 def test_max_failures_zero_never_queues_ahead() -> None:
     """With no failure budget, every segment is the last life: no successor ahead."""
     spec = replace(SPEC, max_failures=0)
-    assert decide(chain(seg(1), spec=spec), {}, BEFORE, NOW) == []
+    assert run(chain(seg(1), spec=spec), {}, BEFORE, NOW) == []
 
 
 def test_segment_ending_after_the_goal_was_reached_costs_nothing() -> None:
     """A queued-ahead successor that ran after the target (skipped) is not charged."""
     c = chain(seg(2), progress=Progress(epoch=10, saved_at=300.0))
-    actions = decide(c, {"j2": ended("j2", Outcome.COMPLETED)}, Progress(epoch=10, saved_at=300.0), NOW)
+    actions = run(c, {"j2": ended("j2", Outcome.COMPLETED)}, Progress(epoch=10, saved_at=300.0), NOW)
     end = actions[0]
     assert isinstance(end, EndSegment) and not end.charged
     assert isinstance(actions[-1], Finish) and actions[-1].state is ChainState.COMPLETED
@@ -299,7 +322,7 @@ def test_successor_skipped_in_the_same_tick_as_the_segment_that_reached_the_goal
     target = Progress(epoch=SPEC.target_epoch, saved_at=300.0)
     c = chain(seg(1), seg(2, Phase.PENDING))
     obs = {"j1": ended("j1", Outcome.COMPLETED), "j2": ended("j2", Outcome.COMPLETED)}
-    actions = decide(c, obs, target, NOW)
+    actions = run(c, obs, target, NOW)
     ends = [a for a in actions if isinstance(a, EndSegment)]
     assert [(e.n, e.charged) for e in ends] == [(1, False), (2, False)]
     assert isinstance(actions[-1], Finish) and actions[-1].state is ChainState.COMPLETED

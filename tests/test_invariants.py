@@ -8,11 +8,12 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chainrun.decide import decide
+from chainrun.decide import Facts, JobFacts, decide
 from chainrun.model import (
+    Adopt,
     Finish,
     JobSpec,
-    Observation,
+    LiveJob,
     Outcome,
     Phase,
     Progress,
@@ -61,9 +62,10 @@ def test_random_histories_keep_the_invariants(
                 if seg.job_id is None or event == "stay":
                     continue
                 if event == "run":
-                    observations[seg.job_id] = Observation(seg.job_id, Phase.RUNNING)
+                    live = LiveJob(seg.job_id, seg.job_id, Phase.RUNNING)
                 else:
-                    observations[seg.job_id] = Observation(
+                    live = LiveJob(
+                        seg.job_id,
                         seg.job_id,
                         Phase.ENDED,
                         outcome=Outcome(event),
@@ -71,21 +73,24 @@ def test_random_histories_keep_the_invariants(
                         started_at=now - min(elapsed, seg.walltime),
                         ended_at=now,
                     )
+                observations[seg.job_id] = JobFacts(live=live)
             epoch += advance
             progress = None if unreadable else Progress(epoch=epoch, saved_at=now)
-            actions = decide(chain, observations, progress, now)
+            actions = decide(chain, Facts(jobs=observations, progress=progress), now)
 
             if was_final:
                 assert actions == []
             finish_at = next((i for i, a in enumerate(actions) if isinstance(a, Finish)), len(actions))
             assert not any(isinstance(a, Submit) for a in actions[finish_at:]), "submit after the end"
+            done = []
             for action in actions:
                 if isinstance(action, Submit):
-                    if store.journal_submit(chain.id, action, now) is False:
-                        jobs += 1
-                        store.record_job(chain.id, action.n, f"j{jobs}", "submitted", now)
+                    store.journal_submit(chain.id, action, now)
+                    jobs += 1
+                    done.append(Adopt(action.n, f"j{jobs}", "submitted"))
                 else:
-                    store.apply(chain.id, action, now)
+                    done.append(action)
+            store.record(chain.id, done, progress, [], now)
             after = store.chain(chain.id)
             assert len(after.live) <= 2, "more than one successor queued ahead"
             assert after.failures >= failures, "failure count decreased"

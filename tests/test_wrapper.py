@@ -14,7 +14,7 @@ import pytest
 from conftest import wait_for
 from test_slurm_backend import hostile_spec
 
-from chainrun.schedulers.base import EndMarker, SegmentJob, render_script
+from chainrun.schedulers.segment import EndMarker, SegmentJob, render_script
 from chainrun.schedulers.slurm import SlurmScheduler
 
 

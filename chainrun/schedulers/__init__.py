@@ -6,7 +6,8 @@ from typing import Optional
 
 from chainrun.errors import JobFileError, SchedulerError
 from chainrun.model import JobSpec
-from chainrun.schedulers.base import Scheduler, SegmentJob, render_script
+from chainrun.schedulers.base import Scheduler
+from chainrun.schedulers.segment import SegmentJob, render_script
 from chainrun.store import new_chain_id
 
 

@@ -12,8 +12,8 @@ import sys
 from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
-from chainrun.model import Outcome, Phase
-from chainrun.schedulers.base import LiveJob, SegmentJob
+from chainrun.model import LiveJob, Outcome, Phase
+from chainrun.schedulers.segment import SegmentJob
 from chainrun.transport import CommandResult
 
 _PHASES = {"pending": Phase.PENDING, "running": Phase.RUNNING, "ended": Phase.ENDED}

@@ -16,8 +16,9 @@ from datetime import datetime, timezone
 from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
-from chainrun.model import Outcome, Phase
-from chainrun.schedulers.base import LiveJob, SegmentJob, command_error, submitted_id
+from chainrun.model import LiveJob, Outcome, Phase
+from chainrun.schedulers.base import command_error, submitted_id
+from chainrun.schedulers.segment import SegmentJob
 from chainrun.transport import CommandResult
 
 UTC_ENV = ["env", "TZ=UTC"]

@@ -11,8 +11,9 @@ import re
 from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
-from chainrun.model import Outcome, Phase
-from chainrun.schedulers.base import LiveJob, SegmentJob, command_error, submitted_id
+from chainrun.model import LiveJob, Outcome, Phase
+from chainrun.schedulers.base import command_error, submitted_id
+from chainrun.schedulers.segment import SegmentJob
 from chainrun.transport import CommandResult
 
 # Times as epoch seconds: Slurm prints local time without a zone otherwise, and

@@ -30,27 +30,59 @@ job="${SLURM_JOB_ID:-${JOB_ID:-${CHAINRUN_LOCAL_JOB_ID:-}}}"
 end_marker() { # exit-code original-code skipped
     (
         umask 077
-        printf 'exit=%s\noriginal=%s\nsignal=%s\nskipped=%s\njob=%s\nat=%s\n' \
-            "$1" "$2" "$got" "$3" "$job" "$(date +%s)" >"$marker.end.tmp"
+        {
+            printf 'exit=%s\noriginal=%s\nsignal=%s\nskipped=%s\njob=%s\nat=%s\n' \
+                "$1" "$2" "$got" "$3" "$job" "$(date +%s)"
+            snapshot
+        } >"$marker.end.tmp"
     ) && mv -f "$marker.end.tmp" "$marker.end"
 }
 
-got=""
-(umask 077 && printf 'job=%s\nhost=%s\nat=%s\n' "$job" "$(hostname)" "$(date +%s)" >"$marker.start")
-
-# A successor queued ahead must never burn an allocation once the goal is met.
-skip=""
+# The checkpoint as this segment finds and leaves it, in its markers: each
+# segment is judged on its own progress, also when several end while the
+# service is away. Only a regular file is read, and at most 1 MiB of it: a
+# FIFO or a link to a device planted as the sidecar never blocks the job.
 progress="$CHAINRUN_CHECKPOINT_DIR/chainrun-progress.json"
+sidecar() {
+    if [ -f "$progress" ] && [ ! -L "$progress" ]; then head -c 1048576 -- "$progress" 2>/dev/null; fi
+}
+field() { # name pattern: the value of a top-level sidecar field
+    printf '%s' "$text" | grep -o "\"$1\": *$2" | head -n 1 | sed 's/^[^:]*: *//' || true
+}
+snapshot() {
+    local text
+    text=$(sidecar | tr -d '\n' || true)
+    printf 'ckpt_epoch=%s\nckpt_step=%s\nckpt_saved=%s\nckpt_done=%s\nckpt_mtime=%s\n' \
+        "$(field epoch '[0-9][0-9]*')" "$(field step '[0-9][0-9]*')" \
+        "$(field saved_at '[0-9][0-9.eE+-]*')" "$(field done true)" \
+        "$(find "$CHAINRUN_CHECKPOINT_DIR" -maxdepth 1 -type f ! -name '.*' ! -name '*.tmp' \
+            ! -name '*.partial' ! -name '*.lock' ! -name '*~' -printf '%T@\n' 2>/dev/null |
+            sort -n | tail -n 1)"
+}
+
+got=""
+(umask 077 && {
+    printf 'job=%s\nhost=%s\nat=%s\n' "$job" "$(hostname)" "$(date +%s)"
+    snapshot
+} >"$marker.start")
+
+# A successor queued ahead must never burn an allocation once the goal is met,
+# also when it starts before the service has noticed.
+skip=""
+text=$(sidecar | tr -d '\n' || true)
+before="$CHAINRUN_RUN_DIR/seg-0002.end"
 if [ -e "$CHAINRUN_RUN_DIR/final" ]; then
     skip="the chain has already ended"
-elif [ -r "$progress" ]; then
-    if grep -q '"done": true' "$progress"; then
-        skip="the checkpoint says training is done"
-    elif [ -n "$target" ]; then
-        epoch=$(grep -o '"epoch": *[0-9][0-9]*' "$progress" | grep -o '[0-9]*$' || true)
-        if [ -n "$epoch" ] && [ "$epoch" -ge "$target" ]; then
-            skip="epoch $epoch already reached target_epoch $target"
-        fi
+elif [ -f "$before" ] && grep -qx 'skipped=1' "$before"; then
+    skip="segment 2 found the goal already reached"
+elif [ -z "$target" ] && [ -f "$before" ] && grep -qx 'original=0' "$before" && grep -qx 'signal=' "$before"; then
+    skip="segment 2 finished on its own (exit 0 before its walltime)"
+elif [ "$(field done true)" = true ]; then
+    skip="the checkpoint says training is done"
+elif [ -n "$target" ]; then
+    epoch=$(field epoch '[0-9][0-9]*')
+    if [ -n "$epoch" ] && [ "$epoch" -ge "$target" ]; then
+        skip="epoch $epoch already reached target_epoch $target"
     fi
 fi
 if [ -n "$skip" ]; then

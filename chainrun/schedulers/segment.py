@@ -1,0 +1,200 @@
+"""The segment protocol: what every backend's job shares.
+
+A segment's names and paths (the tag ``cr.CHAIN.N`` that finds a job again
+after a crash, the run directory next to the training), the one wrapper
+script every backend runs (``segment.sh``, rendered here in one pass), and
+the markers the wrapper leaves: ``seg-NNNN.start`` and ``seg-NNNN.end``, each
+with the checkpoint as the segment found and left it, and ``final``, written
+when the chain ends so that a successor that starts anyway exits at once.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+import signal as signals
+from dataclasses import dataclass
+from importlib import resources
+from typing import TYPE_CHECKING, Optional
+
+from chainrun.model import JobSpec, Outcome, Progress
+
+if TYPE_CHECKING:
+    from chainrun.schedulers.base import Scheduler
+
+RUN_DIR_NAME = ".chainrun"
+FINAL_NAME = "final"
+
+
+@dataclass(frozen=True)
+class SegmentJob:
+    """One segment as the scheduler sees it: names, paths, limits."""
+
+    chain_id: str
+    n: int
+    spec: JobSpec
+    walltime: int
+    after: Optional[str] = None
+
+    @property
+    def tag(self) -> str:
+        """Deterministic job name: finds the job again after a crash."""
+        return tag_for(self.chain_id, self.n)
+
+    @property
+    def run_dir(self) -> str:
+        return run_dir(self.spec, self.chain_id)
+
+    @property
+    def stem(self) -> str:
+        return posixpath.join(self.run_dir, f"seg-{self.n:04d}")
+
+    @property
+    def script_path(self) -> str:
+        return self.stem + ".sh"
+
+    @property
+    def log_path(self) -> str:
+        return self.stem + ".log"
+
+
+def tag_for(chain_id: str, n: int) -> str:
+    return f"cr.{chain_id}.{n}"
+
+
+def run_dir(spec: JobSpec, chain_id: str) -> str:
+    """Where a chain's scripts, logs and markers live, next to the training."""
+    return posixpath.join(spec.workdir, RUN_DIR_NAME, chain_id)
+
+
+def final_path(spec: JobSpec, chain_id: str) -> str:
+    return posixpath.join(run_dir(spec, chain_id), FINAL_NAME)
+
+
+def quote(value: str) -> str:
+    """shlex.quote, with each newline written as ``$'\\n'``: no value from the job
+    file ever starts a line of the script (qsub reads ``#$`` at any line's start)."""
+    return "$'\\n'".join(shlex.quote(part) for part in value.split("\n"))
+
+
+_PLACEHOLDER = re.compile(r"@@([A-Z_]+)@@")
+
+
+def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
+    """The batch script: shebang, the backend's directives, the shared wrapper.
+
+    Placeholders are replaced in one pass over the template, so a value that
+    holds ``@@NAME@@`` arrives as it is, never expanded again."""
+    spec = job.spec
+    q = quote
+    values = {
+        "CHAIN": q(job.chain_id),
+        "SEGMENT": str(job.n),
+        "SEGMENT_PADDED": f"{job.n:04d}",
+        "PREVIOUS": str(job.n - 1),
+        "PREVIOUS_PADDED": f"{job.n - 1:04d}",
+        "CHECKPOINT_DIR": q(spec.checkpoint_dir),
+        "SIGNAL": q(spec.signal),
+        "RUN_DIR": q(job.run_dir),
+        "WALLTIME": str(job.walltime),
+        "GRACE": str(spec.grace),
+        "WRAPPER_SIGNALS": "1" if scheduler.wrapper_signals else "",
+        "ENV": "\n".join(f"export {key}={q(value)}" for key, value in spec.env),
+        "TARGET": q("" if spec.target_epoch is None else str(spec.target_epoch)),
+        "WORKDIR": q(spec.workdir),
+        "COMMAND": q(spec.command),
+    }
+    template = resources.files("chainrun.schedulers").joinpath("segment.sh").read_text()
+    body = _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
+    header = ["#!/bin/bash", *scheduler.directives(job)]
+    return "\n".join(header) + "\n" + body
+
+
+def _fields(data: bytes) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in data.decode(errors="replace").splitlines() if "=" in line)
+
+
+def _number(text: Optional[str], kind: type[float] | type[int]) -> Optional[float]:
+    try:
+        return kind(text) if text else None
+    except ValueError:
+        return None
+
+
+def _snapshot(fields: dict[str, str]) -> Optional[Progress]:
+    """The checkpoint as a marker recorded it; None for a marker without one."""
+    if "ckpt_epoch" not in fields:
+        return None
+    epoch = _number(fields.get("ckpt_epoch"), int)
+    step = _number(fields.get("ckpt_step"), int)
+    saved = _number(fields.get("ckpt_saved"), float)
+    mtime = _number(fields.get("ckpt_mtime"), float)
+    if epoch is None and saved is None and mtime is None:
+        return Progress()
+    return Progress(
+        epoch=None if epoch is None else int(epoch),
+        step=None if step is None else int(step),
+        saved_at=saved if epoch is not None or saved is not None else mtime,
+        done=fields.get("ckpt_done") == "true",
+    )
+
+
+@dataclass(frozen=True)
+class StartMarker:
+    """The wrapper's record of a segment's start: its job, time and checkpoint."""
+
+    job_id: str
+    at: Optional[float]
+    progress: Optional[Progress]
+
+    @classmethod
+    def parse(cls, data: bytes) -> StartMarker:
+        fields = _fields(data)
+        return cls(fields.get("job", "").strip(), _number(fields.get("at"), float), _snapshot(fields))
+
+
+@dataclass(frozen=True)
+class EndMarker:
+    """The wrapper's record of how the command ended, and the checkpoint it left."""
+
+    exit_code: int
+    original: int
+    signal: str
+    skipped: bool
+    at: Optional[float]
+    progress: Optional[Progress] = None
+
+    @classmethod
+    def parse(cls, data: bytes) -> Optional[EndMarker]:
+        fields = _fields(data)
+        try:
+            return cls(
+                exit_code=int(fields["exit"]),
+                original=int(fields.get("original") or fields["exit"]),
+                signal=fields.get("signal", ""),
+                skipped=fields.get("skipped") == "1",
+                at=float(fields["at"]) if fields.get("at") else None,
+                progress=_snapshot(fields),
+            )
+        except (KeyError, ValueError):
+            return None
+
+    @property
+    def stopped_by_signal(self) -> bool:
+        """The walltime (or preemption) signal came and the command then stopped cleanly."""
+        if not self.signal:
+            return False
+        signum = getattr(signals, "SIG" + self.signal, None)
+        return self.original == 0 or (signum is not None and self.original == 128 + signum)
+
+    def outcome(self) -> Outcome:
+        if self.stopped_by_signal:
+            return Outcome.TIMEOUT
+        return Outcome.COMPLETED if self.original == 0 else Outcome.FAILED
+
+    def describe(self) -> str:
+        if self.skipped:
+            return "skipped: the goal was already reached"
+        how = f"after SIG{self.signal}" if self.signal else "on its own"
+        return f"the command exited {self.original} {how}"
