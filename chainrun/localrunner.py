@@ -9,7 +9,19 @@ SIGKILL after a short wait) and records the end in files. Jobs therefore keep
 running, and their outcome is still known, when the chainrun service stops.
 
 State lives under ``$CHAINRUN_HOME/local/jobs/<id>/``: ``job.json`` (what was
-asked), ``start.json``, ``end.json``, and a ``cancel`` request file.
+asked), ``supervisor.pid``, ``start.json``, ``end.json``, and a ``cancel``
+request file. A job's directory is made under ``new/`` and moved into
+``jobs/`` once complete.
+
+A full or read-only state directory costs a job nothing: the supervisor keeps
+enforcing the walltime whatever happens to its record writes, tries a failed
+one again every second, and once the job has ended keeps trying ``end.json``
+for hours; while it lives the job is never reported ended. A submit that
+cannot write exits 1 (try again later) and leaves no job behind.
+
+Submit is idempotent by name, like adopting a job by its deterministic name
+on a cluster: while a job called NAME has not ended, ``submit --name NAME``
+prints that job's id instead of queueing a second copy of the segment.
 """
 
 from __future__ import annotations
@@ -33,6 +45,8 @@ from chainrun.store import default_home, private_dir
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL, like Slurm's KillWait
 TICK = 0.2
 KEEP_ENDED = 7 * 86400
+RETRY = 1.0  # seconds between tries of a record that could not be written
+END_PATIENCE = 6 * 3600  # how long an ended job's supervisor keeps trying to write end.json
 
 
 def home() -> Path:
@@ -41,13 +55,23 @@ def home() -> Path:
     return path
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all; a failed write leaves no temporary file."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    _write_atomic(path, json.dumps(data))
 
 
 def _read_json(path: Path) -> Optional[dict[str, Any]]:
@@ -78,48 +102,79 @@ def alive(pid: Optional[int]) -> bool:
 
 
 def _next_id(root: Path) -> int:
-    with open(root / "lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        counter = root / "next_id"
-        try:
-            n = int(counter.read_text().strip() or "1")
-        except (OSError, ValueError):
-            n = 1
-        counter.write_text(f"{n + 1}\n")
-        return n
+    counter = root / "next_id"
+    try:
+        n = int(counter.read_text().strip() or "1")
+    except (OSError, ValueError):
+        n = 1
+    _write_atomic(counter, f"{n + 1}\n")
+    return n
+
+
+def _queued(root: Path, name: str) -> Optional[int]:
+    """The id of a job called ``name`` that has not ended, if there is one."""
+    jobs = root / "jobs"
+    for jobdir in jobs.iterdir() if jobs.exists() else []:
+        job = _read_json(jobdir / "job.json")
+        if job is not None and job["name"] == name and not _ended(root, jobdir.name):
+            return int(job["id"])
+    return None
+
+
+def _create(root: Path, args: argparse.Namespace) -> int:
+    """Queue a new job: made in ``new/`` and moved into ``jobs/`` whole. On a
+    failed write nothing is queued, and the error is raised."""
+    job_id = _next_id(root)
+    (root / "jobs").mkdir(mode=0o700, exist_ok=True)
+    jobdir = root / "jobs" / str(job_id)
+    stage = root / "new"
+    shutil.rmtree(stage, ignore_errors=True)  # what a submit killed half-way left
+    stage.mkdir(mode=0o700)
+    try:
+        with open(stage / "supervisor.log", "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "chainrun.localrunner", "supervise", str(jobdir)],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                close_fds=True,
+            )
+        assert proc.stdin is not None
+        with proc.stdin:  # closing it lets the supervisor go on: to run the job, or to exit without one
+            _write_atomic(stage / "supervisor.pid", f"{proc.pid}\n")
+            _write_json(
+                stage / "job.json",
+                {
+                    "id": job_id,
+                    "name": args.name,
+                    "script": os.path.abspath(args.script),
+                    "output": os.path.abspath(args.output),
+                    "walltime": args.walltime,
+                    "signal": args.signal,
+                    "grace": args.grace,
+                    "after": args.after,
+                    "submitted_at": time.time(),
+                },
+            )
+            stage.rename(jobdir)
+    except OSError:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return job_id
 
 
 def submit(args: argparse.Namespace) -> int:
     root = home()
     _prune(root)
-    job_id = _next_id(root)
-    (root / "jobs").mkdir(mode=0o700, exist_ok=True)
-    jobdir = root / "jobs" / str(job_id)
-    jobdir.mkdir(mode=0o700)
-    _write_json(
-        jobdir / "job.json",
-        {
-            "id": job_id,
-            "name": args.name,
-            "script": os.path.abspath(args.script),
-            "output": os.path.abspath(args.output),
-            "walltime": args.walltime,
-            "signal": args.signal,
-            "grace": args.grace,
-            "after": args.after,
-            "submitted_at": time.time(),
-        },
-    )
-    with open(jobdir / "supervisor.log", "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "chainrun.localrunner", "supervise", str(jobdir)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            close_fds=True,
-        )
-    (jobdir / "supervisor.pid").write_text(f"{proc.pid}\n")
+    with open(root / "lock", "a+") as lock:
+        # One submit at a time, so that two with the same name cannot both create a job.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        job_id = _queued(root, args.name)
+        if job_id is None:
+            job_id = _create(root, args)
+        else:
+            print(f"localrunner: job {args.name} already queued as {job_id}", file=sys.stderr)
     # Widens the window between "queued" and "id reported", so tests can kill
     # the service inside it and check that the job is adopted, not duplicated.
     time.sleep(float(os.environ.get("CHAINRUN_LOCAL_SUBMIT_DELAY", "0")))
@@ -161,18 +216,56 @@ def _kill_session(sid: int, sig: int) -> None:
             os.kill(pid, sig)
 
 
+class _Records:
+    """The supervisor's record files. A write that fails (a full or read-only
+    disk) is kept and tried again later, never raised: enforcing the walltime
+    matters more than writing down that the job runs."""
+
+    def __init__(self, jobdir: Path) -> None:
+        self.jobdir = jobdir
+        self.owed: dict[str, dict[str, Any]] = {}
+        self.retry_at = 0.0
+
+    def write(self, name: str, data: dict[str, Any]) -> None:
+        self.owed[name] = data
+        self.retry_at = 0.0
+        self.flush()
+
+    def flush(self) -> bool:
+        """Try the owed writes, at most every RETRY seconds; whether all are written."""
+        if self.owed and time.monotonic() >= self.retry_at:
+            for name, data in list(self.owed.items()):
+                try:
+                    _write_json(self.jobdir / name, data)
+                except OSError:
+                    self.retry_at = time.monotonic() + RETRY
+                    break
+                del self.owed[name]
+        return not self.owed
+
+    def end(self, data: dict[str, Any]) -> int:
+        """Write end.json, trying for up to END_PATIENCE; exit status 1 if it never could."""
+        self.write("end.json", data)
+        give_up = time.monotonic() + END_PATIENCE
+        while not self.flush():
+            if time.monotonic() >= give_up:
+                return 1
+            time.sleep(TICK)
+        return 0
+
+
 def supervise(jobdir: Path) -> int:
+    sys.stdin.buffer.read()  # submit closes this pipe once job.json is written, or has failed
     root = jobdir.parent.parent
     job = _read_json(jobdir / "job.json")
     if job is None:
         return 1
+    records = _Records(jobdir)
     cancel = jobdir / "cancel"
     while not _ended(root, job["after"]) and not cancel.exists():
         time.sleep(TICK * 2)
     if cancel.exists():
-        ended = {"outcome": "cancelled", "exit_code": None, "ended_at": time.time()}
-        _write_json(jobdir / "end.json", ended)
-        return 0
+        return records.end({"outcome": "cancelled", "exit_code": None, "ended_at": time.time()})
 
     env = dict(os.environ, CHAINRUN_LOCAL_JOB_ID=str(job["id"]))
     with open(job["output"], "ab") as out:
@@ -186,34 +279,34 @@ def supervise(jobdir: Path) -> int:
             start_new_session=True,
         )
     started = time.time()
-    _write_json(jobdir / "start.json", {"pid": proc.pid, "started_at": started})
     warn_at = started + job["walltime"] - job["grace"]
     stop_at = started + job["walltime"]
     warned = False
     term_at: Optional[float] = None
     why = ""
-    while proc.poll() is None:
-        now = time.time()
-        if term_at is None and cancel.exists():
-            why, term_at = "cancelled", now
-            proc.send_signal(signal.SIGTERM)
-        if not warned and now >= warn_at and term_at is None:
-            warned = True
-            proc.send_signal(getattr(signal, "SIG" + job["signal"]))
-        if term_at is None and now >= stop_at:
-            why, term_at = "timeout", now
-            proc.send_signal(signal.SIGTERM)
-        if term_at is not None and now >= term_at + KILL_WAIT:
-            _kill_session(proc.pid, signal.SIGKILL)
-        time.sleep(TICK)
+    try:
+        records.write("start.json", {"pid": proc.pid, "started_at": started})
+        while proc.poll() is None:
+            now = time.time()
+            if term_at is None and cancel.exists():
+                why, term_at = "cancelled", now
+                proc.send_signal(signal.SIGTERM)
+            if not warned and now >= warn_at and term_at is None:
+                warned = True
+                proc.send_signal(getattr(signal, "SIG" + job["signal"]))
+            if term_at is None and now >= stop_at:
+                why, term_at = "timeout", now
+                proc.send_signal(signal.SIGTERM)
+            if term_at is not None and now >= term_at + KILL_WAIT:
+                _kill_session(proc.pid, signal.SIGKILL)
+            records.flush()
+            time.sleep(TICK)
+    finally:
+        # Like a scheduler: nothing outlives the job, nor a supervisor that failed.
+        _kill_session(proc.pid, signal.SIGKILL)
     rc = proc.returncode
-    _kill_session(proc.pid, signal.SIGKILL)  # like a scheduler: nothing outlives the job
     outcome = why or ("completed" if rc == 0 else "failed")
-    _write_json(
-        jobdir / "end.json",
-        {"outcome": outcome, "exit_code": rc, "started_at": started, "ended_at": time.time()},
-    )
-    return 0
+    return records.end({"outcome": outcome, "exit_code": rc, "started_at": started, "ended_at": time.time()})
 
 
 def poll(args: argparse.Namespace) -> int:
@@ -293,6 +386,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ChainrunError as exc:  # e.g. a state directory open to others: one line, exit 2
         print(f"chainrun local runner: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # e.g. a full or read-only disk: one line, exit 1 (try again later)
+        print(f"chainrun local runner: {args.cmd}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

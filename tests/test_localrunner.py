@@ -1,0 +1,313 @@
+"""The local runner under faults (issue 9): a full CHAINRUN_HOME costs a job
+nothing, and submit is idempotent by job name.
+
+The full-disk tests mount a small tmpfs as CHAINRUN_HOME (so they need root)
+and fill it; the jobs' scripts and output live outside it, as a training
+run's do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import cli_env, wait_for
+
+from chainrun.localrunner import alive
+
+PAGE = 4096
+
+
+def runner(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m chainrun.localrunner ARGS``, as the local backend runs it."""
+    env = cli_env(home)
+    env.pop("CHAINRUN_LOCAL_SUBMIT_DELAY", None)
+    return subprocess.run(
+        [sys.executable, "-m", "chainrun.localrunner", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def submit_argv(tmp_path: Path, name: str, script: Path, *options: str) -> list[str]:
+    return ["submit", "--name", name, "--output", str(tmp_path / "out.log"), *options, str(script)]
+
+
+def poll(home: Path) -> dict[int, dict[str, Any]]:
+    result = runner(home, "poll")
+    assert result.returncode == 0, result.stderr
+    return {line["id"]: line for line in map(json.loads, result.stdout.splitlines())}
+
+
+def make_script(tmp_path: Path, body: str) -> Path:
+    """A job script outside CHAINRUN_HOME; it notes its pid, so teardown can reap what a failure left."""
+    script = tmp_path / "job.sh"
+    script.write_text(f"echo $$ >>{tmp_path}/pids\n{body}\n")
+    return script
+
+
+def ended(home: Path, job_id: int) -> dict[str, Any]:
+    """Wait until poll reports job ``job_id`` ended; its poll line."""
+    last: dict[str, Any] = {}
+
+    def has_ended() -> bool:
+        last.update(poll(home)[job_id])
+        return bool(last["state"] == "ended")
+
+    wait_for(has_ended, 120, "the job's end")
+    return last
+
+
+def fill(path: Path, spare_pages: int = 0) -> Path:
+    """Fill the file system of ``path`` but ``spare_pages``; the filler file, to free it with."""
+    spare = path / "spare"
+    spare.write_bytes(b"\0" * PAGE * spare_pages)
+    filler = path / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 65536)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
+    finally:
+        os.close(fd)
+    spare.unlink()
+    return filler
+
+
+def _kill_ours(pid: int, marker: str, group: bool) -> None:
+    """SIGKILL ``pid`` (its process group if ``group``) if its command line names ``marker``."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return
+    if marker.encode() in cmdline:
+        with contextlib.suppress(OSError):
+            (os.killpg if group else os.kill)(pid, signal.SIGKILL)
+
+
+def reap(tmp_path: Path) -> None:
+    """SIGKILL this test's supervisors, then its job scripts (nothing else): no job end is recorded."""
+    for path in (tmp_path / "home" / "local" / "jobs").glob("*/supervisor.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            _kill_ours(int(path.read_text()), str(tmp_path), group=False)
+    pids = tmp_path / "pids"
+    for pid in pids.read_text().split() if pids.exists() else []:
+        _kill_ours(int(pid), str(tmp_path), group=True)  # the script leads its session and group
+
+
+@pytest.fixture
+def small_home(tmp_path: Path) -> Iterator[Path]:
+    """CHAINRUN_HOME on a 4 MiB tmpfs of its own, which the test may fill."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs as a fillable CHAINRUN_HOME needs root")
+    path = tmp_path / "home"
+    path.mkdir()
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        reap(tmp_path)
+        subprocess.run(["umount", "--lazy", str(path)], check=True)
+
+
+@pytest.fixture
+def local_home(home: Path, tmp_path: Path) -> Iterator[Path]:
+    """CHAINRUN_HOME on an ordinary directory; leftover jobs are reaped."""
+    yield home
+    reap(tmp_path)
+
+
+def test_full_home_when_the_job_starts_costs_nothing(small_home: Path, tmp_path: Path) -> None:
+    """start.json cannot be written: the walltime is still enforced, and the job is never called ended early."""
+    home = small_home
+    got = tmp_path / "signals"
+    script = make_script(
+        tmp_path,
+        f"trap 'echo USR1 >>{got}; exit 0' USR1\necho started >{tmp_path}/started\nwhile :; do sleep 0.1; done",
+    )
+    # The job waits for a dependency the test holds, so that the disk is full
+    # before the job starts: then start.json cannot be written.
+    gate = subprocess.Popen(["sleep", "600"])
+    try:
+        dependency = home / "local" / "jobs" / "1000"
+        dependency.mkdir(mode=0o700, parents=True)
+        (dependency / "supervisor.pid").write_text(f"{gate.pid}\n")
+        result = runner(
+            home,
+            *submit_argv(
+                tmp_path,
+                "cr.x.1",
+                script,
+                "--walltime",
+                "6",
+                "--signal",
+                "USR1",
+                "--grace",
+                "2",
+                "--after",
+                "1000",
+            ),
+        )
+        assert result.returncode == 0, result.stderr
+        job_id = int(result.stdout)
+        filler = fill(home)
+    finally:
+        gate.kill()
+        gate.wait()
+
+    def running_until(done: Path) -> bool:
+        line = poll(home)[job_id]
+        assert line["state"] in ("pending", "running"), f"poll said {line} while the command ran"
+        return done.exists()
+
+    wait_for(lambda: running_until(tmp_path / "started"), 60, "the job's command to start")
+    wait_for(lambda: running_until(got), 60, "the walltime signal, on a full disk")
+    assert not (home / "local" / "jobs" / str(job_id) / "start.json").exists(), "the disk was not full"
+    filler.unlink()
+
+    line = ended(home, job_id)
+    # Exiting 0 on the signal, before the walltime, is "completed"; a job still
+    # running at the walltime would be a "timeout".
+    assert (line["outcome"], line["exit_code"]) == ("completed", 0), line
+    assert got.read_text() == "USR1\n"
+    assert not alive(int((tmp_path / "pids").read_text()))
+
+
+def test_full_home_when_the_job_ends_costs_nothing(small_home: Path, tmp_path: Path) -> None:
+    """end.json cannot be written at first: the job stays running, then ends with its real exit code."""
+    home = small_home
+    go = tmp_path / "go"
+    script = make_script(
+        tmp_path,
+        f"sleep 600 &\necho $! >{tmp_path}/child\nwhile [ ! -e {go} ]; do sleep 0.1; done\nexit 3",
+    )
+    result = runner(home, *submit_argv(tmp_path, "cr.x.1", script, "--walltime", "600"))
+    assert result.returncode == 0, result.stderr
+    job_id = int(result.stdout)
+    wait_for(lambda: poll(home)[job_id]["state"] == "running", 60, "the job to run")
+    wait_for(lambda: (tmp_path / "child").exists(), 60, "the script's child")
+    script_pid = int((tmp_path / "pids").read_text())
+    supervisor = int((home / "local" / "jobs" / str(job_id) / "supervisor.pid").read_text())
+
+    filler = fill(home)
+    go.touch()
+    wait_for(lambda: not Path(f"/proc/{script_pid}").exists(), 60, "the supervisor to reap the script")
+    # The disk stays full for a while: the job's end is not known yet, and
+    # above all it is no "node_fail".
+    until = time.monotonic() + 3
+    while time.monotonic() < until:
+        line = poll(home)[job_id]
+        assert line["state"] == "running", f"poll said {line} while end.json could not be written"
+    assert not (home / "local" / "jobs" / str(job_id) / "end.json").exists(), "the disk was not full"
+    filler.unlink()
+
+    line = ended(home, job_id)
+    assert (line["outcome"], line["exit_code"]) == ("failed", 3), line
+    assert json.loads((home / "local" / "jobs" / str(job_id) / "end.json").read_text())["exit_code"] == 3
+    assert not alive(int((tmp_path / "child").read_text())), "a process of the job outlived it"
+    wait_for(lambda: not alive(supervisor), 60, "the supervisor to exit")
+
+
+@pytest.mark.parametrize("spare_pages", [0, 1], ids=["first-write", "after-mkdir"])
+def test_submit_on_a_full_home_fails_in_one_line_and_leaves_no_job(
+    small_home: Path, tmp_path: Path, spare_pages: int
+) -> None:
+    """Exit 1 (the service tries again later), one line on stderr, and no job; once there is room, submit works."""
+    home = small_home
+    script = make_script(tmp_path, "exit 0")
+    first = runner(home, *submit_argv(tmp_path, "cr.x.1", script, "--walltime", "60"))
+    assert first.returncode == 0, first.stderr
+    first_id = int(first.stdout)
+    ended(home, first_id)
+
+    # With a page to spare, the counter is written, the job's directory made
+    # and its supervisor started before a write fails: that half-made job
+    # must go too.
+    filler = fill(home, spare_pages)
+    result = runner(home, *submit_argv(tmp_path, "cr.x.2", script, "--walltime", "60"))
+    assert result.returncode == 1, result
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and "No space left on device" in result.stderr, result.stderr
+    assert list(poll(home)) == [first_id]
+    assert [p.name for p in (home / "local" / "jobs").iterdir()] == [str(first_id)]
+    assert not (home / "local" / "new").exists()
+
+    filler.unlink()
+    again = runner(home, *submit_argv(tmp_path, "cr.x.2", script, "--walltime", "60"))
+    assert again.returncode == 0, again.stderr
+    assert ended(home, int(again.stdout))["outcome"] == "completed"
+
+
+def test_two_submits_of_one_name_run_one_job(local_home: Path, tmp_path: Path) -> None:
+    """Submitted twice at once (a service restarted mid-submission), a segment runs once; both get its id."""
+    home = local_home
+    go, runs = tmp_path / "go", tmp_path / "runs"
+    script = make_script(tmp_path, f"echo run >>{runs}\nwhile [ ! -e {go} ]; do sleep 0.1; done")
+    env = cli_env(home)
+    env.pop("CHAINRUN_LOCAL_SUBMIT_DELAY", None)
+    argv = [
+        sys.executable,
+        "-m",
+        "chainrun.localrunner",
+        *submit_argv(tmp_path, "cr.x.1", script, "--walltime", "60"),
+    ]
+    procs = [
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for _ in range(2)
+    ]
+    results = [(proc.communicate(timeout=120), proc.returncode) for proc in procs]
+    assert [rc for _, rc in results] == [0, 0], results
+    ids = {out.strip() for (out, _), _ in results}
+    assert len(ids) == 1, results
+    (job_id,) = ids
+    notes = sorted(err for (_, err), _ in results)
+    assert notes == ["", f"localrunner: job cr.x.1 already queued as {job_id}\n"]
+    assert [p.name for p in (home / "local" / "jobs").iterdir()] == [job_id]
+
+    go.touch()
+    assert ended(home, int(job_id))["outcome"] == "completed"
+    assert runs.read_text() == "run\n"
+
+    # Once that job has ended, the name no longer stands for it.
+    again = runner(home, *submit_argv(tmp_path, "cr.x.1", script, "--walltime", "60"))
+    assert again.returncode == 0 and again.stderr == "", again
+    assert again.stdout.strip() != job_id
+    assert ended(home, int(again.stdout))["outcome"] == "completed"
+    assert runs.read_text() == "run\nrun\n"
+
+
+def test_a_job_whose_supervisor_died_does_not_hold_its_name(local_home: Path, tmp_path: Path) -> None:
+    """A job reported node_fail has ended: a new submit of its name queues a new job."""
+    home = local_home
+    script = make_script(tmp_path, "sleep 600")
+    first = runner(home, *submit_argv(tmp_path, "cr.x.1", script, "--walltime", "600"))
+    assert first.returncode == 0, first.stderr
+    first_id = int(first.stdout)
+    wait_for(lambda: poll(home)[first_id]["state"] == "running", 60, "the job to run")
+    reap(tmp_path)
+    wait_for(lambda: poll(home)[first_id].get("outcome") == "node_fail", 60, "node_fail")
+
+    again = runner(home, *submit_argv(tmp_path, "cr.x.1", script, "--walltime", "600"))
+    assert again.returncode == 0 and again.stderr == "", again
+    assert int(again.stdout) != first_id
+    runner(home, "cancel", again.stdout.strip())
+    assert ended(home, int(again.stdout))["outcome"] == "cancelled"
