@@ -9,6 +9,13 @@ and is transient from a chain's point of view. ``run`` never retries a
 command that may have started, so a submission cannot happen twice by
 accident; file operations are idempotent and reconnect once after a drop.
 
+``read_file`` reads regular files only. Whatever else sits at the path (a
+FIFO, whose open would block forever; a directory; a device; a symlink, which
+could point at ``/dev/zero``) is refused with ``FileRefused`` before it is
+opened, and so is a file larger than the caller's ``limit``; a file that
+grows past the limit while it is read is refused too, after at most
+``limit + 1`` bytes. A missing file reads as None.
+
 Remote commands go through the user's login shell as ``ssh host cmd`` does,
 which hands the string to ``bash -l -c`` so that ``/etc/profile``,
 ``/etc/profile.d/*`` and ``~/.bash_profile`` (or ``~/.profile``) set PATH the
@@ -20,6 +27,7 @@ front of the command.
 from __future__ import annotations
 
 import contextlib
+import errno
 import getpass
 import glob
 import os
@@ -49,6 +57,7 @@ from chainrun.errors import TransportError
 __all__ = [
     "CommandResult",
     "FileInfo",
+    "FileRefused",
     "LocalTransport",
     "SSHTransport",
     "Transport",
@@ -85,9 +94,23 @@ class CommandResult:
         return f"{summary}: {detail}" if detail else summary
 
 
+class FileRefused(TransportError):
+    """A file is there but is not read: it is not a regular file, or it is over the size limit.
+
+    The message names the path, the host and why; ``reason`` says why in a
+    few words that do not change while the file grows ("a FIFO", "larger than
+    1 MiB"), for callers that report each problem once.
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class FileInfo:
-    """One directory entry; symlinks are followed, as ``stat`` does."""
+    """One directory entry. ``listdir`` follows symlinks, as ``stat`` does; ``Transport.stat``
+    does not, as ``lstat`` does: there a symlink, FIFO or directory has ``is_file`` False."""
 
     name: str
     size: int
@@ -109,11 +132,17 @@ class Transport(Protocol):
         env: Mapping[str, str] | None = None,
     ) -> CommandResult: ...
 
-    def read_file(self, path: str) -> bytes | None: ...
+    def read_file(self, path: str, limit: int | None = None) -> bytes | None:
+        """A regular file's bytes, None when missing; FileRefused for anything else, or over ``limit``."""
+        ...
 
     def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None: ...
 
     def listdir(self, path: str) -> list[FileInfo] | None: ...
+
+    def stat(self, path: str) -> FileInfo | None:
+        """What is at ``path`` itself (a symlink is not followed); None when nothing is."""
+        ...
 
     def makedirs(self, path: str, mode: int = 0o700) -> None: ...
 
@@ -163,15 +192,36 @@ class LocalTransport:
         # Report a death by signal as a shell would (128+N), like the remote side.
         return CommandResult(args, 128 - code if code < 0 else code, _text(out), _text(err))
 
-    def read_file(self, path: str) -> bytes | None:
+    def read_file(self, path: str, limit: int | None = None) -> bytes | None:
         full = os.path.expanduser(path)
         try:
-            with open(full, "rb") as f:
-                return f.read()
+            st = os.lstat(full)  # first: opening a device may do something (a tape rewinds)
         except FileNotFoundError:
             return None
         except OSError as e:
             raise _file_error("read", path, "localhost", e) from None
+        _check_file(path, "localhost", st, limit)
+        try:
+            # O_NOFOLLOW and O_NONBLOCK: should a symlink or a FIFO have taken
+            # the file's place since, open neither follows it nor waits for a writer.
+            fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+                raise FileRefused(
+                    f"cannot read {path} on localhost: it is a symbolic link, not a regular file",
+                    reason="a symbolic link",
+                ) from None
+            raise _file_error("read", path, "localhost", e) from None
+        with open(fd, "rb") as f:
+            try:
+                _check_file(path, "localhost", os.fstat(fd), limit)
+                data = f.read() if limit is None else f.read(limit + 1)
+            except OSError as e:
+                raise _file_error("read", path, "localhost", e) from None
+        _check_read(path, "localhost", len(data), limit)
+        return data
 
     def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
         full = os.path.expanduser(path)
@@ -204,6 +254,16 @@ class LocalTransport:
             return None
         except OSError as e:
             raise _file_error("list", path, "localhost", e) from None
+
+    def stat(self, path: str) -> FileInfo | None:
+        try:
+            st = os.lstat(os.path.expanduser(path))
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise _file_error("stat", path, "localhost", e) from None
+        name = posixpath.basename(path.rstrip("/"))
+        return FileInfo(name, st.st_size, st.st_mtime, stat.S_ISREG(st.st_mode))
 
     def makedirs(self, path: str, mode: int = 0o700) -> None:
         full = os.path.expanduser(path)
@@ -386,14 +446,21 @@ class SSHTransport:
 
     # -- files ------------------------------------------------------------
 
-    def read_file(self, path: str) -> bytes | None:
+    def read_file(self, path: str, limit: int | None = None) -> bytes | None:
         def read(sftp: paramiko.SFTPClient, p: str) -> bytes | None:
             try:
+                # The server's open would block on a FIFO (and the link with
+                # it), so only what lstat calls a regular file is opened.
+                _check_file(path, self._alias, sftp.lstat(p), limit)
                 with sftp.open(p, "rb") as f:
-                    f.prefetch()
-                    return bytes(f.read())
+                    attrs = f.stat()  # what was opened, should it have been swapped since
+                    _check_file(path, self._alias, attrs, limit)
+                    f.prefetch(attrs.st_size or 0)
+                    data = bytes(f.read() if limit is None else f.read(limit + 1))
             except FileNotFoundError:
                 return None
+            _check_read(path, self._alias, len(data), limit)
+            return data
 
         return self._sftp_call("read", path, read)
 
@@ -439,6 +506,21 @@ class SSHTransport:
             return sorted(infos, key=lambda i: i.name)
 
         return self._sftp_call("list", path, listdir)
+
+    def stat(self, path: str) -> FileInfo | None:
+        def lstat(sftp: paramiko.SFTPClient, p: str) -> FileInfo | None:
+            try:
+                a = sftp.lstat(p)
+            except FileNotFoundError:
+                return None
+            return FileInfo(
+                name=posixpath.basename(path.rstrip("/")),
+                size=a.st_size or 0,
+                mtime=float(a.st_mtime or 0),
+                is_file=stat.S_ISREG(a.st_mode or 0),
+            )
+
+        return self._sftp_call("stat", path, lstat)
 
     def makedirs(self, path: str, mode: int = 0o700) -> None:
         def makedirs(sftp: paramiko.SFTPClient, p: str) -> None:
@@ -629,6 +711,61 @@ def _oneline(e: BaseException) -> str:
 
 def _file_error(what: str, path: str, where: str, e: OSError) -> TransportError:
     return TransportError(f"cannot {what} {path} on {where}: {_oneline(e)}")
+
+
+_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+class _Stat(Protocol):
+    """What ``_check_file`` needs of an ``os.stat_result`` or a paramiko ``SFTPAttributes``."""
+
+    @property
+    def st_mode(self) -> int | None: ...
+
+    @property
+    def st_size(self) -> int | None: ...
+
+
+def _check_file(path: str, where: str, st: _Stat, limit: int | None) -> None:
+    """Raise FileRefused unless ``st`` is a regular file of at most ``limit`` bytes."""
+    mode = st.st_mode or 0
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), f"of unknown type {mode:o}")
+        raise FileRefused(f"cannot read {path} on {where}: it is {kind}, not a regular file", reason=kind)
+    size = st.st_size or 0
+    if limit is not None and size > limit:
+        raise FileRefused(
+            f"cannot read {path} on {where}: it is {_bytes(size)}, more than the {_bytes(limit)} allowed",
+            reason=f"larger than {_bytes(limit)}",
+        )
+
+
+def _check_read(path: str, where: str, length: int, limit: int | None) -> None:
+    """Raise FileRefused when more than ``limit`` bytes came back: the file grew while read."""
+    if limit is not None and length > limit:
+        raise FileRefused(
+            f"cannot read {path} on {where}: it grew past the {_bytes(limit)} allowed while it was read",
+            reason=f"larger than {_bytes(limit)}",
+        )
+
+
+def _bytes(n: int) -> str:
+    """``512 bytes``, ``1 MiB``, ``3.5 GiB``."""
+    if n < 1024:
+        return f"{n} bytes"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            break
+    return f"{value:.1f}".removesuffix(".0") + f" {unit}"
 
 
 def _makedirs(

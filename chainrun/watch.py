@@ -1,49 +1,133 @@
 """Read a chain's progress through its cluster's transport.
 
 The helper's sidecar (``chainrun-progress.json``) is the preferred source.
-Without one, the newest file in the checkpoint directory stands in: a script
-that saves with its own ``os.replace`` shows progress by that file's mtime.
-A sidecar that cannot be parsed is reported as unreadable (None), which the
-decision logic treats as "no new progress": never a crash of the service.
+Without one, the newest regular file in the checkpoint directory stands in: a
+script that saves with its own ``os.replace`` shows progress by that file's
+mtime. A sidecar that cannot be used is reported as unreadable (None), which
+the decision logic treats as "no new progress": never a crash or a stall of
+the service. That covers one that does not parse, and one that the transport
+refuses: anything but a regular file (a FIFO, whose open would block the tick
+forever; a symlink, say to ``/dev/zero``; a directory; a device), or a file
+over ``MAX_SIDECAR_BYTES``.
+
+The service keeps one ``ProgressReader`` across ticks. It stats the sidecar
+(without following a symlink) every tick and reads it again only when its
+size or mtime changed, and it logs a problem with a sidecar once, not on
+every tick, until the sidecar reads well again. The module-level
+``progress`` is a fresh reader for one-off reads, such as at submission.
 """
 
 from __future__ import annotations
 
 import posixpath
+import time
+from dataclasses import dataclass
 from typing import Optional
 
 import structlog
 
 from chainrun.checkpoint import SIDECAR_NAME, read_progress
 from chainrun.model import NO_PROGRESS, JobSpec, Progress
-from chainrun.transport import Transport
+from chainrun.transport import FileInfo, FileRefused, Transport
 
 log = structlog.get_logger(__name__)
+
+MAX_SIDECAR_BYTES = 1024 * 1024  # one line of JSON: a real sidecar is a few hundred bytes
 
 # Files a saving script leaves only for a moment, or that are not checkpoints.
 _IGNORED_SUFFIXES = (".tmp", ".partial", ".lock", "~")
 
+# A sidecar read less than this long after its mtime is read again at the next
+# tick even if its size and mtime are the same: SFTP gives mtimes in whole
+# seconds, so a rewrite in the same second may not change them. The margin
+# also absorbs some clock skew between this machine and the cluster.
+_SETTLE_S = 5.0
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """The sidecar as last read: its stat and what it said."""
+
+    size: int
+    mtime: float
+    settled: bool  # read well after its mtime: the same size and mtime mean the same content
+    result: Optional[Progress]
+
+
+class ProgressReader:
+    """Reads progress tick after tick, re-reading a sidecar only when it changed.
+
+    Keep one per service (it remembers each sidecar by host and path); it is
+    not thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[Optional[str], str], _Seen] = {}
+        self._reported: dict[tuple[Optional[str], str], set[str]] = {}
+
+    def progress(self, transport: Transport, spec: JobSpec) -> Optional[Progress]:
+        """The chain's progress now; None when the sidecar exists but is unreadable."""
+        path = posixpath.join(spec.checkpoint_dir, SIDECAR_NAME)
+        key = (transport.host, path)
+        info = transport.stat(path)
+        if info is None:
+            self._seen.pop(key, None)
+            return _newest_checkpoint(transport, spec.checkpoint_dir)
+        seen = self._seen.get(key)
+        if seen is not None and seen.settled and (seen.size, seen.mtime) == (info.size, info.mtime):
+            return seen.result
+        try:
+            data = transport.read_file(path, limit=MAX_SIDECAR_BYTES)
+        except FileRefused as exc:
+            self._remember(key, info, None)
+            self._report(key, exc.reason, "progress sidecar refused, counting no new progress", str(exc))
+            return None
+        if data is None:  # removed since the stat
+            self._seen.pop(key, None)
+            return _newest_checkpoint(transport, spec.checkpoint_dir)
+        try:
+            result = _parse(data)
+        except ValueError as exc:
+            self._remember(key, info, None)
+            self._report(key, str(exc), "progress sidecar unreadable, counting no new progress", str(exc))
+            return None
+        self._remember(key, info, result)
+        self._reported.pop(key, None)
+        return result
+
+    def _remember(self, key: tuple[Optional[str], str], info: FileInfo, result: Optional[Progress]) -> None:
+        settled = time.time() - info.mtime >= _SETTLE_S
+        self._seen[key] = _Seen(info.size, info.mtime, settled, result)
+
+    def _report(self, key: tuple[Optional[str], str], reason: str, event: str, error: str) -> None:
+        reported = self._reported.setdefault(key, set())
+        if reason not in reported:
+            reported.add(reason)
+            host, path = key
+            log.warning(event, host=host or "localhost", path=path, error=error)
+
 
 def progress(transport: Transport, spec: JobSpec) -> Optional[Progress]:
-    """The chain's progress now; None when the sidecar exists but is unreadable."""
-    path = posixpath.join(spec.checkpoint_dir, SIDECAR_NAME)
-    data = transport.read_file(path)
-    if data is not None:
-        try:
-            fields = read_progress(data)
-        except ValueError as exc:
-            log.warning("progress sidecar unreadable, counting no new progress", path=path, error=str(exc))
-            return None
-        return Progress(
-            epoch=fields.get("epoch"),
-            step=fields.get("step"),
-            file=fields.get("file"),
-            sha256=fields.get("sha256"),
-            saved_at=fields.get("saved_at"),
-            done=bool(fields.get("done")),
-            segment=fields.get("segment"),
-        )
-    files = transport.listdir(spec.checkpoint_dir) or []
+    """The chain's progress now, read once; None when the sidecar exists but is unreadable."""
+    return ProgressReader().progress(transport, spec)
+
+
+def _parse(data: bytes) -> Progress:
+    fields = read_progress(data)
+    return Progress(
+        epoch=fields.get("epoch"),
+        step=fields.get("step"),
+        file=fields.get("file"),
+        sha256=fields.get("sha256"),
+        saved_at=fields.get("saved_at"),
+        done=bool(fields.get("done")),
+        segment=fields.get("segment"),
+    )
+
+
+def _newest_checkpoint(transport: Transport, directory: str) -> Progress:
+    """Progress by the newest regular file's mtime, for scripts that write no sidecar."""
+    files = transport.listdir(directory) or []
     candidates = [
         f
         for f in files

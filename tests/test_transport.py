@@ -3,18 +3,25 @@
 The SSH half talks to the loopback sshd that ``scripts/start-sshd`` starts
 (127.0.0.1:2222, user crtest). Without it the SSH tests skip, or fail when
 CHAINRUN_REQUIRE_CLUSTERS=1.
+
+``call_within``, ``make_special`` and ``release_fifo`` are shared with
+test_watch: a read that regresses into a hang fails the test instead of
+stalling the suite.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import threading
 import time
+import tracemalloc
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import paramiko
 import pytest
@@ -23,6 +30,8 @@ from conftest import need
 from chainrun.errors import TransportError
 from chainrun.transport import (
     CommandResult,
+    FileInfo,
+    FileRefused,
     LocalTransport,
     SSHTransport,
     Transport,
@@ -51,7 +60,19 @@ HOSTILE = [
 ]
 
 
-def _sshd_problem() -> str | None:
+T = TypeVar("T")
+
+MiB = 1024 * 1024
+# What each special file is made with, and what FileRefused calls it.
+SPECIAL = {
+    "FIFO": "a FIFO",
+    "directory": "a directory",
+    "symlink to /dev/zero": "a symbolic link",
+    "character device": "a character device",
+}
+
+
+def sshd_problem() -> str | None:
     """Why the test sshd cannot be used, or None when it can."""
     if not (CLIENT_DIR / "config").is_file():
         return f"{CLIENT_DIR}/config is missing"
@@ -65,7 +86,7 @@ def _sshd_problem() -> str | None:
 @pytest.fixture(scope="module")
 def sshd() -> None:
     """Skip (or fail under CHAINRUN_REQUIRE_CLUSTERS=1) without the test sshd."""
-    problem = _sshd_problem()
+    problem = sshd_problem()
     need(f"the test sshd ({problem})", problem is None, "scripts/start-sshd (as root)")
 
 
@@ -158,6 +179,73 @@ def workdir(transport: Transport, tmp_path: Path) -> Iterator[str]:
     assert transport.run(["mkdir", path]).ok
     yield path
     transport.run(["rm", "-rf", path])
+
+
+def call_within(seconds: float, fn: Callable[[], T]) -> T:
+    """``fn()``, run in a daemon thread so that a hang fails the test instead of stalling the suite."""
+    outcome: list[T] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            outcome.append(fn())
+        except BaseException as e:
+            error.append(e)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"did not return within {seconds:g} s")
+    if error:
+        raise error[0]
+    return outcome[0]
+
+
+def peak_memory(fn: Callable[[], T]) -> tuple[T, int]:
+    """``fn()`` and the most memory Python allocated meanwhile, in bytes (all threads)."""
+    tracemalloc.start()
+    try:
+        return fn(), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def make_special(t: Transport, kind: str, path: str) -> None:
+    """Put a ``kind`` from SPECIAL, or a "sparse 3 GiB file", at ``path`` on the transport's side."""
+    maker = t
+    if kind == "character device":
+        argv = ["mknod", path, "c", "1", "5"]  # what /dev/zero is: reading it never ends
+        if t.host is None and os.geteuid() != 0:
+            pytest.skip("mknod needs root")
+        if t.host is not None:
+            maker = SSHTransport("root-local")  # the test sshd's own root
+    else:
+        argv = {
+            "FIFO": ["mkfifo", path],
+            "directory": ["mkdir", path],
+            "symlink to /dev/zero": ["ln", "-s", "/dev/zero", path],
+            "sparse 3 GiB file": ["truncate", "-s", "3G", path],
+        }[kind]
+    try:
+        result = maker.run(argv)
+    finally:
+        if maker is not t:
+            maker.close()
+    assert result.ok, result.describe()
+
+
+def refusal(read: Callable[[], object], seconds: float = 5) -> FileRefused:
+    """The FileRefused that ``read`` raises, within ``seconds``."""
+    with pytest.raises(FileRefused) as excinfo:
+        call_within(seconds, read)
+    return excinfo.value
+
+
+def release_fifo(path: str) -> None:
+    """Let go a reader stuck opening the FIFO at ``path`` (here, or on the loopback sshd): open its write end."""
+    with contextlib.suppress(OSError):  # no reader, or no FIFO: nothing to release
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
 
 
 def _mode(t: Transport, path: str) -> str:
@@ -359,6 +447,92 @@ def test_remove_deletes_a_file(transport: Transport, workdir: str) -> None:
     transport.write_file(f"{workdir}/gone", b"x")
     transport.remove(f"{workdir}/gone")
     assert transport.read_file(f"{workdir}/gone") is None
+
+
+def test_read_file_reads_a_regular_file_up_to_the_limit(transport: Transport, workdir: str) -> None:
+    """``limit`` is the most bytes a file may have: up to it the file is read, over it refused."""
+    path = f"{workdir}/f"
+    data = bytes(range(100))
+    transport.write_file(path, data)
+    assert transport.read_file(path) == data
+    assert transport.read_file(path, limit=100) == data
+    with pytest.raises(FileRefused) as excinfo:
+        transport.read_file(path, limit=99)
+    where = transport.host or "localhost"
+    assert (
+        str(excinfo.value)
+        == f"cannot read {path} on {where}: it is 100 bytes, more than the 99 bytes allowed"
+    )
+    assert excinfo.value.reason == "larger than 99 bytes"
+    assert transport.read_file(f"{workdir}/nope", limit=10) is None
+
+
+@pytest.mark.parametrize("kind", SPECIAL)
+def test_read_file_refuses_what_is_not_a_regular_file_at_once(
+    transport: Transport, workdir: str, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """A FIFO (whose open would wait for a writer), a directory, a symlink or a device is refused, quickly."""
+    path = f"{workdir}/special"
+    make_special(transport, kind, path)
+    request.addfinalizer(lambda: release_fifo(path))
+    error = refusal(lambda: transport.read_file(path))
+    what = SPECIAL[kind]
+    where = transport.host or "localhost"
+    assert str(error) == f"cannot read {path} on {where}: it is {what}, not a regular file"
+    assert error.reason == what
+    assert isinstance(error, TransportError)  # a transport's trouble, as the engine expects
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/null"])
+def test_read_file_refuses_a_device(transport: Transport, device: str) -> None:
+    """/dev/zero would never end."""
+    error = refusal(lambda: transport.read_file(device, limit=MiB))
+    assert str(error).endswith(": it is a character device, not a regular file")
+    assert str(error).startswith(f"cannot read {device} on ")
+
+
+def test_read_file_refuses_a_file_over_the_limit_before_reading_it(
+    transport: Transport, workdir: str
+) -> None:
+    """A sparse 3 GiB file with a 1 MiB limit: refused at once, without reading any of it."""
+    path = f"{workdir}/big"
+    make_special(transport, "sparse 3 GiB file", path)
+    error, peak = peak_memory(lambda: refusal(lambda: transport.read_file(path, limit=MiB)))
+    where = transport.host or "localhost"
+    assert str(error) == f"cannot read {path} on {where}: it is 3 GiB, more than the 1 MiB allowed"
+    assert error.reason == "larger than 1 MiB"
+    assert peak < 10 * MiB
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "symlink to /dev/zero"])
+def test_a_special_file_swapped_in_after_the_lstat_is_refused_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Locally the open neither waits for a FIFO's writer nor follows a symlink; fstat has the last word."""
+    regular, path = tmp_path / "regular", str(tmp_path / "special")
+    regular.write_bytes(b"x")
+    make_special(LocalTransport(), kind, path)
+    real_lstat = os.lstat
+    # As if the lstat ran just before the swap.
+    monkeypatch.setattr(os, "lstat", lambda p: real_lstat(regular if p == path else p))
+    error = refusal(lambda: LocalTransport().read_file(path))
+    assert error.reason == SPECIAL[kind]
+
+
+def test_stat_describes_the_path_itself_and_is_none_when_missing(transport: Transport, workdir: str) -> None:
+    """stat is lstat: a symlink to a file is not a file; a FIFO or directory is not either."""
+    transport.write_file(f"{workdir}/f", b"12345")
+    assert transport.run(["ln", "-s", "f", f"{workdir}/link"]).ok
+    make_special(transport, "FIFO", f"{workdir}/fifo")
+    info = transport.stat(f"{workdir}/f")
+    assert info is not None and (info.name, info.size, info.is_file) == ("f", 5, True)
+    assert abs(info.mtime - time.time()) < 120
+    for name in ("link", "fifo"):
+        other = transport.stat(f"{workdir}/{name}")
+        assert isinstance(other, FileInfo) and other.name == name and not other.is_file
+    directory = transport.stat(workdir + "/")
+    assert directory is not None and not directory.is_file
+    assert transport.stat(f"{workdir}/nope") is None
 
 
 def test_tilde_paths_are_relative_to_the_home_directory(

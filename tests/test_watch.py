@@ -1,0 +1,261 @@
+"""Reading a chain's progress: the sidecar, its cache across ticks, and sidecars that are not files.
+
+Each test runs on this machine and over SSH to the loopback sshd that
+``scripts/start-sshd`` starts (skipped without it, or failing under
+CHAINRUN_REQUIRE_CLUSTERS=1). A sidecar that is a FIFO, a directory, a
+symlink to /dev/zero, a device or a sparse 3 GiB file must give "no new
+progress" (None) within seconds, in little memory, and be logged once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator, MutableMapping
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytest
+from conftest import need
+from structlog.testing import capture_logs
+from test_transport import (
+    CLIENT_DIR,
+    MiB,
+    call_within,
+    make_special,
+    peak_memory,
+    release_fifo,
+    sshd_problem,
+)
+
+from chainrun import watch
+from chainrun.checkpoint import SIDECAR_NAME, write_progress
+from chainrun.model import NO_PROGRESS, JobSpec, Progress
+from chainrun.transport import LocalTransport, SSHTransport, Transport
+
+# Each kind of hostile sidecar, and why it is refused.
+HOSTILE = {
+    "FIFO": "it is a FIFO, not a regular file",
+    "directory": "it is a directory, not a regular file",
+    "symlink to /dev/zero": "it is a symbolic link, not a regular file",
+    "character device": "it is a character device, not a regular file",
+    "sparse 3 GiB file": "it is 3 GiB, more than the 1 MiB allowed",
+}
+SHA = "ab" * 32
+LONG_AGO = 1_700_000_000  # an mtime well in the past: the sidecar has settled
+
+
+@pytest.fixture(params=["local", pytest.param("ssh", marks=pytest.mark.ssh)])
+def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Transport]:
+    """A fresh transport of each kind; the SSH one is crtest on the test sshd."""
+    if request.param == "local":
+        yield LocalTransport()
+        return
+    problem = sshd_problem()
+    need(f"the test sshd ({problem})", problem is None, "scripts/start-sshd (as root)")
+    monkeypatch.setenv("CHAINRUN_SSH_CONFIG", str(CLIENT_DIR / "config"))
+    t = SSHTransport("crtest-local")
+    yield t
+    # A read that hung holds the transport's lock: never wait for it here.
+    threading.Thread(target=t.close, daemon=True).start()
+
+
+@pytest.fixture
+def ckdir(transport: Transport, tmp_path: Path) -> Iterator[str]:
+    """An empty checkpoint directory on the transport's side."""
+    if transport.host is None:
+        yield str(tmp_path / "ckpt")
+        return
+    admin = SSHTransport("crtest-local")  # its own connection: the test's may be stuck
+    try:
+        home = admin.run(["sh", "-c", 'printf %s "$HOME"']).stdout
+        path = f"{home}/chainrun-watch-test-{uuid.uuid4().hex[:8]}"
+        yield path
+        admin.run(["rm", "-rf", path])
+    finally:
+        admin.close()
+
+
+@pytest.fixture(autouse=True)
+def _make_ckdir(transport: Transport, ckdir: str) -> None:
+    transport.makedirs(ckdir)
+
+
+def spec_for(ckdir: str) -> JobSpec:
+    return JobSpec(
+        name="cifar",
+        command="python train.py",
+        workdir="/w",
+        total_time=72000,
+        walltime=3600,
+        target_epoch=100,
+        max_failures=3,
+        checkpoint_dir=ckdir,
+        signal="USR1",
+        grace=300,
+    )
+
+
+def put_sidecar(transport: Transport, ckdir: str, tmp_path: Path, epoch: int, mtime: Optional[int]) -> None:
+    """A sidecar as ``write_progress`` writes it, put on the transport's side with the given mtime."""
+    source = tmp_path / f"source-{uuid.uuid4().hex[:8]}"
+    source.mkdir()
+    write_progress(
+        source, epoch=epoch, step=0, file="ckpt.pt", size=1, sha256=SHA, saved_at=1000.0, segment=1
+    )
+    path = f"{ckdir}/{SIDECAR_NAME}"
+    transport.write_file(path, (source / SIDECAR_NAME).read_bytes())
+    if mtime is not None:
+        set_mtime(transport, path, mtime)
+
+
+def set_mtime(transport: Transport, path: str, mtime: int) -> None:
+    result = transport.run(["touch", "-h", "-m", "-d", f"@{mtime}", path])
+    assert result.ok, result.describe()
+
+
+def count_reads(transport: Transport, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths ``transport.read_file`` is asked for from now on (it still reads them)."""
+    reads: list[str] = []
+    read_file = transport.read_file
+
+    def counting(path: str, limit: Optional[int] = None) -> Optional[bytes]:
+        reads.append(path)
+        return read_file(path, limit)
+
+    monkeypatch.setattr(transport, "read_file", counting)
+    return reads
+
+
+def warnings_in(logs: list[MutableMapping[str, Any]]) -> list[MutableMapping[str, Any]]:
+    return [e for e in logs if e["log_level"] == "warning"]
+
+
+def tick(read: Callable[[], Optional[Progress]]) -> Optional[Progress]:
+    """One tick's read of progress, which must not take more than a few seconds."""
+    return call_within(5, read)
+
+
+def epoch(progress: Optional[Progress]) -> Optional[int]:
+    return progress.epoch if progress is not None else None
+
+
+# -- a good sidecar ---------------------------------------------------------------
+
+
+def test_a_sidecar_written_by_write_progress_is_read(
+    transport: Transport, ckdir: str, tmp_path: Path
+) -> None:
+    put_sidecar(transport, ckdir, tmp_path, epoch=7, mtime=None)
+    expected = Progress(epoch=7, step=0, file="ckpt.pt", sha256=SHA, saved_at=1000.0, segment=1)
+    assert watch.progress(transport, spec_for(ckdir)) == expected
+    assert watch.ProgressReader().progress(transport, spec_for(ckdir)) == expected
+
+
+def test_an_unchanged_sidecar_is_not_read_again_and_a_changed_one_is(
+    transport: Transport, ckdir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each tick stats the sidecar; only a new size or mtime makes it read the file again."""
+    reader, spec = watch.ProgressReader(), spec_for(ckdir)
+    put_sidecar(transport, ckdir, tmp_path, epoch=1, mtime=LONG_AGO)
+    reads = count_reads(transport, monkeypatch)
+    assert [epoch(tick(lambda: reader.progress(transport, spec))) for _ in range(3)] == [1, 1, 1]
+    assert len(reads) == 1
+    put_sidecar(transport, ckdir, tmp_path, epoch=2, mtime=LONG_AGO + 60)  # same size, new mtime
+    assert [epoch(reader.progress(transport, spec)) for _ in range(3)] == [2, 2, 2]
+    assert len(reads) == 2
+    put_sidecar(transport, ckdir, tmp_path, epoch=30, mtime=LONG_AGO + 60)  # same mtime, new size
+    assert epoch(reader.progress(transport, spec)) == 30
+    assert len(reads) == 3
+
+
+def test_a_sidecar_rewritten_in_the_second_it_was_read_is_read_again(
+    transport: Transport, ckdir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SFTP's mtimes are whole seconds: a fresh sidecar is trusted only once it has settled."""
+    reader, spec = watch.ProgressReader(), spec_for(ckdir)
+    # Fresh, with the cluster's clock a little ahead: not settled, however slowly this test runs.
+    fresh = int(time.time()) + 30
+    put_sidecar(transport, ckdir, tmp_path, epoch=1, mtime=fresh)
+    reads = count_reads(transport, monkeypatch)
+    assert epoch(reader.progress(transport, spec)) == 1
+    put_sidecar(transport, ckdir, tmp_path, epoch=2, mtime=fresh)  # same size, same mtime
+    assert epoch(reader.progress(transport, spec)) == 2
+    set_mtime(transport, f"{ckdir}/{SIDECAR_NAME}", LONG_AGO)
+    assert epoch(reader.progress(transport, spec)) == 2
+    assert epoch(reader.progress(transport, spec)) == 2
+    assert len(reads) == 3, "read while fresh, twice, and once when its mtime changed; then from the cache"
+
+
+def test_without_a_sidecar_the_newest_regular_checkpoint_stands_in(
+    transport: Transport, ckdir: str, request: pytest.FixtureRequest
+) -> None:
+    spec = spec_for(ckdir)
+    assert watch.progress(transport, spec) == NO_PROGRESS
+    for name, mtime in (("a.pt", LONG_AGO), ("b.pt", LONG_AGO + 10), (".hidden", LONG_AGO + 20)):
+        transport.write_file(f"{ckdir}/{name}", b"x")
+        set_mtime(transport, f"{ckdir}/{name}", mtime)
+    make_special(transport, "FIFO", f"{ckdir}/c.fifo")
+    request.addfinalizer(lambda: release_fifo(f"{ckdir}/c.fifo"))
+    make_special(transport, "symlink to /dev/zero", f"{ckdir}/d.pt")
+    progress = call_within(5, lambda: watch.ProgressReader().progress(transport, spec))
+    assert progress == Progress(file="b.pt", saved_at=float(LONG_AGO + 10))
+
+
+# -- sidecars that are not files --------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_a_hostile_sidecar_gives_no_new_progress_at_once_in_little_memory(
+    transport: Transport, ckdir: str, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """None within seconds: never a tick stuck on a FIFO, nor gigabytes read from /dev/zero."""
+    path = f"{ckdir}/{SIDECAR_NAME}"
+    make_special(transport, kind, path)
+    request.addfinalizer(lambda: release_fifo(path))
+    spec = spec_for(ckdir)
+    with capture_logs():
+        progress, peak = peak_memory(lambda: tick(lambda: watch.progress(transport, spec)))
+    assert progress is None
+    assert peak < 100 * MiB
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_a_hostile_sidecar_is_logged_once_across_ticks(
+    transport: Transport, ckdir: str, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """Tick after tick it is "no new progress", and one warning that names the path and why."""
+    path = f"{ckdir}/{SIDECAR_NAME}"
+    make_special(transport, kind, path)
+    request.addfinalizer(lambda: release_fifo(path))
+    reader, spec = watch.ProgressReader(), spec_for(ckdir)
+    with capture_logs() as logs:
+        for i in range(4):
+            assert tick(lambda: reader.progress(transport, spec)) is None
+            if kind == "sparse 3 GiB file":  # it grows: read again, refused for the same reason
+                assert transport.run(["truncate", "-s", f"{4 + i}G", path]).ok
+    warnings = warnings_in(logs)
+    assert len(warnings) == 1, warnings
+    assert warnings[0]["path"] == path
+    assert warnings[0]["error"].endswith(f"{path} on {transport.host or 'localhost'}: {HOSTILE[kind]}")
+
+
+def test_an_unreadable_sidecar_is_logged_once_until_it_reads_well_again(
+    transport: Transport, ckdir: str, tmp_path: Path
+) -> None:
+    reader, spec = watch.ProgressReader(), spec_for(ckdir)
+    path = f"{ckdir}/{SIDECAR_NAME}"
+    with capture_logs() as logs:
+        for i in range(3):
+            transport.write_file(path, b'{"epoch": 3')  # a script that writes it by hand, and badly
+            set_mtime(transport, path, LONG_AGO + i)
+            assert reader.progress(transport, spec) is None
+        assert len(warnings_in(logs)) == 1
+        put_sidecar(transport, ckdir, tmp_path, epoch=4, mtime=LONG_AGO + 10)
+        assert epoch(reader.progress(transport, spec)) == 4
+        transport.write_file(path, b'{"epoch": 3')
+        assert reader.progress(transport, spec) is None
+    warnings = warnings_in(logs)
+    assert len(warnings) == 2, "reported again once it had been good"
+    assert warnings[0]["event"] == "progress sidecar unreadable, counting no new progress"
