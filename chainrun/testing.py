@@ -1,0 +1,339 @@
+"""A scripted cluster for tests: a fake scheduler and transport, no processes, no sleeps.
+
+``FakeCluster`` holds jobs and files in memory. ``FakeScheduler`` is a backend
+like the Slurm one (it builds ``fake-*`` commands and parses their output)
+and ``FakeTransport`` runs those commands against the cluster, so the engine
+drives whole chains through exactly the code path it uses for a real
+cluster. A test plays the world: it starts and ends jobs (leaving the
+wrapper's markers, with the checkpoint they saw), makes them vanish or get
+stuck, fails the next submission, and moves the ``FakeClock``::
+
+    cluster, clock = FakeCluster(), FakeClock()
+    engine = Engine(store, clock=clock, transports=cluster.transport, schedulers=cluster.scheduler)
+    engine.tick()                      # submits segment 1
+    cluster.start("1")
+    cluster.end("1", "timeout", epoch=3)
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import ClassVar, Optional
+
+from chainrun.checkpoint import SIDECAR_NAME
+from chainrun.checkpoint._progress import encode_progress
+from chainrun.errors import SchedulerError, TransportError
+from chainrun.model import LiveJob, Outcome, Phase
+from chainrun.schedulers.segment import SegmentJob
+from chainrun.transport import CommandResult, FileInfo
+
+_STEM = re.compile(r"\.sh\Z")
+
+
+class FakeClock:
+    """Time that moves only when told to."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
+@dataclass
+class FakeJob:
+    job_id: str
+    name: str
+    stem: str  # where its markers go: the script path without ".sh"
+    after: Optional[str]
+    live: LiveJob
+    in_view: bool = True  # False: gone from the live view (accounting may still know it)
+    accounted: bool = False
+
+
+class FakeCluster:
+    """Jobs and files of one pretend cluster, and every command run against it."""
+
+    def __init__(self, clock: Optional[FakeClock] = None) -> None:
+        self.clock = clock or FakeClock()
+        self.jobs: dict[str, FakeJob] = {}
+        self.files: dict[str, bytes] = {}
+        self.commands: list[list[str]] = []
+        self.next_id = 1
+        self.submit_failures: list[SchedulerError | TransportError] = []
+        self.down = False  # polls and submissions fail as an unreachable controller's would
+
+    # -- the engine's side ---------------------------------------------------------
+
+    def scheduler(self, kind: str = "fake", host: Optional[str] = None) -> FakeScheduler:
+        return FakeScheduler()
+
+    def transport(self, host: Optional[str] = None) -> FakeTransport:
+        return FakeTransport(self)
+
+    # -- the world's side ----------------------------------------------------------
+
+    def submitted(self) -> list[FakeJob]:
+        """Every job ever submitted, oldest first."""
+        return sorted(self.jobs.values(), key=lambda j: int(j.job_id))
+
+    def add_job(self, name: str, stem: str, after: Optional[str] = None) -> str:
+        """A job in the queue, as a submission (perhaps an interrupted one) leaves it."""
+        job_id = str(self.next_id)
+        self.next_id += 1
+        reason = "Dependency" if after else "Priority"
+        self.jobs[job_id] = FakeJob(
+            job_id, name, stem, after, LiveJob(job_id, name, Phase.PENDING, reason=reason)
+        )
+        return job_id
+
+    def start(self, job_id: str, **checkpoint: object) -> None:
+        """The job starts: the wrapper's start marker records the checkpoint it finds."""
+        job = self.jobs[job_id]
+        now = self.clock()
+        job.live = replace(job.live, phase=Phase.RUNNING, started_at=now, reason="")
+        self.files[job.stem + ".start"] = _marker({"job": job_id, "at": now}, checkpoint)
+
+    def end(
+        self,
+        job_id: str,
+        outcome: str = "timeout",
+        exit_code: int = 0,
+        *,
+        marker: bool = True,
+        signal: str = "",
+        skipped: bool = False,
+        **checkpoint: object,
+    ) -> None:
+        """The job ends; with ``marker``, the wrapper's end marker records how and the
+        checkpoint it leaves (``epoch=``, ``saved=``, ``done=``)."""
+        job = self.jobs[job_id]
+        now = self.clock()
+        if job.live.phase is not Phase.RUNNING:
+            self.start(job_id)
+        job.live = replace(
+            job.live, phase=Phase.ENDED, outcome=Outcome(outcome), exit_code=exit_code, ended_at=now
+        )
+        if marker:
+            signal = signal or ("USR1" if outcome == "timeout" else "")
+            fields = {
+                "exit": exit_code,
+                "original": exit_code,
+                "signal": signal,
+                "skipped": int(skipped),
+                "job": job_id,
+                "at": now,
+            }
+            self.files[job.stem + ".end"] = _marker(fields, checkpoint)
+
+    def vanish(self, job_id: str, accounted: bool = False) -> None:
+        """The job leaves the live view (MinJobAge passed); accounting knows it or not."""
+        self.jobs[job_id].in_view = False
+        self.jobs[job_id].accounted = accounted
+
+    def stick(self, job_id: str) -> None:
+        """The scheduler holds the job in an error state, forever."""
+        job = self.jobs[job_id]
+        job.live = replace(job.live, stuck=True, outcome=Outcome.FAILED, reason="Eqw")
+
+    def fail_next_submit(self, message: str = "controller not responding", transient: bool = True) -> None:
+        self.submit_failures.append(SchedulerError(f"fake-submit: {message}", transient=transient))
+
+    def checkpoint(self, directory: str, epoch: int, step: int = 0, done: bool = False) -> None:
+        """What the training saves now: the helper's progress sidecar."""
+        sidecar = {
+            "version": 1,
+            "epoch": epoch,
+            "step": step,
+            "file": f"ckpt-e{epoch:04d}.pt",
+            "size": 1,
+            "sha256": "0" * 64,
+            "saved_at": self.clock(),
+            "done": done,
+            "segment": None,
+            "metrics": {},
+        }
+        self.files[posixpath.join(directory, SIDECAR_NAME)] = encode_progress(sidecar)
+
+    # -- what the fake commands do -------------------------------------------------
+
+    def _run(self, argv: Sequence[str]) -> CommandResult:
+        self.commands.append(list(argv))
+        verb, args = argv[0], list(argv[1:])
+        if self.down and verb in ("fake-poll", "fake-submit"):
+            return CommandResult(tuple(argv), 1, "", "fake: controller not responding\n")
+        if verb == "fake-submit":
+            if self.submit_failures:
+                error = self.submit_failures.pop(0)
+                if isinstance(error, TransportError):
+                    raise error
+                return CommandResult(tuple(argv), 75 if error.transient else 2, "", str(error) + "\n")
+            name, after, script = args[0], args[1] or None, args[2]
+            job_id = self.add_job(name, _STEM.sub("", script), after)
+            return CommandResult(tuple(argv), 0, job_id + "\n", "")
+        if verb == "fake-poll":
+            lines = [_line(j.live) for j in self.submitted() if j.in_view]
+            return CommandResult(tuple(argv), 0, "".join(lines), "")
+        if verb == "fake-acct":
+            lines = [_line(self.jobs[i].live) for i in args if i in self.jobs and self.jobs[i].accounted]
+            return CommandResult(tuple(argv), 0, "".join(lines), "")
+        if verb == "fake-cancel":
+            now = self.clock()
+            for job_id in args:
+                job = self.jobs[job_id]
+                if job.live.phase is not Phase.ENDED:
+                    job.live = replace(
+                        job.live, phase=Phase.ENDED, outcome=Outcome.CANCELLED, ended_at=now, stuck=False
+                    )
+            return CommandResult(tuple(argv), 0, "", "")
+        if verb == "fake-explain":
+            return CommandResult(tuple(argv), 0, f"job {args[0]}: cannot enter the working directory\n", "")
+        raise AssertionError(f"no such fake command: {argv}")
+
+
+class FakeScheduler:
+    """A backend for the fake cluster: builds ``fake-*`` commands and parses their output."""
+
+    kind: ClassVar[str] = "fake"
+    wrapper_signals: ClassVar[bool] = False
+
+    def directives(self, job: SegmentJob) -> list[str]:
+        return [f"# fake job {job.tag}"]
+
+    def submit_argv(self, job: SegmentJob) -> list[str]:
+        return ["fake-submit", job.tag, job.after or "", job.script_path]
+
+    def parse_submit(self, result: CommandResult) -> str:
+        if not result.ok:
+            raise SchedulerError(result.stderr.strip(), transient=result.returncode == 75)
+        return result.stdout.strip()
+
+    def poll_argv(self) -> list[str]:
+        return ["fake-poll"]
+
+    def parse_poll(self, result: CommandResult) -> dict[str, LiveJob]:
+        if not result.ok:
+            raise SchedulerError(result.stderr.strip(), transient=True)
+        return _parse(result.stdout)
+
+    def cancel_argv(self, job_ids: list[str]) -> list[str]:
+        return ["fake-cancel", *job_ids]
+
+    def accounting_argv(self, job_ids: list[str]) -> Optional[list[str]]:
+        return ["fake-acct", *job_ids]
+
+    def parse_accounting(self, result: CommandResult) -> dict[str, LiveJob]:
+        return _parse(result.stdout)
+
+    def explain_argv(self, job_id: str) -> Optional[list[str]]:
+        return ["fake-explain", job_id]
+
+    def parse_explain(self, result: CommandResult) -> str:
+        return result.stdout.strip()
+
+
+class FakeTransport:
+    """Runs the fake commands and keeps files in the cluster's memory."""
+
+    host: Optional[str] = None
+
+    def __init__(self, cluster: FakeCluster) -> None:
+        self.cluster = cluster
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        input: Optional[str] = None,
+        timeout: float = 60.0,
+        env: Optional[Mapping[str, str]] = None,
+    ) -> CommandResult:
+        return self.cluster._run(argv)
+
+    def read_file(self, path: str, limit: Optional[int] = None) -> Optional[bytes]:
+        return self.cluster.files.get(path)
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        self.cluster.files[path] = data
+
+    def stat(self, path: str) -> Optional[FileInfo]:
+        data = self.cluster.files.get(path)
+        if data is None:
+            return None
+        return FileInfo(posixpath.basename(path), len(data), self.cluster.clock(), True)
+
+    def listdir(self, path: str) -> Optional[list[FileInfo]]:
+        prefix = path.rstrip("/") + "/"
+        names = [
+            p[len(prefix) :]
+            for p in self.cluster.files
+            if p.startswith(prefix) and "/" not in p[len(prefix) :]
+        ]
+        return [
+            FileInfo(n, len(self.cluster.files[prefix + n]), self.cluster.clock(), True)
+            for n in sorted(names)
+        ]
+
+    def makedirs(self, path: str, mode: int = 0o700) -> None:
+        pass
+
+    def remove(self, path: str) -> None:
+        self.cluster.files.pop(path, None)
+
+    def close(self) -> None:
+        pass
+
+
+def _marker(fields: Mapping[str, object], checkpoint: Mapping[str, object]) -> bytes:
+    """A marker as the wrapper writes it, with the checkpoint it saw (``ckpt_*``), if told."""
+    if not checkpoint:
+        return "".join(f"{k}={v}\n" for k, v in fields.items()).encode()
+    saw = {
+        "ckpt_epoch": checkpoint.get("epoch", ""),
+        "ckpt_step": checkpoint.get("step", ""),
+        "ckpt_saved": checkpoint.get("saved", ""),
+        "ckpt_done": "true" if checkpoint.get("done") else "",
+        "ckpt_mtime": checkpoint.get("mtime", ""),
+    }
+    return "".join(f"{k}={v}\n" for k, v in {**fields, **saw}.items()).encode()
+
+
+def _line(job: LiveJob) -> str:
+    data = {
+        "id": job.job_id,
+        "name": job.name,
+        "phase": job.phase.value,
+        "outcome": job.outcome.value if job.outcome else None,
+        "exit_code": job.exit_code,
+        "started_at": job.started_at,
+        "ended_at": job.ended_at,
+        "reason": job.reason,
+        "stuck": job.stuck,
+    }
+    return json.dumps(data) + "\n"
+
+
+def _parse(text: str) -> dict[str, LiveJob]:
+    jobs = {}
+    for line in text.splitlines():
+        d = json.loads(line)
+        jobs[d["id"]] = LiveJob(
+            job_id=d["id"],
+            name=d["name"],
+            phase=Phase(d["phase"]),
+            outcome=Outcome(d["outcome"]) if d["outcome"] else None,
+            exit_code=d["exit_code"],
+            started_at=d["started_at"],
+            ended_at=d["ended_at"],
+            reason=d["reason"],
+            stuck=d["stuck"],
+        )
+    return jobs

@@ -1,0 +1,294 @@
+"""Whole chains through the real engine and store, on the scripted cluster of chainrun.testing:
+every action decide() can return, carried out and recorded, with no process and no sleep."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from chainrun.decide import LOST_AFTER, backoff
+from chainrun.engine import Engine
+from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, Outcome, Phase, SchedulerSpec, Submit
+from chainrun.store import Store
+from chainrun.testing import FakeClock, FakeCluster
+
+SPEC = JobSpec(
+    name="t",
+    command="python train.py",
+    workdir="/w",
+    total_time=1000,
+    walltime=100,
+    target_epoch=10,
+    max_failures=2,
+    checkpoint_dir="/w/ckpt",
+    signal="USR1",
+    grace=10,
+    scheduler=SchedulerSpec(kind="fake"),
+)
+
+
+class World:
+    """A store, a fake cluster and clock, and an engine over them."""
+
+    def __init__(self, home: Path) -> None:
+        self.clock = FakeClock()
+        self.cluster = FakeCluster(self.clock)
+        self.store = Store(home)
+        self.engine = Engine(
+            self.store, clock=self.clock, transports=self.cluster.transport, schedulers=self.cluster.scheduler
+        )
+
+        self.ticks = 0
+
+    def add(self, spec: JobSpec = SPEC) -> str:
+        return self.store.add_chain(spec, NO_PROGRESS, self.clock()).id
+
+    def tick(self, seconds: float = 10.0) -> Chain:
+        """Time passes, then one tick; the chain (the newest) as stored after it."""
+        self.clock.advance(seconds)
+        self.engine.tick()
+        self.ticks += 1
+        return self.store.chains()[-1]
+
+    def phases(self, chain_id: str) -> list[tuple[int, str, str]]:
+        return [(s.n, s.job_id or "-", s.phase.value) for s in self.store.chain(chain_id).segments]
+
+    def history(self, chain_id: str) -> str:
+        return "\n".join(e.message for e in self.store.events(chain_id))
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path / "home")
+    yield w
+    w.store.close()
+
+
+def test_a_chain_runs_to_its_target_with_one_successor_queued_ahead(world: World) -> None:
+    """Submit, queue ahead, track, end each segment free with progress, complete, cancel the queue."""
+    chain_id = world.add()
+    world.tick()
+    assert world.phases(chain_id) == [(1, "1", "pending")]
+    world.tick()
+    assert world.phases(chain_id) == [(1, "1", "pending"), (2, "2", "pending")]
+    assert world.cluster.jobs["2"].after == "1"
+    world.cluster.start("1", epoch=0)
+    world.tick()
+    assert world.phases(chain_id)[0] == (1, "1", "running")
+    for n, epoch in ((1, 4), (2, 8)):
+        world.cluster.end(str(n), "timeout", epoch=epoch, saved=world.clock())
+        world.cluster.start(str(n + 1), epoch=epoch, saved=world.clock())
+        chain = world.tick()
+        ended = chain.segments[n - 1]
+        assert (ended.outcome, ended.charged) == (Outcome.TIMEOUT, False)
+        assert chain.progress.epoch == epoch
+        world.tick()  # the next successor is queued behind the one now running
+    world.cluster.checkpoint("/w/ckpt", epoch=10)
+    chain = world.tick()  # the target is reached while segment 3 runs: only the queue goes
+    assert chain.state is ChainState.ACTIVE
+    assert world.cluster.jobs["4"].live.outcome is Outcome.CANCELLED
+    world.cluster.end("3", "completed", epoch=10, saved=world.clock())
+    chain = world.tick()
+    assert chain.state is ChainState.COMPLETED and "target epoch 10 reached" in chain.reason
+    assert chain.failures == 0
+    assert world.cluster.files["/w/.chainrun/" + chain_id + "/final"] == b"chain ended\n"
+    polls = [c for c in world.cluster.commands if c[0] == "fake-poll"]
+    assert len(polls) == world.ticks  # one per tick
+
+
+def test_one_poll_per_cluster_per_tick_serves_every_chain(world: World) -> None:
+    """Three chains on one cluster: each tick runs one poll, whatever the chains need."""
+    for _ in range(3):
+        world.add()
+    world.tick()
+    world.tick()
+    assert [c[0] for c in world.cluster.commands].count("fake-poll") == 2
+    assert [c[0] for c in world.cluster.commands].count("fake-submit") == 6
+
+
+def test_segments_that_ended_in_one_tick_are_each_judged_on_their_own_markers(world: World) -> None:
+    """Both ended while the service was away: each trained (its markers say so), neither is charged;
+    one that found and left the checkpoint unchanged is charged 'no progress'."""
+    chain_id = world.add()
+    world.tick()
+    world.tick()
+    world.cluster.start("1", epoch=0)
+    world.cluster.end("1", "timeout", epoch=3, saved=1.0)
+    world.cluster.start("2", epoch=3, saved=1.0)
+    world.cluster.end("2", "timeout", epoch=6, saved=2.0)
+    chain = world.tick(3600)
+    assert [(s.n, s.charged) for s in chain.segments[:2]] == [(1, False), (2, False)]
+    assert chain.progress.epoch == 6
+    world.cluster.start("3", epoch=6, saved=2.0)
+    world.cluster.end("3", "timeout", epoch=6, saved=2.0)
+    chain = world.tick()
+    assert chain.segments[2].charged and "made no progress" in chain.segments[2].reason
+    assert world.phases(chain_id)[-1][2] == "pending"
+
+
+def test_a_failed_submission_is_retried_after_its_backoff_and_says_when(world: World) -> None:
+    """RetryLater: a passing error is recorded with its retry time; the tick asks to come back then."""
+    chain_id = world.add()
+    world.cluster.fail_next_submit()
+    world.clock.advance(10)
+    summary = world.engine.tick()
+    seg = world.store.chain(chain_id).segments[0]
+    assert (seg.phase, seg.job_id, seg.retry_at) == (Phase.SUBMITTING, None, world.clock() + backoff(1))
+    assert summary.next_in == backoff(1)
+    assert "retrying in 5s: fake-submit: controller not responding" in world.history(chain_id)
+    world.tick(1)  # too early: nothing is submitted
+    assert [c[0] for c in world.cluster.commands].count("fake-submit") == 1
+    world.tick(backoff(1))
+    assert world.phases(chain_id) == [(1, "1", "pending")]
+    assert world.store.chain(chain_id).failures == 0
+
+
+def test_a_permanent_rejection_ends_the_chain_in_the_schedulers_words(world: World) -> None:
+    """Reject, then Finish(failed) with the scheduler's message."""
+    world.add()
+    world.cluster.fail_next_submit("invalid partition specified: nosuch", transient=False)
+    chain = world.tick()
+    assert chain.segments[0].outcome is Outcome.REJECTED
+    chain = world.tick()
+    assert (
+        chain.state is ChainState.FAILED
+        and chain.reason == "fake-submit: invalid partition specified: nosuch"
+    )
+
+
+def test_an_interrupted_submission_is_adopted_never_submitted_twice(world: World) -> None:
+    """The journal says 'submitting' and the scheduler has a job with the segment's tag: adopt it."""
+    chain_id = world.add()
+    world.store.journal_submit(chain_id, Submit(1, 100), world.clock())  # then the service died
+    world.cluster.add_job(f"cr.{chain_id}.1", f"/w/.chainrun/{chain_id}/seg-0001")
+    world.tick()
+    assert world.phases(chain_id)[0] == (1, "1", "pending")
+    assert [c[0] for c in world.cluster.commands].count("fake-submit") == 0
+    assert "segment 1 adopted after a restart as job 1" in world.history(chain_id)
+
+
+def test_a_second_job_of_a_segment_that_shows_up_late_is_removed(world: World) -> None:
+    """Remove: an interrupted submission landed after the restart submitted anew; the one
+    recorded (running) stays, the late one goes."""
+    chain_id = world.add()
+    world.tick()
+    world.cluster.start("1")
+    world.tick()
+    late = world.cluster.add_job(f"cr.{chain_id}.1", f"/w/.chainrun/{chain_id}/seg-0001")
+    world.tick()
+    assert world.cluster.jobs[late].live.outcome is Outcome.CANCELLED
+    assert world.cluster.jobs["1"].live.phase is Phase.RUNNING
+    assert f"job {late} removed: a second job of segment 1" in world.history(chain_id)
+
+
+def test_when_the_late_job_already_runs_the_segment_it_is_kept(world: World) -> None:
+    """The late job runs while the recorded one still waits: keep the one running the
+    checkpoint; the recorded job and the successor queued after it go, and the chain goes on."""
+    chain_id = world.add()
+    world.tick()
+    late = world.cluster.add_job(f"cr.{chain_id}.1", f"/w/.chainrun/{chain_id}/seg-0001")
+    world.cluster.start(late)
+    world.tick()
+    assert world.cluster.jobs["1"].live.outcome is Outcome.CANCELLED
+    assert world.phases(chain_id)[0] == (1, late, "pending")
+    chain = world.tick()
+    assert [s.job_id for s in chain.live] == [late, str(world.cluster.next_id - 1)]
+    assert world.cluster.jobs[chain.live[1].job_id].after == late
+
+
+def test_a_stuck_job_is_explained_removed_and_charged(world: World) -> None:
+    """Remove + EndSegment: a job the scheduler holds in an error state, in its own words."""
+    chain_id = world.add()
+    world.tick()
+    world.cluster.stick("1")
+    chain = world.tick()
+    seg = chain.segments[0]
+    assert (seg.outcome, seg.charged) == (Outcome.FAILED, True)
+    assert "cannot enter the working directory" in seg.reason
+    assert ["fake-cancel", "1"] in world.cluster.commands
+    assert "job 1 removed: held by the scheduler" in world.history(chain_id)
+
+
+def test_a_job_gone_without_a_trace_is_lost_after_a_while_unless_accounting_knows(world: World) -> None:
+    """Track(missing), then EndSegment(lost) after LOST_AFTER; accounting's record wins when there."""
+    world.add()
+    world.tick()
+    world.cluster.start("1")
+    world.tick()
+    world.cluster.vanish("1")
+    chain = world.tick()
+    assert chain.segments[0].missing_since == world.clock() and chain.segments[0].phase is Phase.RUNNING
+    chain = world.tick(LOST_AFTER - 20)
+    assert chain.segments[0].phase is Phase.RUNNING
+    chain = world.tick(20)
+    seg = chain.segments[0]
+    assert (seg.outcome, seg.charged) == (Outcome.LOST, True) and "with no record" in seg.reason
+
+    other = world.add()
+    world.tick()
+    job = world.phases(other)[0][1]
+    world.cluster.start(job)
+    world.cluster.end(job, "oom", 137, marker=False)
+    world.cluster.vanish(job, accounted=True)
+    chain = world.store.chain(other)
+    world.tick()
+    seg = world.store.chain(other).segments[0]
+    assert (seg.outcome, seg.exit_code, seg.charged) == (Outcome.OOM, 137, True)
+    asked = [c for c in world.cluster.commands if c[0] == "fake-acct"]
+    assert asked and all(len(c) == 2 for c in asked)  # one command for every unknown job
+    assert chain.state is ChainState.ACTIVE
+
+
+def test_cancel_and_exhaustion_end_the_chain(world: World) -> None:
+    """Cancel + Finish(cancelled) for a user's cancel; Finish(exhausted) when time is spent."""
+    chain_id = world.add()
+    world.tick()
+    world.tick()
+    world.store.request_cancel(chain_id, world.clock())
+    chain = world.tick()
+    assert chain.state is ChainState.CANCELLED
+    assert all(j.live.outcome is Outcome.CANCELLED for j in world.cluster.jobs.values())
+
+    short = world.add(replace(SPEC, total_time=150))
+    world.tick()
+    job = world.phases(short)[0][1]
+    world.cluster.start(job, epoch=0)
+    world.clock.advance(100)
+    world.cluster.end(job, "timeout", epoch=2, saved=world.clock())
+    chain = world.tick()  # 100 s used, 50 left: one more, clamped
+    assert chain.live[0].walltime == 50
+    job = chain.live[0].job_id
+    assert job is not None
+    world.cluster.start(job, epoch=2)
+    world.clock.advance(50)
+    world.cluster.end(job, "timeout", epoch=3, saved=world.clock())
+    chain = world.tick()
+    assert chain.state is ChainState.EXHAUSTED and "time budget spent" in chain.reason
+
+
+def test_no_target_a_segment_that_exits_zero_on_its_own_completes_the_chain(world: World) -> None:
+    """Without target_epoch, exit 0 before the walltime is done; the skipped successor is free."""
+    chain_id = world.add(replace(SPEC, target_epoch=None))
+    world.tick()
+    world.tick()
+    world.cluster.end("1", "completed", 0)
+    world.cluster.end("2", "completed", 0, skipped=True)
+    chain = world.tick()
+    assert chain.state is ChainState.COMPLETED and chain.failures == 0
+    assert [s.charged for s in chain.segments] == [False, False]
+    assert "segment 1 exited 0 before its walltime" in world.history(chain_id)
+
+
+def test_a_cluster_that_cannot_be_polled_costs_nothing(world: World) -> None:
+    """The controller is down: the tick says so, nothing is charged or submitted, and it goes on after."""
+    chain_id = world.add()
+    world.tick()
+    world.cluster.down = True
+    summary = world.engine.tick()
+    assert summary.errors and world.store.chain(chain_id).failures == 0
+    world.cluster.down = False
+    world.tick()
+    assert world.phases(chain_id) == [(1, "1", "pending"), (2, "2", "pending")]
