@@ -111,9 +111,9 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
     charged_last = ""
     goal_met = bool(_done_reason(chain, mark, None))  # a successor that starts after the goal skips: free
     for i, seg in enumerate(live):
-        job = facts.jobs.get(seg.job_id) if seg.job_id is not None else None
-        if job is None:
-            continue  # nothing learned of it this tick
+        job = facts.jobs.get(seg.job_id or "")
+        if seg.job_id is None or job is None:
+            continue  # not submitted yet, or nothing learned of it this tick
         ending = _ending(job)
         if ending is None:
             actions.extend(_track(seg, job, now))

@@ -107,6 +107,7 @@ class Engine:
         self.failing: dict[str, int] = {}  # chain id -> failing ticks in a row
         self.stuck_until: dict[str, float] = {}  # chain id -> when a stuck chain is tried again
         self.starts: dict[tuple[str, int], StartMarker] = {}  # start markers never change: read once
+        self.progress = watch.ProgressReader()  # re-reads a sidecar only when it changed
 
     def tick(self, only: Optional[str] = None) -> TickSummary:
         """Move every active chain (or only the chain with id ``only``) forward once.
@@ -216,7 +217,7 @@ class Engine:
             jobs=jobs,
             tagged={n: tuple(js) for n, js in tagged.items()},
             found=found,
-            progress=watch.progress(cluster.transport, chain.spec),
+            progress=self.progress.progress(cluster.transport, chain.spec),
         )
 
     def _start(self, cluster: _Cluster, chain: Chain, n: int) -> Optional[StartMarker]:
