@@ -5,12 +5,15 @@ checkpoint and the progress sidecar atomically (as the contract says). On the
 walltime signal it saves and exits 0. --mode crash exits --exit-code (1) at
 once; --mode stall runs but never advances its checkpoint; --mode corrupt
 leaves a half-written sidecar behind. --ignore-signals ignores the walltime
-signal and SIGTERM, so only the scheduler's kill stops it.
+signal and SIGTERM, so only the scheduler's kill stops it. --exclusive holds
+a lock on the checkpoint directory while it runs: a second copy that finds it
+held (two jobs of one chain at once) says so in overlaps.log and exits 3.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -35,9 +38,18 @@ def main() -> int:
     p.add_argument("--mode", choices=["ok", "crash", "stall", "corrupt"], default="ok")
     p.add_argument("--exit-code", type=int, default=1)
     p.add_argument("--ignore-signals", action="store_true")
+    p.add_argument("--exclusive", action="store_true")
     args = p.parse_args()
     ckdir = os.environ.get("CHAINRUN_CHECKPOINT_DIR", "checkpoints")
     os.makedirs(ckdir, exist_ok=True)
+    if args.exclusive:
+        lock = open(os.path.join(ckdir, ".run.lock"), "a")  # noqa: SIM115 - held until exit
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            with open("overlaps.log", "a") as f:
+                f.write(f"segment {os.environ.get('CHAINRUN_SEGMENT')} found another copy running\n")
+            return 3
     sidecar = os.path.join(ckdir, "chainrun-progress.json")
     epoch = 0
     if os.path.exists(sidecar):
