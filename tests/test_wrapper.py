@@ -14,7 +14,8 @@ import pytest
 from conftest import wait_for
 from test_slurm_backend import hostile_spec
 
-from chainrun.schedulers.segment import EndMarker, SegmentJob, render_script
+from chainrun.model import Progress
+from chainrun.schedulers.segment import EndMarker, SegmentJob, StartMarker, render_script
 from chainrun.schedulers.slurm import SlurmScheduler
 
 
@@ -129,3 +130,69 @@ def test_walltime_signal_that_comes_early_is_passed_on_at_walltime_minus_grace(w
     deadline = int((work / "deadline").read_text())
     assert int((work / "got").read_text()) >= deadline - 3
     assert marker(job).signal == "USR1" and marker(job).outcome().value == "timeout"
+
+
+def _sidecar(epoch: int, saved_at: float) -> str:
+    return json.dumps({"done": False, "epoch": epoch, "saved_at": saved_at, "step": 0, "version": 1}) + "\n"
+
+
+def test_markers_record_the_checkpoint_each_segment_found_and_left(work: Path) -> None:
+    """The start marker has the checkpoint at the start, the end marker the one the command left."""
+    spec = hostile_spec(str(work))
+    os.makedirs(spec.checkpoint_dir, exist_ok=True)
+    sidecar = Path(spec.checkpoint_dir, "chainrun-progress.json")
+    sidecar.write_text(_sidecar(3, 1700000000.25))
+    later = _sidecar(5, 1700000100.5).strip().replace('"', '\\"')
+    proc, job = run_wrapper(
+        work, f'printf "%s\\n" "{later}" > "$CHAINRUN_CHECKPOINT_DIR/chainrun-progress.json"'
+    )
+    assert proc.returncode == 0, proc.stderr
+    start = StartMarker.parse(Path(job.stem + ".start").read_bytes())
+    assert start.progress == Progress(epoch=3, step=0, saved_at=1700000000.25)
+    assert marker(job).progress == Progress(epoch=5, step=0, saved_at=1700000100.5)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "directory"])
+def test_a_sidecar_that_is_no_regular_file_never_blocks_the_wrapper(work: Path, kind: str) -> None:
+    """A FIFO with no writer, a link to /dev/zero or a directory as the sidecar: the wrapper
+    neither hangs nor reads without end; the command runs and the markers say 'no checkpoint'."""
+    spec = hostile_spec(str(work))
+    os.makedirs(spec.checkpoint_dir, exist_ok=True)
+    sidecar = Path(spec.checkpoint_dir, "chainrun-progress.json")
+    if kind == "fifo":
+        os.mkfifo(sidecar)
+    elif kind == "zero":
+        sidecar.symlink_to("/dev/zero")
+    else:
+        sidecar.mkdir()
+    proc, job = run_wrapper(work, "touch trained")
+    assert proc.returncode == 0, proc.stderr
+    assert (work / "trained").exists()
+    assert marker(job).progress == Progress()
+
+
+@pytest.mark.parametrize(
+    ("before", "target", "skips"),
+    [
+        ("exit=0\noriginal=0\nsignal=\nskipped=0\n", None, True),  # finished on its own: done
+        ("exit=0\noriginal=0\nsignal=USR1\nskipped=0\n", None, False),  # stopped by the walltime signal
+        ("exit=1\noriginal=1\nsignal=\nskipped=0\n", None, False),  # crashed: run again
+        ("exit=0\noriginal=0\nsignal=\nskipped=0\n", 30, False),  # with a target, exit 0 is not done
+        ("exit=0\noriginal=0\nsignal=\nskipped=1\n", 30, True),  # it found the goal reached
+    ],
+)
+def test_a_successor_skips_when_the_segment_before_it_ended_the_run(
+    work: Path, before: str, target: Optional[int], skips: bool
+) -> None:
+    """Without target_epoch, a segment that exited 0 on its own ended the run: the successor
+    queued after it starts at once and must not run the command again, even with no sidecar."""
+    spec = replace(hostile_spec(str(work)), target_epoch=target, command="touch trained")
+    job = SegmentJob("hostile-1a2b3c", 2, spec, 60)
+    os.makedirs(job.run_dir, exist_ok=True)
+    Path(job.run_dir, "seg-0001.end").write_text(before)
+    Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB_ID", "CHAINRUN_"))}
+    proc = subprocess.run(["bash", job.script_path], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert (work / "trained").exists() is not skips
+    assert marker(job).skipped is skips
