@@ -26,8 +26,8 @@ from typing import Any, Callable
 import pytest
 from conftest import REPO, have, need, wait_for
 
-from chainrun.schedulers import scheduler_for
 from chainrun.model import LiveJob
+from chainrun.schedulers import scheduler_for
 from chainrun.transport import LocalTransport
 
 DATA = Path(__file__).parent / "data"
@@ -507,3 +507,38 @@ def test_job_in_error_state_is_explained_removed_and_charged(
     assert stuck and stuck[0]["outcome"] == "failed" and stuck[0]["charged"], st["segments"]
     assert "can't" in stuck[0]["reason"] or "cannot" in stuck[0]["reason"], stuck[0]["reason"]
     assert cluster.live_jobs(chain_id) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", ALL, indirect=True)
+def test_segments_that_ended_while_the_service_was_stopped_are_each_credited_their_progress(
+    cluster: Cluster, work: Path, chainrun: CLI, service: Service
+) -> None:
+    """The service is stopped for longer than a walltime: the running segment and its queued
+    successor both train and end meanwhile. Back, it charges neither (the second was charged
+    'no progress', the progress since the last tick having gone to the first)."""
+    path = write_job(work, cluster, "python3 trainer.py --epochs 1000 --epoch-time 1", max_failures=1)
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    proc = service(interval=0.5)
+    wait_for(
+        lambda: sum(1 for s in status(chainrun, chain_id)["segments"] if s["job_id"]) >= 2,
+        120,
+        "a successor queued ahead",
+    )
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    wait_for(
+        lambda: cluster.live_jobs(chain_id) == [],
+        4 * cluster.walltime + 180,
+        "both segments to end while the service is stopped",
+    )
+    service(interval=0.5)
+    wait_for(
+        lambda: [s["phase"] for s in status(chainrun, chain_id)["segments"][:2]] == ["ended", "ended"],
+        120,
+        "the service to judge both segments",
+    )
+    st = status(chainrun, chain_id)
+    assert [(s["outcome"], s["charged"]) for s in st["segments"][:2]] == [("timeout", False)] * 2, st
+    assert st["failures"] == 0
+    chainrun("cancel", chain_id, check=True)
