@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from test_decide import SPEC as DECIDE_SPEC
 
 from chainrun.decide import LOST_AFTER, backoff
 from chainrun.engine import Engine
@@ -15,19 +16,7 @@ from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, Outcome, Pha
 from chainrun.store import Store
 from chainrun.testing import FakeClock, FakeCluster
 
-SPEC = JobSpec(
-    name="t",
-    command="python train.py",
-    workdir="/w",
-    total_time=1000,
-    walltime=100,
-    target_epoch=10,
-    max_failures=2,
-    checkpoint_dir="/w/ckpt",
-    signal="USR1",
-    grace=10,
-    scheduler=SchedulerSpec(kind="fake"),
-)
+SPEC = replace(DECIDE_SPEC, scheduler=SchedulerSpec(kind="fake"))
 
 
 class World:
