@@ -27,8 +27,21 @@ from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec
 from chainrun.notify import Hooks, Notifier
 from chainrun.schedulers import preflight
 from chainrun.schedulers.segment import SegmentJob
+from chainrun.service import parse_interval
 from chainrun.store import Store, default_home
 from chainrun.transport import transport_for
+
+
+def _interval(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[float]:
+    """``--interval``: seconds, or a duration, within the service's bounds.
+
+    A bad value is one line (chainrun's own usage error, exit 2), not click's usage block."""
+    if value is None:
+        return None
+    try:
+        return parse_interval(value)
+    except ValueError as exc:
+        raise UsageError(f"--interval {value}: {exc}") from None
 
 
 class _Group(click.Group):
@@ -141,7 +154,13 @@ def submit(ctx: click.Context, jobfile_path: str) -> None:
 
 @main.command()
 @click.argument("jobfile_path", metavar="JOBFILE", type=click.Path(dir_okay=False))
-@click.option("--interval", type=float, default=None, help="Seconds between ticks.")
+@click.option(
+    "--interval",
+    default=None,
+    callback=_interval,
+    metavar="SECONDS",
+    help="Seconds between ticks, 0.2 to 3600 (default: an eighth of the walltime, 1 to 10).",
+)
 @click.pass_context
 def run(ctx: click.Context, jobfile_path: str, interval: Optional[float]) -> None:
     """Submit JOBFILE and supervise it here until the chain ends.
@@ -180,9 +199,10 @@ def run(ctx: click.Context, jobfile_path: str, interval: Optional[float]) -> Non
 @main.command()
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0.01),
     default=None,
-    help=f"Seconds between ticks (default: the config's interval, else {DEFAULT_INTERVAL:g}).",
+    callback=_interval,
+    metavar="SECONDS",
+    help=f"Seconds between ticks, 0.2 to 3600 (default: the config's interval, else {DEFAULT_INTERVAL:g}).",
 )
 @click.pass_context
 def daemon(ctx: click.Context, interval: Optional[float]) -> None:
@@ -211,9 +231,10 @@ def cancel(ctx: click.Context, chain_ref: str) -> None:
             return
         lock.acquire()
         try:
-            # No service to tell of the end: deliver the notification here.
+            # No service to tell of the end: deliver the notification here. Only this
+            # chain is ticked: the others wait for a service, as they would without the cancel.
             notifier = Notifier(ctx.obj, _hooks())
-            Engine(store, on_end=notifier).tick()
+            Engine(store, on_end=notifier).tick(only=chain.id)
             notifier.close(NOTIFY_WAIT)
         finally:
             lock.release()

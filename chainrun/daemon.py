@@ -1,24 +1,38 @@
 """The service: APScheduler ticks the engine until told to stop.
 
-One service per ``CHAINRUN_HOME`` (a file lock). Ticks run one at a time in
-APScheduler's worker thread; the main thread only waits for signals, which
-reach it through a wakeup socket, so all work happens outside signal
-handlers. SIGTERM and SIGINT stop the service: queued jobs keep running in
-the scheduler and are picked up on the next start. SIGHUP re-reads the
-service config and re-opens the log file without stopping the ticks.
+One service per ``CHAINRUN_HOME``: it holds an exclusive lock on the
+database file itself, and before every tick it checks that the file at that
+path is still the one it locked; a service whose database was deleted or
+replaced stops, so two services never tick the same chains.
+
+APScheduler is the only clock. Each tick is a one-off job that, when done,
+schedules the next one an interval later, or sooner when the engine asks
+(a submission's backoff that ends before the interval). Ticks run one at a
+time in APScheduler's single worker thread; the main thread only waits for
+signals, which reach it through a wakeup socket, so all work happens outside
+signal handlers. SIGTERM and SIGINT stop the service: queued jobs keep
+running in the scheduler and are picked up on the next start. SIGHUP
+re-reads the service config and re-opens the log file without stopping the
+ticks.
+
+A database that cannot be used for a while (its disk full, read-only, or
+locked by another process) is an outage, not a failure: it is logged when
+it begins and when it ends, every tick retries, and the service goes on
+reporting to systemd.
 
 Under systemd (``Type=notify``) the service reports READY=1 once the first
 tick has loaded every chain and adopted any interrupted submission, STATUS=
 after each tick, RELOADING=1/READY=1 around a reload and STOPPING=1 on the
-way out. WATCHDOG=1 is sent by the tick loop itself, at half the watchdog
-timeout, so a tick that hangs stops the pings and systemd restarts the
-service.
+way out. WATCHDOG=1 comes from a job of its own at half the watchdog
+timeout, in the same single worker thread as the ticks, so a tick that hangs
+stops the pings and systemd restarts the service.
 """
 
 from __future__ import annotations
 
 import contextlib
 import faulthandler
+import fcntl
 import json
 import os
 import signal
@@ -26,68 +40,186 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-import filelock
 import structlog
 from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from chainrun import logs
 from chainrun.engine import Engine, TickSummary
-from chainrun.errors import AlreadyRunning, ChainrunError
+from chainrun.errors import AlreadyRunning, ChainrunError, StoreUnavailable
 from chainrun.notify import Hooks, Notifier
-from chainrun.service import SdNotify, ServiceConfig, load_config
+from chainrun.service import MIN_INTERVAL, SdNotify, ServiceConfig, load_config
 from chainrun.store import Store, private_dir
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_INTERVAL = 10.0
+MIN_DELAY = MIN_INTERVAL  # the soonest a tick may follow the previous one, whatever the engine asks
 STOP_WAIT = 15.0  # seconds a tick in flight gets to finish on stop
 NOTIFY_WAIT = 10.0  # seconds queued end-of-chain notifications get on stop
+DB_FILE = "chainrun.db"  # the file Store opens; its lock is the service's
+PID_FILE = "service.pid"
 STATUS_FILE = "service.status"
+LOCK_TRIES = 5  # a command checking for a service holds the lock for an instant
+LOCK_RETRY = 0.1
 _WAKE = b"\0"  # written by stop() from a tick; signals arrive as their numbers
+
+# Descriptors of the database opened for its lock. They stay open for the life
+# of the process: closing *any* descriptor of a file drops every POSIX lock
+# the process holds on it, SQLite's own locks on the database included.
+_lock_fds: list[int] = []
+
+
+class LockLost(ChainrunError):
+    """The database this service locked was deleted or replaced while it ran."""
 
 
 class InstanceLock:
-    """Holds the single-instance lock of a CHAINRUN_HOME while open."""
+    """The single-instance lock of a CHAINRUN_HOME: an exclusive flock on its database.
+
+    Locking the database itself, rather than a file beside it, means that
+    deleting some other file cannot let a second service in; deleting or
+    replacing the database is caught by ``check()`` before every tick.
+
+    flock(2) locks belong to an open file description; SQLite locks the same
+    file with POSIX (fcntl) record locks, which belong to the process. On
+    Linux local filesystems the two kinds are separate and never conflict, so
+    this lock does not stand in the way of SQLite, in this process or any
+    other. (On NFS, Linux emulates flock with a POSIX lock on the whole file,
+    which SQLite's locks would then collide with: keep CHAINRUN_HOME on a
+    local filesystem.)
+    """
 
     def __init__(self, home: Path) -> None:
-        private_dir(Path(home))  # before filelock, which would make it with the umask's mode
-        self.path = Path(home) / "service.lock"
-        self.pidfile = Path(home) / "service.pid"
-        self.lock = filelock.FileLock(str(self.path), timeout=0)
+        self.home = Path(home)
+        self.path = self.home / DB_FILE
+        self.pidfile = self.home / PID_FILE
+        self._fd: Optional[int] = None
+        self._held = False
 
     def acquire(self) -> None:
+        """Take the lock, creating the database file (0600) if needed; else AlreadyRunning."""
+        for _ in range(LOCK_TRIES):
+            fd = self._open(create=True)
+            assert fd is not None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                time.sleep(LOCK_RETRY)
+                continue
+            except OSError as exc:
+                raise ChainrunError(
+                    f"{self.path}: cannot lock the state database: {exc.strerror or exc}"
+                ) from None
+            try:
+                mine = self._names(fd)
+            except OSError as exc:
+                raise ChainrunError(
+                    f"{self.path}: cannot look at the state database: {exc.strerror or exc}"
+                ) from None
+            if mine:
+                self._held = True
+                self._write_pid()
+                return
+            fcntl.flock(fd, fcntl.LOCK_UN)  # replaced between open and lock: lock the new file
+        raise AlreadyRunning(
+            f"another chainrun service is running for {self.home}"
+            f" (pid {self.holder() or '?'}); use `chainrun status`, or stop it first"
+        )
+
+    def check(self) -> None:
+        """Return while the lock is held on the file the path names now; else raise LockLost.
+
+        StoreUnavailable when the path cannot be looked at (an I/O error): an
+        outage, not a reason to stop.
+        """
         try:
-            self.lock.acquire()
-        except filelock.Timeout:
-            raise AlreadyRunning(
-                f"another chainrun service is running for {self.path.parent}"
-                f" (pid {self.holder() or '?'}); use `chainrun status`, or stop it first"
+            if self._held and self._fd is not None and self._names(self._fd):
+                return
+        except OSError as exc:
+            raise StoreUnavailable(
+                f"{self.path}: cannot check the state database: {exc.strerror or exc}"
             ) from None
-        self.pidfile.write_text(f"{os.getpid()}\n")
+        raise LockLost(
+            f"{self.path} was deleted or replaced while this service ran; it stops rather than"
+            " risk a second service ticking the same chains. Put the database back and start"
+            " the service again"
+        )
 
     def held_elsewhere(self) -> bool:
         """True when another process holds the lock (a service is running)."""
+        if self._held:
+            return False
         try:
-            self.lock.acquire()
-        except filelock.Timeout:
+            fd = self._open(create=False)
+        except ChainrunError:
+            return False
+        if fd is None:
+            return False  # no database yet, so no service either
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
             return True
-        self.lock.release()
+        except OSError:
+            return False
+        fcntl.flock(fd, fcntl.LOCK_UN)
         return False
 
     def holder(self) -> Optional[int]:
+        """The pid of the service holding the lock, from its pid file or its status file."""
         try:
             return int(self.pidfile.read_text().strip())
         except (OSError, ValueError):
-            return None
+            pass
+        pid = (read_status(self.home) or {}).get("pid")
+        return pid if isinstance(pid, int) else None
 
     def release(self) -> None:
-        if self.lock.is_locked:
-            self.lock.release()
+        if self._held and self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._held = False
+
+    def _open(self, create: bool) -> Optional[int]:
+        """A descriptor of the file the path names now; None if there is none and not ``create``."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                if self._names(self._fd):
+                    return self._fd
+        private_dir(self.home)
+        flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        try:
+            fd = os.open(self.path, flags, 0o600)
+        except FileNotFoundError:
+            if create:
+                raise ChainrunError(f"{self.path}: cannot create the state database") from None
+            return None
+        except OSError as exc:
+            raise ChainrunError(
+                f"{self.path}: cannot open the state database: {exc.strerror or exc}"
+            ) from None
+        _lock_fds.append(fd)  # never closed: see _lock_fds
+        self._fd = fd
+        return fd
+
+    def _names(self, fd: int) -> bool:
+        """Whether the path still names the file open as ``fd`` (not deleted, not replaced)."""
+        mine = os.fstat(fd)
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return mine.st_nlink > 0 and (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino)
+
+    def _write_pid(self) -> None:
+        try:
+            self.pidfile.write_text(f"{os.getpid()}\n")
+        except OSError as exc:  # the lock is what counts; the pid only names the holder
+            log.warning("cannot write the pid file", path=str(self.pidfile), error=str(exc))
 
 
 def read_status(home: Path) -> Optional[dict[str, Any]]:
@@ -100,7 +232,7 @@ def read_status(home: Path) -> Optional[dict[str, Any]]:
 
 
 class Service:
-    """Ticks the engine every ``interval`` seconds until stopped."""
+    """Ticks the engine every ``interval`` seconds, or sooner when it asks, until stopped."""
 
     def __init__(
         self,
@@ -118,12 +250,19 @@ class Service:
         self.config_path = config_path
         self.config = load_config(config_path)  # a broken config stops the start, loudly
         self.sd = notify or SdNotify.from_environ()
+        self.lock = InstanceLock(self.home)
+        self.store: Optional[Store] = None
+        self.engine: Optional[Engine] = None
+        self.notifier: Optional[Notifier] = None
         self.stopping = threading.Event()
         self.idle = threading.Event()
         self.idle.set()
         self.ready = False
         self.status_line = "starting"
-        self._due = 0.0  # monotonic time of the next engine tick
+        self.failure: Optional[ChainrunError] = None  # why the service stopped by itself
+        self.outage_since: Optional[float] = None  # monotonic time the database became unusable
+        self._status_failed = False
+        self._clock = threading.Lock()  # a tick scheduling the next one, against a reload
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
         self.scheduler = BackgroundScheduler(
@@ -134,40 +273,40 @@ class Service:
     def interval(self) -> float:
         return self.fixed_interval or self.config.interval or DEFAULT_INTERVAL
 
-    @property
-    def step(self) -> float:
-        """How often the tick loop runs: the interval, or more often to feed the watchdog."""
-        period = self.sd.watchdog_period
-        return min(self.interval, period) if period else self.interval
-
     def run(self) -> None:
-        lock = InstanceLock(self.home)
-        lock.acquire()
+        self.lock.acquire()
         restore = self._catch_signals()
-        store: Optional[Store] = None
-        notifier: Optional[Notifier] = None
         try:
-            logs.open_file(self.home)
-            store = Store(self.home)
-            notifier = Notifier(self.home, self._hooks(self.config))
-            notifier.start(leftovers=True)
-            self.notifier = notifier
-            self.engine = Engine(store, on_end=notifier)
-            self.scheduler.add_job(
-                self._tick,
-                "interval",
-                seconds=self.step,
-                next_run_time=datetime.now(timezone.utc),
-                max_instances=1,
-                coalesce=True,
-                id="tick",
-                misfire_grace_time=None,
-            )
+            try:
+                logs.open_file(self.home)
+            except OSError as exc:  # a read-only or full home: log to stderr alone
+                log.warning("cannot open the log file; logging to stderr only", error=str(exc))
+            self.notifier = Notifier(self.home, self._hooks(self.config))
+            self.notifier.start(leftovers=True)
+            try:
+                self._engine()
+            except StoreUnavailable as exc:  # the ticks retry
+                self._outage(exc)
+                self.sd.send(f"STATUS={self.status_line}")
+            self._schedule_tick(None, delay=0.0)
+            period = self.sd.watchdog_period
+            if period:
+                # In the ticks' single thread: while a tick hangs, no ping goes out.
+                self.scheduler.add_job(
+                    self._ping,
+                    "interval",
+                    seconds=period,
+                    next_run_time=datetime.now(timezone.utc),
+                    max_instances=1,
+                    coalesce=True,
+                    id="watchdog",
+                    misfire_grace_time=None,
+                )
             log.info(
                 "service started",
                 home=str(self.home),
                 interval=self.interval,
-                watchdog=self.sd.watchdog_period,
+                watchdog=period,
                 config=self.config.path,
             )
             self.scheduler.start()
@@ -178,8 +317,8 @@ class Service:
             if self.scheduler.running:
                 self.scheduler.shutdown(wait=False)
             hung = not self.idle.wait(STOP_WAIT)
-            if notifier is not None:
-                notifier.close(NOTIFY_WAIT)
+            if self.notifier is not None:
+                self.notifier.close(NOTIFY_WAIT)
             restore()
             if hung:
                 # Closing the store under a tick that still uses it would be worse
@@ -187,15 +326,18 @@ class Service:
                 log.error("a tick did not finish; exiting without it", waited=STOP_WAIT)
                 logs.flush()
                 os._exit(1)
-            if store is not None:
-                store.close()
-            (self.home / STATUS_FILE).unlink(missing_ok=True)
-            lock.release()
+            if self.store is not None:
+                self.store.close()
+            if not isinstance(self.failure, LockLost):  # else the home may be another service's now
+                (self.home / STATUS_FILE).unlink(missing_ok=True)
+            self.lock.release()
             self.sd.close()
             self._wake_r.close()
             self._wake_w.close()
             log.info("service stopped")
             logs.close_file()
+        if self.failure is not None:
+            raise self.failure
 
     def stop(self) -> None:
         """Ask the service to stop; safe from a tick and from any thread."""
@@ -213,12 +355,17 @@ class Service:
         except ChainrunError as exc:
             log.error("configuration not reloaded; keeping the previous one", error=str(exc))
         else:
-            old_step = self.step
-            self.config = config
-            self.notifier.defaults = self._hooks(config)
-            if self.step != old_step:
-                self.scheduler.reschedule_job("tick", trigger="interval", seconds=self.step)
-            self._due = min(self._due, time.monotonic() + self.interval)
+            with self._clock:
+                self.config = config
+                if self.notifier is not None:
+                    self.notifier.defaults = self._hooks(config)
+                # A shorter interval brings the next tick forward; a tick running now
+                # schedules its successor with the new interval when it ends.
+                job = self.scheduler.get_job("tick")
+                sooner = datetime.now(timezone.utc) + timedelta(seconds=self.interval)
+                if job is not None and job.next_run_time is not None and sooner < job.next_run_time:
+                    with contextlib.suppress(JobLookupError):  # it has just started: see above
+                        job.modify(next_run_time=sooner)
             log.info("configuration reloaded", config=config.path, interval=self.interval)
         self.sd.send("READY=1", f"STATUS={self.status_line}")
 
@@ -253,43 +400,98 @@ class Service:
                     log.info("reloading", signal="SIGHUP")
                     self.reload()
 
-    # -- the tick loop ------------------------------------------------------------
+    # -- the ticks ----------------------------------------------------------------
+
+    def _schedule_tick(self, wanted: Optional[float], delay: Optional[float] = None) -> None:
+        """Schedule the next tick: after ``delay``, else after the interval or what the engine wants."""
+        try:
+            with self._clock:
+                if delay is None:
+                    delay = max(MIN_DELAY, min(self.interval, self.interval if wanted is None else wanted))
+                self.scheduler.add_job(
+                    self._tick,
+                    "date",
+                    run_date=datetime.now(timezone.utc) + timedelta(seconds=delay),
+                    id="tick",
+                    replace_existing=True,
+                    max_instances=1,
+                    misfire_grace_time=None,  # late is better than never
+                )
+        except Exception as exc:  # no next tick: stop, loudly, rather than ping on while idle
+            log.exception("cannot schedule the next tick; stopping")
+            self.failure = ChainrunError(f"cannot schedule the next tick: {exc}")
+            self.stop()
 
     def _tick(self) -> None:
         self.idle.clear()  # before the check: stop() waits for idle after setting stopping
+        again, wanted = True, None
         try:
             if self.stopping.is_set():
                 return
-            now = time.monotonic()
-            # Half a step of slack: the loop's own jitter must not skip a whole step.
-            if now + self.step / 2 >= self._due:
-                self._due = now + self.interval
-                self._engine_tick()
-            # From the loop, not a timer: a tick that hangs stops the pings.
-            if self.sd.watchdog_period:
-                self.sd.send("WATCHDOG=1")
+            again, wanted = self._engine_tick()
         finally:
+            # Even after a bug in the tick: a service that stopped ticking but went on
+            # pinging the watchdog would stall unseen.
+            if again and not self.stopping.is_set():
+                self._schedule_tick(wanted)
             self.idle.set()
 
-    def _engine_tick(self) -> None:
+    def _ping(self) -> None:
+        if not self.stopping.is_set():
+            self.sd.send("WATCHDOG=1")
+
+    def _engine(self) -> Engine:
+        """The engine, opening the store first if an outage kept it closed so far."""
+        if self.engine is None:
+            self.store = Store(self.home)
+            self.engine = Engine(self.store, on_end=self.notifier)
+        return self.engine
+
+    def _engine_tick(self) -> tuple[bool, Optional[float]]:
+        """One tick of the engine: whether to tick again, and how soon the engine wants it."""
+        summary: Optional[TickSummary] = None
+        done = False
         try:
-            summary: Optional[TickSummary] = self.engine.tick()
+            self.lock.check()  # never tick a home another service may have taken
+            summary = self._engine().tick()
+            if self.on_tick is not None:
+                self.on_tick(summary)
+            done = self.stop_when is not None and self.stop_when()
+        except LockLost as exc:
+            log.error("stopping: the state database is not the one this service locked", error=str(exc))
+            self.failure = exc
+            self.stop()
+            return False, None
+        except StoreUnavailable as exc:
+            self._outage(exc)
+            summary = None  # (the outage may have come after the engine's tick, in on_tick)
         except Exception:  # a bug must not kill the service; the next tick retries
             log.exception("tick failed")
             summary = None
         if summary is not None:
+            if self.outage_since is not None:
+                log.warning("database available again", after=round(time.monotonic() - self.outage_since, 1))
+                self.outage_since = None
             self.status_line = summary.line()
+        if summary is not None or self.outage_since is not None:
             self._write_status()
         fields = [f"STATUS={self.status_line}"]
-        if not self.ready:
+        if summary is not None and not self.ready:
             self.ready = True
             fields.insert(0, "READY=1")
             log.info("service ready", status=self.status_line)
         self.sd.send(*fields)
-        if summary is not None and self.on_tick is not None:
-            self.on_tick(summary)
-        if self.stop_when is not None and self.stop_when():
+        if done:
             self.stop()
+            return False, None
+        return True, summary.next_in if summary is not None else None
+
+    def _outage(self, exc: StoreUnavailable) -> None:
+        """The database cannot be used now: say so once per outage; every tick retries."""
+        if self.outage_since is None:
+            self.outage_since = time.monotonic()
+            log.warning("database unavailable; retrying every tick", error=str(exc))
+        self.status_line = f"database unavailable, retrying: {exc}"
 
     def _write_status(self) -> None:
         path = self.home / STATUS_FILE
@@ -298,7 +500,11 @@ class Service:
             tmp.write_text(json.dumps({"pid": os.getpid(), "at": time.time(), "status": self.status_line}))
             os.replace(tmp, path)
         except OSError as exc:
-            log.warning("cannot write the service status file", path=str(path), error=str(exc))
+            if not self._status_failed:  # once until it works again: a full disk fails every tick
+                log.warning("cannot write the service status file", path=str(path), error=str(exc))
+            self._status_failed = True
+        else:
+            self._status_failed = False
 
     @staticmethod
     def _hooks(config: ServiceConfig) -> Hooks:

@@ -24,7 +24,7 @@ import structlog
 
 import chainrun
 from chainrun.errors import ChainrunError
-from chainrun.jobfile import DURATION_HELP, _Fields, parse_duration, read_toml
+from chainrun.jobfile import _Fields, parse_duration, read_toml
 from chainrun.transport import LocalTransport, Transport
 
 log = structlog.get_logger(__name__)
@@ -35,6 +35,11 @@ UNIT_NAME = "chainrun.service"
 DEFAULT_EXEC = "%h/.local/bin/chainrun"
 CONFIG_KEYS = ("on_end", "webhook", "interval")
 SYSTEMCTL_TIMEOUT = 60.0
+# Seconds between ticks: faster would only load the scheduler, slower would
+# leave a segment's end unnoticed for too long (and 1e300 overflows the clock).
+MIN_INTERVAL = 0.2
+MAX_INTERVAL = 3600.0
+INTERVAL_HELP = f"{MIN_INTERVAL:g} to {MAX_INTERVAL:g} seconds, or a duration up to 1h such as 30s or 5m"
 
 UNIT_TEMPLATE = """\
 # chainrun keeps long training runs alive by chaining walltime-limited jobs.
@@ -117,18 +122,35 @@ def parse_config(data: dict[str, Any], path: str) -> ServiceConfig:
     interval: Optional[float] = None
     if "interval" in data:
         value = data["interval"]
-        if isinstance(value, str):
-            try:
-                interval = float(parse_duration(value))
-            except ValueError:
-                raise f.error("interval", f"not a duration; use {DURATION_HELP}, or seconds") from None
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            interval = float(value)
-        else:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise f.error("interval", 'expected seconds between ticks, e.g. 10 or "30s"')
-        if interval <= 0:
-            raise f.error("interval", "must be longer than zero")
+        try:
+            interval = parse_interval(value)
+        except ValueError as exc:
+            raise f.error("interval", str(exc)) from None
     return ServiceConfig(on_end=on_end, webhook=webhook, interval=interval, path=path)
+
+
+def parse_interval(value: str | float) -> float:
+    """Seconds between ticks from a number or a duration (``"30s"``), within the bounds.
+
+    Raises ValueError with what is wrong and what is allowed (nan, inf, zero,
+    negative, too long, or not a number at all)."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            try:
+                seconds = float(parse_duration(text))
+            except ValueError:
+                raise ValueError(f"not seconds or a duration; use {INTERVAL_HELP}") from None
+    else:
+        seconds = float(value)
+    # Written so that nan fails too: every comparison with nan is false.
+    if not MIN_INTERVAL <= seconds <= MAX_INTERVAL:
+        raise ValueError(f"must be {INTERVAL_HELP}")
+    return seconds
 
 
 # -- sd_notify --------------------------------------------------------------

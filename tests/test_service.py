@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -26,9 +27,13 @@ import pytest
 import structlog
 from conftest import REPO, cli_env, have, need, wait_for
 
-from chainrun import logs
+from chainrun import daemon as service_module
+from chainrun import jobfile, logs
 from chainrun import service as unit
-from chainrun.errors import JobFileError
+from chainrun.engine import TickSummary
+from chainrun.errors import JobFileError, StoreUnavailable
+from chainrun.model import NO_PROGRESS
+from chainrun.store import Store
 
 TRAINER = Path(__file__).parent / "data" / "trainer.py"
 
@@ -200,6 +205,102 @@ def exec_start(unit_text: str) -> list[str]:
     return shlex.split(line)
 
 
+def local_jobs(home: Path) -> list[dict[str, Any]]:
+    """What the local runner was asked to run: each job's job.json, by id."""
+    jobs = home / "local" / "jobs"
+    found = []
+    for jobdir in jobs.iterdir() if jobs.is_dir() else []:
+        try:
+            found.append(json.loads((jobdir / "job.json").read_text()))
+        except (OSError, ValueError):
+            continue  # being written
+    return sorted(found, key=lambda job: int(job["id"]))
+
+
+def cancel_local_jobs(home: Path) -> None:
+    """Cancel every local runner job under ``home``, as a chain's cancel would."""
+    ids = [str(job["id"]) for job in local_jobs(home)]
+    if ids:
+        subprocess.run(
+            [sys.executable, "-m", "chainrun.localrunner", "cancel", *ids],
+            env=cli_env(home),
+            capture_output=True,
+            timeout=60,
+        )
+
+
+def exits(proc: subprocess.Popen[bytes], timeout: float, what: str) -> int:
+    """Wait for ``proc`` to exit (an assertion, not a TimeoutExpired, if it does not)."""
+    wait_for(lambda: proc.poll() is not None, timeout, what)
+    return proc.wait()
+
+
+class FakeEngine:
+    """Stands in for the engine class: each tick takes the next step of ``plan``
+    (a summary to return, or an exception to raise); then empty summaries."""
+
+    def __init__(self, plan: list[Any]) -> None:
+        self.plan = list(plan)
+        self.ticks: list[float] = []  # monotonic start of each tick
+
+    def __call__(self, store: Store, on_end: Any = None) -> FakeEngine:
+        return self  # Engine(store, on_end=...) in the service
+
+    def tick(self, only: Optional[str] = None) -> TickSummary:
+        self.ticks.append(time.monotonic())
+        step = self.plan.pop(0) if self.plan else TickSummary()
+        if isinstance(step, BaseException):
+            raise step
+        assert isinstance(step, TickSummary)
+        return step
+
+
+class InProcess:
+    """A Service run in a thread of this process, with its JSON log lines kept."""
+
+    def __init__(self, service: service_module.Service, log: io.StringIO) -> None:
+        self.service = service
+        self.log = log
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.service.run()
+        except BaseException as exc:  # the test reports it
+            self.errors.append(exc)
+
+    def __enter__(self) -> InProcess:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.service.stop()
+        self.thread.join(60)
+        assert not self.thread.is_alive(), "the service did not stop"
+        assert self.errors == [], self.errors
+
+    def events(self) -> list[str]:
+        return [json.loads(line)["event"] for line in self.log.getvalue().splitlines()]
+
+
+@pytest.fixture
+def in_process(
+    home: Path, tmp_path: Path, listener: Listener, restore_logging: None, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., InProcess]:
+    """Make a service with the engine replaced by ``engine``, notifying ``listener`` (watchdog 0.4 s)."""
+
+    def make(engine: FakeEngine, **kwargs: Any) -> InProcess:
+        out = io.StringIO()
+        logs.setup("info", stream=out)
+        monkeypatch.setattr(service_module, "Engine", engine)
+        kwargs.setdefault("config_path", tmp_path / "no-config.toml")
+        notify = unit.SdNotify(listener.name, watchdog_usec=400_000)
+        return InProcess(service_module.Service(home, notify=notify, **kwargs), out)
+
+    return make
+
+
 # -- the unit -------------------------------------------------------------------
 
 
@@ -334,7 +435,7 @@ def test_service_status_reports_the_unit_linger_config_and_process(home: Path, t
     assert (
         result.returncode == 0
         and "config: BROKEN" in result.stdout
-        and "must be longer than zero" in result.stdout
+        and "must be 0.2 to 3600 seconds" in result.stdout
     )
 
 
@@ -353,8 +454,17 @@ def test_config_unknown_key_is_an_error_that_names_it(tmp_path: Path) -> None:
     ("text", "problem"),
     [
         ('webhook = "ftp://x"', "webhook = 'ftp://x': must be an http:// or https:// URL"),
-        ('interval = "soon"', "interval = 'soon': not a duration"),
-        ("interval = 0", "interval = 0: must be longer than zero"),
+        ('interval = "soon"', "interval = 'soon': not seconds or a duration"),
+        ("interval = 0", "interval = 0: must be 0.2 to 3600 seconds"),
+        ("interval = -1", "interval = -1: must be 0.2 to 3600 seconds"),
+        ("interval = 0.1", "interval = 0.1: must be 0.2 to 3600 seconds"),
+        ("interval = nan", "interval = nan: must be 0.2 to 3600 seconds"),
+        ("interval = inf", "interval = inf: must be 0.2 to 3600 seconds"),
+        ("interval = -inf", "interval = -inf: must be 0.2 to 3600 seconds"),
+        ("interval = 1e300", "interval = 1e+300: must be 0.2 to 3600 seconds"),
+        ('interval = "1e300"', "interval = '1e300': must be 0.2 to 3600 seconds"),
+        ('interval = "2h"', "interval = '2h': must be 0.2 to 3600 seconds"),
+        ("interval = true", "interval = True: expected seconds between ticks"),
         ('on_end = "  "', "on_end = '  ': must be a non-empty command"),
     ],
 )
@@ -362,7 +472,7 @@ def test_config_bad_values_are_errors_naming_the_field(tmp_path: Path, text: str
     """Each config field is validated like a job file field."""
     path = tmp_path / "config.toml"
     path.write_text(text + "\n")
-    with pytest.raises(JobFileError, match=problem.replace("(", r"\(")):
+    with pytest.raises(JobFileError, match=re.escape(problem)):
         unit.load_config(path)
 
 
@@ -373,6 +483,15 @@ def test_config_interval_takes_durations_and_seconds_and_a_missing_file_is_defau
     assert unit.load_config(path).interval == 60.0
     path.write_text("interval = 60\n")
     assert unit.load_config(path).interval == 60.0
+    for text, seconds in (
+        ("0.2", 0.2),
+        ("3600", 3600.0),
+        ('"1h"', 3600.0),
+        ('"0.5"', 0.5),
+        ('"00:01:30"', 90.0),
+    ):
+        path.write_text(f"interval = {text}\n")
+        assert unit.load_config(path).interval == seconds
     assert unit.load_config(tmp_path / "none.toml") == unit.ServiceConfig(path=str(tmp_path / "none.toml"))
 
 
@@ -432,10 +551,12 @@ def test_ready_comes_only_after_the_first_tick_adopted_an_interrupted_submission
     path = write_job(tmp_path, "sleep 30")
     chain_id = chainrun("submit", str(path), check=True).stdout.strip()
     first = daemon(CHAINRUN_LOCAL_SUBMIT_DELAY="3")
+    # Killed once the local runner has the job (its id comes 3 s later): before
+    # that there would be nothing to adopt.
     wait_for(
-        lambda: (home / "chainrun.db").exists() and any(s[2] == "submitting" for s in segments(home)),
-        15,
-        "a journaled submission",
+        lambda: [job["name"] for job in local_jobs(home)] == [f"cr.{chain_id}.1"],
+        60,
+        "the local runner's job for segment 1",
     )
     first.send_signal(signal.SIGKILL)
     first.wait()
@@ -451,44 +572,98 @@ def test_ready_comes_only_after_the_first_tick_adopted_an_interrupted_submission
     chainrun("cancel", chain_id, check=True)
 
 
+class HungSSH:
+    """A TCP server that accepts connections and never speaks: an sshd hung before
+    its banner. Until ``hang`` is set it drops each connection at once instead."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.hang = threading.Event()
+        self.hung = threading.Event()  # a connection is being held
+        self.held: list[socket.socket] = []
+        self.done = False
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.done:
+            try:
+                conn, _ = self.sock.accept()
+            except (socket.timeout, OSError):
+                continue
+            if self.hang.is_set():
+                self.held.append(conn)
+                self.hung.set()
+            else:
+                conn.close()
+
+    def release(self) -> None:
+        """Stop hanging: close the held connections (the client reads EOF)."""
+        self.hang.clear()
+        for conn in self.held:
+            conn.close()
+
+    def close(self) -> None:
+        self.done = True
+        self.thread.join()
+        self.release()
+        self.sock.close()
+
+
 def test_watchdog_pings_at_half_the_timeout_and_stop_while_a_tick_hangs(
-    tmp_path: Path,
-    chainrun: Callable[..., subprocess.CompletedProcess[str]],
-    daemon: Callable[..., subprocess.Popen[bytes]],
-    listener: Listener,
+    tmp_path: Path, home: Path, daemon: Callable[..., subprocess.Popen[bytes]], listener: Listener
 ) -> None:
-    """WATCHDOG=1 every WATCHDOG_USEC/2 from the tick loop; a tick blocked on a FIFO stops them."""
-    path = write_job(tmp_path, "sleep 30")
-    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
-    proc = daemon(interval=5.0, NOTIFY_SOCKET=listener.name, WATCHDOG_USEC="400000")
-    listener.wait(lambda f: f == "READY=1", 60, "READY=1")
-    start = len(listener.fields())
-    time.sleep(1.5)
-    pings = [t for t, f in listener.fields()[start:] if f == "WATCHDOG=1"]
-    # Every 0.2 s, though the engine ticks only every 5 s.
-    assert len(pings) >= 5
-    assert max(b - a for a, b in zip(pings, pings[1:])) < 0.4
+    """WATCHDOG=1 every WATCHDOG_USEC/2; a tick stuck on a cluster whose sshd does not answer stops them."""
+    server = HungSSH()
+    try:
+        ssh_config = tmp_path / "ssh_config"
+        ssh_config.write_text(
+            f"Host hung-cluster\n    HostName 127.0.0.1\n    Port {server.port}\n"
+            "    User nobody\n    ConnectTimeout 60\n    StrictHostKeyChecking no\n"
+        )
+        path = write_job(
+            tmp_path,
+            "sleep 30",
+            extra=f'workdir = "{tmp_path}/on-the-cluster"\n[scheduler]\nkind = "slurm"\nhost = "hung-cluster"\n',
+        )
+        # Stored as `chainrun submit` stores it when the cluster answers (this one never does).
+        store = Store(home)
+        store.add_chain(jobfile.load(path), NO_PROGRESS, time.time())
+        store.close()
+        proc = daemon(
+            interval=5.0,
+            NOTIFY_SOCKET=listener.name,
+            WATCHDOG_USEC="400000",
+            CHAINRUN_SSH_CONFIG=str(ssh_config),
+        )
+        listener.wait(lambda f: f == "READY=1", 60, "READY=1")  # the first poll failed at once
+        start = len(listener.fields())
+        time.sleep(1.5)
+        pings = [t for t, f in listener.fields()[start:] if f == "WATCHDOG=1"]
+        # Every 0.2 s, though the engine ticks only every 5 s.
+        assert len(pings) >= 5
+        assert max(b - a for a, b in zip(pings, pings[1:])) < 0.5
 
-    # The engine reads the progress sidecar every tick: make it a FIFO with no
-    # writer, and the next read blocks, exactly like a hung NFS or SSH read.
-    fifo = tmp_path / "work" / "checkpoints" / "chainrun-progress.json"
-    fifo.parent.mkdir(exist_ok=True)
-    os.mkfifo(fifo)
-    time.sleep(5.5)  # the next engine tick comes within 5 s and blocks on the FIFO
-    hung_since = len(listener.fields())
-    time.sleep(1.5)
-    assert [f for _, f in listener.fields()[hung_since:] if f == "WATCHDOG=1"] == []
-    assert proc.poll() is None
+        # The next tick's poll connects and waits for a banner that never comes,
+        # as behind a hung sshd or a dead VPN.
+        server.hang.set()
+        wait_for(server.hung.is_set, 30, "the next tick to connect")
+        time.sleep(0.5)  # a ping sent just before the tick is still on its way
+        hung_since = len(listener.fields())
+        time.sleep(1.5)
+        assert [f for _, f in listener.fields()[hung_since:] if f == "WATCHDOG=1"] == []
+        assert proc.poll() is None
 
-    # Unblock the read (a writer comes and goes): the same loop pings again.
-    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-    fifo.unlink()
-    os.write(fd, b"not json")
-    os.close(fd)
-    listener.wait(lambda f: f == "WATCHDOG=1", 30, "pings after the tick returned", after=hung_since)
-    proc.terminate()
-    proc.wait(10)
-    chainrun("cancel", chain_id, check=True)
+        # The connection drops: the poll fails, the tick returns, the pings come back.
+        server.release()
+        listener.wait(lambda f: f == "WATCHDOG=1", 30, "pings after the tick returned", after=hung_since)
+        assert proc.poll() is None
+        proc.terminate()
+        assert proc.wait(30) == 0
+    finally:
+        server.close()
 
 
 def test_status_line_follows_chains_as_they_run_complete_and_fail(
@@ -614,6 +789,267 @@ def test_ticks_follow_the_config_interval_and_a_reload_changes_it(
     proc.send_signal(signal.SIGHUP)
     reloaded = listener.wait(lambda f: f == "READY=1", 30, "READY=1 after the reload", after=mark)
     assert 0.9 <= tick_gap(reloaded) <= 1.5  # interval = 1s
+
+
+def test_the_next_tick_comes_as_soon_as_the_engine_asks_and_never_sooner_than_the_floor(
+    in_process: Callable[..., InProcess],
+) -> None:
+    """A tick follows after min(interval, next_in), no sooner than 0.2 s: one clock, APScheduler's."""
+    engine = FakeEngine([TickSummary(next_in=0.0), TickSummary(next_in=0.0), TickSummary(next_in=0.5)])
+    with in_process(engine, interval=3600):
+        wait_for(lambda: len(engine.ticks) >= 4, 60, "four ticks, each asked for before the hour")
+        time.sleep(1.0)
+        assert len(engine.ticks) == 4  # the fourth asked for nothing: the next one is an hour away
+    gaps = [b - a for a, b in zip(engine.ticks, engine.ticks[1:])]
+    assert min(gaps[:2]) >= service_module.MIN_DELAY - 0.01  # next_in = 0: the floor
+    assert gaps[2] >= 0.5 - 0.01
+
+
+def test_a_reload_with_a_shorter_interval_brings_the_next_tick_forward(
+    tmp_path: Path, in_process: Callable[..., InProcess]
+) -> None:
+    """interval = 3600, then 0.3 after a reload: the tick due in an hour comes at once."""
+    config = tmp_path / "config.toml"
+    config.write_text("interval = 3600\n")
+    engine = FakeEngine([])
+    with in_process(engine, config_path=config) as running:
+        wait_for(lambda: len(engine.ticks) >= 1, 60, "the first tick")
+        config.write_text("interval = 0.3\n")
+        running.service.reload()
+        wait_for(lambda: len(engine.ticks) >= 4, 60, "ticks at the new interval")
+
+
+# -- one service per home -------------------------------------------------------------
+
+
+def test_deleting_every_file_beside_the_database_does_not_let_a_second_service_in(
+    tmp_path: Path,
+    home: Path,
+    chainrun: Callable[..., subprocess.CompletedProcess[str]],
+    daemon: Callable[..., subprocess.Popen[bytes]],
+    listener: Listener,
+) -> None:
+    """The lock is the database's own: with service.lock, service.pid and the rest deleted, a
+    second service is refused in one line, and only the first one ever submitted."""
+    path = write_job(tmp_path, "sleep 60", extra="max_failures = 0\n")
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    first = daemon(NOTIFY_SOCKET=listener.name)
+    listener.wait(lambda f: f.startswith("STATUS=1 running"), 60, "the segment running")
+    for p in home.iterdir():
+        if p.is_file() and not p.name.startswith("chainrun.db"):
+            p.unlink()
+    second = daemon()
+    assert exits(second, 60, "the second service to be refused") == 1
+    out = daemon_log(tmp_path, 1).splitlines()
+    assert len(out) == 1 and out[0].startswith(f"chainrun: another chainrun service is running for {home}"), (
+        out
+    )
+    assert first.poll() is None
+    assert [job["name"] for job in local_jobs(home)] == [f"cr.{chain_id}.1"]
+    first.terminate()
+    assert first.wait(30) == 0
+    chainrun("cancel", chain_id, check=True)
+
+
+def test_two_services_started_at_once_never_both_tick(
+    tmp_path: Path,
+    home: Path,
+    chainrun: Callable[..., subprocess.CompletedProcess[str]],
+    daemon: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    """Started together on one home: one runs, the other is refused; one job is submitted."""
+    path = write_job(tmp_path, "sleep 60", extra="max_failures = 0\n")  # no successor queued ahead
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    procs = [daemon(), daemon()]
+    wait_for(lambda: any(p.poll() is not None for p in procs), 60, "one of the two to be refused")
+    (refused,) = [n for n, p in enumerate(procs) if p.poll() is not None]
+    running = procs[1 - refused]
+    assert procs[refused].wait() == 1
+    out = daemon_log(tmp_path, refused).splitlines()
+    assert len(out) == 1 and out[0].startswith("chainrun: another chainrun service is running"), out
+    wait_for(lambda: chain_json(chainrun, chain_id)["segments"][:1] != [], 60, "segment 1 submitted")
+    wait_for(
+        lambda: chain_json(chainrun, chain_id)["segments"][0]["phase"] == "running", 60, "segment 1 running"
+    )
+    assert [job["name"] for job in local_jobs(home)] == [f"cr.{chain_id}.1"]
+    assert "service started" not in daemon_log(tmp_path, refused)
+    assert running.poll() is None
+    running.terminate()
+    assert running.wait(30) == 0
+    chainrun("cancel", chain_id, check=True)
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_service_whose_database_is_deleted_or_replaced_stops_instead_of_ticking(
+    how: str,
+    tmp_path: Path,
+    home: Path,
+    chainrun: Callable[..., subprocess.CompletedProcess[str]],
+    daemon: Callable[..., subprocess.Popen[bytes]],
+    listener: Listener,
+) -> None:
+    """Its lock went with the old file, so a second service could start on the new one: it stops, exit 1."""
+    path = write_job(tmp_path, "sleep 60", extra="max_failures = 0\n")
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    first = daemon(NOTIFY_SOCKET=listener.name)
+    listener.wait(lambda f: f.startswith("STATUS=1 running"), 60, "the segment running")
+    db = home / "chainrun.db"
+    if how == "deleted":
+        db.unlink()
+    else:  # restored from a backup taken a moment ago
+        copy = home / "backup.db"
+        source, target = sqlite3.connect(db), sqlite3.connect(copy)
+        source.backup(target)
+        source.close()
+        target.close()
+        os.replace(copy, db)
+    assert exits(first, 60, "the service to stop") == 1
+    out = daemon_log(tmp_path)
+    assert "the state database is not the one this service locked" in out
+    assert out.splitlines()[-1].startswith(f"chainrun: {db} was deleted or replaced"), out.splitlines()[-1]
+    assert [job["name"] for job in local_jobs(home)] == [f"cr.{chain_id}.1"]
+    if how == "replaced":
+        # A new service takes the database that is there now and carries on with the chain.
+        mark = len(listener.fields())
+        daemon(NOTIFY_SOCKET=listener.name)
+        listener.wait(lambda f: f == "READY=1", 60, "the new service ready", after=mark)
+        listener.wait(lambda f: f.startswith("STATUS=1 running"), 60, "the same segment running", after=mark)
+        assert [job["name"] for job in local_jobs(home)] == [f"cr.{chain_id}.1"]
+    cancel_local_jobs(home)
+
+
+# -- outages --------------------------------------------------------------------------
+
+
+def test_an_outage_is_one_warning_and_the_service_keeps_reporting_pinging_and_retrying(
+    home: Path, in_process: Callable[..., InProcess], listener: Listener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database unusable at start and at some ticks: one warning per outage, one when it ends;
+    STATUS= and WATCHDOG=1 go on; READY=1 comes with the first tick that worked; nothing stops."""
+    full = StoreUnavailable(
+        f"the disk holding {home}/chainrun.db is full; free some space (chainrun retries)"
+    )
+    opens: list[BaseException] = [full]
+    real_store = service_module.Store
+
+    def store(path: Path) -> Store:
+        if opens:
+            raise opens.pop()
+        return real_store(path)
+
+    monkeypatch.setattr(service_module, "Store", store)
+    ok = TickSummary(running=1)
+    engine = FakeEngine([full, full, ok, full, full, ok, ok])
+    with in_process(engine, interval=0.2) as running:
+        wait_for(lambda: len(engine.ticks) >= 9, 60, "nine ticks")
+    events = running.events()
+    assert events.count("database unavailable; retrying every tick") == 2  # two outages
+    assert events.count("database available again") == 2
+    assert "tick failed" not in events
+    fields = [f for _, f in listener.fields()]
+    down = [
+        i for i, f in enumerate(fields) if f.startswith("STATUS=database unavailable, retrying: the disk")
+    ]
+    ready = fields.index("READY=1")
+    assert fields.count("READY=1") == 1
+    assert down[0] < ready and fields[ready + 1] == "STATUS=1 running, 0 queued, 0 failed"
+    assert "WATCHDOG=1" in fields[down[0] : ready]  # pings went on during the outage
+    assert any(i > ready for i in down)  # the second outage, reported too
+
+
+@pytest.mark.slow
+def test_a_database_locked_at_start_is_waited_out_not_a_failed_start(
+    tmp_path: Path,
+    home: Path,
+    chainrun: Callable[..., subprocess.CompletedProcess[str]],
+    daemon: Callable[..., subprocess.Popen[bytes]],
+    listener: Listener,
+) -> None:
+    """Another process holds the database's write lock for long: the service starts anyway,
+    says so once, retries, and is READY once the lock is gone."""
+    path = write_job(tmp_path, "sleep 60", extra="max_failures = 0\n")
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    holder = sqlite3.connect(home / "chainrun.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        proc = daemon(NOTIFY_SOCKET=listener.name, WATCHDOG_USEC="1000000")
+
+        def outage_reported(after: int) -> int:
+            found = [
+                i
+                for i, (_, f) in enumerate(listener.fields())
+                if i >= after and f.startswith("STATUS=database unavailable") and "locked" in f
+            ]
+            assert proc.poll() is None, daemon_log(tmp_path)
+            return found[0] if found else -1
+
+        wait_for(lambda: outage_reported(0) >= 0, 90, "the outage reported")
+        first = outage_reported(0)
+        wait_for(lambda: outage_reported(first + 1) >= 0, 90, "a retry, reported too")
+        assert "READY=1" not in [f for _, f in listener.fields()]
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    ready = listener.wait(lambda f: f == "READY=1", 90, "READY=1 once the lock is gone")
+    assert "WATCHDOG=1" in [f for _, f in listener.fields()[first:ready]]
+    listener.wait(lambda f: f.startswith("STATUS=1 running"), 60, "the segment running", after=ready)
+    out = daemon_log(tmp_path)
+    assert out.count("database unavailable; retrying every tick") == 1
+    assert out.count("database available again") == 1
+    proc.terminate()
+    assert proc.wait(30) == 0
+    chainrun("cancel", chain_id, check=True)
+
+
+# -- cancel -----------------------------------------------------------------------------
+
+
+def test_cancel_without_a_service_moves_only_the_chain_it_cancels(
+    tmp_path: Path, home: Path, chainrun: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    """`chainrun cancel A` with no service running ends A and leaves B exactly as it was."""
+    a = chainrun("submit", str(write_job(tmp_path, "sleep 60", name="a")), check=True).stdout.strip()
+    b = chainrun("submit", str(write_job(tmp_path, "sleep 60", name="b")), check=True).stdout.strip()
+    result = chainrun("cancel", a, check=True)
+    assert result.stdout.strip() == f"chain {a} cancelled"
+    assert chain_json(chainrun, a)["state"] == "cancelled"
+    other = chain_json(chainrun, b)
+    assert other["state"] == "active" and other["segments"] == []
+    assert local_jobs(home) == []
+    chainrun("cancel", b, check=True)
+
+
+# -- bounded intervals ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "0", "0.1", "3601", "2h", "1e300", "soon", ""])
+def test_a_bad_interval_on_the_command_line_is_one_line_and_exit_2(
+    value: str, tmp_path: Path, home: Path, chainrun: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    """`daemon --interval` and `run --interval` take 0.2 s to 1 h; anything else is refused at once."""
+    path = write_job(tmp_path, "sleep 1")
+    for args in (["daemon", f"--interval={value}"], ["run", str(path), f"--interval={value}"]):
+        result = chainrun(*args, timeout=60)
+        lines = result.stderr.splitlines()
+        assert result.returncode == 2, (args, result.stderr)
+        assert len(lines) == 1 and lines[0].startswith(f"chainrun: --interval {value}: "), lines
+        assert "0.2 to 3600 seconds" in lines[0] and result.stdout == ""
+    assert not (home / "chainrun.db").exists()  # nothing started, nothing submitted
+
+
+def test_a_bad_interval_in_the_config_stops_the_service_start_in_one_line(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    chainrun: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    """interval = nan in config.toml: `chainrun daemon` says so in one line, exit 2."""
+    config = tmp_path / "config" / "chainrun" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text("interval = nan\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    result = chainrun("daemon", timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"chainrun: {config}: interval = nan: must be {unit.INTERVAL_HELP}"]
 
 
 # -- logs ---------------------------------------------------------------------------
