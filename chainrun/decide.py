@@ -301,6 +301,10 @@ def _charge(ending: _Ending, advanced: bool, finished: bool, goal_met: bool) -> 
     outcome = ending.outcome
     code = "" if ending.exit_code is None else f" (exit {ending.exit_code})"
     detail = f": {ending.reason}" if ending.reason else ""
+    if goal_met and not advanced and outcome is Outcome.CANCELLED:
+        # Cancelled because the goal was reached, by a service that died before
+        # it could record the cancel: that was chainrun's own doing.
+        return False, f"{outcome.value} after the goal was already reached{detail}"
     if outcome.crashed:
         return True, f"{outcome.value}{code}{detail}"
     if finished:

@@ -326,3 +326,18 @@ def test_successor_skipped_in_the_same_tick_as_the_segment_that_reached_the_goal
     ends = [a for a in actions if isinstance(a, EndSegment)]
     assert [(e.n, e.charged) for e in ends] == [(1, False), (2, False)]
     assert isinstance(actions[-1], Finish) and actions[-1].state is ChainState.COMPLETED
+
+
+def test_a_successor_cancelled_for_the_goal_by_a_service_that_died_before_recording_it_is_free() -> None:
+    """The cancel reached the scheduler, the record did not: next time the job shows as
+    cancelled, the chain's own doing once the goal was reached, never a failure (seen in the
+    SIGKILL storm of tests/test_faults.py)."""
+    target = Progress(epoch=SPEC.target_epoch, saved_at=300.0)
+    c = chain(seg(1), seg(2, Phase.PENDING))
+    obs = {"j1": ended("j1", Outcome.COMPLETED), "j2": ended("j2", Outcome.CANCELLED, None)}
+    actions = run(c, obs, target, NOW)
+    ends = [a for a in actions if isinstance(a, EndSegment)]
+    assert [(e.n, e.charged) for e in ends] == [(1, False), (2, False)]
+    assert isinstance(actions[-1], Finish) and actions[-1].state is ChainState.COMPLETED
+    before_goal = run(chain(seg(1)), {"j1": ended("j1", Outcome.CANCELLED, None)}, BEFORE, NOW)[0]
+    assert isinstance(before_goal, EndSegment) and before_goal.charged  # someone else's cancel
