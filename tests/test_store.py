@@ -67,6 +67,6 @@ def test_a_chain_remembers_where_it_started_as_progress_moves_on(tmp_path: Path)
     """The baseline is what checkpoint_dir held at submission; later progress does not move it."""
     store = Store(tmp_path / "home")
     chain = store.add_chain(SPEC, Progress(epoch=50, step=3), now=1.0)
-    store.note_progress(chain.id, Progress(epoch=60))
+    store.record(chain.id, [], Progress(epoch=60), [], 2.0)
     again = store.chain(chain.id)
     assert (again.baseline, again.latest.epoch) == (Progress(epoch=50, step=3), 60)
