@@ -145,7 +145,9 @@ def table(chains: list[Chain], now: float) -> str:
     rows = [HEADER, *(row(c, now) for c in chains)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
-    lines += [f"{c.id}: {c.reason}" for c in chains if (c.state.final or c.state is ChainState.STUCK) and c.reason]
+    lines += [
+        f"{c.id}: {c.reason}" for c in chains if (c.state.final or c.state is ChainState.STUCK) and c.reason
+    ]
     return "\n".join(lines)
 
 

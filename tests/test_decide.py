@@ -276,11 +276,13 @@ def test_a_job_that_changed_is_tracked_and_one_gone_is_lost_only_after_a_while()
     c = chain(seg(1, Phase.PENDING), seg(2, Phase.PENDING))
     obs = {"j1": JobFacts(live=LiveJob("j1", "j1", Phase.RUNNING, started_at=NOW - 5))}
     assert run(c, obs, AFTER, NOW) == [Track(1, Phase.RUNNING, "", NOW - 5, None)]
-    assert run(c, {"j1": JobFacts()}, AFTER, NOW) == [Track(1, Phase.PENDING, "gone from the queue", None, NOW)]
+    assert run(c, {"j1": JobFacts()}, AFTER, NOW) == [
+        Track(1, Phase.PENDING, "gone from the queue", None, NOW)
+    ]
     missing = chain(seg(1, missing_since=NOW - LOST_AFTER + 1), seg(2, Phase.PENDING))
     assert run(missing, {"j1": JobFacts()}, AFTER, NOW) == []
     lost = chain(seg(1, missing_since=NOW - LOST_AFTER), seg(2, Phase.PENDING))
-    (end, *rest) = run(lost, {"j1": JobFacts()}, AFTER, NOW)
+    (end, *_) = run(lost, {"j1": JobFacts()}, AFTER, NOW)
     assert isinstance(end, EndSegment) and end.outcome is Outcome.LOST and end.charged
     assert "gone from the scheduler for 180s" in end.reason
 

@@ -17,9 +17,8 @@ from typing import Any
 import pytest
 
 from chainrun.errors import SchedulerError
-from chainrun.model import JobSpec, Outcome, Phase, SchedulerSpec
+from chainrun.model import JobSpec, LiveJob, Outcome, Phase, SchedulerSpec
 from chainrun.schedulers import scheduler_for
-from chainrun.model import LiveJob
 from chainrun.schedulers.segment import SegmentJob, render_script
 from chainrun.schedulers.sge import SgeScheduler
 from chainrun.transport import CommandResult
