@@ -283,21 +283,19 @@ class Engine:
             else:
                 done.append(action)
         latest = facts.progress if facts.progress is not None and facts.progress != chain.latest else None
+        if chain.state is ChainState.STUCK:
+            self.store.set_stuck(chain.id, False, "a tick succeeded again", now)
         self.store.record(chain.id, done, latest, warnings, now)
         for action in done:
             _log(chain.id, action)
-        if chain.id in self.failing:
-            del self.failing[chain.id]
-        if chain.state is ChainState.STUCK:
-            self.stuck_until.pop(chain.id, None)
-            self.store.set_stuck(chain.id, False, "a tick succeeded again", now)
+        self.failing.pop(chain.id, None)
+        self.stuck_until.pop(chain.id, None)
         if any(isinstance(a, Finish) for a in done):
             self.starts = {k: v for k, v in self.starts.items() if k[0] != chain.id}
             if self.on_end is not None:
                 self.on_end(self.store.chain(chain.id))
-        return [a.at for a in done if isinstance(a, RetryLater)] + [
-            s.retry_at for s in chain.live if s.phase is Phase.SUBMITTING and s.retry_at is not None
-        ]
+        waiting = [s.retry_at for s in chain.live if s.phase is Phase.SUBMITTING and (s.retry_at or 0) > now]
+        return [a.at for a in done if isinstance(a, RetryLater)] + [at for at in waiting if at is not None]
 
     def _cancel(self, cluster: _Cluster, actions: Iterable[Cancel | Remove], warnings: list[str]) -> None:
         ids = [a.job_id for a in actions if a.job_id]
