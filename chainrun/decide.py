@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
-from chainrun.errors import SchedulerError, TransportError
+from chainrun.errors import SchedulerError, TransportError, UnsafePathError
 from chainrun.jobfile import format_duration
 from chainrun.model import (
     NO_PROGRESS,
@@ -202,10 +202,12 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
     return actions
 
 
-def after_submit(n: int, attempts: int, error: SchedulerError | TransportError, now: float) -> Action:
+def after_submit(
+    n: int, attempts: int, error: SchedulerError | TransportError | UnsafePathError, now: float
+) -> Action:
     """What the ``attempts``-th failed submission of segment ``n`` means: retry later,
-    or rejected for good."""
-    if isinstance(error, SchedulerError) and not error.transient:
+    or rejected for good (the scheduler refused it, or its run directory is not safe)."""
+    if isinstance(error, UnsafePathError) or (isinstance(error, SchedulerError) and not error.transient):
         return Reject(n=n, reason=str(error))
     return RetryLater(n=n, at=now + backoff(attempts), reason=str(error))
 

@@ -28,7 +28,7 @@ import structlog
 
 from chainrun import watch
 from chainrun.decide import Facts, JobFacts, after_submit, decide
-from chainrun.errors import SchedulerError, StoreUnavailable, TransportError
+from chainrun.errors import SchedulerError, StoreUnavailable, TransportError, UnsafePathError
 from chainrun.model import (
     Action,
     Adopt,
@@ -47,7 +47,15 @@ from chainrun.model import (
 )
 from chainrun.schedulers import scheduler_for
 from chainrun.schedulers.base import Scheduler
-from chainrun.schedulers.segment import EndMarker, SegmentJob, StartMarker, final_path, render_script
+from chainrun.schedulers.segment import (
+    EndMarker,
+    SegmentJob,
+    StartMarker,
+    final_path,
+    render_script,
+    trust_run_dir,
+    trust_script,
+)
 from chainrun.store import Store
 from chainrun.transport import Transport, transport_for
 
@@ -316,13 +324,14 @@ class Engine:
         attempts = self.store.journal_submit(chain.id, sub, now)
         job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime, sub.after)
         try:
-            cluster.transport.makedirs(job.run_dir)
+            trust_run_dir(cluster.transport, chain.spec, chain.id, create=True)
             cluster.transport.write_file(
                 job.script_path, render_script(cluster.scheduler, job).encode(), mode=0o700
             )
+            trust_script(cluster.transport, job.script_path)
             result = cluster.transport.run(cluster.scheduler.submit_argv(job), timeout=SUBMIT_TIMEOUT)
             job_id = cluster.scheduler.parse_submit(result)
-        except (TransportError, SchedulerError) as exc:
+        except (TransportError, SchedulerError, UnsafePathError) as exc:
             return after_submit(sub.n, attempts, exc, now)
         return Adopt(
             n=sub.n, job_id=job_id, how="submitted" + (f" after job {sub.after}" if sub.after else "")

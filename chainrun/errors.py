@@ -46,6 +46,14 @@ class SchedulerError(ChainrunError):
         self.transient = transient
 
 
+class UnsafePathError(ChainrunError):
+    """A file or directory chainrun would trust (the run directory and the scripts in
+    it) can be changed by someone else: owned by another user, writable by others, or
+    a symlink. Nothing is submitted from it."""
+
+    exit_code = 2
+
+
 class StoreError(ChainrunError):
     """The state database cannot be opened or is from a newer chainrun."""
 

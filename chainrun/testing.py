@@ -32,6 +32,7 @@ from chainrun.schedulers.segment import SegmentJob
 from chainrun.transport import CommandResult, FileInfo
 
 _STEM = re.compile(r"\.sh\Z")
+USER = 1000  # who the fake cluster's files belong to
 
 
 class FakeClock:
@@ -268,7 +269,7 @@ class FakeTransport:
         data = self.cluster.files.get(path)
         if data is None:
             return None
-        return FileInfo(posixpath.basename(path), len(data), self.cluster.clock(), True)
+        return FileInfo(posixpath.basename(path), len(data), self.cluster.clock(), True, 0o100700, USER)
 
     def listdir(self, path: str) -> Optional[list[FileInfo]]:
         prefix = path.rstrip("/") + "/"
@@ -287,6 +288,9 @@ class FakeTransport:
 
     def remove(self, path: str) -> None:
         self.cluster.files.pop(path, None)
+
+    def user_id(self) -> int:
+        return USER
 
     def close(self) -> None:
         pass

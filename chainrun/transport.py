@@ -116,6 +116,12 @@ class FileInfo:
     size: int
     mtime: float
     is_file: bool
+    mode: int = 0  # st_mode: the type and permission bits
+    uid: int = -1  # the owner
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
 
 
 class Transport(Protocol):
@@ -147,6 +153,10 @@ class Transport(Protocol):
     def makedirs(self, path: str, mode: int = 0o700) -> None: ...
 
     def remove(self, path: str) -> None: ...
+
+    def user_id(self) -> int:
+        """The numeric user id commands and files are handled as, there."""
+        ...
 
     def close(self) -> None: ...
 
@@ -263,7 +273,10 @@ class LocalTransport:
         except OSError as e:
             raise _file_error("stat", path, "localhost", e) from None
         name = posixpath.basename(path.rstrip("/"))
-        return FileInfo(name, st.st_size, st.st_mtime, stat.S_ISREG(st.st_mode))
+        return FileInfo(name, st.st_size, st.st_mtime, stat.S_ISREG(st.st_mode), st.st_mode, st.st_uid)
+
+    def user_id(self) -> int:
+        return os.geteuid()
 
     def makedirs(self, path: str, mode: int = 0o700) -> None:
         full = os.path.expanduser(path)
@@ -355,6 +368,7 @@ class SSHTransport:
         self._alias = host
         self._lock = threading.Lock()
         self._conn: _Connection | None = None
+        self._uid: int | None = None
 
     def __repr__(self) -> str:
         return f"SSHTransport({self._alias!r})"
@@ -518,9 +532,21 @@ class SSHTransport:
                 size=a.st_size or 0,
                 mtime=float(a.st_mtime or 0),
                 is_file=stat.S_ISREG(a.st_mode or 0),
+                mode=a.st_mode or 0,
+                uid=-1 if a.st_uid is None else a.st_uid,
             )
 
         return self._sftp_call("stat", path, lstat)
+
+    def user_id(self) -> int:
+        """The remote user's id: the owner of the login directory SFTP starts in."""
+        if self._uid is None:
+
+            def home_owner(sftp: paramiko.SFTPClient, p: str) -> int:
+                return sftp.stat(p).st_uid or 0
+
+            self._uid = self._sftp_call("stat", "~", home_owner)
+        return self._uid
 
     def makedirs(self, path: str, mode: int = 0o700) -> None:
         def makedirs(sftp: paramiko.SFTPClient, p: str) -> None:

@@ -7,8 +7,9 @@ from typing import Optional
 from chainrun.errors import JobFileError, SchedulerError
 from chainrun.model import JobSpec
 from chainrun.schedulers.base import Scheduler
-from chainrun.schedulers.segment import SegmentJob, render_script
+from chainrun.schedulers.segment import SegmentJob, render_script, trust_run_dir
 from chainrun.store import new_chain_id
+from chainrun.transport import LocalTransport
 
 
 def scheduler_for(kind: str, host: Optional[str]) -> Scheduler:
@@ -30,7 +31,8 @@ def scheduler_for(kind: str, host: Optional[str]) -> Scheduler:
 
 def preflight(spec: JobSpec) -> None:
     """Build a segment's script and submit command without running them, so what the backend
-    refuses (a job name, a path SGE would rewrite) is a job file error before any chain exists."""
+    refuses (a job name, a path SGE would rewrite) is a job file error before any chain exists;
+    and, for a chain on this machine, refuse a run directory someone else could change."""
     scheduler = scheduler_for(spec.scheduler.kind, spec.scheduler.host)
     job = SegmentJob(new_chain_id(spec.name), 1, spec, spec.walltime, after="1")
     try:
@@ -38,3 +40,5 @@ def preflight(spec: JobSpec) -> None:
         scheduler.submit_argv(job)
     except SchedulerError as exc:
         raise JobFileError(f"{spec.source}: {exc}") from None
+    if spec.scheduler.host is None:
+        trust_run_dir(LocalTransport(), spec, None, create=False)

@@ -1,7 +1,8 @@
 """The segment protocol: what every backend's job shares.
 
 A segment's names and paths (the tag ``cr.CHAIN.N`` that finds a job again
-after a crash, the run directory next to the training), the one wrapper
+after a crash, the run directory next to the training, which only its user
+may change: ``trust_run_dir``), the one wrapper
 script every backend runs (``segment.sh``, rendered here in one pass), and
 the markers the wrapper leaves: ``seg-NNNN.start`` and ``seg-NNNN.end``, each
 with the checkpoint as the segment found and left it, and ``final``, written
@@ -14,14 +15,17 @@ import posixpath
 import re
 import shlex
 import signal as signals
+import stat
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Optional
 
+from chainrun.errors import UnsafePathError
 from chainrun.model import JobSpec, Outcome, Progress
 
 if TYPE_CHECKING:
     from chainrun.schedulers.base import Scheduler
+    from chainrun.transport import FileInfo, Transport
 
 RUN_DIR_NAME = ".chainrun"
 FINAL_NAME = "final"
@@ -70,6 +74,50 @@ def run_dir(spec: JobSpec, chain_id: str) -> str:
 
 def final_path(spec: JobSpec, chain_id: str) -> str:
     return posixpath.join(run_dir(spec, chain_id), FINAL_NAME)
+
+
+def trust_run_dir(transport: Transport, spec: JobSpec, chain_id: Optional[str], create: bool) -> None:
+    """Make sure ``WORKDIR/.chainrun`` (and the chain's directory in it, given ``chain_id``) is a
+    directory only this user can change, creating what is missing (mode 0700) when ``create``.
+    A workdir is often shared (a sticky scratch directory): an existing one that another user
+    owns, that others may write, or that is a symlink is refused, and nothing is run from it."""
+    me = transport.user_id()
+    paths = [posixpath.join(spec.workdir, RUN_DIR_NAME)]
+    if chain_id is not None:
+        paths.append(run_dir(spec, chain_id))
+    for path in paths:
+        info = transport.stat(path)
+        if info is None and create:
+            transport.makedirs(path, 0o700)
+            info = transport.stat(path)  # and look again: another user may have been quicker
+        if info is not None:
+            _trust(info, path, me, directory=True)
+
+
+def trust_script(transport: Transport, path: str) -> None:
+    """Right before submission: the script is still a regular file of this user's alone."""
+    _trust(transport.stat(path), path, transport.user_id(), directory=False)
+
+
+def _trust(info: Optional[FileInfo], path: str, me: int, directory: bool) -> None:
+    if info is None:
+        problem = "is gone"
+    elif stat.S_ISLNK(info.mode):
+        problem = "is a symbolic link"
+    elif directory and not info.is_dir:
+        problem = "is not a directory"
+    elif not directory and not info.is_file:
+        problem = "is not a regular file"
+    elif info.uid != me:
+        problem = f"belongs to another user (uid {info.uid})"
+    elif info.mode & 0o022:
+        problem = f"can be changed by other users (mode {stat.S_IMODE(info.mode):o})"
+    else:
+        return
+    raise UnsafePathError(
+        f"{path} {problem}, so chainrun will not run scripts from it: remove it "
+        "(or, if it is your own, `chmod go-w` it) and submit again"
+    )
 
 
 def quote(value: str) -> str:

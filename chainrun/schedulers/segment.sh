@@ -87,7 +87,7 @@ if ! cd "$workdir"; then
     end_marker 2 2 0
     exit 2
 fi
-mkdir -p "$CHAINRUN_CHECKPOINT_DIR"
+(umask 077 && mkdir -p -- "$CHAINRUN_CHECKPOINT_DIR")
 
 # bash runs traps only between commands, so the command runs in the
 # background and the wrapper waits; signals are forwarded to it.
