@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 from dataclasses import replace
@@ -196,3 +197,31 @@ def test_a_successor_skips_when_the_segment_before_it_ended_the_run(
     assert proc.returncode == 0, proc.stderr
     assert (work / "trained").exists() is not skips
     assert marker(job).skipped is skips
+
+
+def test_every_placeholder_inside_every_value_arrives_intact(tmp_path: Path) -> None:
+    """The template is filled in one pass: a value holding @@WORKDIR@@ (or any placeholder) is never
+    expanded again. Before, `workdir = "/scratch/w;touch pwned;#"` with `V1 = "x @@WORKDIR@@"` ran touch."""
+    template = (Path(__file__).parent.parent / "chainrun" / "schedulers" / "segment.sh").read_text()
+    names = sorted(set(re.findall(r"@@[A-Z_]+@@", template)))
+    assert "@@WORKDIR@@" in names and "@@COMMAND@@" in names
+    work = tmp_path / "w;touch pwned;#"
+    work.mkdir()
+    every = " ".join(names)
+    env = (*((f"V{i}", f"x {name} y") for i, name in enumerate(names)), ("ALL", every))
+    spec = replace(
+        hostile_spec(str(work)),
+        env=env,
+        command="env -0 > env.bin; printf '%s' " + " ".join(f'"${key}"' for key, _ in env) + " > seen",
+        checkpoint_dir=str(work / every),
+    )
+    job = SegmentJob("hostile-1a2b3c", 1, spec, 60)
+    os.makedirs(job.run_dir, exist_ok=True)
+    Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB_ID", "CHAINRUN_"))}
+    proc = subprocess.run(["bash", job.script_path], env=clean, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert not list(tmp_path.rglob("pwned")) and not Path("pwned").exists()
+    assert (work / "seen").read_text() == "".join(value for _, value in env)
+    seen_env = dict(e.split("=", 1) for e in (work / "env.bin").read_text().split("\0") if "=" in e)
+    assert seen_env["CHAINRUN_CHECKPOINT_DIR"] == str(work / every)
