@@ -7,14 +7,17 @@ input); a traceback only ever means a bug.
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 import time
-from collections.abc import Iterator
+import traceback
+import unicodedata
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import click
 
@@ -44,34 +47,180 @@ def _interval(ctx: click.Context, param: click.Parameter, value: Optional[str]) 
         raise UsageError(f"--interval {value}: {exc}") from None
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+MESSAGE_LIMIT = 500  # characters of a usage or internal error's message: one readable line
+EXIT_INTERNAL = 1  # an unexpected exception: a bug in chainrun, or a failure it does not know yet
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command killed by Ctrl-C
+# click >= 8.2 raises it for a group called without a command (older ones show the help themselves).
+_NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+_LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+
+
+def _printable(text: str) -> str:
+    """``text`` as one line a terminal only shows: line breaks become spaces, and
+    control and format characters (escape sequences, bidi overrides) their escapes."""
+    out = []
+    for ch in text:
+        if ch in _LINE_BREAKS:
+            out.append(" ")
+        elif ch.isprintable() or unicodedata.category(ch) == "Zs":
+            out.append(ch)
+        else:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+    return "".join(out).strip()
+
+
+def _one_line(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``text`` printable, each run of whitespace one space, at most ``limit`` characters."""
+    line = " ".join(_printable(text).split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"chainrun: {_printable(message)}", err=True)
+    sys.exit(code)
+
+
+def _interrupted() -> NoReturn:
+    # On a terminal the ^C echo has no newline: start ours on a line of its own.
+    lead = "\n" if sys.stderr.isatty() else ""
+    click.echo(f"{lead}chainrun: interrupted", err=True)
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def _internal(exc: BaseException, debug: bool) -> NoReturn:
+    """An exception nothing expected: its traceback with ``--debug``, else one line."""
+    if debug:
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        sys.stderr.flush()
+        sys.exit(EXIT_INTERNAL)
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    message = _one_line(str(exc)) or "(no message)"
+    _fail(f"internal error: {name}: {message} (run with --debug for the traceback)", EXIT_INTERNAL)
+
+
+def _usage_message(exc: click.UsageError) -> str:
+    """click's usage error as chainrun's one line: its message and where the help is."""
+    message = _one_line(exc.format_message()).rstrip(".")
+    if len(message) > 1 and message[0].isupper() and message[1].islower():
+        message = message[0].lower() + message[1:]  # "No such option" -> "no such option"
+    command = exc.ctx.command_path if exc.ctx is not None else "chainrun"
+    return f"{message} (see `{command} --help`)"
+
+
 class _Group(click.Group):
-    """Turns ChainrunError into a one-line message and its exit code."""
+    """Every failure is one line on stderr, never a traceback (unless ``--debug``).
+
+    Exit codes:
+
+    - 0: done; ``--help`` included.
+    - a ``ChainrunError``: its message and its ``exit_code`` (2 for bad input, 1 otherwise).
+    - 2: a usage error click finds (unknown option or command, missing argument, a
+      value of the wrong type or not among the choices), as
+      ``chainrun: <message> (see `chainrun COMMAND --help`)``.
+    - 1: any other exception, which is a bug: ``chainrun: internal error: <type>:
+      <message> (run with --debug for the traceback)``. Exit 1 and not sysexits'
+      70, because scripts and the systemd unit treat every non-zero, non-2 exit as
+      "it failed" and 1 is what Python's own traceback exit was.
+    - 130: Ctrl-C (``KeyboardInterrupt``): ``chainrun: interrupted``.
+
+    ``chainrun --debug COMMAND`` prints the full traceback of an unexpected
+    exception instead of its line. Commands may still ``sys.exit`` with their
+    own codes (``run`` exits 1 when the chain did not complete).
+    """
+
+    def main(
+        self,
+        args: Optional[Sequence[str]] = None,
+        prog_name: Optional[str] = None,
+        complete_var: Optional[str] = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:  # the caller handles click's exceptions itself
+            return super().main(
+                args,
+                prog_name,
+                complete_var,
+                standalone_mode=False,
+                windows_expand_args=windows_expand_args,
+                **extra,
+            )
+        argv = list(sys.argv[1:] if args is None else args)
+        try:
+            rv = super().main(
+                argv,
+                prog_name,
+                complete_var,
+                standalone_mode=False,
+                windows_expand_args=windows_expand_args,
+                **extra,
+            )
+        except _NO_ARGS_IS_HELP as exc:  # `chainrun` or `chainrun service` alone: the help, exit 2
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.UsageError as exc:
+            _fail(_usage_message(exc), exc.exit_code)
+        except click.ClickException as exc:
+            _fail(_one_line(exc.format_message()), exc.exit_code)
+        except (click.Abort, KeyboardInterrupt):
+            _interrupted()
+        except ChainrunError as exc:
+            _fail(str(exc), exc.exit_code)
+        except Exception as exc:
+            # Outside invoke() (parsing the group's own options, closing the
+            # context) --debug has not been parsed, or not by click: look for it.
+            _internal(exc, "--debug" in argv)
+        # Without standalone mode, an Exit (as from --help) comes back as its code.
+        sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except ChainrunError as exc:
-            click.echo(f"chainrun: {exc}", err=True)
-            sys.exit(exc.exit_code)
+            _fail(str(exc), exc.exit_code)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise  # main() shows these
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                raise  # `chainrun history X | head`: click quiets the closed pipe
+            _internal(exc, bool(ctx.params.get("debug")))
+        except KeyboardInterrupt:
+            _interrupted()
+        except Exception as exc:
+            _internal(exc, bool(ctx.params.get("debug")))
 
 
 @click.group(cls=_Group)
 @click.option(
     "--home",
-    type=click.Path(path_type=Path),
+    type=click.Path(file_okay=False),
     default=None,
     help="State directory (default $CHAINRUN_HOME or ~/.local/state/chainrun).",
 )
-@click.option("--log-level", default="info", show_default=True, help="debug, info, warning, error")
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="Log messages of this level and above.",
+)
+@click.option("--debug", is_flag=True, help="Show the full traceback of an unexpected error.")
 @click.pass_context
-def main(ctx: click.Context, home: Optional[Path], log_level: str) -> None:
+def main(ctx: click.Context, home: Optional[str], log_level: str, debug: bool) -> None:
     """Keep long training runs alive across walltime-limited batch jobs."""
     from chainrun import logs
 
+    if home == "":  # click would make it ".": state in whatever directory this runs in
+        raise UsageError("--home: an empty path; give the state directory, or leave --home out")
     # `run` prints the chain's events itself; its service logs only trouble.
     quiet = ctx.invoked_subcommand == "run" and log_level == "info"
     logs.setup("warning" if quiet else log_level)
-    ctx.obj = home or default_home()
+    ctx.obj = Path(home) if home else default_home()
 
 
 @contextmanager

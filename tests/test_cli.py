@@ -1,0 +1,511 @@
+"""Hostile input to the command line: one clear line on stderr, nothing run, nothing stored.
+
+Every command and subcommand is taken from the click group itself, so a new one
+is covered without touching this file. Most runs are in-process (click's
+CliRunner) for speed; a few are real ``python -m chainrun`` processes, to see
+exactly what a user sees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import closing, suppress
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import click
+import pytest
+import structlog
+from click.testing import CliRunner, Result
+from conftest import REPO, cli_env, wait_for
+
+from chainrun import jobfile
+from chainrun import logs as chainrun_logs
+from chainrun.cli import main
+
+# -- the commands and the garbage -------------------------------------------------
+
+
+def leaves(
+    group: click.Group = main, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    """Every runnable command under ``group``, as its path of names: ("service", "install"), ..."""
+    for name, command in sorted(group.commands.items()):
+        if isinstance(command, click.Group):
+            yield from leaves(command, (*path, name))
+        else:
+            yield (*path, name), command
+
+
+COMMANDS = dict(leaves())
+HUGE = "x" * 100_000
+# Positional arguments: as a chain reference, a job file path, or one argument too many.
+HOSTILE = {
+    "100k": HUGE,
+    "unicode": "\u202e\u200bé\u0301😀\U0010ffff\ufeffǅ\u00a0",
+    "newline": "a\nb\u2028c",
+    "escape": "\x1b[2J\x1b]0;pwned\x07",
+    "surrogate": "\udcff\udcfe",  # what Python makes of argv bytes that are not UTF-8
+    "missing": "{missing}",  # a job file that does not exist
+    "directory": "{dir}",  # a directory where a file belongs
+    "binary": "{binary}",  # a file of bytes that are no TOML
+}
+# Option values. No digit of any script here: `daemon --interval ٣` would run the service.
+OPTION_GARBAGE = {
+    "nan": "nan",
+    "inf": "inf",
+    "1e999": "1e999",
+    "-1": "-1",
+    "word": "notanumber",
+    "empty": "",
+    "100k": HUGE,
+    "unicode": HOSTILE["unicode"],
+    "escape": HOSTILE["escape"],
+}
+# A value for each required argument, so that only the option under test is garbage.
+FILLER = {"chain_ref": "no-such-chain", "jobfile_path": "{missing}"}
+
+# Known gaps in code this change does not touch; each still gives one line and no
+# traceback, but an "internal error" (exit 1) instead of a usage error (exit 2).
+KNOWN = {
+    ("status", "--watch", "nan"): "status --watch takes nan: time.sleep(nan) raises",
+    ("status", "--watch", "inf"): "status --watch takes inf: time.sleep(inf) overflows",
+    ("status", "--watch", "1e999"): "status --watch takes 1e999 (inf): time.sleep overflows",
+    ("--home", "100k"): "Store's private_dir lets ENAMETOOLONG through",
+    # Fixed by the store's find in the working tree; drop these once that fix is committed.
+    **{
+        (name, "surrogate"): "store.find passes a lone surrogate to SQLite"
+        for name in ("cancel", "history", "logs", "status")
+    },
+}
+
+
+def _cases() -> Iterator[Any]:
+    def case(args: list[str], ident: str, known: Optional[str] = None) -> Any:
+        return pytest.param(args, known, id=ident)
+
+    for path, command in COMMANDS.items():
+        name = " ".join(path)
+        arguments = [p for p in command.params if isinstance(p, click.Argument)]
+        options = [p for p in command.params if isinstance(p, click.Option) and not p.is_flag and not p.count]
+        filled = [FILLER.get(str(a.name), "x") for a in arguments if a.required]
+        yield case([*path, "--no-such-option"], f"{name} --no-such-option")
+        yield case([*path, "--no-such-option", "1", *filled], f"{name} --no-such-option 1 + args")
+        if any(a.required for a in arguments):
+            yield case([*path], f"{name} (missing argument)")
+        for label, value in HOSTILE.items():
+            # A command without arguments gets one too many; one with, garbage as its first.
+            yield case([*path, value], f"{name} <{label}>", KNOWN.get((path[0], label)))
+        for option in options:
+            flag = max(option.opts, key=len)
+            for label, value in OPTION_GARBAGE.items():
+                known = KNOWN.get((path[0], flag, label))
+                yield case([*path, *filled, flag, value], f"{name} {flag} <{label}>", known)
+            if not getattr(option, "_flag_needs_value", False):  # `status --watch` alone is valid
+                yield case([*path, *filled, flag], f"{name} {flag} (no value)")
+    # The group's own options, before a harmless command.
+    for label, value in {"bogus": "bogus", "empty": "", "100k": HUGE, "unicode": HOSTILE["unicode"]}.items():
+        yield case(["--log-level", value, "status"], f"--log-level <{label}> status")
+    for label, value in {"empty": "", "file": "{file}", "100k": HUGE, "escape": HOSTILE["escape"]}.items():
+        yield case(
+            ["--home", value, "history", "x"], f"--home <{label}> history", KNOWN.get(("--home", label))
+        )
+    yield case(["--no-such-option", "status"], "--no-such-option status")
+    yield case(["no-such-command"], "no-such-command")
+    yield case([HUGE], "<100k> as the command")
+    yield case(["service", "no-such-command"], "service no-such-command")
+
+
+CASES = list(_cases())
+
+
+# -- fixtures ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """A private CHAINRUN_HOME, HOME and XDG dirs (`service install` writes nothing real), and a cwd."""
+    paths = {
+        "home": tmp_path / "state",
+        "user": tmp_path / "user",
+        "cwd": tmp_path / "cwd",
+        "dir": tmp_path / "a-directory",
+        "file": tmp_path / "a-file",
+        "binary": tmp_path / "binary.toml",
+    }
+    for key in ("user", "cwd", "dir"):
+        paths[key].mkdir()
+    paths["file"].write_text("a file\n")
+    paths["binary"].write_bytes(bytes(range(256)) * 8)
+    monkeypatch.setenv("CHAINRUN_HOME", str(paths["home"]))
+    monkeypatch.setenv("HOME", str(paths["user"]))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(paths["user"] / ".config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(paths["user"] / ".local" / "state"))
+    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "JOURNAL_STREAM"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(paths["cwd"])
+    return paths
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """In-process runs set up logging to CliRunner's streams: put back what was there."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    ours = chainrun_logs._handlers[:]
+    config = structlog.get_config()
+    yield
+    for handler in root.handlers[:]:
+        if handler not in handlers:
+            root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
+    chainrun_logs._handlers[:] = ours
+    structlog.configure(**config)
+
+
+@pytest.fixture(autouse=True)
+def bounded() -> Iterator[None]:
+    """An in-process run that hangs (a garbage interval taken for a real one) fails instead."""
+
+    def expired(signum: int, frame: Any) -> None:
+        raise TimeoutError("the command ran for 60 s: garbage was taken for a real value")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, 60)
+    yield
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def invoke(args: list[str], paths: Optional[dict[str, Path]] = None) -> Result:
+    """``chainrun ARGS`` in this process, stderr apart; placeholders like {dir} filled from ``paths``."""
+    if paths is not None:
+        places = {
+            "{missing}": str(paths["cwd"] / "no-such-job.toml"),
+            "{dir}": str(paths["dir"]),
+            "{file}": str(paths["file"]),
+            "{binary}": str(paths["binary"]),
+        }
+        args = [places.get(a, a) for a in args]
+    try:
+        runner = CliRunner(mix_stderr=False)  # type: ignore[call-arg]
+    except TypeError:  # click >= 8.2: stderr is always apart
+        runner = CliRunner()
+    # catch_exceptions=False: an exception that gets past chainrun fails the test with its traceback.
+    return runner.invoke(main, args, prog_name="chainrun", catch_exceptions=False)
+
+
+def stored_chains(*homes: Path) -> int:
+    """Chains in the databases under ``homes`` (none where there is no database)."""
+    count = 0
+    for home in homes:
+        db = home / "chainrun.db"
+        if not db.exists():
+            continue
+        # No chains table: nothing was ever stored.
+        with (
+            closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn,
+            suppress(sqlite3.OperationalError),
+        ):
+            count += conn.execute("SELECT count(*) FROM chains").fetchone()[0]
+    return count
+
+
+def one_line(stderr: str) -> str:
+    """The one line on stderr (fails unless there is exactly one)."""
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and stderr.endswith("\n"), f"{len(lines)} lines on stderr: {stderr[:2000]!r}"
+    return lines[0]
+
+
+# -- in process -------------------------------------------------------------------
+
+
+def test_every_command_is_covered() -> None:
+    """The garbage reaches every command the group has, subcommands of `service` included."""
+    assert set(COMMANDS) >= {
+        ("check",),
+        ("submit",),
+        ("run",),
+        ("status",),
+        ("cancel",),
+        ("logs",),
+        ("history",),
+        ("daemon",),
+        ("service", "install"),
+        ("service", "uninstall"),
+        ("service", "status"),
+    }
+    covered = {path for path in COMMANDS if any(tuple(c.values[0][: len(path)]) == path for c in CASES)}
+    assert covered == set(COMMANDS)
+
+
+@pytest.mark.parametrize("args, known", CASES)
+def test_hostile_input_is_one_line_and_runs_and_stores_nothing(
+    env: dict[str, Path], args: list[str], known: Optional[str]
+) -> None:
+    """Non-zero, exactly one line on stderr starting `chainrun: `, no traceback, no chain stored."""
+    result = invoke(args, env)
+    assert result.exit_code != 0, result.stdout
+    line = one_line(result.stderr)
+    assert line.startswith("chainrun: ") and "Traceback" not in result.stderr
+    assert "\x1b" not in line  # escape sequences in an argument reach no terminal
+    if "(see `chainrun" in line:  # a usage error: the garbage it quotes is cut short
+        assert len(line) < 1000
+    assert stored_chains(env["home"], env["cwd"], env["user"] / ".local" / "state" / "chainrun") == 0
+    assert not (env["user"] / ".config" / "systemd").exists()  # `service install` wrote no unit
+
+
+@pytest.mark.parametrize("args, known", CASES)
+def test_hostile_input_is_bad_input_exit_2(
+    env: dict[str, Path], args: list[str], known: Optional[str], request: pytest.FixtureRequest
+) -> None:
+    """Garbage is the caller's mistake: exit 2 and a message about it, never an "internal error"."""
+    if known:
+        request.applymarker(pytest.mark.xfail(reason=known, strict=False))
+    result = invoke(args, env)
+    assert "internal error" not in result.stderr
+    assert result.exit_code == 2, result.stderr
+
+
+def test_usage_errors_say_what_and_where_the_help_is(env: dict[str, Path]) -> None:
+    """click's three-line usage block becomes one line naming the command's --help."""
+    result = invoke(["logs", "x", "-n", "notanumber"])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "chainrun: invalid value for '--segment' / '-n': 'notanumber' is not a valid integer "
+        "(see `chainrun logs --help`)\n"
+    )
+    result = invoke(["service", "install", "--bogus"])
+    assert (result.exit_code, result.stderr) == (
+        2,
+        "chainrun: no such option '--bogus' (see `chainrun service install --help`)\n",
+    )
+    result = invoke(["cancel"])
+    assert result.stderr == "chainrun: missing argument 'CHAIN' (see `chainrun cancel --help`)\n"
+
+
+def test_log_level_is_a_choice(env: dict[str, Path]) -> None:
+    """--log-level takes debug, info, warning, error in any case; anything else is a usage error."""
+    result = invoke(["--log-level", "bogus", "status"])
+    assert result.exit_code == 2
+    assert "'bogus' is not one of 'debug', 'info', 'warning', 'error'" in one_line(result.stderr)
+    for level in ("debug", "WARNING", "Error"):
+        result = invoke(["--log-level", level, "status"])
+        assert result.exit_code == 0, result.stderr
+        assert "no chains" in result.stdout
+
+
+def test_help_still_works_everywhere(env: dict[str, Path]) -> None:
+    """--help on the group, every subgroup and every command: the help on stdout, exit 0."""
+    for path in [(), ("service",), *COMMANDS]:
+        result = invoke([*path, "--help"])
+        assert result.exit_code == 0, (path, result.stderr)
+        assert result.stdout.startswith("Usage: chainrun") and not result.stderr
+    assert "--debug" in invoke(["--help"]).stdout
+
+
+def test_group_without_a_command_shows_its_help(env: dict[str, Path]) -> None:
+    """`chainrun` and `chainrun service` alone show their help (exit 2, as click does), no traceback."""
+    for path in ([], ["service"]):
+        result = invoke(path)
+        assert result.exit_code in (0, 2)
+        assert "Usage: chainrun" in result.output and "Traceback" not in result.output
+
+
+def test_chainrun_errors_keep_their_line_and_code(env: dict[str, Path]) -> None:
+    """An expected error is unchanged: its own message, its own exit code."""
+    missing = env["cwd"] / "nope.toml"
+    result = invoke(["check", str(missing)])
+    assert (result.exit_code, result.stderr) == (2, f"chainrun: {missing}: no such job file\n")
+
+
+def write_job(where: Path) -> Path:
+    path = where / "job.toml"
+    path.write_text('name = "t"\ncommand = "sleep 60"\ntotal_time = "5m"\nwalltime = "1m"\n')
+    return path
+
+
+def break_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job file validation let through: walltime 0, which `check`'s plan divides by."""
+    real = jobfile.load
+    monkeypatch.setattr(jobfile, "load", lambda path: dataclasses.replace(real(path), walltime=0))
+
+
+def test_unexpected_exception_is_one_line_and_debug_shows_the_traceback(
+    env: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug (here: a ZeroDivisionError in `check`'s plan) is one line, exit 1; --debug gives the traceback."""
+    break_the_plan(monkeypatch)
+    job = str(write_job(env["cwd"]))
+    result = invoke(["check", job])
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "chainrun: internal error: ZeroDivisionError: integer division or modulo by zero "
+        "(run with --debug for the traceback)\n"
+    )
+    result = invoke(["--debug", "check", job])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Traceback (most recent call last):")
+    assert "in _plan" in result.stderr
+    assert result.stderr.rstrip().endswith("ZeroDivisionError: integer division or modulo by zero")
+
+
+def test_internal_error_message_is_kept_to_one_printable_line(
+    env: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception whose message spans lines, holds escape sequences or runs long: still one short line."""
+
+    def explode(path: str) -> None:
+        raise sqlite3.OperationalError("first line\nsecond\x1b[2J line " + "y" * 5000)
+
+    monkeypatch.setattr(jobfile, "load", explode)
+    result = invoke(["check", "job.toml"])
+    assert result.exit_code == 1
+    line = one_line(result.stderr)
+    assert line.startswith(
+        "chainrun: internal error: sqlite3.OperationalError: first line second\\x1b[2J line yyy"
+    )
+    assert line.endswith("… (run with --debug for the traceback)") and len(line) < 700
+
+
+def test_ctrl_c_is_one_line_exit_130(env: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """KeyboardInterrupt anywhere in a command: `chainrun: interrupted`, exit 130."""
+
+    def interrupted(path: str) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jobfile, "load", interrupted)
+    result = invoke(["check", "job.toml"])
+    assert (result.exit_code, result.stderr) == (130, "chainrun: interrupted\n")
+
+
+# -- as a user runs it ------------------------------------------------------------
+
+
+def user_env(tmp_path: Path) -> dict[str, str]:
+    env = cli_env(tmp_path / "state")
+    env.update(
+        HOME=str(tmp_path / "user"),
+        XDG_CONFIG_HOME=str(tmp_path / "user" / ".config"),
+        XDG_STATE_HOME=str(tmp_path / "user" / ".local" / "state"),
+    )
+    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "JOURNAL_STREAM"):
+        env.pop(name, None)
+    return env
+
+
+def chainrun_process(tmp_path: Path, *args: Union[str, bytes]) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "user").mkdir(exist_ok=True)
+    return subprocess.run(
+        [sys.executable, "-m", "chainrun", *args],
+        capture_output=True,
+        text=True,
+        errors="replace",
+        env=user_env(tmp_path),
+        cwd=tmp_path,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--log-level", "bogus", "status"],
+        ["status", "--bogus"],
+        ["logs", "x", "-n", "notanumber"],
+        ["check", "."],
+        ["run", "--interval", "nan", "job.toml"],
+        ["daemon", "--interval", "nan"],
+        ["service", "install", "--bogus"],
+        ["cancel", HUGE],
+        ["no-such-command"],
+        ["--home", "", "status"],
+    ],
+    ids=lambda args: " ".join(a[:20] for a in args),
+)
+def test_a_user_sees_one_line_and_exit_2(tmp_path: Path, args: list[str]) -> None:
+    """The real process: one `chainrun: ` line on stderr, nothing on stdout, exit 2."""
+    result = chainrun_process(tmp_path, *args)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert one_line(result.stderr).startswith("chainrun: ") and "Traceback" not in result.stderr
+    assert result.stdout == ""
+    assert stored_chains(tmp_path / "state") == 0
+
+
+def test_a_user_sees_no_traceback_for_argv_that_is_not_utf8(tmp_path: Path) -> None:
+    """Bytes that are no UTF-8 as a chain reference or job file: one line, non-zero, nothing stored."""
+    for args in (["cancel", b"\xff\xfe"], ["check", b"\xff\xfe"], ["history", b"x\xc3"]):
+        result = chainrun_process(tmp_path, *args)
+        assert result.returncode != 0
+        assert one_line(result.stderr).startswith("chainrun: ") and "Traceback" not in result.stderr
+    assert stored_chains(tmp_path / "state") == 0
+
+
+BROKEN_CHECK = """
+import dataclasses, runpy, sys
+from chainrun import jobfile
+real = jobfile.load
+jobfile.load = lambda path: dataclasses.replace(real(path), walltime=0)
+sys.argv[0] = "chainrun"
+runpy.run_module("chainrun", run_name="__main__")
+"""
+
+
+def test_a_user_sees_an_internal_error_as_one_line_and_debug_as_a_traceback(tmp_path: Path) -> None:
+    """A bug in a real process: one line and exit 1; with --debug, the whole traceback."""
+    job = str(write_job(tmp_path))
+    env = user_env(tmp_path)
+    run = [sys.executable, "-c", BROKEN_CHECK]
+    plain = subprocess.run([*run, "check", job], capture_output=True, text=True, env=env, timeout=60)
+    assert plain.returncode == 1
+    assert one_line(plain.stderr) == (
+        "chainrun: internal error: ZeroDivisionError: integer division or modulo by zero "
+        "(run with --debug for the traceback)"
+    )
+    debug = subprocess.run(
+        [*run, "--debug", "check", job], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert debug.returncode == 1
+    assert debug.stderr.startswith("Traceback (most recent call last):") and "in _plan" in debug.stderr
+
+
+def test_ctrl_c_on_a_following_command_is_one_line_exit_130(tmp_path: Path) -> None:
+    """SIGINT to `chainrun logs CHAIN --follow` (it loops until the chain ends): `interrupted`, 130."""
+    submitted = chainrun_process(tmp_path, "submit", str(write_job(tmp_path)))
+    assert submitted.returncode == 0, submitted.stderr
+    chain = submitted.stdout.strip()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chainrun", "logs", chain, "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=user_env(tmp_path),
+        cwd=REPO,
+    )
+    db = str(tmp_path / "state" / "chainrun.db")
+
+    def following() -> bool:  # past start-up: the store is open, the loop runs
+        assert proc.poll() is None, proc.communicate()
+        fds = Path(f"/proc/{proc.pid}/fd")
+        return any(os.path.realpath(fd) == db for fd in fds.iterdir())
+
+    try:
+        wait_for(following, 30, "`chainrun logs --follow` to open the database", every=0.05)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, stderr) == (130, "chainrun: interrupted\n")
