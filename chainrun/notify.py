@@ -6,8 +6,11 @@ background worker, so a slow hook never holds up a tick, and an end still
 undelivered when the service stops goes out at its next start (at least
 once). The command runs through the transport with ``bash -c`` in the
 chain's workdir, the chain's end in its environment; the webhook is a JSON
-POST with a timeout and a few tries. A hook that fails is logged and
-otherwise ignored: it never touches the chain.
+POST with a timeout and a few tries, to http and https URLs only: a redirect
+is followed (the JSON posted again) only to another http or https URL, and at
+most ``MAX_REDIRECTS`` times. A hook that fails is logged and otherwise
+ignored: it never touches the chain. The log names the webhook's host, never
+its path (which often holds a secret token).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import http.client
 import json
 import os
 import queue
+import string
 import threading
 import time
 import urllib.error
@@ -23,7 +27,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
-from urllib.parse import urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
 import structlog
 
@@ -37,6 +41,9 @@ log = structlog.get_logger(__name__)
 HOOK_TIMEOUT = 60.0
 WEBHOOK_TIMEOUT = 10.0
 WEBHOOK_TRIES = 3
+WEBHOOK_SCHEMES = ("http", "https")
+MAX_REDIRECTS = 5  # followed per try
+REDIRECTS = (301, 302, 303, 307, 308)
 OUTPUT_LIMIT = 4000  # characters of a hook's output kept in the log
 
 
@@ -88,6 +95,25 @@ def redact(url: str) -> str:
     """``https://hooks.example.com/…``: webhook paths often hold a secret token."""
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}/…"
+
+
+class _Refused(Exception):
+    """A webhook not sent, or a redirect not followed; asking again changes nothing."""
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Hands every redirect back as an ``HTTPError``: ``_send`` decides which to follow.
+
+    urllib's own handler would follow one to ``ftp://`` (and turn the POST into a GET)."""
+
+    def http_error_302(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any) -> None:
+        return None
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+
+def _web_scheme(url: str) -> bool:
+    return urlsplit(url).scheme.lower() in WEBHOOK_SCHEMES
 
 
 @dataclass(frozen=True)
@@ -244,15 +270,19 @@ class Notifier:
 
     def _post(self, url: str, payload: dict[str, Any], bound: Any) -> None:
         body = json.dumps(payload).encode()
-        headers = {"Content-Type": "application/json", "User-Agent": f"chainrun/{chainrun.__version__}"}
         error = ""
         attempt = 0
         for attempt in range(1, self.tries + 1):
-            request = urllib.request.Request(url, data=body, headers=headers, method="POST")
             try:
-                with urllib.request.urlopen(request, timeout=self.webhook_timeout) as response:
-                    bound.info("webhook delivered", url=redact(url), status=response.status, attempt=attempt)
-                    return
+                status = self._send(url, body)
+                bound.info("webhook delivered", url=redact(url), status=status, attempt=attempt)
+                return
+            except _Refused as exc:
+                error = str(exc)
+                break
+            except ValueError as exc:  # http.client.InvalidURL: its message quotes the path
+                error = f"invalid URL ({type(exc).__name__})"
+                break
             except urllib.error.HTTPError as exc:
                 error = f"HTTP {exc.code} {exc.reason}"
                 # A client error will not go away by asking again (but 408 and 429 may).
@@ -267,3 +297,37 @@ class Notifier:
         bound.warning(
             "webhook failed; the chain is not affected", url=redact(url), error=error, attempts=attempt
         )
+
+    def _send(self, url: str, body: bytes) -> int:
+        """POST ``body`` to ``url``, following at most ``MAX_REDIRECTS`` redirects to http(s)
+        URLs; the final status. Raises ``_Refused`` for any other scheme, urllib's errors else.
+
+        A 301, 302, 307 or 308 posts the JSON again at the new URL (a GET there would
+        deliver nothing); a 303 says the POST was handled, and is followed with a GET."""
+        if not _web_scheme(url):
+            raise _Refused(f"not an http or https URL: {redact(url)}")
+        opener = urllib.request.build_opener(_NoRedirects)
+        method: str = "POST"
+        data: Optional[bytes] = body
+        for _ in range(MAX_REDIRECTS + 1):
+            headers = {"User-Agent": f"chainrun/{chainrun.__version__}"}
+            if data is not None:
+                headers["Content-Type"] = "application/json"
+            request = urllib.request.Request(url, data=data, headers=headers, method=method)
+            try:
+                with opener.open(request, timeout=self.webhook_timeout) as response:
+                    return int(response.status)
+            except urllib.error.HTTPError as exc:
+                location = exc.headers.get("Location") if exc.code in REDIRECTS and exc.headers else None
+                if not location:
+                    raise
+                code = exc.code
+                exc.close()
+            # As urllib does: percent-encode what is not URL text, resolve against the current URL.
+            target = urljoin(url, quote(location.strip(), encoding="iso-8859-1", safe=string.punctuation))
+            if not _web_scheme(target):
+                raise _Refused(f"redirect to {redact(target)} not followed: only http and https are")
+            url = target
+            if code == 303:
+                method, data = "GET", None
+        raise _Refused(f"more than {MAX_REDIRECTS} redirects")

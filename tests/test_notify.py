@@ -27,10 +27,11 @@ PROXIES = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy"
 
 
 class Server(ThreadingHTTPServer):
-    """A loopback webhook receiver that answers with scripted status codes."""
+    """A loopback webhook receiver that answers with scripted status codes and redirects."""
 
     received: list[dict[str, Any]]
     statuses: list[int]
+    redirects: dict[str, tuple[int, str]]  # path -> (status, Location)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -38,11 +39,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.received.append(
-            {"path": self.path, "type": self.headers["Content-Type"], "body": json.loads(body)}
-        )
-        status = self.server.statuses.pop(0) if self.server.statuses else 200
-        self.send_response(status)
+        self._answer({"type": self.headers["Content-Type"], "body": json.loads(body)})
+
+    def do_GET(self) -> None:
+        self._answer({})
+
+    def _answer(self, request: dict[str, Any]) -> None:
+        self.server.received.append({"method": self.command, "path": self.path, **request})
+        if self.path in self.server.redirects:
+            status, location = self.server.redirects[self.path]
+            self.send_response(status)
+            self.send_header("Location", location)
+        else:
+            self.send_response(self.server.statuses.pop(0) if self.server.statuses else 200)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -56,7 +65,7 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     for name in PROXIES:
         monkeypatch.delenv(name, raising=False)
     srv = Server(("127.0.0.1", 0), _Handler)
-    srv.received, srv.statuses = [], []
+    srv.received, srv.statuses, srv.redirects = [], [], {}
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield srv
@@ -72,6 +81,26 @@ def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    """A TCP port on 127.0.0.1 that listens and never answers: where an FTP client would connect."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        yield s
+
+
+def connected(sock: socket.socket) -> bool:
+    """Whether anyone connected to ``sock`` (the kernel queues a connection whether or not it is accepted)."""
+    sock.setblocking(False)
+    try:
+        conn, _ = sock.accept()
+    except BlockingIOError:
+        return False
+    conn.close()
+    return True
 
 
 def ended_chain(
@@ -219,6 +248,107 @@ def test_webhook_to_a_closed_port_is_logged_and_the_command_still_runs(tmp_path:
         assert n.close(10)
     assert (tmp_path / "ran").exists()
     assert "webhook failed; the chain is not affected" in events(logs, "warning")
+
+
+def test_webhook_redirect_to_ftp_is_not_followed(
+    tmp_path: Path, server: Server, listener: socket.socket
+) -> None:
+    """A 302 to ftp:// is a failed delivery, not an FTP connection; the log names hosts, never paths."""
+    ftp = f"ftp://127.0.0.1:{listener.getsockname()[1]}/SECRET-FTP-PATH"
+    server.redirects["/hook/SECRET-TOKEN"] = (302, ftp)
+    n = notifier(tmp_path, webhook_timeout=2.0)
+    with capture_logs() as logs:
+        n(ended_chain(tmp_path, webhook=url(server)))
+        assert n.close(30)
+    assert not connected(listener), "the notifier followed the redirect to ftp://"
+    assert [r["path"] for r in server.received] == ["/hook/SECRET-TOKEN"]  # refused: not retried
+    (warning,) = [e for e in logs if e["log_level"] == "warning"]
+    assert warning["event"] == "webhook failed; the chain is not affected"
+    assert warning["error"] == (
+        f"redirect to ftp://127.0.0.1:{listener.getsockname()[1]}/… not followed: only http and https are"
+    )
+    assert "SECRET" not in json.dumps(logs)
+
+
+def test_webhook_redirect_to_a_file_url_is_not_followed(tmp_path: Path, server: Server) -> None:
+    """A 302 to file:///etc/passwd: one warning with no path in it, one POST, nothing read."""
+    server.redirects["/hook/SECRET-TOKEN"] = (302, "file:///etc/passwd")
+    n = notifier(tmp_path)
+    with capture_logs() as logs:
+        n(ended_chain(tmp_path, webhook=url(server)))
+        assert n.close(10)
+    assert len(server.received) == 1
+    (warning,) = [e for e in logs if e["log_level"] == "warning"]
+    assert warning["event"] == "webhook failed; the chain is not affected"
+    assert warning["error"] == "redirect to file:///… not followed: only http and https are"
+    assert "passwd" not in json.dumps(logs) and "SECRET" not in json.dumps(logs)
+
+
+@pytest.mark.parametrize("code", [301, 302, 307, 308])
+def test_webhook_follows_a_redirect_to_http_posting_the_end_again(
+    tmp_path: Path, server: Server, code: int
+) -> None:
+    """A redirect to another http URL is followed, and the JSON posted there (a GET would deliver nothing)."""
+    server.redirects["/hook/SECRET-TOKEN"] = (code, url(server, "/moved/OTHER-TOKEN"))
+    n = notifier(tmp_path)
+    with capture_logs() as logs:
+        n(ended_chain(tmp_path, webhook=url(server)))
+        assert n.close(10)
+    first, moved = server.received
+    assert (first["method"], first["path"]) == ("POST", "/hook/SECRET-TOKEN")
+    assert (moved["method"], moved["path"], moved["type"]) == (
+        "POST",
+        "/moved/OTHER-TOKEN",
+        "application/json",
+    )
+    assert moved["body"]["chain"] == "cifar-a1b2c3" and moved["body"] == first["body"]
+    assert "webhook delivered" in events(logs) and not events(logs, "warning")
+
+
+def test_webhook_relative_303_is_followed_with_a_get(tmp_path: Path, server: Server) -> None:
+    """303 See Other: the POST was taken; the answer is fetched with a GET, relative Location resolved."""
+    server.redirects["/hook/SECRET-TOKEN"] = (303, "/done")
+    n = notifier(tmp_path)
+    with capture_logs() as logs:
+        n(ended_chain(tmp_path, webhook=url(server)))
+        assert n.close(10)
+    assert [(r["method"], r["path"]) for r in server.received] == [
+        ("POST", "/hook/SECRET-TOKEN"),
+        ("GET", "/done"),
+    ]
+    assert "webhook delivered" in events(logs)
+
+
+def test_webhook_redirect_loop_ends_after_a_few_hops(tmp_path: Path, server: Server) -> None:
+    """A server that redirects forever gets 1 + MAX_REDIRECTS requests, then a warning; no retries."""
+    from chainrun.notify import MAX_REDIRECTS
+
+    server.redirects["/loop"] = (307, "/loop")
+    n = notifier(tmp_path)
+    with capture_logs() as logs:
+        n(ended_chain(tmp_path, webhook=url(server, "/loop")))
+        assert n.close(10)
+    assert len(server.received) == 1 + MAX_REDIRECTS
+    (warning,) = [e for e in logs if e["log_level"] == "warning"]
+    assert warning["error"] == f"more than {MAX_REDIRECTS} redirects" and warning["attempts"] == 1
+
+
+@pytest.mark.parametrize("scheme", ["ftp", "file"])
+def test_webhook_that_is_not_http_is_never_sent(tmp_path: Path, listener: socket.socket, scheme: str) -> None:
+    """An ftp:// or file:// webhook (an old outbox, a config that slipped by) is refused before any I/O."""
+    secret = tmp_path / "SECRET-FILE"
+    secret.write_text("not for a webhook\n")
+    hook = f"ftp://127.0.0.1:{listener.getsockname()[1]}/SECRET" if scheme == "ftp" else f"file://{secret}"
+    n = notifier(tmp_path, webhook_timeout=2.0)
+    with capture_logs() as logs:
+        n(ended_chain(tmp_path, on_end="touch ran", webhook=hook))
+        assert n.close(30)
+    assert not connected(listener)
+    assert (tmp_path / "ran").exists()
+    (warning,) = [e for e in logs if e["log_level"] == "warning"]
+    assert warning["event"] == "webhook failed; the chain is not affected"
+    assert warning["error"].startswith("not an http or https URL") and warning["attempts"] == 1
+    assert "webhook delivered" not in events(logs) and "SECRET" not in json.dumps(logs)
 
 
 def test_job_file_hooks_win_over_the_config_defaults(tmp_path: Path) -> None:
