@@ -4,12 +4,15 @@ One row per chain: state, a progress bar towards the target epoch, the ETA
 from the epoch rate so far (epochs gained per second of training time),
 the running job, the next segment with its pending reason (Dependency,
 Priority, ...) or its retry, failures used of the budget, and time used of
-the budget. Everything here is computed from a ``Chain`` and ``now``: no I/O
-but the service's own status file.
+the budget. A damaged chain (its row in the database cannot be read) gets a
+row of dashes and, below the table, what is wrong and how to remove it.
+Everything here is computed from a ``Chain`` and ``now``: no I/O but the
+service's own status file.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,6 +20,7 @@ from chainrun.daemon import read_status
 from chainrun.jobfile import format_duration
 from chainrun.localrunner import alive
 from chainrun.model import Chain, ChainState, Phase, Segment
+from chainrun.store import DamagedChain
 
 HEADER = ("CHAIN", "STATE", "PROGRESS", "ETA", "SEGMENT", "JOB", "NEXT", "FAILURES", "TIME")
 BAR_WIDTH = 12
@@ -140,15 +144,30 @@ def row(chain: Chain, now: float) -> tuple[str, ...]:
     )
 
 
-def table(chains: list[Chain], now: float) -> str:
-    """The chains as an aligned table, each ended chain's reason below it."""
-    rows = [HEADER, *(row(c, now) for c in chains)]
+def damaged_row(chain: DamagedChain) -> tuple[str, ...]:
+    """A damaged chain's row: its id, "damaged", and nothing else known."""
+    return (chain.id, "damaged", *("-" for _ in HEADER[2:]))
+
+
+def table(chains: list[Chain], now: float, damaged: Sequence[DamagedChain] = ()) -> str:
+    """The chains as an aligned table, each ended chain's reason below it, then what
+    is wrong with each damaged chain."""
+    rows = [HEADER, *(row(c, now) for c in chains), *(damaged_row(d) for d in damaged)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     lines += [
         f"{c.id}: {c.reason}" for c in chains if (c.state.final or c.state is ChainState.STUCK) and c.reason
     ]
+    lines += [f"{d.id}: {d.reason}" for d in damaged]
     return "\n".join(lines)
+
+
+def frame(home: Path, chains: list[Chain], now: float, damaged: Sequence[DamagedChain] = ()) -> str:
+    """What `chainrun status` prints: the table (or that there are no chains), then the service."""
+    service = service_line(home, now)
+    if not chains and not damaged:
+        return f"no chains; submit one with `chainrun submit JOBFILE`\n{service}"
+    return f"{table(chains, now, damaged)}\n{service}"
 
 
 def service_line(home: Path, now: float) -> str:
@@ -211,4 +230,16 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
             }
             for s in c.segments
         ],
+    }
+
+
+def damaged_json(d: DamagedChain) -> dict[str, Any]:
+    """A damaged chain for scripts: state "damaged", what is wrong, the jobs it may have left."""
+    return {
+        "id": d.id,
+        "name": d.name,
+        "state": "damaged",
+        "reason": d.reason,
+        "problem": d.problem,
+        "jobs": list(d.jobs),
     }

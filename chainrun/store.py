@@ -9,21 +9,38 @@ learns and does for one chain is recorded in one transaction (``record``).
 
 A database that cannot be used for now (its disk full, read-only, locked by
 another process) raises ``StoreUnavailable`` with what is wrong: an outage
-that the service waits out, never a reason to charge a chain.
+that the service waits out, never a reason to charge a chain. A damaged file
+raises ``StoreError`` naming ``sqlite3 FILE .recover`` as the way out.
+
+A chain whose row cannot be read back (bad JSON, an unknown state, a value of
+the wrong type) is *damaged*: ``chains()`` leaves it out, so the ticks never
+see it and the other chains go on, and ``damaged()`` lists it, with how to
+remove it, for ``chainrun status``.
+
+``Store(home, readonly=True)`` is for the commands that only look (status,
+history, logs): it never writes, never waits on a writer for more than
+``READ_TIMEOUT``, and a missing database reads as one without chains.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
+import re
 import secrets
+import shlex
 import sqlite3
 import time
+import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
+
+import structlog
 
 from chainrun.errors import StoreError, StoreUnavailable, UsageError
 from chainrun.model import (
@@ -46,9 +63,14 @@ from chainrun.model import (
     Track,
 )
 
+log = structlog.get_logger(__name__)
+
 SCHEMA_VERSION = 2
 BUSY_TIMEOUT = 10.0  # seconds a statement waits for another process's write lock
+READ_TIMEOUT = 1.0  # seconds a read-only command waits for a writer before saying it is busy
+MAX_REF = 200  # the longest chain reference (id, id prefix or name) a command accepts
 LIVE_STATES = (ChainState.ACTIVE.value, ChainState.STUCK.value)  # the chains a tick moves
+_PLAIN_ID = re.compile(r"[A-Za-z0-9._-]+")  # what chainrun's own ids are made of
 
 # Migrations from version i to i+1 are MIGRATIONS[i]; index 0 creates the schema.
 MIGRATIONS: list[str] = [
@@ -144,98 +166,220 @@ class Event:
     message: str
 
 
-class Store:
-    """Chains, segments and events in one SQLite file."""
+@dataclass(frozen=True)
+class DamagedChain:
+    """A chain whose row cannot be read back. The ticks never see it (its jobs, if any,
+    are left alone); ``chainrun status`` shows it with how to remove it."""
 
-    def __init__(self, home: Path) -> None:
-        self.home = private_dir(Path(home))
+    id: str  # as stored, escaped where it is not printable
+    name: str
+    problem: str  # what could not be read, e.g. "state 'bogus' is not one of active, ..."
+    jobs: tuple[str, ...]  # job ids of segments not recorded as ended: may still be queued or running
+    removal: str  # the shell command that removes it from the database
+
+    @property
+    def reason(self) -> str:
+        """One line: what is wrong, what chainrun does about it, and the way out."""
+        jobs = ""
+        if self.jobs:
+            jobs = (
+                f"; its jobs {', '.join(self.jobs)} may still be queued or running: "
+                "cancel them with the scheduler's own command"
+            )
+        return (
+            f"damaged: {self.problem}; the service skips it and `chainrun cancel` cannot act on it"
+            f"{jobs}; remove it with: {self.removal}"
+        )
+
+
+class Store:
+    """Chains, segments and events in one SQLite file.
+
+    ``readonly``: for commands that only look. Nothing is written (no schema
+    upgrade, no lock taken), a writer is waited on for ``READ_TIMEOUT`` at most,
+    and a missing database has no chains.
+    """
+
+    def __init__(self, home: Path, readonly: bool = False) -> None:
+        self.home = Path(home)
         self.path = self.home / "chainrun.db"
+        self.readonly = readonly
+        self._reported: set[str] = set()  # damaged chains already logged by this store
+        self.db = self._open_reader() if readonly else self._open_writer()
+
+    def _open_writer(self) -> sqlite3.Connection:
+        private_dir(self.home)
+        # A new database is created private (0600; its -wal and -shm copy its mode);
+        # an existing one keeps the mode it has.
         old_umask = os.umask(0o077)
         try:
-            # The service ticks in a worker thread, one tick at a time.
-            self.db = sqlite3.connect(
-                self.path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
-            )
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot open the state database: {exc}") from None
+            with self._sql():
+                # The service ticks in a worker thread, one tick at a time.
+                self.db = _connect(str(self.path), uri=False, timeout=BUSY_TIMEOUT)
         finally:
             os.umask(old_umask)
-        self.db.row_factory = sqlite3.Row
         try:
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.execute("PRAGMA foreign_keys=ON")
+            with self._sql():
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA synchronous=NORMAL")
+                self.db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
-            os.chmod(self.path, 0o600)
-        except StoreError:
+        except BaseException:
             self.db.close()
             raise
-        except sqlite3.OperationalError as exc:
-            self.db.close()
-            raise self._unavailable(exc) from None
-        except sqlite3.DatabaseError as exc:
-            self.db.close()
-            raise StoreError(
-                f"{self.path}: not a usable chainrun database ({exc}); "
-                "move it aside and resubmit, or point CHAINRUN_HOME elsewhere"
-            ) from None
+        return self.db
 
-    def _unavailable(self, exc: sqlite3.Error) -> StoreError:
-        """What an SQLite error means for the user: an outage named for what it is."""
-        text = str(exc).lower()
+    def _open_reader(self) -> sqlite3.Connection:
+        if self.home.is_dir():
+            private_dir(self.home)  # refused when open to others, as for writing (never created)
+        try:
+            os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return self._in_memory(None)  # no database yet: no chains
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        uri = f"{self.path.absolute().as_uri()}?mode=ro"
+        with self._sql():
+            self.db = _connect(uri, uri=True, timeout=READ_TIMEOUT)
+        try:
+            with self._sql():
+                try:
+                    version = _version(self.db)
+                except sqlite3.OperationalError as exc:
+                    # A reader needs the -shm file beside a WAL database: on a read-only or full
+                    # disk it cannot be made. With no -wal to merge, the file alone is the whole
+                    # database, and nothing can be writing it without those two files.
+                    text = f"{getattr(exc, 'sqlite_errorname', '')} {exc}".lower()
+                    unopenable = any(w in text for w in ("cantopen", "unable to open", "ioerr", "i/o error"))
+                    if not (unopenable and self._without_wal()):
+                        raise
+                    self.db.close()
+                    self.db = _connect(uri + "&immutable=1", uri=True, timeout=READ_TIMEOUT)
+                    version = _version(self.db)
+            self._check_version(version)
+        except BaseException:
+            self.db.close()
+            raise
+        if version < SCHEMA_VERSION:
+            # An older (or empty) database is read through an upgraded copy in memory:
+            # the upgrade itself is left to the next chainrun that writes.
+            old = self.db
+            try:
+                return self._in_memory(old)
+            finally:
+                old.close()
+        return self.db
+
+    def _in_memory(self, source: Optional[sqlite3.Connection]) -> sqlite3.Connection:
+        self.db = _connect(":memory:", uri=False, timeout=READ_TIMEOUT)
+        if source is not None:
+            with self._sql():
+                source.backup(self.db)
+        self._migrate()
+        return self.db
+
+    def _without_wal(self) -> bool:
+        try:
+            return os.stat(f"{self.path}-wal").st_size == 0
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+
+    @contextmanager
+    def _sql(self) -> Iterator[None]:
+        """Turn what SQLite says of the database into a StoreError naming it; a misuse
+        of SQLite (a bug) stays what it is."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) or type(exc) is sqlite3.DatabaseError:
+                raise self._fault(exc) from None
+            raise
+
+    def _fault(self, exc: sqlite3.DatabaseError) -> StoreError:
+        """What an SQLite error means for the user, named for what it is."""
+        code = str(getattr(exc, "sqlite_errorname", ""))  # Python 3.11+
+        text = f"{code} {exc}".lower()
         where = self.path
-        if "full" in text:
-            return StoreUnavailable(f"the disk holding {where} is full; free some space (chainrun retries)")
-        if "readonly" in text or "read-only" in text:
-            return StoreUnavailable(f"{where} is read-only here; chainrun needs to write it (it retries)")
-        if "locked" in text or "busy" in text:
-            return StoreUnavailable(
-                f"{where} is locked by another process for more than {BUSY_TIMEOUT:g} s (chainrun retries)"
+        if "corrupt" in text or "malformed" in text or "notadb" in text or "not a database" in text:
+            quoted = shlex.quote(str(where))
+            return StoreError(
+                f"{where} is damaged ({exc}); chainrun cannot use it. Stop the service, then recover"
+                f" what it holds: `sqlite3 {quoted} .recover > {quoted}.sql`, move {quoted} aside,"
+                f" and `sqlite3 {quoted} < {quoted}.sql`"
             )
-        if "i/o error" in text or "unable to open" in text:
-            return StoreUnavailable(f"cannot read or write {where}: {exc} (chainrun retries)")
+        cantopen = "cantopen" in text or "unable to open" in text
+        ioerr = "ioerr" in text or "i/o error" in text
+        if "full" in text or (ioerr and self._disk_full()):
+            return StoreUnavailable(f"the disk holding {where} is full; free some space")
+        if self._readonly_fs() and ("readonly" in text or "read-only" in text or cantopen or ioerr):
+            return StoreUnavailable(f"{where} is on a read-only filesystem; chainrun needs to write it")
+        if "readonly" in text or "read-only" in text:
+            return StoreUnavailable(
+                f"{where} is read-only; chainrun needs to write it (check its permissions and {self.home}'s)"
+            )
+        if "locked" in text or "busy" in text:
+            if self.readonly:
+                return StoreUnavailable(f"{where} is busy: another process is writing it; try again")
+            return StoreUnavailable(f"{where} is locked by another process (waited {BUSY_TIMEOUT:g} s)")
+        if cantopen:
+            return StoreUnavailable(f"cannot open {where}: {exc}")
+        if ioerr:
+            return StoreUnavailable(f"cannot read or write {where}: {exc}")
         return StoreError(
             f"{where}: not a usable chainrun database ({exc}); "
             "move it aside and resubmit, or point CHAINRUN_HOME elsewhere"
         )
+
+    def _disk_full(self) -> bool:
+        try:
+            return os.statvfs(self.home).f_bavail == 0
+        except OSError:
+            return False
+
+    def _readonly_fs(self) -> bool:
+        try:
+            return bool(os.statvfs(self.home).f_flag & os.ST_RDONLY)
+        except OSError:
+            return False
 
     def close(self) -> None:
         self.db.close()
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        try:
+        with self._sql():
             self.db.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            raise self._unavailable(exc) from None
-        try:
-            yield self.db
-            self.db.execute("COMMIT")
-        except BaseException as exc:
-            if self.db.in_transaction:
-                self.db.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.OperationalError):
-                raise self._unavailable(exc) from None
-            raise
+            try:
+                yield self.db
+                self.db.execute("COMMIT")
+            except BaseException:
+                if self.db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self.db.execute("ROLLBACK")
+                raise
 
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-        try:
+        with self._sql():
             return self.db.execute(sql, args).fetchall()
-        except sqlite3.OperationalError as exc:
-            raise self._unavailable(exc) from None
+
+    def _check_version(self, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path}: written by a newer chainrun (schema {version}, "
+                f"this one knows {SCHEMA_VERSION}); upgrade chainrun"
+            )
 
     def _migrate(self) -> None:
+        with self._sql():
+            version = _version(self.db)
+        self._check_version(version)
+        if version == SCHEMA_VERSION:
+            return  # nothing to write: opening takes no write lock
         with self._tx() as db:
-            has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
-            version = 0
-            if has_meta:
-                row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-                version = int(row["value"]) if row else 0
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path}: written by a newer chainrun (schema {version}, "
-                    f"this one knows {SCHEMA_VERSION}); upgrade chainrun"
-                )
+            version = _version(db)  # again under the lock: another process may have done it
+            self._check_version(version)
             for step in MIGRATIONS[version:]:
                 for statement in step.split(";"):
                     if statement.strip():
@@ -268,18 +412,44 @@ class Store:
         return self.chain(chain_id)
 
     def chain(self, chain_id: str) -> Chain:
-        rows = self._rows("SELECT * FROM chains WHERE id = ?", (chain_id,))
+        """The chain with this exact id; StoreError when it is damaged."""
+        rows = self._rows("SELECT rowid AS rowid_, * FROM chains WHERE id = ?", (chain_id,))
         if not rows:
             raise UsageError(f"no chain {chain_id!r}; `chainrun status` lists them")
-        return self._chain(rows[0])
+        chain = self._read(rows[0])
+        if isinstance(chain, DamagedChain):
+            raise StoreError(f"chain {chain.id} is {chain.reason}")
+        return chain
 
     def chains(self, active_only: bool = False) -> list[Chain]:
-        """Every chain, or only those a tick moves (active and stuck), oldest first."""
+        """Every chain, or only those a tick moves (active and stuck), oldest first.
+
+        A damaged chain is left out (``damaged()`` lists those): a row that cannot be
+        read stops neither the ticks nor the other chains."""
+        chains: list[Chain] = []
+        for item in self._load(active_only):
+            if isinstance(item, Chain):
+                chains.append(item)
+            elif active_only and item.id not in self._reported:  # the tick's read: log it once
+                self._reported.add(item.id)
+                log.warning(
+                    "chain skipped: its row in the database cannot be read", chain=item.id, why=item.problem
+                )
+        return chains
+
+    def damaged(self) -> list[DamagedChain]:
+        """The chains whose rows cannot be read back, oldest first, whatever their state."""
+        return [item for item in self._load(False) if isinstance(item, DamagedChain)]
+
+    def _load(self, active_only: bool) -> list[Union[Chain, DamagedChain]]:
         if active_only:
-            rows = self._rows("SELECT * FROM chains WHERE state IN (?, ?) ORDER BY created_at", LIVE_STATES)
+            rows = self._rows(
+                "SELECT rowid AS rowid_, * FROM chains WHERE state IN (?, ?) ORDER BY created_at, rowid",
+                LIVE_STATES,
+            )
         else:
-            rows = self._rows("SELECT * FROM chains ORDER BY created_at")
-        return [self._chain(r) for r in rows]
+            rows = self._rows("SELECT rowid AS rowid_, * FROM chains ORDER BY created_at, rowid")
+        return [self._read(r) for r in rows]
 
     def summary(self) -> dict[str, int]:
         """Counts for the service's status line, from one query: chains with a running
@@ -297,41 +467,78 @@ class Store:
         )[0]
         return {key: int(value) for key, value in zip(row.keys(), row)}
 
-    def find(self, ref: str) -> Chain:
-        """A chain by id, unique id prefix, or name (the newest chain of that name)."""
-        rows = self.db.execute(
-            "SELECT * FROM chains WHERE id = ? OR id LIKE ? OR name = ? ORDER BY created_at DESC",
-            (ref, ref.replace("%", "") + "%", ref),
-        ).fetchall()
-        exact = [r for r in rows if r["id"] == ref]
-        if exact:
-            return self._chain(exact[0])
-        named = [r for r in rows if r["name"] == ref]
-        if named:
-            return self._chain(named[0])
+    def resolve(self, ref: str) -> str:
+        """The id of the chain ``ref`` names: its exact id, else the newest chain of that
+        exact name, else the one chain whose id starts with ``ref``. Literal and
+        case-sensitive: no pattern, no case folding. The chain itself is not read (it
+        may be damaged: its events can still be shown)."""
+        if not ref:
+            raise UsageError("no chain given: name one by its id, a unique prefix of it, or its name")
+        if len(ref) > MAX_REF:
+            raise UsageError(
+                f"a chain reference is at most {MAX_REF} characters; this one has {len(ref)} "
+                f"({ref[:20]!r}...); `chainrun status` lists the chains"
+            )
+        try:
+            ref.encode()
+        except UnicodeEncodeError:  # bytes from argv that are not UTF-8: no id or name is
+            raise UsageError(f"no chain {ref!r}; `chainrun status` lists them") from None
+        for sql in (
+            "SELECT id FROM chains WHERE id = ?",
+            "SELECT id FROM chains WHERE name = ? ORDER BY created_at DESC, rowid DESC LIMIT 1",
+        ):
+            rows = self._rows(sql, (ref,))
+            if rows:
+                return str(rows[0]["id"])
+        rows = self._rows(
+            "SELECT id FROM chains WHERE substr(id, 1, ?) = ? ORDER BY created_at DESC, rowid DESC",
+            (len(ref), ref),
+        )
         if len(rows) == 1:
-            return self._chain(rows[0])
+            return str(rows[0]["id"])
         if rows:
-            ids = ", ".join(r["id"] for r in rows[:5])
-            raise UsageError(f"{ref!r} matches several chains ({ids}); give the full id")
+            ids = ", ".join(_shown(r["id"]) for r in rows[:5])
+            more = f" and {len(rows) - 5} more" if len(rows) > 5 else ""
+            raise UsageError(f"{ref!r} starts the ids of several chains ({ids}{more}); give more of the id")
         raise UsageError(f"no chain {ref!r}; `chainrun status` lists them")
 
-    def _chain(self, row: sqlite3.Row) -> Chain:
-        segs = self._rows("SELECT * FROM segments WHERE chain_id = ? ORDER BY n", (row["id"],))
-        return Chain(
-            id=row["id"],
-            spec=JobSpec.from_json(json.loads(row["spec"])),
-            state=ChainState(row["state"]),
-            created_at=row["created_at"],
-            segments=tuple(_segment(s) for s in segs),
-            failures=row["failures"],
-            used=row["used"],
-            progress=Progress.from_json(json.loads(row["progress"] or "null")),
-            latest=Progress.from_json(json.loads(row["latest"] or row["progress"] or "null")),
-            baseline=Progress.from_json(json.loads(row["baseline"] or "null")),
-            cancel_requested=bool(row["cancel_requested"]),
-            reason=row["reason"],
-            ended_at=row["ended_at"],
+    def find(self, ref: str) -> Chain:
+        """A chain by id, unique id prefix, or name (see ``resolve``); StoreError when it is damaged."""
+        return self.chain(self.resolve(ref))
+
+    def _read(self, row: sqlite3.Row) -> Union[Chain, DamagedChain]:
+        """The chain in ``row`` (its segments read too), or what makes it unreadable."""
+        segs = self._rows(
+            "SELECT * FROM segments WHERE chain_id = (SELECT id FROM chains WHERE rowid = ?) ORDER BY n",
+            (row["rowid_"],),
+        )
+        try:
+            return _chain(row, segs)
+        except _Unreadable as exc:
+            return self._damaged(row, segs, str(exc))
+
+    def _damaged(self, row: sqlite3.Row, segs: list[sqlite3.Row], problem: str) -> DamagedChain:
+        raw = row["id"]
+        if isinstance(raw, str) and _PLAIN_ID.fullmatch(raw):
+            sql = f"DELETE FROM segments WHERE chain_id = '{raw}'; DELETE FROM chains WHERE id = '{raw}';"
+            quoted = f'"{sql}"'  # nothing in it a shell expands inside double quotes
+        else:  # an id that is awkward to type: its row's number
+            rowid = int(row["rowid_"])
+            sql = (
+                f"DELETE FROM segments WHERE chain_id = (SELECT id FROM chains WHERE rowid = {rowid});"
+                f" DELETE FROM chains WHERE rowid = {rowid};"
+            )
+            quoted = shlex.quote(sql)
+        return DamagedChain(
+            id=_shown(raw),
+            name=_shown(row["name"]),
+            problem=problem,
+            jobs=tuple(
+                _shown(s["job_id"])
+                for s in segs
+                if s["job_id"] is not None and s["phase"] != Phase.ENDED.value
+            ),
+            removal=f"sqlite3 {shlex.quote(str(self.path))} {quoted}",
         )
 
     def request_cancel(self, chain_id: str, now: float) -> None:
@@ -505,7 +712,7 @@ class Store:
         rows = self._rows(
             "SELECT * FROM events WHERE chain_id = ? AND id > ? ORDER BY id", (chain_id, after_id)
         )
-        return [Event(r["id"], r["chain_id"], r["segment"], r["at"], r["kind"], r["message"]) for r in rows]
+        return [_event(r) for r in rows]
 
     @staticmethod
     def _event(
@@ -521,23 +728,235 @@ def _paren(text: str) -> str:
     return f" ({text})" if text else ""
 
 
+def _connect(target: str, uri: bool, timeout: float) -> sqlite3.Connection:
+    db = sqlite3.connect(target, uri=uri, timeout=timeout, isolation_level=None, check_same_thread=False)
+    db.row_factory = sqlite3.Row
+    db.text_factory = _text
+    return db
+
+
+def _version(db: sqlite3.Connection) -> int:
+    """The schema version of the database; 0 for one without chainrun's tables."""
+    if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone():
+        return 0
+    row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    if row is None:
+        return 0
+    try:
+        return int(row["value"])
+    except (TypeError, ValueError):
+        raise sqlite3.DatabaseError(f"its schema version {_brief(row['value'])} is not a number") from None
+
+
+# -- reading rows back: anything that does not decode makes the chain damaged --------
+
+
+class _Garbled(bytes):
+    """A TEXT value that is not UTF-8: what a damaged row may hold."""
+
+
+def _text(data: bytes) -> Union[str, _Garbled]:
+    """SQLite TEXT to str; bytes that are not UTF-8 stay bytes, so that one bad value
+    damages its chain instead of failing the query that read it."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return _Garbled(data)
+
+
+class _Unreadable(Exception):
+    """What of a chain's row cannot be read back."""
+
+
+def _brief(value: Any) -> str:
+    if isinstance(value, _Garbled):
+        return "text that is not UTF-8"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _shown(value: Any) -> str:
+    """A stored id, name or job id as one printable word."""
+    if isinstance(value, str) and value.isprintable() and value:
+        return value
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _json(value: Any, column: str) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, _Garbled):
+        raise _Unreadable(f"{column} is not valid UTF-8")
+    if not isinstance(value, str):
+        raise _Unreadable(f"{column} is {_brief(value)}, not JSON text")
+    try:
+        return json.loads(value)
+    except (ValueError, RecursionError) as exc:
+        raise _Unreadable(f"{column} is not valid JSON ({exc})") from None
+
+
+_EnumT = typing.TypeVar("_EnumT", ChainState, Phase, Outcome)
+
+
+def _enum(kind: type[_EnumT], value: Any, column: str) -> _EnumT:
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(str(m.value) for m in kind)
+        raise _Unreadable(f"{column} is {_brief(value)}, not one of {allowed}") from None
+
+
+def _progress(value: Any, column: str) -> Progress:
+    data = _json(value, column)
+    if data is not None and not isinstance(data, dict):
+        raise _Unreadable(f"{column} is {_brief(data)}, not a JSON object")
+    try:
+        return Progress.from_json(data)
+    except TypeError as exc:
+        raise _Unreadable(f"{column} is not progress ({exc})") from None
+
+
+def _spec(value: Any) -> JobSpec:
+    data = _json(value, "spec")
+    try:
+        return JobSpec.from_json(data)
+    except KeyError as exc:
+        raise _Unreadable(f"spec is not a job spec (no {exc})") from None
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise _Unreadable(f"spec is not a job spec ({exc})") from None
+
+
+def _chain(row: sqlite3.Row, segs: list[sqlite3.Row]) -> Chain:
+    chain = Chain(
+        id=row["id"],
+        spec=_spec(row["spec"]),
+        state=_enum(ChainState, row["state"], "state"),
+        created_at=row["created_at"],
+        segments=tuple(_segment(s) for s in segs),
+        failures=row["failures"],
+        used=row["used"],
+        progress=_progress(row["progress"], "progress"),
+        latest=_progress(row["latest"] or row["progress"], "latest"),
+        baseline=_progress(row["baseline"], "baseline"),
+        cancel_requested=bool(row["cancel_requested"]),
+        reason=row["reason"],
+        ended_at=row["ended_at"],
+    )
+    _check(chain, skip=("segments",))  # each segment was checked on its own
+    if not (isinstance(chain.id, str) and chain.id.isprintable() and chain.id):
+        raise _Unreadable(f"its id {_brief(chain.id)} is not a printable word")
+    for field in ("total_time", "walltime"):
+        if getattr(chain.spec, field) <= 0:
+            raise _Unreadable(
+                f"spec.{field} is {getattr(chain.spec, field)}, not a positive number of seconds"
+            )
+    return chain
+
+
 def _segment(row: sqlite3.Row) -> Segment:
     data: dict[str, Any] = dict(row)
-    return Segment(
-        chain_id=data["chain_id"],
-        n=data["n"],
-        walltime=data["walltime"],
-        phase=Phase(data["phase"]),
-        job_id=data["job_id"],
-        after=data["after"],
-        attempts=data["attempts"],
-        retry_at=data["retry_at"],
-        submitted_at=data["submitted_at"],
-        started_at=data["started_at"],
-        ended_at=data["ended_at"],
-        missing_since=data["missing_since"],
-        outcome=Outcome(data["outcome"]) if data["outcome"] else None,
-        exit_code=data["exit_code"],
-        charged=bool(data["charged"]),
-        reason=data["reason"],
+    label = f"segment {data['n']}" if isinstance(data["n"], int) else "a segment"
+    try:
+        segment = Segment(
+            chain_id=data["chain_id"],
+            n=data["n"],
+            walltime=data["walltime"],
+            phase=_enum(Phase, data["phase"], "phase"),
+            job_id=data["job_id"],
+            after=data["after"],
+            attempts=data["attempts"],
+            retry_at=data["retry_at"],
+            submitted_at=data["submitted_at"],
+            started_at=data["started_at"],
+            ended_at=data["ended_at"],
+            missing_since=data["missing_since"],
+            outcome=_enum(Outcome, data["outcome"], "outcome") if data["outcome"] is not None else None,
+            exit_code=data["exit_code"],
+            charged=bool(data["charged"]),
+            reason=data["reason"],
+        )
+        _check(segment)
+    except _Unreadable as exc:
+        raise _Unreadable(f"{label}: {exc}") from None
+    return segment
+
+
+def _event(row: sqlite3.Row) -> Event:
+    """An event as stored; a damaged one still shows, saying what is wrong with it."""
+    at, segment, message = row["at"], row["segment"], row["message"]
+    problems = [
+        f"{name} is {_brief(value)}"
+        for name, value, hint in (("at", at, float), ("message", message, str))
+        if not _fits(value, hint)
+    ]
+    return Event(
+        id=row["id"],
+        chain_id=_shown(row["chain_id"]),
+        segment=segment if _fits(segment, Optional[int]) else None,
+        at=float(at) if _fits(at, float) else 0.0,
+        kind=_shown(row["kind"]),
+        message=f"(event {row['id']} is damaged: {'; '.join(problems)})" if problems else message,
     )
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _check(obj: Any, prefix: str = "", skip: tuple[str, ...] = ()) -> None:
+    """Raise _Unreadable naming the first field of dataclass ``obj`` (nested ones too)
+    whose value is not of its declared type: SQLite and JSON keep whatever they are given."""
+    hints = _HINTS.get(type(obj))
+    if hints is None:
+        hints = _HINTS[type(obj)] = typing.get_type_hints(type(obj))
+    for field in dataclasses.fields(obj):
+        if field.name in skip:
+            continue
+        value = getattr(obj, field.name)
+        hint = hints[field.name]
+        if isinstance(value, _Garbled):
+            raise _Unreadable(f"{prefix}{field.name} is not valid UTF-8")
+        if not _fits(value, hint):
+            raise _Unreadable(f"{prefix}{field.name} is {_brief(value)}, not {_kind(hint)}")
+        if dataclasses.is_dataclass(value):
+            _check(value, f"{prefix}{field.name}.")
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin is Union:
+        return any(_fits(value, arg) for arg in typing.get_args(hint))
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_fits(v, args[0]) for v in value)
+        return len(value) == len(args) and all(_fits(v, a) for v, a in zip(value, args))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    return isinstance(value, hint)  # an Enum or a dataclass
+
+
+def _kind(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is Union:
+        return " or ".join(_kind(arg) for arg in typing.get_args(hint))
+    if origin is tuple:
+        args = typing.get_args(hint)
+        inner = args[0] if len(args) == 2 and args[1] is Ellipsis else None
+        if inner is None:
+            return f"a list of {len(args)}"
+        return "a list of pairs" if typing.get_origin(inner) is tuple else f"a list of {_kind(inner)}"
+    names = {int: "a whole number", float: "a number", str: "text", bool: "true or false", type(None): "null"}
+    return names.get(hint, getattr(hint, "__name__", str(hint)))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from conftest import cli_env
+from test_store import chains, one_line_error, raw
 
 from chainrun import status as view
 from chainrun.model import Chain, ChainState, JobSpec, Outcome, Phase, Progress, Segment
@@ -165,6 +166,28 @@ def test_json_carries_eta_rate_and_next_segment() -> None:
     assert data["failures"] == 1 and data["max_failures"] == 3
 
 
+def test_a_damaged_chain_is_a_row_of_dashes_and_a_line_saying_what_is_wrong() -> None:
+    """It cannot be shown as a chain; it is shown all the same, with the way out."""
+    from chainrun.store import DamagedChain
+
+    damaged = DamagedChain(
+        id="bad-000000",
+        name="bad",
+        problem="state is 'paused', not one of ...",
+        jobs=(),
+        removal="sqlite3 X '...'",
+    )
+    lines = view.table([chain()], NOW, [damaged]).splitlines()
+    assert lines[2].split() == ["bad-000000", "damaged", *(["-"] * (len(view.HEADER) - 2))]
+    assert lines[3] == f"bad-000000: {damaged.reason}"
+    assert (
+        lines[3].startswith("bad-000000: damaged: state is 'paused'")
+        and "remove it with: sqlite3 X" in lines[3]
+    )
+    frame = view.frame(Path("/nonexistent"), [], NOW, [damaged])
+    assert not frame.startswith("no chains") and "bad-000000" in frame
+
+
 def test_service_line_tells_running_from_stale(tmp_path: Path) -> None:
     """A status file from a live pid means running; one left by a dead pid does not."""
     assert view.service_line(tmp_path, NOW).startswith("service: not running")
@@ -239,3 +262,33 @@ def test_watch_redraws_in_place_on_a_terminal_and_stops_when_the_chain_ends(
     assert text.startswith("\x1b[H") and text.endswith("\x1b[J")
     assert "\x1b[K" in text and chain_id in text
     assert time.monotonic() - started < 20
+
+
+def test_status_shows_a_damaged_chain_beside_the_others_and_cancel_refuses_it_in_one_line(
+    home: Path, chainrun: CLI
+) -> None:
+    """A row with bad JSON made `status` a traceback; now: the good chain's row, the damaged
+    chain's row and its line, exit 0; `cancel` says it cannot, `history` still reads it."""
+    bad, good = chains(home, "bad", "good")
+    db = raw(home)
+    db.execute("UPDATE chains SET spec = '{oops' WHERE id = ?", (bad,))
+    db.close()
+    out = chainrun("status", check=True).stdout.splitlines()
+    assert out[1].startswith(good) and " active " in out[1]
+    assert out[2].split()[:2] == [bad, "damaged"]
+    assert out[3].startswith(f"{bad}: damaged: spec is not valid JSON")
+    assert "`chainrun cancel` cannot act on it; remove it with: sqlite3 " in out[3]
+    assert out[-1].startswith("service: ")
+    data = json.loads(chainrun("status", "--json", check=True).stdout)
+    assert [(c["id"], c["state"]) for c in data] == [(good, "active"), (bad, "damaged")]
+    line = one_line_error(chainrun("cancel", bad), 1)
+    assert f"chain {bad} is damaged: spec is not valid JSON" in line
+    assert "chain submitted" in chainrun("history", bad, check=True).stdout
+    line = one_line_error(chainrun("status", bad), 1)
+    assert "is damaged" in line
+
+
+def test_status_of_an_empty_reference_is_a_usage_error(home: Path, chainrun: CLI) -> None:
+    """`status ""` listed every chain, as if no chain had been named."""
+    chains(home, "abc")
+    assert "no chain given" in one_line_error(chainrun("status", ""), 2)

@@ -1,16 +1,30 @@
-"""The SQLite store: schema versions and what a chain remembers (real SQLite, no service)."""
+"""The SQLite store: schema versions and what a chain remembers (real SQLite, no service),
+and what hostile input does to it: a chain reference that is a pattern, a row or a file
+that is damaged, a lock, a read-only or a full disk. One clear line, nothing lost."""
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import pytest
+from conftest import have
+from test_engine import World
 
-from chainrun.errors import StoreError
-from chainrun.model import NO_PROGRESS, ChainState, JobSpec, Progress
+from chainrun import store as store_module
+from chainrun.errors import StoreError, StoreUnavailable, UsageError
+from chainrun.model import NO_PROGRESS, ChainState, JobSpec, Phase, Progress
 from chainrun.store import MIGRATIONS, SCHEMA_VERSION, Store
+
+CLI = Callable[..., "subprocess.CompletedProcess[str]"]
 
 SPEC = JobSpec(
     name="cifar",
@@ -70,3 +84,398 @@ def test_a_chain_remembers_where_it_started_as_progress_moves_on(tmp_path: Path)
     store.record(chain.id, [], Progress(epoch=60), [], 2.0)
     again = store.chain(chain.id)
     assert (again.baseline, again.latest.epoch) == (Progress(epoch=50, step=3), 60)
+
+
+def chains(home: Path, *names: str) -> list[str]:
+    """Chains added straight to the store (nothing submitted anywhere), oldest first; their ids."""
+    store = Store(home)
+    try:
+        return [
+            store.add_chain(replace(SPEC, name=name), NO_PROGRESS, float(i)).id
+            for i, name in enumerate(names)
+        ]
+    finally:
+        store.close()
+
+
+def raw(home: Path) -> sqlite3.Connection:
+    """The database as another program sees it."""
+    return sqlite3.connect(home / "chainrun.db", isolation_level=None)
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:
+    """The command failed with ``code`` and said why in one line, no traceback; that line."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("chainrun: "), result.stderr
+    return lines[0]
+
+
+# -- the wrong chain: references are literal ----------------------------------------
+
+
+def test_a_reference_is_an_exact_id_a_unique_literal_prefix_or_an_exact_name(tmp_path: Path) -> None:
+    """No pattern characters, no case folding: `a_c` is not `abc`, `%`, `_` and "" match nothing."""
+    home = tmp_path / "home"
+    (abc,) = chains(home, "abc")
+    store = Store(home)
+    assert store.find(abc).id == abc
+    assert store.find(abc[:5]).id == abc  # a unique prefix
+    assert store.find("abc").id == abc  # the name
+    for ref in ("a_c", "%", "_", "abc%", "a%", "ABC", abc.upper(), "bc", "\udcff"):
+        with pytest.raises(UsageError, match="no chain"):
+            store.find(ref)
+    with pytest.raises(UsageError, match="no chain given"):
+        store.find("")
+
+
+def test_a_name_is_the_newest_chain_of_that_name_and_a_shared_prefix_is_ambiguous(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    first, other, second = chains(home, "abc", "abd", "abc")
+    store = Store(home)
+    assert store.find("abc").id == second
+    assert store.find(first).id == first
+    with pytest.raises(UsageError, match=r"'ab' starts the ids of several chains .*give more of the id"):
+        store.find("ab")
+    assert store.find(other[:3]).id == other  # "abd" is a prefix of one id, and no name
+
+
+def test_an_over_long_reference_is_one_usage_line(tmp_path: Path) -> None:
+    """A 100k-character reference was a LIKE pattern too complex for SQLite: a traceback."""
+    home = tmp_path / "home"
+    chains(home, "abc")
+    with pytest.raises(UsageError, match="at most 200 characters; this one has 100000") as info:
+        Store(home).find("a" * 100_000)
+    assert len(str(info.value)) < 200
+
+
+def test_cancel_with_a_pattern_or_an_empty_reference_cancels_nothing(home: Path, chainrun: CLI) -> None:
+    """`chainrun cancel a_c` cancelled abc-...; `%` and "" matched every chain."""
+    ids = chains(home, "abc", "xyz")
+    for ref in ("a_c", "%", "_", "", "ABC", "x" * 100_000):
+        line = one_line_error(chainrun("cancel", ref), 2)
+        assert "chain" in line and len(line) < 300
+    store = Store(home)
+    assert [c.state for c in store.chains()] == [ChainState.ACTIVE, ChainState.ACTIVE]
+    assert [e.kind for e in store.events(ids[0])] == ["submitted"]
+
+
+# -- a damaged row: that chain is set aside, the others go on ---------------------------
+
+DAMAGE = {
+    "bad JSON in spec": ("UPDATE chains SET spec = '{\"name\": ' WHERE id = ?", "spec is not valid JSON"),
+    "spec not a job spec": ("UPDATE chains SET spec = '[1, 2]' WHERE id = ?", "spec is not a job spec"),
+    "spec field of the wrong type": (
+        "UPDATE chains SET spec = json_set(spec, '$.walltime', 'long') WHERE id = ?",
+        "spec.walltime is 'long', not a whole number",
+    ),
+    "spec with a zero walltime": (
+        "UPDATE chains SET spec = json_set(spec, '$.walltime', 0) WHERE id = ?",
+        "spec.walltime is 0, not a positive number",
+    ),
+    "bad JSON in progress": (
+        "UPDATE chains SET progress = 'epoch 7' WHERE id = ?",
+        "progress is not valid JSON",
+    ),
+    "latest not an object": (
+        "UPDATE chains SET latest = '[7]' WHERE id = ?",
+        "latest is [7], not a JSON object",
+    ),
+    "unknown state": (
+        "UPDATE chains SET state = 'paused' WHERE id = ?",
+        "state is 'paused', not one of active, stuck, completed",
+    ),
+    "text for a number": ("UPDATE chains SET used = 'lots' WHERE id = ?", "used is 'lots', not a number"),
+    "not UTF-8": ("UPDATE chains SET spec = CAST(x'7bff' AS TEXT) WHERE id = ?", "spec is not valid UTF-8"),
+    "unknown phase": (
+        "UPDATE segments SET phase = 'asleep' WHERE chain_id = ?",
+        "segment 1: phase is 'asleep', not one of submitting, pending",
+    ),
+    "unknown outcome": (
+        "UPDATE segments SET phase = 'ended', outcome = 'vanished' WHERE chain_id = ?",
+        "segment 1: outcome is 'vanished', not one of completed",
+    ),
+}
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path / "home")
+    yield w
+    w.store.close()
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_row_that_cannot_be_read_sets_its_chain_aside_and_the_others_go_on(
+    world: World, damage: str
+) -> None:
+    """It stopped every tick (and `status`): now the tick never sees it, `damaged()` says what
+    could not be read, and the other chain runs as if nothing happened."""
+    bad, good = world.add(), world.add()
+    world.tick()  # both have segment 1 queued
+    sql, problem = DAMAGE[damage]
+    world.store.db.execute(sql, (bad,))
+    assert [c.id for c in world.store.chains(active_only=True)] == [good]
+    assert [c.id for c in world.store.chains()] == [good]
+    (damaged,) = world.store.damaged()
+    assert damaged.id == bad and problem in damaged.problem
+    assert damaged.reason.startswith("damaged: " + damaged.problem)
+    assert (
+        "`chainrun cancel` cannot act on it" in damaged.reason
+        and "remove it with: sqlite3 " in damaged.reason
+    )
+    with pytest.raises(StoreError, match=f"chain {bad} is damaged: "):
+        world.store.find(bad)
+    before = world.store.db.execute("SELECT * FROM chains WHERE id = ?", (bad,)).fetchall()
+    for _ in range(3):
+        world.tick()
+    assert world.store.chain(good).segments[0].phase is Phase.PENDING
+    world.cluster.start(world.store.chain(good).segments[0].job_id or "?")
+    assert world.tick().state is ChainState.ACTIVE
+    assert world.store.chain(good).segments[0].phase is Phase.RUNNING
+    # The damaged chain is left exactly as it was: nothing lost, nothing run for it.
+    assert world.store.db.execute("SELECT * FROM chains WHERE id = ?", (bad,)).fetchall() == before
+
+
+def test_a_damaged_chain_names_the_jobs_it_may_have_left_and_its_removal_works(world: World) -> None:
+    """The way out it prints is a command that removes that chain and nothing else."""
+    bad, good = world.add(), world.add()
+    world.tick()
+    job = world.store.chain(bad).segments[0].job_id
+    world.store.db.execute("UPDATE chains SET state = 'paused' WHERE id = ?", (bad,))
+    (damaged,) = world.store.damaged()
+    assert damaged.jobs == (job,) and f"its jobs {job} may still be queued or running" in damaged.reason
+    if not have("sqlite3"):
+        pytest.skip("the sqlite3 command-line shell is not installed here")
+    subprocess.run(["bash", "-c", damaged.removal], check=True, capture_output=True)
+    assert world.store.damaged() == []
+    assert [c.id for c in world.store.chains()] == [good]
+
+
+def test_an_id_that_is_not_text_is_shown_escaped_and_removed_by_row(world: World) -> None:
+    bad = world.add()
+    world.store.db.execute("UPDATE chains SET id = CAST(x'6162ff0a' AS TEXT) WHERE id = ?", (bad,))
+    (damaged,) = world.store.damaged()
+    assert damaged.id == repr("ab\ufffd\n") and damaged.problem == "id is not valid UTF-8"
+    assert "WHERE rowid = 1" in damaged.removal
+    if have("sqlite3"):
+        subprocess.run(["bash", "-c", damaged.removal], check=True, capture_output=True)
+        assert world.store.damaged() == []
+
+
+# -- a damaged file: one line, and `sqlite3 FILE .recover` ----------------------------------
+
+
+def garble(path: Path, offset: int, length: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(bytes([0xA5]) * length)
+
+
+def chains_page(home: Path) -> int:
+    """The byte offset of the chains table's root page."""
+    db = raw(home)
+    size = db.execute("PRAGMA page_size").fetchone()[0]
+    root = db.execute("SELECT rootpage FROM sqlite_master WHERE name = 'chains'").fetchone()[0]
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    return int((root - 1) * size)
+
+
+def test_a_garbled_file_is_one_line_naming_it_and_the_recovery_at_open_or_at_a_later_query(
+    home: Path, chainrun: CLI
+) -> None:
+    """`database disk image is malformed` was a traceback from a query; `file is not a database`
+    at open said "move it aside and resubmit", which loses every chain."""
+    chains(home, "abc")
+    db = str(home / "chainrun.db")
+    garble(home / "chainrun.db", chains_page(home), 8)  # its page header: a later query finds it
+    store = Store(home)
+    with pytest.raises(StoreError, match=r"is damaged \(database disk image is malformed\).*\.recover"):
+        store.chains()
+    store.close()
+    for args in (("status",), ("history", "abc"), ("cancel", "abc")):
+        line = one_line_error(chainrun(*args), 1)
+        assert db in line and f"sqlite3 {db} .recover" in line and "resubmit" not in line
+    garble(home / "chainrun.db", 0, 16)  # the header: found at open
+    with pytest.raises(StoreError, match=r"is damaged \(file is not a database\).*\.recover"):
+        Store(home)
+    for args in (("status",), ("cancel", "abc")):
+        line = one_line_error(chainrun(*args), 1)
+        assert f"sqlite3 {db} .recover" in line and "resubmit" not in line
+
+
+# -- read-only commands -------------------------------------------------------------
+
+
+def test_status_history_and_logs_take_no_write_lock(home: Path, chainrun: CLI) -> None:
+    """Opening the store ran the migrations in a write transaction: a writer holding the lock
+    made `status` wait 10 s and fail. A reader never needs that lock."""
+    (abc,) = chains(home, "abc")
+    holder = raw(home)
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("UPDATE chains SET reason = 'being written' WHERE id = ?", (abc,))
+    try:
+        out = chainrun("status", "--json", check=True).stdout
+        assert [c["id"] for c in json.loads(out)] == [abc]
+        assert "chain submitted" in chainrun("history", "abc", check=True).stdout
+        assert chainrun("logs", abc, check=True).returncode == 0
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_a_reader_waits_on_an_exclusive_writer_about_a_second_then_says_busy(
+    home: Path, chainrun: CLI
+) -> None:
+    """A connection in exclusive locking mode keeps even readers out: say so, soon, in one line."""
+    chains(home, "abc")
+    holder = raw(home)
+    holder.execute("PRAGMA locking_mode = EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    holder.execute("UPDATE chains SET reason = 'x'")
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="is busy: another process is writing it; try again"):
+            Store(home, readonly=True)
+        assert time.monotonic() - started < 5
+        line = one_line_error(chainrun("status"), 1)
+        assert "busy" in line and "try again" in line and "not a usable" not in line
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_a_missing_database_is_no_chains_and_reading_creates_nothing(home: Path, chainrun: CLI) -> None:
+    assert chainrun("status", check=True).stdout.startswith("no chains")
+    assert json.loads(chainrun("status", "--json", check=True).stdout) == []
+    assert "no chain 'abc'" in one_line_error(chainrun("history", "abc"), 2)
+    assert "no chain 'abc'" in one_line_error(chainrun("logs", "abc"), 2)
+    assert not home.exists()
+
+
+def test_a_reader_leaves_an_older_database_as_it_is(tmp_path: Path) -> None:
+    """It reads a version-1 database through an upgraded copy in memory; the upgrade itself
+    is left to a chainrun that writes."""
+    old_database(tmp_path / "home", 1).close()
+    before = (tmp_path / "home" / "chainrun.db").read_bytes()
+    store = Store(tmp_path / "home", readonly=True)
+    assert store.find("cifar").progress.epoch == 7
+    store.close()
+    assert (tmp_path / "home" / "chainrun.db").read_bytes() == before
+
+
+def test_opening_the_database_keeps_its_mode_and_a_new_one_is_private(tmp_path: Path) -> None:
+    """Every open chmod-ed the database to 0600; now only a new one is made 0600 (whatever the umask)."""
+    home = tmp_path / "home"
+    old = os.umask(0)
+    try:
+        Store(home).close()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((home / "chainrun.db").stat().st_mode) == 0o600
+    os.chmod(home / "chainrun.db", 0o640)
+    Store(home).close()
+    Store(home, readonly=True).close()
+    assert stat.S_IMODE((home / "chainrun.db").stat().st_mode) == 0o640
+
+
+# -- true messages: a lock, a read-only disk, a full disk ------------------------------------
+
+
+def test_a_lock_held_elsewhere_is_named_at_open_migration_and_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT", 0.2)
+    home = tmp_path / "home"
+    (abc,) = chains(home, "abc")
+    holder = raw(home)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        store = Store(home)  # an up-to-date database: opening writes nothing
+        assert store.find("abc").id == abc
+        with pytest.raises(StoreUnavailable, match="is locked by another process") as info:
+            store.request_cancel(abc, 1.0)
+        assert "not a usable" not in str(info.value)
+        store.close()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    old_database(tmp_path / "old", 1).execute("BEGIN EXCLUSIVE")  # an upgrade needs the lock
+    with pytest.raises(StoreUnavailable, match="is locked by another process"):
+        Store(tmp_path / "old")
+
+
+@pytest.fixture
+def tmpfs(home: Path) -> Iterator[Callable[[str], None]]:
+    """A small tmpfs mounted as CHAINRUN_HOME; the function remounts it with options ("ro")."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs (a read-only or full disk) needs root")
+    home.mkdir(mode=0o700)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(home)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+
+    def remount(options: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,{options}", str(home)], check=True, capture_output=True)
+
+    yield remount
+    subprocess.run(["umount", "-l", str(home)], capture_output=True)
+
+
+def fill(directory: Path) -> None:
+    """Write a file until the disk holding ``directory`` is full."""
+    fd = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, bytes(65536))
+    except OSError:
+        pass
+    try:
+        while True:
+            os.write(fd, b"x")
+    except OSError:
+        pass
+    os.close(fd)
+
+
+def test_a_read_only_disk_is_read_and_a_write_names_it(
+    home: Path, tmpfs: Callable[[str], None], chainrun: CLI
+) -> None:
+    """`status` could not open a WAL database there at all ("unable to open database file");
+    now it reads it, and a command that must write says the filesystem is read-only."""
+    (abc,) = chains(home, "abc")
+    tmpfs("ro")
+    out = chainrun("status", check=True).stdout
+    assert abc in out and " active " in out
+    assert "chain submitted" in chainrun("history", abc, check=True).stdout
+    with pytest.raises(StoreUnavailable, match="is on a read-only filesystem; chainrun needs to write it"):
+        Store(home)
+    line = one_line_error(chainrun("cancel", abc), 1)
+    assert "read-only filesystem" in line and "not a usable" not in line
+
+
+def test_a_full_disk_is_read_and_a_write_names_it(
+    home: Path, tmpfs: Callable[[str], None], chainrun: CLI
+) -> None:
+    """`status` could not open the database on a full disk (no room for its -shm); now it
+    reads it. At open and at a write after a good open: "the disk ... is full", never
+    "not a usable" nor a bare "disk I/O error"."""
+    (abc,) = chains(home, "abc")
+    fill(home)
+    out = chainrun("status", check=True).stdout
+    assert abc in out and " active " in out
+    line = one_line_error(chainrun("cancel", abc), 1)
+    assert "the disk holding" in line and "is full; free some space" in line and "not a usable" not in line
+    (home / "filler").unlink()
+    store = Store(home)  # opened while there is room
+    fill(home)
+    with pytest.raises(StoreUnavailable, match=r"the disk holding .* is full; free some space") as info:
+        for i in range(1000):
+            store.event(abc, None, "note", "x" * 4096 + str(i))
+    assert "not a usable" not in str(info.value)
+    store.close()
