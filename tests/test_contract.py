@@ -462,14 +462,21 @@ def test_service_killed_between_submit_and_record_never_duplicates(
 def test_exit_99_is_a_crash_not_a_reschedule_and_hostile_values_arrive_intact(
     cluster: Cluster, work: Path, chainrun: CLI, home: Path
 ) -> None:
-    """A command exiting 99 (SGE's 'reschedule me') runs once and counts as a crash; env values arrive unchanged."""
+    """A command exiting 99 (SGE's 'reschedule me') runs once and counts as a crash; [env] values with
+    quotes, $(...), backticks, newlines, CR, ESC, every placeholder and 5 kB arrive byte-identical."""
     weird = 'it\'s "quoted" $(touch pwned) `touch pwned2` ${HOME} \\ 100%\nsecond line'
+    hostile = {
+        "WEIRD": weird,
+        "PLACEHOLDERS": "@@WORKDIR@@ @@COMMAND@@ @@TARGET@@ @@ENV@@ @@SEGMENT@@ @@CHAIN@@",
+        "CONTROL": "carriage\rreturn, escape \x1b[31mred\x1b[0m, tab\t#$ -q nosuch",
+        "BIG": ("5 kB of 'quotes' and $(subshells) " * 160)[:5000],
+    }
     path = write_job(
         work,
         cluster,
-        "printf '%s' \"$WEIRD\" > weird.out; exit 99",
+        " ".join(f"printf '%s' \"${k}\" > {k}.out;" for k in hostile) + " exit 99",
         max_failures=0,
-        env={"WEIRD": weird},
+        env=hostile,
     )
     result = chainrun("run", str(path), "--interval", "0.5", timeout=300)
     assert result.returncode == 1, result.stdout + result.stderr
@@ -480,7 +487,8 @@ def test_exit_99_is_a_crash_not_a_reschedule_and_hostile_values_arrive_intact(
     assert seg["outcome"] == "failed" and seg["exit_code"] == 99 and seg["charged"]
     assert starts_in_log(work, 1) == 1
     assert cluster.live_jobs(st["id"]) == []
-    assert (work / "weird.out").read_text() == weird
+    for key, value in hostile.items():
+        assert (work / f"{key}.out").read_bytes() == value.encode(), key
     assert not list(work.rglob("pwned*"))
 
 

@@ -550,9 +550,9 @@ def test_ready_comes_only_after_the_first_tick_adopted_an_interrupted_submission
     """A service killed mid-submission restarts; READY=1 arrives once the job is adopted, not before."""
     path = write_job(tmp_path, "sleep 30")
     chain_id = chainrun("submit", str(path), check=True).stdout.strip()
-    first = daemon(CHAINRUN_LOCAL_SUBMIT_DELAY="3")
-    # Killed once the local runner has the job (its id comes 3 s later): before
-    # that there would be nothing to adopt.
+    first = daemon(CHAINRUN_LOCAL_SUBMIT_DELAY="20")
+    # Killed once the local runner has the job (its id comes 20 s later, a margin no
+    # load closes): before that there would be nothing to adopt.
     wait_for(
         lambda: [job["name"] for job in local_jobs(home)] == [f"cr.{chain_id}.1"],
         60,
