@@ -7,11 +7,15 @@ and what is allowed. Unknown keys are errors: a typo must never be ignored.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
+import reprlib
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
+from urllib.parse import urlsplit
 
 from chainrun.errors import JobFileError
 from chainrun.model import JobSpec, SchedulerSpec
@@ -24,12 +28,35 @@ else:  # pragma: no cover - exercised on old Pythons only
 SCHEDULER_KINDS = ("local", "slurm", "sge")
 # INT is left out: bash starts background commands with SIGINT ignored.
 SIGNALS = ("USR1", "USR2", "TERM")
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Every pattern is matched with fullmatch and spells its classes out in ASCII:
+# ``$`` matches before a trailing newline, and ``\d``/``\w`` accept any script's
+# digits and letters.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# No leading '-': a host or queue must never read as an option of ssh or sbatch.
+HOST_RE = re.compile(r"[A-Za-z0-9_.@:\[\]][A-Za-z0-9_.@:\[\]-]*")
+QUEUE_RE = re.compile(r"[A-Za-z0-9_.@,][A-Za-z0-9_.@,-]*")
 DURATION_HELP = "a duration such as 90s, 45m, 4h, 2d, 1h30m, HH:MM:SS or D-HH:MM:SS"
 
-_UNITS_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-_CLOCK_RE = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
+_N = "([0-9]{1,20})"  # ASCII digits only, and few enough that any sum of them fits a float
+_UNITS_RE = re.compile(f"(?:{_N}d)?(?:{_N}h)?(?:{_N}m)?(?:{_N}s)?")
+_CLOCK_RE = re.compile(f"(?:{_N}-)?(?:{_N}:)?{_N}:{_N}")
+_DNS_RE = re.compile(
+    r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\.?"
+)
+
+# Bounds that keep a valid job file workable for its whole life: a duration
+# past a year overflows the clock arithmetic of every tick; a command or
+# variable past 128 KiB (Linux's MAX_ARG_STRLEN) makes every segment exit 126.
+MAX_FILE_BYTES = 1 << 20
+MAX_DURATION = 365 * 86400
+MAX_STRING_BYTES = 64 << 10
+MAX_PATH_BYTES = 4096
+MAX_OPTION_BYTES = 4096
+MAX_OPTIONS = 256
+MAX_URL_BYTES = 8192
+MAX_TARGET_EPOCH = 10**9
+MAX_FAILURES = 10**6
 
 TOP_KEYS = (
     "name",
@@ -50,14 +77,38 @@ TOP_KEYS = (
 SCHEDULER_KEYS = ("kind", "host", "queue", "options")
 
 
+def _repr(maxstring: int) -> reprlib.Repr:
+    r = reprlib.Repr()
+    r.maxstring = maxstring
+    r.maxother = 60
+    r.maxlong = 40
+    r.maxlevel = 2
+    r.maxlist = r.maxtuple = r.maxdict = 4
+    return r
+
+
+# Values in error lines: escaped (one line), cut short, and safe at any depth.
+_shown = _repr(240)
+_shown_inner = _repr(40)
+
+
+def _show(value: Any) -> str:
+    return (_shown_inner if isinstance(value, (dict, list)) else _shown).repr(value)
+
+
 def parse_duration(text: str) -> int:
-    """Seconds in ``text``; raises ValueError when it is not a duration."""
-    s = text.strip().lower()
-    m = _UNITS_RE.match(s)
+    """Seconds in ``text``; raises ValueError when it is not a duration.
+
+    Only ASCII digits count (Python's ``int`` takes any script's digits), and
+    spaces around it are the only thing ignored: a trailing newline is not."""
+    s = text.strip(" ").lower()
+    if not s.isascii():
+        raise ValueError(text)
+    m = _UNITS_RE.fullmatch(s)
     if s and m and any(m.groups()):
         d, h, mi, se = (int(g or 0) for g in m.groups())
         return ((d * 24 + h) * 60 + mi) * 60 + se
-    m = _CLOCK_RE.match(s)
+    m = _CLOCK_RE.fullmatch(s)
     if m:
         d, h, mi, se = (int(g or 0) for g in m.groups())
         if mi < 60 and se < 60:
@@ -78,6 +129,43 @@ def format_duration(seconds: float) -> str:
     return "".join(parts)
 
 
+def _file(path: str | os.PathLike[str]) -> str:
+    """A path for an error line: as given, or quoted when it holds a newline or such."""
+    text = os.fspath(path)
+    return text if text.isprintable() else repr(text)
+
+
+def _key(key: str) -> str:
+    """A TOML key for an error line: bare keys as they are, any other one quoted and cut short."""
+    return key if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", key) else _shown.repr(key)
+
+
+def _size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _kib(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n >> 10} KiB"
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISREG, "a regular file"),
+    ):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def _why(exc: OSError) -> str:
+    return (exc.strerror or str(exc)).lower()
+
+
 class _Fields:
     """Reads fields out of one TOML table, raising errors that name them."""
 
@@ -87,16 +175,19 @@ class _Fields:
         self.prefix = prefix
 
     def error(self, key: str, problem: str) -> JobFileError:
-        name = self.prefix + key
+        name = self.prefix + _key(key)
         if key in self.table:
-            return JobFileError(f"{self.path}: {name} = {self.table[key]!r}: {problem}")
-        return JobFileError(f"{self.path}: {name}: {problem}")
+            shown = _show(self.table[key])
+            return JobFileError(f"{_file(self.path)}: {name} = {shown}: {problem}")
+        return JobFileError(f"{_file(self.path)}: {name}: {problem}")
 
     def check_keys(self, allowed: tuple[str, ...]) -> None:
         for key in self.table:
             if key not in allowed:
                 known = ", ".join(allowed)
-                raise JobFileError(f"{self.path}: unknown key {self.prefix}{key!s}; allowed here: {known}")
+                raise JobFileError(
+                    f"{_file(self.path)}: unknown key {self.prefix}{_key(key)}; allowed here: {known}"
+                )
 
     def get(
         self,
@@ -105,7 +196,10 @@ class _Fields:
         what: str,
         default: Any = None,
         required: bool = False,
+        max_bytes: int = MAX_STRING_BYTES,
     ) -> Any:
+        """The value of ``key`` if it is a ``kind``; a string also free of NUL and at most
+        ``max_bytes`` long (NUL would be dropped on the way to the job, silently)."""
         if key not in self.table:
             if required:
                 raise self.error(key, f"missing; give {what}")
@@ -113,10 +207,18 @@ class _Fields:
         value = self.table[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise self.error(key, f"expected {what}")
+        if isinstance(value, str):
+            self.text(key, value, max_bytes)
         return value
 
+    def text(self, key: str, value: str, max_bytes: int = MAX_STRING_BYTES) -> None:
+        if "\0" in value:
+            raise self.error(key, "must not contain NUL bytes")
+        if _size(value) > max_bytes:
+            raise self.error(key, f"{_size(value)} bytes long; at most {_kib(max_bytes)} is allowed")
+
     def duration(self, key: str, default: Optional[int] = None, required: bool = False) -> Any:
-        raw = self.get(key, str, DURATION_HELP + ' (quoted, e.g. "4h")', required=required)
+        raw = self.get(key, str, DURATION_HELP + ' (quoted, e.g. "4h")', required=required, max_bytes=128)
         if raw is None:
             return default
         try:
@@ -125,6 +227,8 @@ class _Fields:
             raise self.error(key, f"not a duration; use {DURATION_HELP}") from None
         if seconds <= 0:
             raise self.error(key, "must be longer than zero")
+        if seconds > MAX_DURATION:
+            raise self.error(key, "longer than 365 days, the longest a duration may be")
         return seconds
 
     def checked(self, key: str, value: Any, ok: Callable[[Any], object], problem: str) -> Any:
@@ -139,30 +243,96 @@ def load(path: str | os.PathLike[str]) -> JobSpec:
     try:
         data = read_toml(p, "a job file")
     except FileNotFoundError:
-        raise JobFileError(f"{p}: no such job file") from None
-    return parse(data, str(p), base=p.resolve().parent)
+        raise JobFileError(f"{_file(p)}: no such job file") from None
+    try:
+        base = p.resolve().parent
+    except (OSError, RuntimeError) as exc:  # it changed under us since it was read
+        raise JobFileError(f"{_file(p)}: cannot resolve the job file's directory: {exc}") from None
+    return parse(data, str(p), base=base)
 
 
 def read_toml(path: Path, what: str) -> dict[str, Any]:
     """``what`` (a job file, the service config) as TOML: FileNotFoundError passes
-    through; any other trouble is one JobFileError line naming the file."""
+    through; any other trouble is one JobFileError line naming the file.
+
+    Only a regular file (or a symlink to one) is read, and at most
+    MAX_FILE_BYTES of it: a FIFO never blocks, a device is never opened."""
+    raw = _read_regular(path, what)
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise JobFileError(f"{path}: cannot read {what}: {exc.strerror}") from None
-    try:
-        data: dict[str, Any] = tomllib.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise JobFileError(f"{path}: not UTF-8 text; {what} is TOML") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise JobFileError(f"{path}: not valid TOML: {exc}") from None
+        raise JobFileError(f"{_file(path)}: not UTF-8 text; {what} is TOML") from None
+    try:
+        data: dict[str, Any] = tomllib.loads(text)
+    except RecursionError:
+        raise JobFileError(f"{_file(path)}: not valid TOML: nested too deeply") from None
+    except ValueError as exc:  # TOMLDecodeError, and ints past Python's digit limit
+        problem = " ".join(str(exc).split())
+        if len(problem) > 200:
+            problem = problem[:200] + "..."
+        raise JobFileError(f"{_file(path)}: not valid TOML: {problem}") from None
     return data
 
 
+def _read_regular(path: Path, what: str) -> bytes:
+    shown = _file(path)
+
+    def refuse(problem: str) -> JobFileError:
+        return JobFileError(f"{shown}: cannot read {what}: {problem}")
+
+    def check(st: os.stat_result) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            raise refuse(f"it is {_file_kind(st.st_mode)}; {what} must be a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise refuse(f"{st.st_size} bytes; {what} is at most {_kib(MAX_FILE_BYTES)}")
+
+    # stat first, so a device is never even opened; fstat after, in case the
+    # path was swapped in between. O_NONBLOCK: opening a FIFO never waits.
+    try:
+        check(os.stat(path))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise refuse(_why(exc)) from None
+    except ValueError:  # a NUL in the path
+        raise refuse("the path holds a NUL byte") from None
+    try:
+        check(os.fstat(fd))
+        chunks: list[bytes] = []
+        total = 0
+        while total <= MAX_FILE_BYTES:  # it may grow while read: never past the cap
+            chunk = os.read(fd, MAX_FILE_BYTES + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as exc:
+        raise refuse(_why(exc)) from None
+    finally:
+        os.close(fd)
+    if total > MAX_FILE_BYTES:
+        raise refuse(f"longer than {_kib(MAX_FILE_BYTES)}; {what} is at most that")
+    return b"".join(chunks)
+
+
+def _arg_budget() -> int:
+    """Bytes the command and [env] may take: a quarter of the kernel's limit on a
+    command's arguments and environment together, the rest left to the environment
+    the job inherits and to the wrapper's own."""
+    try:
+        arg_max = os.sysconf("SC_ARG_MAX")
+    except (ValueError, OSError):
+        arg_max = -1
+    return max(arg_max, 128 << 10) // 4
+
+
 def parse(data: dict[str, Any], path: str, base: Path) -> JobSpec:
-    """Validate an already-parsed TOML document; relative paths start at ``base``."""
+    """Validate an already-parsed TOML document; relative paths start at ``base``.
+
+    Paths on this machine (no ``scheduler.host``) are checked here: the workdir
+    must be a directory; the checkpoint directory may be missing (the wrapper
+    makes it) but not something else."""
     f = _Fields(path, data)
     f.check_keys(TOP_KEYS)
 
@@ -170,12 +340,11 @@ def parse(data: dict[str, Any], path: str, base: Path) -> JobSpec:
     f.checked(
         "name",
         name,
-        NAME_RE.match,
+        NAME_RE.fullmatch,
         "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
     )
     command = f.get("command", str, "the shell command that trains", required=True)
     f.checked("command", command, lambda c: c.strip(), "must not be empty")
-    f.checked("command", command, lambda c: "\0" not in c, "must not contain NUL bytes")
 
     total_time = f.duration("total_time", required=True)
     walltime = f.duration("walltime", required=True)
@@ -186,10 +355,12 @@ def parse(data: dict[str, Any], path: str, base: Path) -> JobSpec:
         )
     target_epoch = f.get("target_epoch", int, "a whole number of epochs")
     f.checked("target_epoch", target_epoch, lambda v: v >= 1, "must be 1 or more")
+    f.checked("target_epoch", target_epoch, lambda v: v <= MAX_TARGET_EPOCH, f"at most {MAX_TARGET_EPOCH}")
     max_failures = f.get("max_failures", int, "a whole number", default=3)
     f.checked("max_failures", max_failures, lambda v: v >= 0, "must be 0 or more")
+    f.checked("max_failures", max_failures, lambda v: v <= MAX_FAILURES, f"at most {MAX_FAILURES}")
 
-    signal = f.get("signal", str, "a signal name: " + ", ".join(SIGNALS), default="USR1")
+    signal = f.get("signal", str, "a signal name: " + ", ".join(SIGNALS), default="USR1", max_bytes=64)
     signal = signal.upper().removeprefix("SIG")
     if signal not in SIGNALS:
         raise f.error("signal", "allowed: " + ", ".join(SIGNALS))
@@ -205,12 +376,15 @@ def parse(data: dict[str, Any], path: str, base: Path) -> JobSpec:
     remote = sched.host is not None
     workdir = _path(f, "workdir", ".", base, remote)
     checkpoint_dir = _path(f, "checkpoint_dir", "checkpoints", Path(workdir), remote)
+    if not remote:
+        _local_dir(f, "workdir", workdir, must_exist=True)
+        _local_dir(f, "checkpoint_dir", checkpoint_dir, must_exist=False)
 
     env_table = f.get("env", dict, "a table [env] of NAME = value", default={})
     env = []
+    fe = _Fields(path, env_table, "env.")
     for key, value in env_table.items():
-        fe = _Fields(path, env_table, "env.")
-        fe.checked(key, key, ENV_RE.match, "not a valid environment variable name")
+        fe.checked(key, key, ENV_RE.fullmatch, "not a valid environment variable name")
         fe.checked(
             key,
             key,
@@ -219,14 +393,24 @@ def parse(data: dict[str, Any], path: str, base: Path) -> JobSpec:
         )
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise fe.error(key, "expected a string or number")
+        if isinstance(value, str):
+            fe.text(key, value)
         env.append((key, str(value)))
+    # The command is one argument of `bash -c` and each variable one string of
+    # the job's environment: together they must fit the kernel's limit.
+    used = _size(command) + sum(_size(k) + _size(v) + 2 for k, v in env)
+    budget = _arg_budget()
+    if used > budget:
+        raise f.error(
+            "env" if env else "command",
+            f"the command and [env] come to {used} bytes; at most {budget} fit the "
+            "kernel's limit on a command's arguments and environment, with room to spare",
+        )
 
     on_end = f.get("on_end", str, "a shell command run when the chain ends")
-    f.checked("on_end", on_end, lambda c: c.strip() and "\0" not in c, "must be a non-empty command")
-    webhook = f.get("webhook", str, "an http:// or https:// URL")
-    f.checked(
-        "webhook", webhook, lambda u: re.match(r"^https?://\S+$", u), "must be an http:// or https:// URL"
-    )
+    f.checked("on_end", on_end, lambda c: c.strip(), "must be a non-empty command")
+    webhook = f.get("webhook", str, "an http:// or https:// URL", max_bytes=MAX_URL_BYTES)
+    f.checked("webhook", webhook, _web_url, "must be an http:// or https:// URL with a valid host")
 
     return JobSpec(
         name=name,
@@ -247,10 +431,40 @@ def parse(data: dict[str, Any], path: str, base: Path) -> JobSpec:
     )
 
 
+def _web_url(url: str) -> bool:
+    """An http(s) URL whose host is a DNS name, an IPv4 or a bracketed IPv6 address."""
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return False
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not one
+        host = parts.hostname
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or not host:
+        return False
+    if parts.netloc.rpartition("@")[2].startswith("["):
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return False
+        return True
+    try:
+        ascii_host = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return False
+    return _DNS_RE.fullmatch(ascii_host) is not None
+
+
 def _path(f: _Fields, key: str, default: str, base: Path, remote: bool) -> str:
-    raw = f.get(key, str, "a directory path", default=default)
-    f.checked(key, raw, lambda v: v.strip() and "\0" not in v, "must be a non-empty path")
-    p = Path(raw).expanduser() if not remote else Path(raw)
+    raw = f.get(key, str, "a directory path", default=default, max_bytes=MAX_PATH_BYTES)
+    f.checked(key, raw, lambda v: v.strip(), "must be a non-empty path")
+    try:
+        p = Path(raw).expanduser() if not remote else Path(raw)
+    except RuntimeError:  # ~nosuchuser, or ~ with no home directory known
+        raise f.error(
+            key, "cannot expand '~': no such user or home directory; give an absolute path"
+        ) from None
     if p.is_absolute():
         return str(p)
     if remote and key == "workdir":
@@ -258,17 +472,50 @@ def _path(f: _Fields, key: str, default: str, base: Path, remote: bool) -> str:
     return os.path.normpath(base / p)
 
 
+def _local_dir(f: _Fields, key: str, path: str, must_exist: bool) -> None:
+    """``path`` on this machine is a directory; or, unless ``must_exist``, nothing yet."""
+    at = f"{_file(path)}: " if path != f.table.get(key) else ""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if must_exist:
+            raise f.error(key, f"{at}no such directory") from None
+        if os.path.islink(path):
+            raise f.error(key, f"{at}a symlink to nothing; the checkpoints could not be written") from None
+        return  # the wrapper makes it
+    except NotADirectoryError:
+        raise f.error(key, f"{at}part of the path is a file, not a directory") from None
+    except OSError as exc:  # a symlink loop, a name too long, no permission
+        raise f.error(key, f"{at}cannot be used: {_why(exc)}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise f.error(key, f"{at}{_file_kind(st.st_mode)}, not a directory")
+    if must_exist and not os.access(path, os.X_OK):
+        raise f.error(key, f"{at}a directory this user may not enter")
+
+
 def _scheduler(path: str, table: dict[str, Any]) -> SchedulerSpec:
     f = _Fields(path, table, "scheduler.")
     f.check_keys(SCHEDULER_KEYS)
-    kind = f.get("kind", str, "one of " + ", ".join(SCHEDULER_KINDS), default="local")
+    kind = f.get("kind", str, "one of " + ", ".join(SCHEDULER_KINDS), default="local", max_bytes=64)
     f.checked("kind", kind, SCHEDULER_KINDS.__contains__, "allowed: " + ", ".join(SCHEDULER_KINDS))
-    host = f.get("host", str, "an ssh host or ~/.ssh/config alias")
-    f.checked("host", host, lambda h: re.match(r"^[\w.@:\[\]-]+$", h), "not a host name")
-    queue = f.get("queue", str, "a partition or queue name")
-    f.checked("queue", queue, lambda q: re.match(r"^[\w.@,-]+$", q), "not a queue name")
+    host = f.get("host", str, "an ssh host or ~/.ssh/config alias", max_bytes=255)
+    f.checked("host", host, HOST_RE.fullmatch, "not a host name")
+    queue = f.get("queue", str, "a partition or queue name", max_bytes=255)
+    f.checked("queue", queue, QUEUE_RE.fullmatch, "not a queue name")
     options = f.get("options", list, 'a list of strings, e.g. ["--mem=16G"]', default=[])
+    if len(options) > MAX_OPTIONS:
+        raise f.error("options", f"{len(options)} options; at most {MAX_OPTIONS}")
     for opt in options:
-        if not isinstance(opt, str) or "\n" in opt or not opt.strip():
-            raise f.error("options", "each option must be a one-line string")
+        if isinstance(opt, str) and "\0" in opt:
+            raise f.error("options", "must not contain NUL bytes")
+        if not isinstance(opt, str) or not opt.strip() or not opt.isprintable():
+            raise f.error("options", "each option must be a one-line string, free of control characters")
+        if _size(opt) > MAX_OPTION_BYTES:
+            raise f.error("options", f"each option must be at most {_kib(MAX_OPTION_BYTES)}")
+    if kind == "local":
+        for key in ("queue", "options"):
+            if key in table:
+                raise f.error(
+                    key, 'only applies to kind = "slurm" or "sge"; the local runner has no queues or options'
+                )
     return SchedulerSpec(kind=kind, host=host or None, queue=queue, options=tuple(options))
