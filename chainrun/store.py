@@ -32,6 +32,7 @@ import re
 import secrets
 import shlex
 import sqlite3
+import stat
 import time
 import typing
 from collections.abc import Iterator
@@ -142,17 +143,33 @@ def new_chain_id(name: str) -> str:
 def private_dir(path: Path) -> Path:
     """Create ``path`` (mode 0700) if needed; state is private to the user.
 
-    An existing directory others can enter is refused, never chmod-ed: it may
-    be a shared one (CHAINRUN_HOME=$HOME by mistake) that must stay as it is.
+    An existing directory others can enter, or one that belongs to another user,
+    is refused, never chmod-ed: it may be a shared one (CHAINRUN_HOME=$HOME by
+    mistake) that must stay as it is, or a neighbour's, whose state is not ours.
     """
     try:
         path.mkdir(mode=0o700, parents=True)
+        return path
     except FileExistsError:
-        if path.is_dir() and path.stat().st_mode & 0o077:
-            raise StoreError(
-                f"{path} is open to other users; chainrun keeps its state private: "
-                f"run `chmod 700 {path}` if it is chainrun's own, or set CHAINRUN_HOME to a new directory"
-            ) from None
+        pass
+    except OSError as exc:
+        raise StoreError(f"cannot create the state directory {path}: {exc.strerror}") from None
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise StoreError(f"cannot use the state directory {path}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise StoreError(f"{path} is not a directory; set CHAINRUN_HOME to a directory of your own")
+    if st.st_uid != os.geteuid():
+        raise StoreError(
+            f"{path} belongs to another user (uid {st.st_uid}); chainrun keeps its state private: "
+            "set CHAINRUN_HOME to a directory of your own"
+        )
+    if st.st_mode & 0o077:
+        raise StoreError(
+            f"{path} is open to other users; chainrun keeps its state private: "
+            f"run `chmod 700 {path}` if it is chainrun's own, or set CHAINRUN_HOME to a new directory"
+        )
     return path
 
 

@@ -479,3 +479,15 @@ def test_a_full_disk_is_read_and_a_write_names_it(
             store.event(abc, None, "note", "x" * 4096 + str(i))
     assert "not a usable" not in str(info.value)
     store.close()
+
+
+def test_a_state_directory_of_another_user_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    """CHAINRUN_HOME pointing at a neighbour's directory: one line, nothing read or written there."""
+    if os.geteuid() != 0:
+        pytest.skip("giving a directory to another user needs root (CI runs as root)")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(StoreError, match="belongs to another user"):
+        Store(theirs)
+    assert list(theirs.iterdir()) == []
