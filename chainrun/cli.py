@@ -24,14 +24,14 @@ import click
 from chainrun import jobfile, watch
 from chainrun.daemon import DEFAULT_INTERVAL, NOTIFY_WAIT, InstanceLock, Service
 from chainrun.engine import Engine
-from chainrun.errors import ChainrunError, TransportError, UsageError
+from chainrun.errors import ChainrunError, StoreUnavailable, TransportError, UsageError
 from chainrun.jobfile import format_duration
 from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec
 from chainrun.notify import Hooks, Notifier
 from chainrun.schedulers import preflight
 from chainrun.schedulers.segment import SegmentJob
 from chainrun.service import parse_interval
-from chainrun.store import Store, default_home
+from chainrun.store import DamagedChain, Store, default_home
 from chainrun.transport import transport_for
 
 
@@ -224,8 +224,10 @@ def main(ctx: click.Context, home: Optional[str], log_level: str, debug: bool) -
 
 
 @contextmanager
-def _store(ctx: click.Context) -> Iterator[Store]:
-    store = Store(ctx.obj)
+def _store(ctx: click.Context, readonly: bool = False) -> Iterator[Store]:
+    """The state database; ``readonly`` for commands that only look: they write nothing,
+    never wait long on a writer, and read a missing database as one without chains."""
+    store = Store(ctx.obj, readonly=readonly)
     try:
         yield store
     finally:
@@ -416,32 +418,42 @@ def status(
 
     if watch is not None and as_json:
         raise UsageError("--watch draws a table for people; for scripts, run `status --json` in a loop")
-    with _store(ctx) as store:
+    with _store(ctx, readonly=True) as store:
 
-        def chains() -> list[Chain]:
-            if chain_ref:
-                return [store.find(chain_ref)]
+        def chains() -> tuple[list[Chain], list[DamagedChain]]:
+            """The chains to show, and the damaged ones (always shown: they need a person)."""
+            if chain_ref is not None:
+                return [store.find(chain_ref)], []
             day_ago = time.time() - 86400
-            return [c for c in store.chains() if show_all or not c.state.final or (c.ended_at or 0) > day_ago]
+            shown = [
+                c for c in store.chains() if show_all or not c.state.final or (c.ended_at or 0) > day_ago
+            ]
+            return shown, store.damaged()
 
         if as_json:
             now = time.time()
-            click.echo(json.dumps([view.to_json(c, now) for c in chains()], indent=2))
+            good, damaged = chains()
+            data = [view.to_json(c, now) for c in good] + [view.damaged_json(d) for d in damaged]
+            click.echo(json.dumps(data, indent=2))
             return
         if watch is None:
-            click.echo(_status_frame(ctx.obj, chains()))
+            good, damaged = chains()
+            click.echo(view.frame(ctx.obj, good, time.time(), damaged))
             return
         tty = sys.stdout.isatty()
         try:
             while True:
-                shown = chains()
-                frame = _status_frame(ctx.obj, shown)
+                try:
+                    shown, damaged = chains()
+                    frame = view.frame(ctx.obj, shown, time.time(), damaged)
+                except StoreUnavailable as exc:  # busy for a moment: say so, and look again
+                    shown, frame = [], f"chainrun: {exc}"
                 stamp = f"every {watch:g}s, {datetime.now():%H:%M:%S} (Ctrl-C to quit)"
                 text = f"{stamp}\n\n{frame}"
                 if tty:  # home, redraw each line clearing its tail, clear below: no flicker
                     text = "\x1b[H" + "".join(f"{line}\x1b[K\n" for line in text.splitlines()) + "\x1b[J"
                 click.echo(text, nl=not tty)
-                if chain_ref and shown[0].state.final:
+                if chain_ref is not None and shown and shown[0].state.final:
                     return
                 time.sleep(watch)
         except KeyboardInterrupt:
@@ -463,9 +475,9 @@ def _status_frame(home: Path, chains: list[Chain]) -> str:
 @click.pass_context
 def history(ctx: click.Context, chain_ref: str) -> None:
     """Show CHAIN's events: every decision with its reason."""
-    with _store(ctx) as store:
-        chain = store.find(chain_ref)
-        for ev in store.events(chain.id):
+    with _store(ctx, readonly=True) as store:
+        # By id alone: the events of a damaged chain can still be read.
+        for ev in store.events(store.resolve(chain_ref)):
             click.echo(f"{_clock(ev.at, date=True)}  {ev.message}")
 
 
@@ -476,7 +488,7 @@ def history(ctx: click.Context, chain_ref: str) -> None:
 @click.pass_context
 def logs(ctx: click.Context, chain_ref: str, segment: Optional[int], follow: bool) -> None:
     """Print the output of CHAIN's segments."""
-    with _store(ctx) as store:
+    with _store(ctx, readonly=True) as store:
         chain = store.find(chain_ref)
         transport = transport_for(chain.spec.scheduler.host)
         offsets: dict[int, int] = {}
