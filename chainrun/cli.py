@@ -282,8 +282,21 @@ def _plan(spec: JobSpec) -> list[tuple[str, str]]:
         ),
         ("failures", f"budget {spec.max_failures}: the chain fails at failure {spec.max_failures + 1}"),
         ("signal", f"SIG{spec.signal} {format_duration(spec.grace)} before each walltime"),
+        ("environment", _environment(spec)),
         ("progress", f"read from {spec.checkpoint_dir}"),
     ]
+
+
+def _environment(spec: JobSpec) -> str:
+    """Which variables the job takes from this shell (inherit_env) and from [env]."""
+    taken = ", ".join(k for k, _ in spec.inherited) or "nothing"
+    text = f"{taken} from this shell (inherit_env)"
+    missing = [k for k in spec.inherit_env if k not in dict(spec.inherited)]
+    if missing:
+        text += f"; not set here: {', '.join(missing)}"
+    if spec.env:
+        text += "; [env] " + ", ".join(k for k, _ in spec.env)
+    return text
 
 
 @main.command()

@@ -109,6 +109,7 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
     failures, used = chain.failures, chain.used
     ended: set[int] = set()
     charged_last = ""
+    unrunnable = ""  # the first segment could not even start the command: no use going on
     goal_met = bool(_done_reason(chain, mark, None))  # a successor that starts after the goal skips: free
     for i, seg in enumerate(live):
         job = facts.jobs.get(seg.job_id or "")
@@ -152,6 +153,7 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
         failures += charged
         used += elapsed
         ended.add(seg.n)
+        unrunnable = unrunnable or _unrunnable(chain, seg, job, ending)
         if charged:
             charged_last = f"segment {seg.n} {why}"
         if finished:
@@ -174,6 +176,8 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
                 if s.phase is not Phase.RUNNING
             ]
         return actions + _finish(chain, facts, still, ChainState.COMPLETED, done)
+    if unrunnable:
+        return actions + _finish(chain, facts, still, ChainState.FAILED, unrunnable)
     if failures > spec.max_failures:
         reason = (
             f"failure budget spent ({failures} failures, max_failures = {spec.max_failures}): {charged_last}"
@@ -316,6 +320,22 @@ def _charge(ending: _Ending, advanced: bool, finished: bool, goal_met: bool) -> 
     if not advanced:
         return True, f"{outcome.value}{code} and made no progress{detail}"
     return False, f"{outcome.value}{code} with progress{detail}"
+
+
+def _unrunnable(chain: Chain, seg: Segment, job: JobFacts, ending: _Ending) -> str:
+    """Why the chain's first run of the command could not start it (exit 126 or 127), if so:
+    every later segment would fail the same way, so the chain ends at once."""
+    if ending.outcome is not Outcome.FAILED or ending.exit_code not in (126, 127):
+        return ""
+    earlier = [s for s in chain.segments if s.n < seg.n]
+    if any(s.outcome not in (Outcome.CANCELLED, Outcome.REJECTED) for s in earlier):
+        return ""
+    path = job.end.path if job.end is not None and job.end.path else dict(chain.spec.inherited).get("PATH")
+    where = f"PATH was {path}" if path else "PATH was the service's own"
+    return (
+        f"command not found or not executable (exit {ending.exit_code}): {chain.spec.command} ({where}); "
+        "run it by hand in the workdir, or list what it needs in inherit_env or [env]"
+    )
 
 
 def _finished_on_its_own(chain: Chain, end: EndSegment) -> bool:

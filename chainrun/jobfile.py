@@ -13,6 +13,7 @@ import re
 import reprlib
 import stat
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
@@ -73,6 +74,7 @@ TOP_KEYS = (
     "webhook",
     "scheduler",
     "env",
+    "inherit_env",
 )
 SCHEDULER_KEYS = ("kind", "host", "queue", "options")
 
@@ -237,8 +239,23 @@ class _Fields:
         return value
 
 
-def load(path: str | os.PathLike[str]) -> JobSpec:
-    """Read and validate the job file at ``path``."""
+# What makes the command findable and runnable as it is in the shell that submits:
+# the chain takes these along, so the service's own environment does not decide.
+INHERITED_BY_DEFAULT = (
+    "PATH",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "CONDA_DEFAULT_ENV",
+    "PYTHONPATH",
+    "LD_LIBRARY_PATH",
+    "MODULEPATH",
+    "LOADEDMODULES",
+)
+
+
+def load(path: str | os.PathLike[str], environ: Optional[Mapping[str, str]] = None) -> JobSpec:
+    """Read and validate the job file at ``path``; ``inherit_env`` is taken from ``environ``
+    (default: this process's environment, the shell that submits)."""
     p = Path(path)
     try:
         data = read_toml(p, "a job file")
@@ -248,7 +265,7 @@ def load(path: str | os.PathLike[str]) -> JobSpec:
         base = p.resolve().parent
     except (OSError, RuntimeError) as exc:  # it changed under us since it was read
         raise JobFileError(f"{_file(p)}: cannot resolve the job file's directory: {exc}") from None
-    return parse(data, str(p), base=base)
+    return parse(data, str(p), base=base, environ=os.environ if environ is None else environ)
 
 
 def read_toml(path: Path, what: str) -> dict[str, Any]:
@@ -327,7 +344,9 @@ def _arg_budget() -> int:
     return max(arg_max, 128 << 10) // 4
 
 
-def parse(data: dict[str, Any], path: str, base: Path) -> JobSpec:
+def parse(
+    data: dict[str, Any], path: str, base: Path, environ: Optional[Mapping[str, str]] = None
+) -> JobSpec:
     """Validate an already-parsed TOML document; relative paths start at ``base``.
 
     Paths on this machine (no ``scheduler.host``) are checked here: the workdir
@@ -396,9 +415,16 @@ def parse(data: dict[str, Any], path: str, base: Path) -> JobSpec:
         if isinstance(value, str):
             fe.text(key, value)
         env.append((key, str(value)))
+    default = () if remote else INHERITED_BY_DEFAULT  # a remote cluster's PATH is not this shell's
+    names = f.get("inherit_env", list, "a list of environment variable names", default=list(default))
+    for name_ in names:
+        f.checked("inherit_env", name_, lambda n: isinstance(n, str) and ENV_RE.fullmatch(n), "not a name")
+        f.checked("inherit_env", name_, lambda n: not n.startswith("CHAINRUN_"), "set by chainrun")
+    environ = environ or {}
+    inherited = tuple((n, environ[n]) for n in dict.fromkeys(names) if n in environ)
     # The command is one argument of `bash -c` and each variable one string of
     # the job's environment: together they must fit the kernel's limit.
-    used = _size(command) + sum(_size(k) + _size(v) + 2 for k, v in env)
+    used = _size(command) + sum(_size(k) + _size(v) + 2 for k, v in (*env, *inherited))
     budget = _arg_budget()
     if used > budget:
         raise f.error(
@@ -425,6 +451,8 @@ def parse(data: dict[str, Any], path: str, base: Path) -> JobSpec:
         grace=grace,
         scheduler=sched,
         env=tuple(env),
+        inherit_env=tuple(dict.fromkeys(names)),
+        inherited=inherited,
         on_end=on_end,
         webhook=webhook,
         source=str(Path(path).resolve()) if path else "",

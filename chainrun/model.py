@@ -95,6 +95,8 @@ class JobSpec:
     grace: int
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     env: tuple[tuple[str, str], ...] = ()
+    inherit_env: tuple[str, ...] = ()  # names taken from the submitting shell
+    inherited: tuple[tuple[str, str], ...] = ()  # their values there, applied before [env]
     on_end: Optional[str] = None  # a command run (locally) when the chain ends
     webhook: Optional[str] = None  # an http(s) URL that gets a JSON POST when the chain ends
     source: str = ""
@@ -106,7 +108,7 @@ class JobSpec:
     def from_json(cls, data: dict[str, Any]) -> JobSpec:
         sched = data["scheduler"]
         return cls(
-            **{k: v for k, v in data.items() if k not in ("scheduler", "env")},
+            **{k: v for k, v in data.items() if k not in ("scheduler", "env", "inherit_env", "inherited")},
             scheduler=SchedulerSpec(
                 kind=sched["kind"],
                 host=sched["host"],
@@ -114,6 +116,8 @@ class JobSpec:
                 options=tuple(sched["options"]),
             ),
             env=tuple((k, v) for k, v in data["env"]),
+            inherit_env=tuple(data.get("inherit_env", ())),
+            inherited=tuple((k, v) for k, v in data.get("inherited", ())),
         )
 
 

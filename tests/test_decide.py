@@ -25,6 +25,7 @@ from chainrun.model import (
     Submit,
     Track,
 )
+from chainrun.schedulers.segment import EndMarker
 
 SPEC = JobSpec(
     name="t",
@@ -343,3 +344,22 @@ def test_a_successor_cancelled_for_the_goal_by_a_service_that_died_before_record
     assert isinstance(actions[-1], Finish) and actions[-1].state is ChainState.COMPLETED
     before_goal = run(chain(seg(1)), {"j1": ended("j1", Outcome.CANCELLED, None)}, BEFORE, NOW)[0]
     assert isinstance(before_goal, EndSegment) and before_goal.charged  # someone else's cancel
+
+
+@pytest.mark.parametrize("code", [126, 127])
+def test_a_first_segment_that_cannot_start_its_command_ends_the_chain_at_once(code: int) -> None:
+    """Exit 126/127 from the first run: every later one would fail alike, so the chain fails now,
+    one failure charged, saying which PATH the command was looked up in."""
+    marker = EndMarker(code, code, "", False, NOW - 1, path="/usr/bin:/bin")
+    job = JobFacts(live=LiveJob("j1", "j1", Phase.ENDED, Outcome.FAILED, code, NOW - 5, NOW - 1), end=marker)
+    actions = decide(chain(seg(1), seg(2, Phase.PENDING)), Facts(jobs={"j1": job}, progress=BEFORE), NOW)
+    assert kinds(actions) == ["EndSegment", "Cancel", "Finish"]
+    end, fin = actions[0], actions[-1]
+    assert isinstance(end, EndSegment) and end.charged
+    assert isinstance(fin, Finish) and fin.state is ChainState.FAILED
+    assert fin.reason.startswith(f"command not found or not executable (exit {code}): python train.py")
+    assert "PATH was /usr/bin:/bin" in fin.reason
+    later = chain(seg(1, Phase.ENDED, outcome=Outcome.TIMEOUT), seg(2), seg(3, Phase.PENDING))
+    job2 = JobFacts(live=LiveJob("j2", "j2", Phase.ENDED, Outcome.FAILED, code, NOW - 5, NOW - 1), end=marker)
+    goes_on = decide(later, Facts(jobs={"j2": job2}, progress=BEFORE), NOW)
+    assert kinds(goes_on)[0] == "EndSegment" and "Finish" not in kinds(goes_on)  # it ran before: a crash

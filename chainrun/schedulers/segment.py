@@ -148,6 +148,7 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
         "WALLTIME": str(job.walltime),
         "GRACE": str(spec.grace),
         "WRAPPER_SIGNALS": "1" if scheduler.wrapper_signals else "",
+        "INHERITED": "\n".join(f"export {key}={q(value)}" for key, value in spec.inherited),
         "ENV": "\n".join(f"export {key}={q(value)}" for key, value in spec.env),
         "TARGET": q("" if spec.target_epoch is None else str(spec.target_epoch)),
         "WORKDIR": q(spec.workdir),
@@ -212,6 +213,7 @@ class EndMarker:
     skipped: bool
     at: Optional[float]
     progress: Optional[Progress] = None
+    path: str = ""  # the PATH the command ran with
 
     @classmethod
     def parse(cls, data: bytes) -> Optional[EndMarker]:
@@ -224,6 +226,7 @@ class EndMarker:
                 skipped=fields.get("skipped") == "1",
                 at=float(fields["at"]) if fields.get("at") else None,
                 progress=_snapshot(fields),
+                path=fields.get("path", ""),
             )
         except (KeyError, ValueError):
             return None

@@ -10,6 +10,8 @@ export CHAINRUN_CHECKPOINT_DIR=@@CHECKPOINT_DIR@@
 export CHAINRUN_SIGNAL=@@SIGNAL@@
 export CHAINRUN_RUN_DIR=@@RUN_DIR@@
 export CHAINRUN_DEADLINE=$(( $(date +%s) + @@WALLTIME@@ ))
+# What the submitting shell had (inherit_env), then [env], which wins.
+@@INHERITED@@
 @@ENV@@
 target=@@TARGET@@
 marker="$CHAINRUN_RUN_DIR/seg-@@SEGMENT_PADDED@@"
@@ -21,8 +23,8 @@ end_marker() { # exit-code original-code skipped
     (
         umask 077
         {
-            printf 'exit=%s\noriginal=%s\nsignal=%s\nskipped=%s\njob=%s\nat=%s\n' \
-                "$1" "$2" "$got" "$3" "$job" "$(date +%s)"
+            printf 'exit=%s\noriginal=%s\nsignal=%s\nskipped=%s\njob=%s\nat=%s\npath=%s\n' \
+                "$1" "$2" "$got" "$3" "$job" "$(date +%s)" "${PATH//$'\n'/ }"
             snapshot
         } >"$marker.end.tmp"
     ) && mv -f "$marker.end.tmp" "$marker.end"

@@ -19,6 +19,8 @@ export CHAINRUN_CHECKPOINT_DIR='/scratch/my runs/bob'"'"'s/ckpt'
 export CHAINRUN_SIGNAL=USR1
 export CHAINRUN_RUN_DIR='/scratch/my runs/bob'"'"'s/.chainrun/hostile-a1b2c3'
 export CHAINRUN_DEADLINE=$(( $(date +%s) + 14400 ))
+# What the submitting shell had (inherit_env), then [env], which wins.
+
 export MSG='it'"'"'s "$(rm -rf /)" `x`'$'\n''line2 $HOME'
 export SEED=7
 target=200
@@ -31,8 +33,8 @@ end_marker() { # exit-code original-code skipped
     (
         umask 077
         {
-            printf 'exit=%s\noriginal=%s\nsignal=%s\nskipped=%s\njob=%s\nat=%s\n' \
-                "$1" "$2" "$got" "$3" "$job" "$(date +%s)"
+            printf 'exit=%s\noriginal=%s\nsignal=%s\nskipped=%s\njob=%s\nat=%s\npath=%s\n' \
+                "$1" "$2" "$got" "$3" "$job" "$(date +%s)" "${PATH//$'\n'/ }"
             snapshot
         } >"$marker.end.tmp"
     ) && mv -f "$marker.end.tmp" "$marker.end"

@@ -20,6 +20,8 @@ export CHAINRUN_CHECKPOINT_DIR='/scratch/my run'"'"'s dir $x/ckpt '"'"'x'"'"''
 export CHAINRUN_SIGNAL=USR1
 export CHAINRUN_RUN_DIR='/scratch/my run'"'"'s dir $x/.chainrun/hostile-1a2b3c'
 export CHAINRUN_DEADLINE=$(( $(date +%s) + 10801 ))
+# What the submitting shell had (inherit_env), then [env], which wins.
+
 export NOTE='a'"'"'b"c $(id) `id` ${X}'$'\n''line two'
 export EMPTY=''
 target=30
@@ -32,8 +34,8 @@ end_marker() { # exit-code original-code skipped
     (
         umask 077
         {
-            printf 'exit=%s\noriginal=%s\nsignal=%s\nskipped=%s\njob=%s\nat=%s\n' \
-                "$1" "$2" "$got" "$3" "$job" "$(date +%s)"
+            printf 'exit=%s\noriginal=%s\nsignal=%s\nskipped=%s\njob=%s\nat=%s\npath=%s\n' \
+                "$1" "$2" "$got" "$3" "$job" "$(date +%s)" "${PATH//$'\n'/ }"
             snapshot
         } >"$marker.end.tmp"
     ) && mv -f "$marker.end.tmp" "$marker.end"
