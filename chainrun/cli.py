@@ -473,16 +473,6 @@ def status(
             return
 
 
-def _status_frame(home: Path, chains: list[Chain]) -> str:
-    from chainrun import status as view
-
-    now = time.time()
-    service = view.service_line(home, now)
-    if not chains:
-        return f"no chains; submit one with `chainrun submit JOBFILE`\n{service}"
-    return f"{view.table(chains, now)}\n{service}"
-
-
 @main.command()
 @click.argument("chain_ref", metavar="CHAIN")
 @click.pass_context
