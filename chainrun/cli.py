@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import sys
 import time
 import traceback
@@ -45,6 +46,13 @@ def _interval(ctx: click.Context, param: click.Parameter, value: Optional[str]) 
         return parse_interval(value)
     except ValueError as exc:
         raise UsageError(f"--interval {value}: {exc}") from None
+
+
+def _watch(ctx: click.Context, param: click.Parameter, value: Optional[float]) -> Optional[float]:
+    """``status --watch``: a refresh period from 0.1 s to 1 h (never nan or inf)."""
+    if value is not None and not (math.isfinite(value) and 0.1 <= value <= 3600):
+        raise UsageError(f"--watch {value}: must be 0.1 to 3600 seconds")
+    return value
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -415,7 +423,8 @@ def cancel(ctx: click.Context, chain_ref: str) -> None:
 @click.option(
     "--watch",
     "-w",
-    type=click.FloatRange(min=0.1),
+    type=float,
+    callback=_watch,
     is_flag=False,
     flag_value=2.0,
     default=None,

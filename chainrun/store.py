@@ -153,11 +153,11 @@ def private_dir(path: Path) -> Path:
     except FileExistsError:
         pass
     except OSError as exc:
-        raise StoreError(f"cannot create the state directory {path}: {exc.strerror}") from None
+        raise UsageError(f"cannot create the state directory {_short(path)}: {exc.strerror}") from None
     try:
         st = path.stat()
     except OSError as exc:
-        raise StoreError(f"cannot use the state directory {path}: {exc.strerror}") from None
+        raise UsageError(f"cannot use the state directory {_short(path)}: {exc.strerror}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise StoreError(f"{path} is not a directory; set CHAINRUN_HOME to a directory of your own")
     if st.st_uid != os.geteuid():
@@ -171,6 +171,12 @@ def private_dir(path: Path) -> Path:
             f"run `chmod 700 {path}` if it is chainrun's own, or set CHAINRUN_HOME to a new directory"
         )
     return path
+
+
+def _short(path: Path) -> str:
+    """A path for a one-line message: a very long one is cut in the middle."""
+    text = str(path)
+    return text if len(text) <= 200 else f"{text[:100]}...{text[-60:]}"
 
 
 @dataclass(frozen=True)
@@ -247,7 +253,11 @@ class Store:
         return self.db
 
     def _open_reader(self) -> sqlite3.Connection:
-        if self.home.is_dir():
+        try:
+            exists = self.home.is_dir()
+        except OSError as exc:  # a name too long, say
+            raise UsageError(f"cannot use the state directory {_short(self.home)}: {exc.strerror}") from None
+        if exists:
             private_dir(self.home)  # refused when open to others, as for writing (never created)
         try:
             os.stat(self.path)
