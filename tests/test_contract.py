@@ -229,7 +229,11 @@ def test_pytorch_chain_reaches_target_resuming_exactly(
     """Three or more chained jobs, each stopped by the walltime signal, end bit-equal to one run."""
     torch = pytest.importorskip("torch")
     epochs, steps = 4, 12  # the trainer's data makes 12 steps an epoch
-    sleep = cluster.train_seconds / (epochs * steps)
+    # Importing torch on a loaded machine takes seconds: where the walltime is the
+    # tests' shortest (local, SGE), 5 s more leaves the signal time to find its
+    # handler, and twice the training keeps it at three segments or more.
+    longer, scale = (0, 1) if cluster.kind == "slurm" else (5, 2)
+    sleep = scale * cluster.train_seconds / (epochs * steps)
     args = f"--dir checkpoints --out final.pt --epochs {epochs}"
     ref = tmp_path / "reference"
     ref.mkdir()
@@ -239,7 +243,11 @@ def test_pytorch_chain_reaches_target_resuming_exactly(
     )
 
     path = write_job(
-        work, cluster, f"python3 torch_train.py {args} --step-sleep {sleep:.3f}", target_epoch=epochs
+        work,
+        cluster,
+        f"python3 torch_train.py {args} --step-sleep {sleep:.3f}",
+        target_epoch=epochs,
+        walltime=cluster.walltime + longer,
     )
     result = chainrun("run", str(path), "--interval", "1", timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
