@@ -436,7 +436,7 @@ def parse(
     on_end = f.get("on_end", str, "a shell command run when the chain ends")
     f.checked("on_end", on_end, lambda c: c.strip(), "must be a non-empty command")
     webhook = f.get("webhook", str, "an http:// or https:// URL", max_bytes=MAX_URL_BYTES)
-    f.checked("webhook", webhook, _web_url, "must be an http:// or https:// URL with a valid host")
+    f.checked("webhook", webhook, web_url, "must be an http:// or https:// URL with a valid host")
 
     return JobSpec(
         name=name,
@@ -459,7 +459,7 @@ def parse(
     )
 
 
-def _web_url(url: str) -> bool:
+def web_url(url: str) -> bool:
     """An http(s) URL whose host is a DNS name, an IPv4 or a bracketed IPv6 address."""
     if any(c.isspace() or not c.isprintable() for c in url):
         return False

@@ -24,7 +24,7 @@ import structlog
 
 import chainrun
 from chainrun.errors import ChainrunError
-from chainrun.jobfile import _Fields, parse_duration, read_toml
+from chainrun.jobfile import _Fields, parse_duration, read_toml, web_url
 from chainrun.transport import LocalTransport, Transport
 
 log = structlog.get_logger(__name__)
@@ -113,12 +113,7 @@ def parse_config(data: dict[str, Any], path: str) -> ServiceConfig:
     on_end = f.get("on_end", str, "a shell command run when a chain ends")
     f.checked("on_end", on_end, lambda c: c.strip() and "\0" not in c, "must be a non-empty command")
     webhook = f.get("webhook", str, "an http:// or https:// URL")
-    f.checked(
-        "webhook",
-        webhook,
-        lambda u: u.startswith(("http://", "https://")) and len(u.split()) == 1,
-        "must be an http:// or https:// URL",
-    )
+    f.checked("webhook", webhook, web_url, "must be an http:// or https:// URL with a valid host")
     interval: Optional[float] = None
     if "interval" in data:
         value = data["interval"]

@@ -454,6 +454,10 @@ def test_config_unknown_key_is_an_error_that_names_it(tmp_path: Path) -> None:
     ("text", "problem"),
     [
         ('webhook = "ftp://x"', "webhook = 'ftp://x': must be an http:// or https:// URL"),
+        (
+            'webhook = "http:///x"',
+            "webhook = 'http:///x': must be an http:// or https:// URL with a valid host",
+        ),
         ('interval = "soon"', "interval = 'soon': not seconds or a duration"),
         ("interval = 0", "interval = 0: must be 0.2 to 3600 seconds"),
         ("interval = -1", "interval = -1: must be 0.2 to 3600 seconds"),
