@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import math
+import shlex
 import sys
 import time
 import traceback
@@ -22,7 +23,7 @@ from typing import Any, NoReturn, Optional
 
 import click
 
-from chainrun import jobfile, watch
+from chainrun import __version__, jobfile, watch
 from chainrun.daemon import DEFAULT_INTERVAL, NOTIFY_WAIT, InstanceLock, Service
 from chainrun.engine import Engine
 from chainrun.errors import ChainrunError, StoreUnavailable, TransportError, UsageError
@@ -204,6 +205,7 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group)
+@click.version_option(__version__, prog_name="chainrun", message="%(prog)s %(version)s")
 @click.option(
     "--home",
     type=click.Path(file_okay=False),
@@ -254,13 +256,22 @@ def _submit(store: Store, spec: JobSpec) -> Chain:
 
 @main.command()
 @click.argument("jobfile_path", metavar="JOBFILE", type=click.Path(dir_okay=False))
-def check(jobfile_path: str) -> None:
+@click.option(
+    "--show-script",
+    is_flag=True,
+    help="Also print the first segment's batch script and the exact command that submits it.",
+)
+def check(jobfile_path: str, show_script: bool) -> None:
     """Validate JOBFILE and print the plan: segments, walltimes, budget."""
     spec = jobfile.load(jobfile_path)
-    preflight(spec)
+    script, argv = preflight(spec)
     click.echo(f"{jobfile_path}: valid job file for chain {spec.name!r}")
     for label, value in _plan(spec):
         click.echo(f"  {label:<11} {value}")
+    if show_script:
+        where = f" on {spec.scheduler.host}" if spec.scheduler.host else ""
+        click.echo(f"\nsubmitted{where} with (the chain id is made at submit):\n  {shlex.join(argv)}")
+        click.echo(f"\nthe first segment's script:\n{script}", nl=False)
 
 
 def _plan(spec: JobSpec) -> list[tuple[str, str]]:

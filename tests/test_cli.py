@@ -499,3 +499,38 @@ def test_ctrl_c_on_a_following_command_is_one_line_exit_130(tmp_path: Path) -> N
             proc.kill()
             proc.wait()
     assert (proc.returncode, stderr) == (130, "chainrun: interrupted\n")
+
+
+def test_version_and_check_show_script_say_what_runs(tmp_path: Path) -> None:
+    """`--version` names the version; `check --show-script` prints the exact submit command
+    and the first segment's batch script, for the local runner and for Slurm, storing nothing."""
+    from chainrun import __version__
+
+    env = {**os.environ, "CHAINRUN_HOME": str(tmp_path / "home")}
+    version = subprocess.run(
+        [sys.executable, "-m", "chainrun", "--version"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert (version.returncode, version.stdout.strip()) == (0, f"chainrun {__version__}")
+    work = tmp_path / "work dir"
+    work.mkdir()
+    for kind, submit, directive in (
+        ("local", "-m chainrun.localrunner submit --name cr.t-", "# local runner job cr.t-"),
+        ("slurm", "sbatch ", "#SBATCH --job-name=cr.t-"),
+    ):
+        path = work / f"{kind}.toml"
+        path.write_text(
+            f'name = "t"\ncommand = "python3 train.py"\ntotal_time = "2h"\nwalltime = "1h"\n'
+            f'[scheduler]\nkind = "{kind}"\n'
+        )
+        result = subprocess.run(
+            [sys.executable, "-m", "chainrun", "check", "--show-script", str(path)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        out = result.stdout
+        assert submit in out and directive in out, out
+        assert "bash -c 'python3 train.py' &" in out
+    assert not (tmp_path / "home" / "chainrun.db").exists()

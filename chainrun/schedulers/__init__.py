@@ -29,16 +29,19 @@ def scheduler_for(kind: str, host: Optional[str]) -> Scheduler:
     raise ValueError(f"unknown scheduler kind {kind!r}")
 
 
-def preflight(spec: JobSpec) -> None:
-    """Build a segment's script and submit command without running them, so what the backend
-    refuses (a job name, a path SGE would rewrite) is a job file error before any chain exists;
-    and, for a chain on this machine, refuse a run directory someone else could change."""
+def preflight(spec: JobSpec) -> tuple[str, list[str]]:
+    """Build the first segment's script and submit command without running them, so what the
+    backend refuses (a job name, a path SGE would rewrite) is a job file error before any chain
+    exists; and, for a chain on this machine, refuse a run directory someone else could change.
+    Returns the script and the submit command, for ``check --show-script``."""
     scheduler = scheduler_for(spec.scheduler.kind, spec.scheduler.host)
-    job = SegmentJob(new_chain_id(spec.name), 1, spec, spec.walltime, after="1")
+    job = SegmentJob(new_chain_id(spec.name), 1, spec, spec.walltime)
     try:
-        render_script(scheduler, job)
-        scheduler.submit_argv(job)
+        script = render_script(scheduler, job)
+        argv = scheduler.submit_argv(job)
+        scheduler.submit_argv(SegmentJob(job.chain_id, 2, spec, spec.walltime, after="1"))
     except SchedulerError as exc:
         raise JobFileError(f"{spec.source}: {exc}") from None
     if spec.scheduler.host is None:
         trust_run_dir(LocalTransport(), spec, None, create=False)
+    return script, argv
