@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 
@@ -157,7 +157,7 @@ class _TimedOut(BaseException):
     """Raised by the alarm: a BaseException, so no ``except Exception`` in the code under test eats it."""
 
 
-def within(seconds: float, fn: Callable[[], object]) -> object:
+def within(seconds: float, fn: Callable[[], Any]) -> Any:
     """``fn()``, interrupted (a failure, not a hang) if it takes longer than ``seconds``."""
 
     def alarm(signum: int, frame: object) -> None:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 from click.testing import CliRunner
+from test_jobfile import _TimedOut, within
 
 from chainrun import jobfile
 from chainrun.cli import main
@@ -771,23 +772,6 @@ def materialize(c: Case, n: int, sandbox: Path) -> Path:
     else:
         raise AssertionError(c.where)
     return job
-
-
-class _TimedOut(BaseException):
-    """From the alarm: a BaseException, so neither the CLI nor CliRunner swallows it."""
-
-
-def within(seconds: float, fn: Callable[[], Any]) -> Any:
-    def alarm(signum: int, frame: object) -> None:
-        raise _TimedOut
-
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        return fn()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def chains_stored(home: Path) -> int:
