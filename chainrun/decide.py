@@ -110,6 +110,7 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
     ended: set[int] = set()
     charged_last = ""
     unrunnable = ""  # the first segment could not even start the command: no use going on
+    finished_segment: Optional[int] = None  # without a target: the first that exited 0 on its own
     goal_met = bool(_done_reason(chain, mark, None))  # a successor that starts after the goal skips: free
     for i, seg in enumerate(live):
         job = facts.jobs.get(seg.job_id or "")
@@ -158,13 +159,11 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
             charged_last = f"segment {seg.n} {why}"
         if finished:
             goal_met = True
+            finished_segment = finished_segment or seg.n
         goal_met = goal_met or bool(_done_reason(chain, mark, None))
 
     still = [s for s in live if s.n not in ended]
     best = current if current.key >= mark.key or current.done else mark
-    finished_segment = next(
-        (a.n for a in actions if isinstance(a, EndSegment) and _finished_on_its_own(chain, a)), None
-    )
     done = _done_reason(chain, best, finished_segment)
     if done:
         # A running segment may still be writing its final model or metrics:
@@ -336,10 +335,6 @@ def _unrunnable(chain: Chain, seg: Segment, job: JobFacts, ending: _Ending) -> s
         f"command not found or not executable (exit {ending.exit_code}): {chain.spec.command} ({where}); "
         "run it by hand in the workdir, or list what it needs in inherit_env or [env]"
     )
-
-
-def _finished_on_its_own(chain: Chain, end: EndSegment) -> bool:
-    return chain.spec.target_epoch is None and end.outcome is Outcome.COMPLETED and end.exit_code == 0
 
 
 def _done_reason(chain: Chain, progress: Progress, finished_segment: Optional[int]) -> str:
