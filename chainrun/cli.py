@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import math
+import posixpath
 import shlex
 import sys
 import time
@@ -34,7 +35,7 @@ from chainrun.schedulers import preflight
 from chainrun.schedulers.segment import SegmentJob
 from chainrun.service import parse_interval
 from chainrun.store import DamagedChain, Store, default_home
-from chainrun.transport import transport_for
+from chainrun.transport import Transport, transport_for
 
 
 def _interval(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[float]:
@@ -244,14 +245,54 @@ def _store(ctx: click.Context, readonly: bool = False) -> Iterator[Store]:
         store.close()
 
 
-def _submit(store: Store, spec: JobSpec) -> Chain:
+def _submit(store: Store, spec: JobSpec, fresh: bool = False) -> Chain:
+    """Store a new chain for ``spec``; what checkpoint_dir holds is its starting point.
+
+    A checkpoint that already says the run is complete is refused (exit 1,
+    nothing stored): submitting it again would only complete at once. With
+    ``fresh`` the checkpoint directory is first moved aside (never deleted),
+    so the chain starts from nothing.
+    """
     preflight(spec)
+    transport = transport_for(spec.scheduler.host)
     try:
-        baseline = watch.progress(transport_for(spec.scheduler.host), spec)
+        if fresh:
+            _move_aside(transport, spec)
+        baseline = watch.progress(transport, spec) or NO_PROGRESS
     except TransportError as exc:
+        if spec.scheduler.host is None:
+            raise
         raise TransportError(f"cannot reach {spec.scheduler.host}: {exc}") from None
-    # Whatever is already in checkpoint_dir is the starting point, not progress.
-    return store.add_chain(spec, baseline or NO_PROGRESS, time.time())
+    if spec.target_epoch is not None and (baseline.epoch or 0) >= spec.target_epoch:
+        why = f"epoch {baseline.epoch}, target_epoch {spec.target_epoch}"
+    elif baseline.done:
+        why = "the training script marked it done"
+    else:
+        # Whatever is already in checkpoint_dir is the starting point, not progress.
+        return store.add_chain(spec, baseline, time.time())
+    again = "" if fresh else "; to start over, add --fresh (it moves the directory aside, deleting nothing)"
+    raise ChainrunError(f"the checkpoint in {spec.checkpoint_dir} is already complete ({why}){again}")
+
+
+def _move_aside(transport: Transport, spec: JobSpec) -> None:
+    """``--fresh``: rename checkpoint_dir to ``<dir>.old-<UTC time>`` (``-2``, ``-3``, ... on a
+    clash), saying so on stderr; nothing to do when it does not exist."""
+    ckpt = spec.checkpoint_dir
+    if posixpath.commonpath([ckpt, spec.workdir]) == ckpt:
+        raise UsageError(
+            f"--fresh: checkpoint_dir {ckpt} holds the workdir {spec.workdir}, so moving it aside "
+            "would move the job's own files; move the old checkpoints yourself, or give the job "
+            "a checkpoint_dir of its own"
+        )
+    if transport.stat(ckpt) is None:
+        return
+    stem = f"{ckpt}.old-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    target, n = stem, 1
+    while transport.stat(target) is not None:
+        n += 1
+        target = f"{stem}-{n}"
+    transport.rename(ckpt, target)
+    click.echo(f"moved the old checkpoint directory aside: {ckpt} -> {target}", err=True)
 
 
 @main.command()
@@ -320,12 +361,22 @@ def _environment(spec: JobSpec) -> str:
 
 @main.command()
 @click.argument("jobfile_path", metavar="JOBFILE", type=click.Path(dir_okay=False))
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="Start over: first move checkpoint_dir aside to <dir>.old-<UTC time> (never deleted).",
+)
 @click.pass_context
-def submit(ctx: click.Context, jobfile_path: str) -> None:
-    """Submit the chain in JOBFILE; prints the chain id."""
+def submit(ctx: click.Context, jobfile_path: str, fresh: bool) -> None:
+    """Submit the chain in JOBFILE; prints the chain id.
+
+    Exits 0 when the chain is stored, 2 for a bad job file or option, and 1
+    when it cannot be: the checkpoint is already complete (use --fresh to start
+    over), or the cluster cannot be reached.
+    """
     spec = jobfile.load(jobfile_path)
     with _store(ctx) as store:
-        chain = _submit(store, spec)
+        chain = _submit(store, spec, fresh=fresh)
     click.echo(chain.id)
     if not InstanceLock(ctx.obj).held_elsewhere():
         click.echo(

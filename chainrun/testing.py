@@ -289,6 +289,12 @@ class FakeTransport:
     def remove(self, path: str) -> None:
         self.cluster.files.pop(path, None)
 
+    def rename(self, path: str, new_path: str) -> None:
+        """Move the file at ``path``, or every file under it as a directory."""
+        prefix = path.rstrip("/")
+        for name in [p for p in self.cluster.files if p == prefix or p.startswith(prefix + "/")]:
+            self.cluster.files[new_path.rstrip("/") + name[len(prefix) :]] = self.cluster.files.pop(name)
+
     def user_id(self) -> int:
         return USER
 

@@ -154,6 +154,10 @@ class Transport(Protocol):
 
     def remove(self, path: str) -> None: ...
 
+    def rename(self, path: str, new_path: str) -> None:
+        """Move a file or directory to ``new_path``, which must not exist (never replaced)."""
+        ...
+
     def user_id(self) -> int:
         """The numeric user id commands and files are handled as, there."""
         ...
@@ -299,6 +303,16 @@ class LocalTransport:
             pass
         except OSError as e:
             raise _file_error("remove", path, "localhost", e) from None
+
+    def rename(self, path: str, new_path: str) -> None:
+        target = os.path.expanduser(new_path)
+        try:
+            # os.rename would replace an empty directory or a file at the target.
+            if os.path.lexists(target):
+                raise FileExistsError(errno.EEXIST, f"{new_path} exists")
+            os.rename(os.path.expanduser(path), target)
+        except OSError as e:
+            raise _file_error("rename", path, "localhost", e) from None
 
     def close(self) -> None:
         pass
@@ -566,6 +580,15 @@ class SSHTransport:
                 sftp.remove(p)
 
         self._sftp_call("remove", path, remove)
+
+    def rename(self, path: str, new_path: str) -> None:
+        remote_new = new_path[2:] if new_path.startswith("~/") else new_path
+
+        def rename(sftp: paramiko.SFTPClient, p: str) -> None:
+            # SFTP's own rename (not posix-rename) refuses a target that exists.
+            sftp.rename(p, remote_new)
+
+        self._sftp_call("rename", path, rename)
 
     def _sftp_call(self, what: str, path: str, op: Callable[[paramiko.SFTPClient, str], T]) -> T:
         # SFTP resolves relative paths against the login directory, so "~/x" is "x".
