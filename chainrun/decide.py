@@ -149,6 +149,7 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
                 ended_at=ending.ended_at or now,
                 reason=why,
                 progress=end_progress if advanced else mark,
+                tail=job.end.tail if job.end is not None else (),
             )
         )
         failures += charged

@@ -186,6 +186,7 @@ class Segment:
     exit_code: Optional[int] = None
     charged: bool = False
     reason: str = ""
+    tail: tuple[str, ...] = ()  # the last lines of its output, when the command failed
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,12 @@ class Chain:
     @property
     def next_n(self) -> int:
         return max((s.n for s in self.segments), default=0) + 1
+
+    @property
+    def failing(self) -> Optional[Segment]:
+        """The last segment whose end cost failure budget (for a failed chain: the one
+        its reason is about); None when none did."""
+        return next((s for s in reversed(self.segments) if s.charged), None)
 
     @property
     def max_segments(self) -> int:
@@ -317,6 +324,7 @@ class EndSegment:
     ended_at: float
     reason: str
     progress: Progress
+    tail: tuple[str, ...] = ()  # the last lines of the segment's output, when it failed
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ from chainrun.model import (
 
 log = structlog.get_logger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT = 10.0  # seconds a statement waits for another process's write lock
 READ_TIMEOUT = 1.0  # seconds a read-only command waits for a writer before saying it is busy
 MAX_REF = 200  # the longest chain reference (id, id prefix or name) a command accepts
@@ -123,6 +123,8 @@ MIGRATIONS: list[str] = [
     # 2: the progress already in checkpoint_dir at submission, so the epoch rate
     # counts only what the chain trained (NULL for older chains: from epoch 0).
     "ALTER TABLE chains ADD COLUMN baseline TEXT",
+    # 3: the last lines of a failed segment's output (JSON list), from its end marker.
+    "ALTER TABLE segments ADD COLUMN tail TEXT",
 ]
 
 
@@ -679,7 +681,7 @@ class Store:
         elif isinstance(action, EndSegment):
             db.execute(
                 "UPDATE segments SET phase = ?, outcome = ?, exit_code = ?, charged = ?, "
-                "ended_at = ?, reason = ? WHERE chain_id = ? AND n = ?",
+                "ended_at = ?, reason = ?, tail = ? WHERE chain_id = ? AND n = ?",
                 (
                     Phase.ENDED.value,
                     action.outcome.value,
@@ -687,6 +689,7 @@ class Store:
                     int(action.charged),
                     action.ended_at,
                     action.reason,
+                    json.dumps(list(action.tail)) if action.tail else None,
                     *seg,
                 ),
             )
@@ -904,11 +907,21 @@ def _segment(row: sqlite3.Row) -> Segment:
             exit_code=data["exit_code"],
             charged=bool(data["charged"]),
             reason=data["reason"],
+            tail=_tail(data["tail"]),
         )
         _check(segment)
     except _Unreadable as exc:
         raise _Unreadable(f"{label}: {exc}") from None
     return segment
+
+
+def _tail(raw: Optional[str]) -> tuple[str, ...]:
+    """A segment's stored output tail; one that cannot be read is shown as none."""
+    try:
+        lines = json.loads(raw) if raw else []
+    except ValueError:
+        return ()
+    return tuple(line for line in lines if isinstance(line, str)) if isinstance(lines, list) else ()
 
 
 def _event(row: sqlite3.Row) -> Event:

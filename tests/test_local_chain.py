@@ -156,3 +156,28 @@ def test_state_directory_open_to_others_is_refused_never_chmodded(tmp_path: Path
     assert result.returncode != 0
     assert "is open to other users" in result.stderr and "Traceback" not in result.stderr
     assert shared.stat().st_mode & 0o777 == 0o755 and list(shared.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_failed_chain_keeps_the_last_lines_of_the_failing_segments_output(
+    tmp_path: Path, chainrun: CLI, home: Path
+) -> None:
+    """Wrapper, end marker, engine, store: the chain's failing segment carries its output's
+    tail, so the failure explains itself without a second command."""
+    from chainrun.store import Store
+
+    work = tmp_path / "work"
+    work.mkdir()
+    path = work / "job.toml"
+    path.write_text(
+        'name = "t"\ncommand = "for i in 1 2 3 4 5 6; do echo step $i; done; echo bad input >&2; exit 3"\n'
+        'total_time = "1m"\nwalltime = "10s"\ngrace = "1s"\nmax_failures = 0\n'
+    )
+    assert chainrun("run", str(path), "--interval", "0.3").returncode == 1
+    store = Store(home, readonly=True)
+    try:
+        (chain,) = store.chains()
+    finally:
+        store.close()
+    assert chain.failing is not None and chain.failing.exit_code == 3
+    assert chain.failing.tail == ("step 3", "step 4", "step 5", "step 6", "bad input")

@@ -27,15 +27,27 @@ def run_wrapper(
     job = SegmentJob("hostile-1a2b3c", n, spec, 60)
     os.makedirs(job.run_dir, exist_ok=True)
     Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB_ID", "CHAINRUN_"))}
     proc = subprocess.run(
         ["bash", job.script_path],
-        env={**env, **(extra_env or {})},
+        env={**wrapper_env(), **(extra_env or {})},
         capture_output=True,
         text=True,
         timeout=60,
     )
     return proc, job
+
+
+def wrapper_env() -> dict[str, str]:
+    """This environment without what would make the wrapper think it runs in a job."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB_ID", "CHAINRUN_"))}
+
+
+def start_logged(job: SegmentJob) -> subprocess.Popen[bytes]:
+    """The wrapper with its output in the segment's log, as the scheduler runs it."""
+    os.makedirs(job.run_dir, exist_ok=True)
+    Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
+    with open(job.log_path, "wb") as log:
+        return subprocess.Popen(["bash", job.script_path], env=wrapper_env(), stdout=log, stderr=log)
 
 
 def marker(job: SegmentJob) -> EndMarker:
@@ -225,3 +237,44 @@ def test_every_placeholder_inside_every_value_arrives_intact(tmp_path: Path) -> 
     assert (work / "seen").read_text() == "".join(value for _, value in env)
     seen_env = dict(e.split("=", 1) for e in (work / "env.bin").read_text().split("\0") if "=" in e)
     assert seen_env["CHAINRUN_CHECKPOINT_DIR"] == str(work / every)
+
+
+def test_a_failed_command_leaves_the_last_lines_of_its_output_in_its_end_marker(work: Path) -> None:
+    """The last 5 non-blank lines, each the last state of a line a progress bar redrew with CR;
+    a command that succeeds leaves none."""
+    lines = "; ".join(f"echo line {i}" for i in range(1, 9))
+    command = f"{lines}; printf 'epoch 3:  10%%\\r epoch 3:  90%%\\n\\n'; echo boom >&2; exit 3"
+    job = SegmentJob("hostile-1a2b3c", 1, replace(hostile_spec(str(work)), command=command), 60)
+    proc = start_logged(job)
+    assert proc.wait(timeout=60) == 3
+    assert marker(job).tail == ("line 7", "line 8", "epoch 3:  10%", " epoch 3:  90%", "boom")
+
+    ok = SegmentJob("hostile-1a2b3c", 2, replace(hostile_spec(str(work)), command="echo fine"), 60)
+    assert start_logged(ok).wait(timeout=60) == 0
+    assert marker(ok).tail == ()
+
+
+@pytest.mark.parametrize(
+    ("command", "shell"),
+    [("sleep 20; echo after", "bash"), ("sleep 20", "")],
+)
+def test_the_end_marker_says_when_the_walltime_signal_reached_a_shell_and_not_the_program(
+    work: Path, command: str, shell: str
+) -> None:
+    """`prog; echo after` runs under a shell, which SIGUSR1 kills while the program goes on
+    unwarned: the marker names the shell, and the reason points to `exec`. A single program
+    (bash execs it) gets the signal itself."""
+    spec = replace(
+        hostile_spec(str(work)), command=f"touch started; {command}" if shell else command, grace=3
+    )
+    job = SegmentJob("hostile-1a2b3c", 1, spec, 6)
+    proc = start_logged(job)
+    if shell:
+        wait_for((work / "started").exists, 30, "the command to start")
+    else:
+        wait_for(lambda: "starting on" in Path(job.log_path).read_text(), 30, "the command to start")
+    proc.send_signal(signal.SIGUSR1)  # early: held, then passed on at walltime - grace
+    assert proc.wait(timeout=60) == 128 + signal.SIGUSR1
+    end = marker(job)
+    assert (end.signal, end.shell) == ("USR1", shell)
+    assert ("start the program with `exec`" in end.describe()) is bool(shell)

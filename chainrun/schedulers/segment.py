@@ -161,7 +161,17 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
 
 
 def _fields(data: bytes) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in data.decode(errors="replace").splitlines() if "=" in line)
+    """A marker's ``key=value`` lines (its ``tail=`` lines are read by ``_tail``)."""
+    return dict(line.split("=", 1) for line in _lines(data) if "=" in line and not line.startswith("tail="))
+
+
+def _lines(data: bytes) -> list[str]:
+    return data.decode(errors="replace").split("\n")
+
+
+def _tail(data: bytes) -> tuple[str, ...]:
+    """The last lines of a failed command's output, as the end marker keeps them."""
+    return tuple(line[len("tail=") :] for line in _lines(data) if line.startswith("tail="))
 
 
 def _number(text: Optional[str], kind: type[float] | type[int]) -> Optional[float]:
@@ -214,6 +224,8 @@ class EndMarker:
     at: Optional[float]
     progress: Optional[Progress] = None
     path: str = ""  # the PATH the command ran with
+    shell: str = ""  # the shell the signal reached instead of the program, if it did
+    tail: tuple[str, ...] = ()  # the last lines of the command's output, when it failed
 
     @classmethod
     def parse(cls, data: bytes) -> Optional[EndMarker]:
@@ -227,6 +239,8 @@ class EndMarker:
                 at=float(fields["at"]) if fields.get("at") else None,
                 progress=_snapshot(fields),
                 path=fields.get("path", ""),
+                shell=fields.get("shell", ""),
+                tail=_tail(data),
             )
         except (KeyError, ValueError):
             return None
@@ -248,4 +262,11 @@ class EndMarker:
         if self.skipped:
             return "skipped: the goal was already reached"
         how = f"after SIG{self.signal}" if self.signal else "on its own"
-        return f"the command exited {self.original} {how}"
+        text = f"the command exited {self.original} {how}"
+        if self.signal and self.shell and self.original != 0:
+            text += (
+                f"; the signal reached the shell ({self.shell}) running the command, not the program: "
+                'start the program with `exec` (command = "exec python train.py"), '
+                "or make the shell pass the signal on"
+            )
+        return text

@@ -19,13 +19,21 @@ job="${SLURM_JOB_ID:-${JOB_ID:-${CHAINRUN_LOCAL_JOB_ID:-}}}"
 
 # The end marker is how chainrun learns the real exit code and whether the
 # walltime signal came first; it is written atomically (temp + mv).
+# A command that failed leaves the last lines of its output there too (the
+# last part of each line a progress bar redrew with CR), so its failure
+# explains itself without a second command; the tail lines come last.
 end_marker() { # exit-code original-code skipped
     (
         umask 077
         {
-            printf 'exit=%s\noriginal=%s\nsignal=%s\nskipped=%s\njob=%s\nat=%s\npath=%s\n' \
-                "$1" "$2" "$got" "$3" "$job" "$(date +%s)" "${PATH//$'\n'/ }"
+            printf 'exit=%s\noriginal=%s\nsignal=%s\nshell=%s\nskipped=%s\njob=%s\nat=%s\npath=%s\n' \
+                "$1" "$2" "$got" "$shell" "$3" "$job" "$(date +%s)" "${PATH//$'\n'/ }"
             snapshot
+            if [ "$2" != 0 ] && [ -f "$marker.log" ]; then
+                tail -c 8192 -- "$marker.log" 2>/dev/null | tr '\r' '\n' |
+                    grep -av -e '^[[:space:]]*$' -e '^chainrun: segment ' |
+                    tail -n 5 | cut -c 1-300 | sed 's/^/tail=/' || true
+            fi
         } >"$marker.end.tmp"
     ) && mv -f "$marker.end.tmp" "$marker.end"
 }
@@ -53,6 +61,7 @@ snapshot() {
 }
 
 got=""
+shell=""
 (umask 077 && {
     printf 'job=%s\nhost=%s\nat=%s\n' "$job" "$(hostname)" "$(date +%s)"
     snapshot
@@ -120,7 +129,14 @@ forward() {
         return
     fi
     got=$1
-    if [ -n "$child" ]; then kill -s "$1" "$child" 2>/dev/null || true; fi
+    if [ -n "$child" ]; then
+        # A command that is not one program (`python train.py; echo done`)
+        # runs under a shell, which the signal then kills instead of the program.
+        case "$(cat "/proc/$child/comm" 2>/dev/null)" in
+            bash | sh | dash | zsh | ksh | mksh | csh | tcsh) shell=$(cat "/proc/$child/comm") ;;
+        esac
+        kill -s "$1" "$child" 2>/dev/null || true
+    fi
 }
 trap 'forward USR1' USR1
 trap 'forward USR2' USR2
