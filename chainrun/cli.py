@@ -12,6 +12,7 @@ import json
 import math
 import posixpath
 import shlex
+import shutil
 import sys
 import time
 import traceback
@@ -477,11 +478,12 @@ def cancel(ctx: click.Context, chain_ref: str) -> None:
 
 
 @main.command()
-@click.argument("chain_ref", metavar="CHAIN", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.argument("chain_ref", metavar="[CHAIN]", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output, every field.")
 @click.option(
     "--all", "show_all", is_flag=True, help="Include ended chains (default: active, and ended today)."
 )
+@click.option("--verbose", "-v", is_flag=True, help="Every chain's reason and details, not only trouble.")
 @click.option(
     "--watch",
     "-w",
@@ -495,13 +497,38 @@ def cancel(ctx: click.Context, chain_ref: str) -> None:
 )
 @click.pass_context
 def status(
-    ctx: click.Context, chain_ref: Optional[str], as_json: bool, show_all: bool, watch: Optional[float]
+    ctx: click.Context,
+    chain_ref: Optional[str],
+    as_json: bool,
+    show_all: bool,
+    verbose: bool,
+    watch: Optional[float],
 ) -> None:
-    """Show chains: progress, ETA, running job, next segment, failures, time."""
+    """Show chains, one line each: state, progress, ETA, failures, segments, time.
+
+    The table is as wide as the terminal, or 80 columns when the output is not
+    a terminal; columns that do not fit are left out (--json has them all).
+    Below it, a line for each chain that needs attention (failed, stuck,
+    damaged, retrying a submission, held by the scheduler); --verbose shows
+    every chain's reason and details. With CHAIN, a failed chain also shows
+    the last lines of its failing segment's output.
+
+    Exits 0; 2 for an unknown CHAIN or a bad option; 1 when CHAIN is damaged
+    or the state database cannot be read.
+    """
     from chainrun import status as view
 
     if watch is not None and as_json:
         raise UsageError("--watch draws a table for people; for scripts, run `status --json` in a loop")
+    tty = sys.stdout.isatty()
+
+    def draw(shown: list[Chain], damaged: list[DamagedChain]) -> str:
+        # Measured at each frame: a terminal resized under --watch gets the new width.
+        width = shutil.get_terminal_size((view.WIDTH, 24)).columns if tty else view.WIDTH
+        return view.frame(
+            ctx.obj, shown, time.time(), damaged, width=width, verbose=verbose, tails=chain_ref is not None
+        )
+
     with _store(ctx, readonly=True) as store:
 
         def chains() -> tuple[list[Chain], list[DamagedChain]]:
@@ -521,15 +548,13 @@ def status(
             click.echo(json.dumps(data, indent=2))
             return
         if watch is None:
-            good, damaged = chains()
-            click.echo(view.frame(ctx.obj, good, time.time(), damaged))
+            click.echo(draw(*chains()))
             return
-        tty = sys.stdout.isatty()
         try:
             while True:
                 try:
                     shown, damaged = chains()
-                    frame = view.frame(ctx.obj, shown, time.time(), damaged)
+                    frame = draw(shown, damaged)
                 except StoreUnavailable as exc:  # busy for a moment: say so, and look again
                     shown, frame = [], f"chainrun: {exc}"
                 stamp = f"every {watch:g}s, {datetime.now():%H:%M:%S} (Ctrl-C to quit)"

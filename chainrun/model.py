@@ -8,6 +8,7 @@ them through JSON.
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Union
 
@@ -152,7 +153,9 @@ class Progress:
                 text += f" step {self.step}"
             return text + (" (done)" if self.done else "")
         if self.saved_at is not None:
-            return f"checkpoint {self.file or '?'} saved at {self.saved_at:.0f}"
+            # A moment, not an age: this text is stored in reasons and events.
+            saved = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.saved_at))
+            return f"checkpoint {self.file or '?'} saved {saved}"
         return "no checkpoint yet"
 
     def to_json(self) -> dict[str, Any]:

@@ -1,29 +1,56 @@
 """``chainrun status``: what a person reads at a glance, and the same as JSON.
 
-One row per chain: state, a progress bar towards the target epoch, the ETA
-from the epoch rate so far (epochs gained per second of training time),
-the running job, the next segment with its pending reason (Dependency,
-Priority, ...) or its retry, failures used of the budget, and time used of
-the budget. A damaged chain (its row in the database cannot be read) gets a
-row of dashes and, below the table, what is wrong and how to remove it.
-Everything here is computed from a ``Chain`` and ``now``: no I/O but the
-service's own status file.
+One line per chain in a table that fits the width it is given (80 columns
+unless the caller knows its terminal is wider): the chain, what it is doing
+(running for how long, queued and why, retrying, or how it ended), a bar
+towards the target epoch, the ETA from the epoch rate so far (epochs gained
+per second of training time), failures used of the budget, segments run of
+the most the time budget allows, training time used of the budget, and the
+live job ids. Columns that do not fit are dropped, least important first
+(job ids, time, segments, ETA, failures, progress); the chain and its state
+always stay, shortened with "…" if need be, and no line is ever longer than
+the width. Below the table, by default, only the chains that need a person
+get a line: failed, stuck, damaged, a submission being retried, or a job the
+scheduler holds. ``verbose`` adds every chain's reason and details. Times
+are relative ("5m ago", "in 40s"), never epoch seconds. Everything here is
+computed from ``Chain`` values and ``now``: no I/O but the service's own
+status file.
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
 from chainrun.daemon import read_status
-from chainrun.jobfile import format_duration
 from chainrun.localrunner import alive
-from chainrun.model import Chain, ChainState, Phase, Segment
+from chainrun.model import Chain, ChainState, Outcome, Phase, Segment
 from chainrun.store import DamagedChain
 
-HEADER = ("CHAIN", "STATE", "PROGRESS", "ETA", "SEGMENT", "JOB", "NEXT", "FAILURES", "TIME")
-BAR_WIDTH = 12
+WIDTH = 80  # the table's width when the terminal's is not known (a pipe, a file)
+BAR_WIDTH = 10
+CHAIN_MAX = 24  # the chain column's widest at 80 columns; a wider terminal allows more
+STATE_MAX = 26
+TAIL_LINES = 5  # of a failed segment's output, under its chain's reason
+
+# The columns in the order shown, each with its rank: when the table is too wide,
+# the column of the highest rank goes first. CHAIN and STATE always stay.
+COLUMNS: tuple[tuple[str, int], ...] = (
+    ("CHAIN", 0),
+    ("STATE", 0),
+    ("PROGRESS", 1),
+    ("ETA", 3),
+    ("FAILURES", 2),
+    ("SEGMENTS", 4),
+    ("TIME", 5),
+    ("JOBS", 6),
+)
+HEADER = tuple(name for name, _ in COLUMNS)
+
+# A segment ended so, and never started: it did not run (a queued successor cancelled).
+_NOT_RUN = frozenset({Outcome.CANCELLED, Outcome.REJECTED, Outcome.LOST})
 
 
 def short(seconds: float) -> str:
@@ -38,6 +65,13 @@ def short(seconds: float) -> str:
         return f"{h}h{m:02d}m" if m else f"{h}h"
     d, h = divmod(s // 3600, 24)
     return f"{d}d{h}h" if h else f"{d}d"
+
+
+def when(at: float, now: float) -> str:
+    """A moment relative to ``now``: ``5m ago``, ``in 40s``, ``just now``."""
+    if abs(at - now) < 1:
+        return "just now"
+    return f"{short(now - at)} ago" if at < now else f"in {short(at - now)}"
 
 
 def trained(chain: Chain, now: float) -> float:
@@ -76,14 +110,31 @@ def eta(chain: Chain, now: float) -> Optional[float]:
 
 
 def bar(done: Optional[int], total: Optional[int], width: int = BAR_WIDTH) -> str:
-    """``[######......]  50% 100/200``; ``epoch 12`` without a target; ``-`` without epochs."""
+    """``[###.......] 10/40``; ``epoch 12`` without a target; ``-`` without epochs."""
     if done is None:
         return "-"
     if not total:
         return f"epoch {done}"
     filled = max(0, min(width, width * done // total))
-    percent = min(100, 100 * done // total)
-    return f"[{'#' * filled}{'.' * (width - filled)}] {percent:3d}% {done}/{total}"
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+def ran(seg: Segment) -> bool:
+    """Whether the segment's job ran: a successor cancelled while queued did not."""
+    if seg.started_at is not None or seg.phase is Phase.RUNNING:
+        return True
+    return seg.phase is Phase.ENDED and seg.outcome not in _NOT_RUN
+
+
+def segments_run(chain: Chain) -> int:
+    return sum(1 for s in chain.segments if ran(s))
+
+
+def failures_cell(chain: Chain) -> str:
+    """``1 of 3``: failures used of the budget. The chain fails at the failure after the
+    budget, which reads ``4 (budget 3)``: never as if 4 of 3 could be allowed."""
+    used, budget = chain.failures, chain.spec.max_failures
+    return f"{used} of {budget}" if used <= budget else f"{used} (budget {budget})"
 
 
 def _eta_cell(chain: Chain, now: float) -> str:
@@ -105,42 +156,38 @@ def _upcoming(chain: Chain) -> Optional[Segment]:
     return min(waiting, key=lambda s: s.n) if waiting else None
 
 
-def job_cell(chain: Chain, now: float) -> str:
-    seg = _running(chain)
-    if seg is None:
-        return "-"
-    elapsed = f" {short(now - seg.started_at)}" if seg.started_at else ""
-    return f"{seg.job_id or '?'} running{elapsed}"
-
-
-def next_cell(chain: Chain, now: float) -> str:
-    """The next segment: queued with its pending reason, being submitted, or retrying."""
-    if chain.state.final:
-        return "-"
-    seg = _upcoming(chain)
-    if seg is None:
-        return "-"
+def _waiting(seg: Segment, now: float) -> str:
+    """A segment not yet running: queued with its pending reason, being submitted, or retrying."""
     if seg.phase is Phase.SUBMITTING:
-        if seg.retry_at is not None:
-            return f"#{seg.n} retry in {short(seg.retry_at - now)}"
-        return f"#{seg.n} submitting"
-    text = f"#{seg.n} {seg.job_id or '?'} queued"
-    return text + (f" ({seg.reason})" if seg.reason else "")
+        if seg.retry_at is None:
+            return "submitting"
+        return f"retry in {short(seg.retry_at - now)}" if seg.retry_at > now else "retrying"
+    return "queued" + (f" ({seg.reason})" if seg.reason else "")
+
+
+def state_cell(chain: Chain, now: float) -> str:
+    """What the chain is doing: ``running 10m``, ``queued (Priority)``, ``retry in 40s``;
+    once it ended (or is stuck), its state."""
+    if chain.state is not ChainState.ACTIVE:
+        return str(chain.state.value)
+    seg = _running(chain)
+    if seg is not None:
+        return "running" + (f" {short(now - seg.started_at)}" if seg.started_at is not None else "")
+    seg = _upcoming(chain)
+    return _waiting(seg, now) if seg is not None else str(chain.state.value)
 
 
 def row(chain: Chain, now: float) -> tuple[str, ...]:
-    running = _running(chain)
-    n = running.n if running else max((s.n for s in chain.segments), default=0)
+    """Every column's cell for ``chain``, in ``HEADER`` order, before any is dropped."""
     return (
         chain.id,
-        chain.state.value,
+        state_cell(chain, now),
         bar(chain.latest.epoch, chain.spec.target_epoch),
         _eta_cell(chain, now),
-        f"{n}/{chain.max_segments}",
-        job_cell(chain, now),
-        next_cell(chain, now),
-        f"{chain.failures}/{chain.spec.max_failures}",
-        f"{format_duration(trained(chain, now))}/{format_duration(chain.spec.total_time)}",
+        failures_cell(chain),
+        f"{segments_run(chain)} of ≤{chain.max_segments}",
+        f"{short(trained(chain, now))} of {short(chain.spec.total_time)}",
+        ",".join(s.job_id for s in chain.live if s.job_id) or "-",
     )
 
 
@@ -149,38 +196,204 @@ def damaged_row(chain: DamagedChain) -> tuple[str, ...]:
     return (chain.id, "damaged", *("-" for _ in HEADER[2:]))
 
 
-def table(chains: list[Chain], now: float, damaged: Sequence[DamagedChain] = ()) -> str:
-    """The chains as an aligned table, each ended chain's reason below it, then what
-    is wrong with each damaged chain."""
+def _held(chain: Chain, seg: Segment) -> bool:
+    """A job the scheduler holds for a reason other than the dependency chainrun gave it:
+    a user or admin hold (Slurm's JobHeldUser, JobHeldAdmin), or SGE's hold with no
+    predecessor left to wait for. It will not start by itself."""
+    if seg.phase is not Phase.PENDING or "held" not in seg.reason.lower():
+        return False
+    predecessor = any(s.job_id == seg.after for s in chain.live if s is not seg and s.job_id)
+    return seg.reason.startswith("JobHeld") or not predecessor
+
+
+def attention(chain: Chain, now: float) -> str:
+    """Why a person should look at the chain, or "" when it needs nobody: failed, stuck,
+    retrying a submission, or held by the scheduler."""
+    if chain.state in (ChainState.FAILED, ChainState.STUCK):
+        return chain.reason or chain.state.value
+    for seg in chain.live:
+        if seg.phase is Phase.SUBMITTING and seg.retry_at is not None:
+            return f"segment {seg.n}: submission failed ({_waiting(seg, now)}): {seg.reason}"
+        if _held(chain, seg):
+            return (
+                f"segment {seg.n}: job {seg.job_id} is held by the scheduler ({seg.reason}); "
+                "it will not start until released"
+            )
+    return ""
+
+
+def details(chain: Chain, now: float) -> list[str]:
+    """``verbose``: everything a person may ask about the chain, a fact a line."""
+    lines = []
+    if chain.reason:
+        lines.append(f"reason: {chain.reason}")
+    seg = _running(chain)
+    if seg is not None:
+        since = f" for {short(now - seg.started_at)}" if seg.started_at is not None else ""
+        lines.append(f"segment {seg.n}: job {seg.job_id or '?'} running{since}")
+    nxt = None if chain.state.final else _upcoming(chain)
+    if nxt is not None:
+        job = f"job {nxt.job_id} " if nxt.job_id else ""
+        lines.append(f"next: segment {nxt.n}: {job}{_waiting(nxt, now)}")
+    latest = chain.latest
+    if latest.epoch is not None or latest.saved_at is not None:
+        target = f" of {chain.spec.target_epoch}" if chain.spec.target_epoch else ""
+        text = f"epoch {latest.epoch}{target}" if latest.epoch is not None else "a checkpoint"
+        if latest.saved_at is not None:
+            text += f", saved {when(latest.saved_at, now)}"
+        lines.append(f"progress: {text}" + (f" ({latest.file})" if latest.file else ""))
+    else:
+        lines.append("progress: no checkpoint yet")
+    lines.append(
+        f"budget: trained {short(trained(chain, now))} of {short(chain.spec.total_time)}; "
+        f"{segments_run(chain)} of at most {chain.max_segments} segments run; "
+        f"failures {failures_cell(chain)}"
+    )
+    where = chain.spec.scheduler.host or "this machine"
+    queue = f", queue {chain.spec.scheduler.queue}" if chain.spec.scheduler.queue else ""
+    lines.append(f"scheduler: {chain.spec.scheduler.kind} on {where}{queue}")
+    started = f"submitted {when(chain.created_at, now)}"
+    if chain.ended_at is not None:
+        started += f", ended {when(chain.ended_at, now)}"
+    lines.append(started)
+    return lines
+
+
+def _shown(text: str) -> str:
+    """A line of a program's output as a terminal only shows it: escape sequences and other
+    control characters as their escapes, a tab as spaces."""
+    text = text.replace("\t", "    ")
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def _clip_id(chain_id: str, width: int) -> str:
+    """An id shortened in its name, keeping the random suffix that tells chains apart."""
+    if len(chain_id) <= width:
+        return chain_id
+    head, sep, suffix = chain_id.rpartition("-")
+    keep = len(sep + suffix)
+    if not head or width < keep + 2:
+        return _clip(chain_id, width)
+    return chain_id[: width - keep - 1] + "…" + chain_id[-keep:]
+
+
+def _wrap(text: str, width: int, indent: str = "", more: str = "    ") -> list[str]:
+    """``text`` as lines of at most ``width`` columns, its first after ``indent``."""
+    return textwrap.wrap(
+        _shown(text),
+        width,
+        initial_indent=indent,
+        subsequent_indent=indent + more,
+        break_on_hyphens=False,
+    ) or [indent.rstrip()]
+
+
+def _columns(rows: list[tuple[str, ...]], width: int) -> list[str]:
+    """The rows aligned, dropping the columns of highest rank until they fit ``width``."""
+    keep = list(range(len(HEADER)))
+    chain_max = max(CHAIN_MAX, width * 3 // 10)
+    rows = [(_clip_id(r[0], chain_max), _clip(r[1], STATE_MAX), *r[2:]) for r in rows]
+
+    def total(columns: list[int]) -> int:
+        return sum(max(len(r[i]) for r in rows) for i in columns) + 2 * (len(columns) - 1)
+
+    for _, i in sorted(((rank, i) for i, (_, rank) in enumerate(COLUMNS) if rank), reverse=True):
+        if total(keep) <= width:
+            break
+        keep.remove(i)
+    widths = {i: max(len(r[i]) for r in rows) for i in keep}
+    lines = ["  ".join(r[i].ljust(widths[i]) for i in keep).rstrip() for r in rows]
+    return [_clip(line, width) for line in lines]  # a terminal narrower than CHAIN and STATE
+
+
+def table(
+    chains: Sequence[Chain],
+    now: float,
+    damaged: Sequence[DamagedChain] = (),
+    *,
+    width: int = WIDTH,
+    verbose: bool = False,
+    tails: bool = False,
+) -> str:
+    """The chains as a table of one line each, at most ``width`` columns, then the lines
+    about them: those needing attention (every chain's details when ``verbose``), and
+    what is wrong with each damaged chain. ``tails``: a failed chain's last output
+    lines and the command that shows the rest."""
     rows = [HEADER, *(row(c, now) for c in chains), *(damaged_row(d) for d in damaged)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
-    lines += [
-        f"{c.id}: {c.reason}" for c in chains if (c.state.final or c.state is ChainState.STUCK) and c.reason
-    ]
-    lines += [f"{d.id}: {d.reason}" for d in damaged]
+    lines = _columns(rows, width)
+    for c in chains:
+        if verbose:
+            lines.append(f"{c.id}:")
+            for fact in details(c, now):
+                lines += _wrap(fact, width, "  ")
+        else:
+            why = attention(c, now)
+            if why:
+                lines += _wrap(f"{c.id}: {why}", width)
+        if tails and c.state is ChainState.FAILED:
+            lines += _tail(c, width)
+    for d in damaged:
+        lines += _wrap(f"{d.id}: damaged: {d.problem}; the service skips it", width)
+        if d.jobs:
+            lines += _wrap(
+                f"  its jobs {', '.join(d.jobs)} may still be queued or running: cancel them with "
+                "the scheduler's own command",
+                width,
+            )
+        # A command to copy whole: never broken over lines, however long.
+        lines.append(f"  `chainrun cancel` cannot act on it; remove it with: {d.removal}")
     return "\n".join(lines)
 
 
-def frame(home: Path, chains: list[Chain], now: float, damaged: Sequence[DamagedChain] = ()) -> str:
+def _tail(chain: Chain, width: int) -> list[str]:
+    """The failing segment's last output lines, and how to read all of it."""
+    seg = chain.failing
+    if seg is None:
+        return []
+    lines = []
+    if seg.tail:
+        lines.append(f"  the last lines of segment {seg.n}'s output:")
+        lines += [_clip(f"    {_shown(line)}", width) for line in seg.tail[-TAIL_LINES:]]
+    lines += _wrap(f"  all of it: chainrun logs {chain.id} -n {seg.n}", width)
+    return lines
+
+
+def frame(
+    home: Path,
+    chains: Sequence[Chain],
+    now: float,
+    damaged: Sequence[DamagedChain] = (),
+    *,
+    width: int = WIDTH,
+    verbose: bool = False,
+    tails: bool = False,
+) -> str:
     """What `chainrun status` prints: the table (or that there are no chains), then the service."""
-    service = service_line(home, now)
+    service = "\n".join(
+        wrapped for line in service_line(home, now).splitlines() for wrapped in _wrap(line, width)
+    )
     if not chains and not damaged:
         return f"no chains; submit one with `chainrun submit JOBFILE`\n{service}"
-    return f"{table(chains, now, damaged)}\n{service}"
+    text = table(chains, now, damaged, width=width, verbose=verbose, tails=tails)
+    return f"{text}\n{service}"
 
 
 def service_line(home: Path, now: float) -> str:
-    """Whether a service is ticking these chains, from its status file."""
+    """Whether a service is ticking these chains, from its status file (when not: a
+    second line on how to start one)."""
     st = read_status(home)
     pid = st.get("pid") if st else None
     if isinstance(pid, int) and alive(pid):
         at = st.get("at") if st else None
-        ago = f"; last tick {short(now - at)} ago" if isinstance(at, (int, float)) else ""
+        ago = f"; last tick {when(at, now)}" if isinstance(at, (int, float)) else ""
         return f"service: running (pid {pid}){ago}: {st.get('status', '?') if st else '?'}"
     return (
-        "service: not running; chains advance only while one runs "
-        "(`chainrun service install --now`, or `chainrun daemon`)"
+        "service: not running; chains advance only while one runs:\n"
+        "  start one with `chainrun daemon`, or `chainrun service install --now`"
     )
 
 
@@ -193,6 +406,7 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
         "name": c.spec.name,
         "state": c.state.value,
         "reason": c.reason,
+        "attention": attention(c, now) or None,
         "epoch": c.latest.epoch,
         "target_epoch": c.spec.target_epoch,
         "progress": c.latest.to_json(),
@@ -203,9 +417,12 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
         "used_seconds": c.used,
         "trained_seconds": trained(c, now),
         "total_seconds": c.spec.total_time,
+        "segments_run": segments_run(c),
         "max_segments": c.max_segments,
         "scheduler": c.spec.scheduler.kind,
         "host": c.spec.scheduler.host,
+        "created_at": c.created_at,
+        "ended_at": c.ended_at,
         "next": None
         if upcoming is None
         else {
@@ -224,9 +441,11 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
                 "outcome": s.outcome.value if s.outcome else None,
                 "exit_code": s.exit_code,
                 "charged": s.charged,
+                "ran": ran(s),
                 "reason": s.reason,
                 "started_at": s.started_at,
                 "ended_at": s.ended_at,
+                "tail": list(s.tail),
             }
             for s in c.segments
         ],

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
 import shutil
+import struct
 import subprocess
 import sys
-import time
+import termios
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
+import pytest
 from conftest import cli_env
 from test_store import chains, one_line_error, raw
 
@@ -62,11 +65,11 @@ def seg(n: int, phase: Phase, **kw: object) -> Segment:
     return Segment(chain_id="cifar-a1b2c3", n=n, walltime=3600, phase=phase, **kw)  # type: ignore[arg-type]
 
 
-def test_bar_shows_fraction_percent_and_epochs() -> None:
-    """The bar fills in proportion, caps at 100%, and degrades without a target or an epoch."""
-    assert view.bar(3, 12) == "[###.........]  25% 3/12"
-    assert view.bar(0, 12) == "[............]   0% 0/12"
-    assert view.bar(15, 12) == "[############] 100% 15/12"
+def test_bar_shows_fraction_and_epochs() -> None:
+    """The bar fills in proportion, caps when full, and degrades without a target or an epoch."""
+    assert view.bar(3, 12) == "[##........] 3/12"
+    assert view.bar(0, 12) == "[..........] 0/12"
+    assert view.bar(15, 12) == "[##########] 15/12"
     assert view.bar(5, None) == "epoch 5"
     assert view.bar(None, 12) == "-"
 
@@ -110,44 +113,225 @@ def test_eta_unknown_is_a_dash_and_completed_is_done() -> None:
     assert view.row(chain(state=ChainState.COMPLETED), NOW)[3] == "done"
 
 
-def test_next_segment_shows_its_pending_reason_retry_or_submission() -> None:
-    """The successor's scheduler reason (Dependency, Priority), a submission retry, or in flight."""
+def test_state_says_what_the_chain_is_doing_now() -> None:
+    """Running for how long, queued with the scheduler's reason, retrying, submitting; once
+    ended, how it ended."""
     running = seg(2, Phase.RUNNING, job_id="1234", started_at=NOW - 600)
     queued = seg(3, Phase.PENDING, job_id="1235", reason="Dependency")
     c = chain(segments=(running, queued))
-    row = dict(zip(view.HEADER, view.row(c, NOW)))
-    assert row["JOB"] == "1234 running 10m"
-    assert row["NEXT"] == "#3 1235 queued (Dependency)"
-    assert row["SEGMENT"] == "2/20"
+    cells = dict(zip(view.HEADER, view.row(c, NOW)))
+    assert cells["STATE"] == "running 10m"
+    assert cells["JOBS"] == "1234,1235"
     waiting = chain(segments=(seg(1, Phase.PENDING, job_id="99", reason="Priority"),))
-    assert view.next_cell(waiting, NOW) == "#1 99 queued (Priority)"
+    assert view.state_cell(waiting, NOW) == "queued (Priority)"
     retry = chain(segments=(seg(4, Phase.SUBMITTING, retry_at=NOW + 40, reason="sbatch timed out"),))
-    assert view.next_cell(retry, NOW) == "#4 retry in 40s"
-    assert view.next_cell(chain(segments=(seg(4, Phase.SUBMITTING),)), NOW) == "#4 submitting"
-    assert view.next_cell(chain(), NOW) == "-"
+    assert view.state_cell(retry, NOW) == "retry in 40s"
+    assert view.state_cell(chain(segments=(seg(4, Phase.SUBMITTING),)), NOW) == "submitting"
+    assert view.state_cell(chain(state=ChainState.FAILED), NOW) == "failed"
 
 
-def test_row_shows_failures_of_budget_and_time_of_budget() -> None:
-    """FAILURES is used/allowed, TIME is trained/total_time."""
-    row = dict(zip(view.HEADER, view.row(chain(failures=2, used=5400.0), NOW)))
-    assert row["FAILURES"] == "2/3"
-    assert row["TIME"] == "1h30m/20h"
+def test_segments_count_only_those_that_ran() -> None:
+    """A successor cancelled while queued (the goal was met, or the chain was cancelled)
+    never ran: it is not counted; the budget's most segments is shown as a bound."""
+    ran = seg(1, Phase.ENDED, job_id="7", outcome=Outcome.TIMEOUT, started_at=NOW - 4000)
+    fast = seg(2, Phase.ENDED, job_id="8", outcome=Outcome.FAILED, exit_code=1)  # start never seen
+    never = seg(3, Phase.ENDED, job_id="9", outcome=Outcome.CANCELLED)
+    running = seg(4, Phase.RUNNING, job_id="10")
+    queued = seg(5, Phase.PENDING, job_id="11")
+    c = chain(segments=(ran, fast, never, running, queued))
+    assert view.segments_run(c) == 3
+    assert dict(zip(view.HEADER, view.row(c, NOW)))["SEGMENTS"] == "3 of ≤20"
+    assert [s["ran"] for s in view.to_json(c, NOW)["segments"]] == [True, True, False, True, False]
 
 
-def test_table_aligns_columns_and_puts_ended_reasons_below() -> None:
-    """One header, one aligned row per chain, then each ended chain's reason."""
-    ended = replace(
-        chain(state=ChainState.FAILED),
-        id="other-ffffff",
-        segments=(seg(1, Phase.ENDED, job_id="7", outcome=Outcome.FAILED),),
+def test_failures_read_as_used_of_the_budget_and_the_one_past_it_as_over() -> None:
+    """max_failures = 3 allows 3; the 4th fails the chain and reads "4 (budget 3)", never "4/3"."""
+    assert view.failures_cell(chain(failures=0)) == "0 of 3"
+    assert view.failures_cell(chain(failures=3)) == "3 of 3"
+    assert view.failures_cell(chain(failures=4, state=ChainState.FAILED)) == "4 (budget 3)"
+
+
+def test_time_is_trained_of_the_budget() -> None:
+    """TIME is the training time so far of total_time, in short units."""
+    cells = dict(zip(view.HEADER, view.row(chain(used=5400.0), NOW)))
+    assert cells["TIME"] == "1h30m of 20h"
+
+
+def test_times_are_relative_never_epoch_seconds() -> None:
+    """A moment reads as an age or a wait; a saved checkpoint in a stored reason as a date."""
+    assert view.when(NOW - 300, NOW) == "5m ago"
+    assert view.when(NOW + 7200, NOW) == "in 2h"
+    assert view.when(NOW, NOW) == "just now"
+    saved = Progress(file="model.pt", saved_at=1795675338.0)
+    assert saved.describe() == "checkpoint model.pt saved 2026-11-26 06:42:18 UTC"
+    c = replace(chain(epoch=None), latest=saved)
+    text = view.table([c], 1795675338.0 + 300, verbose=True)
+    assert "progress: a checkpoint, saved 5m ago (model.pt)" in text
+    assert "1795675338" not in text
+
+
+# -- the whole frame ----------------------------------------------------------------
+
+
+def realistic(name: str = "cifar", n: str = "a1b2c3") -> Chain:
+    """A chain in its third segment: one ran to its walltime, one was cancelled while queued,
+    one runs, the next waits on it."""
+    segments = (
+        seg(1, Phase.ENDED, job_id="4711", outcome=Outcome.TIMEOUT, started_at=NOW - 7800),
+        seg(2, Phase.ENDED, job_id="4712", outcome=Outcome.CANCELLED, charged=True),
+        seg(3, Phase.RUNNING, job_id="4713", started_at=NOW - 1500, after="4711"),
+        seg(4, Phase.PENDING, job_id="4714", reason="Dependency", after="4713"),
     )
-    lines = view.table([chain(), ended], NOW).splitlines()
+    c = chain(epoch=12, target=40, used=3600.0, segments=segments)
+    return replace(c, id=f"{name}-{n}", spec=replace(c.spec, name=name))
+
+
+def failed(name: str = "resnet50", n: str = "0f9e8d") -> Chain:
+    """A chain that spent its failure budget; its last segment left the lines of a traceback."""
+    tail = (
+        "epoch 3: loss nan",
+        "Traceback (most recent call last):",
+        '  File "train.py", line 9',
+        "ValueError: nan",
+    )
+    segments = tuple(
+        seg(
+            i,
+            Phase.ENDED,
+            job_id=str(500 + i),
+            outcome=Outcome.FAILED,
+            exit_code=1,
+            charged=True,
+            started_at=NOW - 3000 + 600 * i,
+            ended_at=NOW - 2900 + 600 * i,
+            tail=tail,
+        )
+        for i in range(1, 5)
+    )
+    c = chain(epoch=3, target=90, used=400.0, segments=segments, failures=4, state=ChainState.FAILED)
+    reason = "failure budget spent: segment 4 failed (exit 1): the command exited 1 on its own"
+    return replace(c, id=f"{name}-{n}", spec=replace(c.spec, name=name), reason=reason)
+
+
+SERVICE = (
+    "service: not running; chains advance only while one runs:\n"
+    "  start one with `chainrun daemon`, or `chainrun service install --now`"
+)
+
+
+def test_golden_one_chain_at_80_columns(tmp_path: Path) -> None:
+    """The whole of `chainrun status` for one active chain: one line, no reason below it."""
+    assert view.frame(tmp_path, [realistic()], NOW) == (
+        "CHAIN         STATE        PROGRESS            ETA    FAILURES  SEGMENTS\n"
+        "cifar-a1b2c3  running 25m  [###.......] 12/40  3h18m  1 of 3    2 of ≤20\n" + SERVICE
+    )
+
+
+def test_golden_two_chains_the_failed_one_with_its_reason(tmp_path: Path) -> None:
+    """A failed chain gets the one line below the table that says why; the active one none."""
+    assert view.frame(tmp_path, [realistic(), failed()], NOW) == (
+        "CHAIN            STATE        PROGRESS            ETA    FAILURES      SEGMENTS\n"
+        "cifar-a1b2c3     running 25m  [###.......] 12/40  3h18m  1 of 3        2 of ≤20\n"
+        "resnet50-0f9e8d  failed       [..........] 3/90   -      4 (budget 3)  4 of ≤20\n"
+        "resnet50-0f9e8d: failure budget spent: segment 4 failed (exit 1): the command\n"
+        "    exited 1 on its own\n" + SERVICE
+    )
+
+
+def test_golden_one_failed_chain_shows_its_last_output_and_the_logs_command(tmp_path: Path) -> None:
+    """`status CHAIN` of a failed chain: the reason, the failing segment's last lines, and
+    the command that shows all of its output."""
+    assert view.frame(tmp_path, [failed()], NOW, tails=True) == (
+        "CHAIN            STATE   PROGRESS           ETA  FAILURES      SEGMENTS\n"
+        "resnet50-0f9e8d  failed  [..........] 3/90  -    4 (budget 3)  4 of ≤20\n"
+        "resnet50-0f9e8d: failure budget spent: segment 4 failed (exit 1): the command\n"
+        "    exited 1 on its own\n"
+        "  the last lines of segment 4's output:\n"
+        "    epoch 3: loss nan\n"
+        "    Traceback (most recent call last):\n"
+        '      File "train.py", line 9\n'
+        "    ValueError: nan\n"
+        "  all of it: chainrun logs resnet50-0f9e8d -n 4\n" + SERVICE
+    )
+
+
+def test_a_wider_terminal_gets_more_columns_and_verbose_every_detail(tmp_path: Path) -> None:
+    """At 120 columns the time and job ids fit too; -v adds every chain's facts."""
+    lines = view.table([realistic(), failed()], NOW, width=120).splitlines()
     assert lines[0].split() == list(view.HEADER)
-    starts = [lines[0].index(h) for h in view.HEADER]
-    for line in lines[1:3]:
-        for start in starts[1:]:
-            assert line[start - 2 : start] == "  "  # every column starts at the same place
-    assert lines[3] == "other-ffffff: failure budget spent"
+    assert lines[1].endswith("1h25m of 20h  4713,4714")
+    text = view.table([realistic()], NOW, verbose=True)
+    assert "\ncifar-a1b2c3:\n  segment 3: job 4713 running for 25m\n" in text
+    assert "  next: segment 4: job 4714 queued (Dependency)\n" in text
+    assert "  budget: trained 1h25m of 20h; 2 of at most 20 segments run; failures 1 of 3\n" in text
+
+
+def test_only_chains_that_need_a_person_get_a_line_by_default() -> None:
+    """Failed, stuck, a submission being retried, a job held by the scheduler: a line each.
+    Completed, cancelled, exhausted and plainly queued chains: none (-v shows them)."""
+    quiet = [
+        realistic(n="000001"),
+        replace(realistic(n="000002"), state=ChainState.COMPLETED, reason="target epoch 40 reached"),
+        replace(realistic(n="000003"), state=ChainState.CANCELLED, reason="cancelled by the user"),
+        replace(realistic(n="000004"), state=ChainState.EXHAUSTED, reason="total_time used"),
+    ]
+    for c in quiet:
+        assert view.attention(c, NOW) == ""
+    retry = chain(segments=(seg(2, Phase.SUBMITTING, retry_at=NOW + 40, reason="sbatch: timed out"),))
+    assert view.attention(retry, NOW) == "segment 2: submission failed (retry in 40s): sbatch: timed out"
+    held = chain(segments=(seg(2, Phase.PENDING, job_id="88", reason="JobHeldUser"),))
+    assert view.attention(held, NOW).startswith("segment 2: job 88 is held by the scheduler (JobHeldUser)")
+    waits = seg(3, Phase.PENDING, job_id="89", reason="held (hqw)", after="88")
+    running = seg(2, Phase.RUNNING, job_id="88")
+    assert view.attention(chain(segments=(running, waits)), NOW) == ""  # SGE's -hold_jid: normal
+    assert view.attention(chain(segments=(replace(waits, after="87"),)), NOW).startswith("segment 3: job 89")
+    stuck = replace(chain(), state=ChainState.STUCK, reason="ticks keep failing: disk full")
+    assert view.attention(stuck, NOW) == "ticks keep failing: disk full"
+    lines = view.table([*quiet, retry], NOW).splitlines()
+    assert len(lines) == 1 + len(quiet) + 1 + 1
+    assert lines[-1].startswith("cifar-a1b2c3: segment 2: submission failed")
+
+
+def test_every_line_fits_80_columns_with_long_names_ids_and_reasons(tmp_path: Path) -> None:
+    """The longest names, 8-digit job ids, long pending reasons and reasons, verbose or not:
+    no line is ever wider than 80 columns (a terminal would wrap it)."""
+    long_name = "a" * 30 + "-imagenet-resnet152-mixed-precision-sweep"[: 64 - 30]
+    busy = replace(
+        realistic(long_name, "ffffff"),
+        segments=(
+            seg(7, Phase.RUNNING, job_id="12345678", started_at=NOW - 86000),
+            seg(8, Phase.PENDING, job_id="12345679", reason="ReqNodeNotAvail, UnavailableNodes:gpu[001-128]"),
+        ),
+        failures=2,
+    )
+    big = replace(busy, spec=replace(busy.spec, target_epoch=1_000_000), latest=Progress(epoch=999_999))
+    bad = replace(failed(long_name, "eeeeee"), reason="x" * 300)
+    retry = replace(
+        chain(segments=(seg(2, Phase.SUBMITTING, retry_at=NOW + 4000, reason="sbatch: " + "e " * 200),)),
+        id=long_name + "-dddddd",
+    )
+    from chainrun.store import DamagedChain
+
+    damaged = DamagedChain(
+        long_name + "-cccccc", long_name, "state is 'paused', " * 10, ("1", "2"), "sqlite3 x"
+    )
+    chains = [busy, big, bad, retry]
+    for verbose in (False, True):
+        text = view.frame(tmp_path, chains, NOW, [damaged], verbose=verbose, tails=True)
+        for line in text.splitlines():
+            if "remove it with: sqlite3" in line:
+                continue  # a command to copy whole is never broken
+            assert len(line) <= 80, line
+    table = view.table(chains, NOW).splitlines()
+    assert table[1].startswith(long_name[:14]) and table[1].split()[0].endswith("…-ffffff")
+
+
+def test_output_lines_of_a_failed_segment_are_shown_not_obeyed(tmp_path: Path) -> None:
+    """A training script's escape sequences arrive as text, not as terminal commands."""
+    c = failed()
+    hostile = replace(c.segments[-1], tail=("\x1b[2Jclear\tscreen\x07",))
+    text = view.table([replace(c, segments=(*c.segments[:-1], hostile))], NOW, tails=True)
+    assert "\x1b" not in text and "\\x1b[2Jclear    screen\\x07" in text
 
 
 def test_json_carries_eta_rate_and_next_segment() -> None:
@@ -164,9 +348,11 @@ def test_json_carries_eta_rate_and_next_segment() -> None:
         "retry_at": None,
     }
     assert data["failures"] == 1 and data["max_failures"] == 3
+    assert data["segments_run"] == 0 and data["attention"] is None
+    assert view.to_json(failed(), NOW)["segments"][-1]["tail"][-1] == "ValueError: nan"
 
 
-def test_a_damaged_chain_is_a_row_of_dashes_and_a_line_saying_what_is_wrong() -> None:
+def test_a_damaged_chain_is_a_row_of_dashes_and_lines_saying_what_is_wrong() -> None:
     """It cannot be shown as a chain; it is shown all the same, with the way out."""
     from chainrun.store import DamagedChain
 
@@ -178,12 +364,9 @@ def test_a_damaged_chain_is_a_row_of_dashes_and_a_line_saying_what_is_wrong() ->
         removal="sqlite3 X '...'",
     )
     lines = view.table([chain()], NOW, [damaged]).splitlines()
-    assert lines[2].split() == ["bad-000000", "damaged", *(["-"] * (len(view.HEADER) - 2))]
-    assert lines[3] == f"bad-000000: {damaged.reason}"
-    assert (
-        lines[3].startswith("bad-000000: damaged: state is 'paused'")
-        and "remove it with: sqlite3 X" in lines[3]
-    )
+    assert lines[2].split()[:2] == ["bad-000000", "damaged"] and set(lines[2].split()[2:]) == {"-"}
+    assert lines[3] == "bad-000000: damaged: state is 'paused', not one of ...; the service skips it"
+    assert lines[4] == "  `chainrun cancel` cannot act on it; remove it with: sqlite3 X '...'"
     frame = view.frame(Path("/nonexistent"), [], NOW, [damaged])
     assert not frame.startswith("no chains") and "bad-000000" in frame
 
@@ -206,12 +389,13 @@ def test_service_line_tells_running_from_stale(tmp_path: Path) -> None:
 # -- through the CLI --------------------------------------------------------------
 
 
-def cancelled_chain(tmp_path: Path, chainrun: CLI) -> str:
+def cancelled_chain(tmp_path: Path, chainrun: CLI, name: str = "w") -> str:
     work = tmp_path / "work"
     work.mkdir()
     shutil.copy(Path(__file__).parent / "data" / "trainer.py", work)
     (work / "job.toml").write_text(
-        'name = "w"\ncommand = "python3 trainer.py"\ntotal_time = "1h"\nwalltime = "10m"\ntarget_epoch = 5\n'
+        f'name = "{name}"\ncommand = "python3 trainer.py"\ntotal_time = "1h"\nwalltime = "10m"\n'
+        "target_epoch = 5\n"
     )
     chain_id: str = chainrun("submit", str(work / "job.toml"), check=True).stdout.strip()
     chainrun("cancel", chain_id, check=True)
@@ -222,9 +406,10 @@ def test_status_table_through_the_cli_names_the_chain_and_the_service(tmp_path: 
     """`chainrun status` prints the header, the chain, and whether a service runs."""
     chain_id = cancelled_chain(tmp_path, chainrun)
     out = chainrun("status", check=True).stdout.splitlines()
-    assert out[0].split() == list(view.HEADER)
+    assert out[0].split() == list(view.HEADER)  # a short id leaves room for every column
     assert out[1].startswith(chain_id) and " cancelled " in out[1]
-    assert out[-1].startswith("service: not running")
+    assert out[-2].startswith("service: not running") and "chainrun daemon" in out[-1]
+    assert all(len(line) <= 80 for line in out)
 
 
 def test_watch_and_json_together_are_refused(chainrun: CLI) -> None:
@@ -233,21 +418,26 @@ def test_watch_and_json_together_are_refused(chainrun: CLI) -> None:
     assert result.returncode == 2 and "--watch draws a table" in result.stderr
 
 
-def test_watch_redraws_in_place_on_a_terminal_and_stops_when_the_chain_ends(
-    tmp_path: Path, chainrun: CLI, home: Path
+@pytest.mark.parametrize("columns", [80, 132])
+def test_watch_redraws_in_place_at_the_terminals_width_and_stops_when_the_chain_ends(
+    tmp_path: Path, chainrun: CLI, home: Path, columns: int
 ) -> None:
-    """On a TTY each frame homes the cursor and clears the rest; watching an ended chain returns."""
-    chain_id = cancelled_chain(tmp_path, chainrun)
+    """On a TTY each frame homes the cursor and clears the rest, no line wider than the
+    terminal (an 80-column one gets the short id; a wider one the whole id and more
+    columns); watching an ended chain returns."""
+    chain_id = cancelled_chain(tmp_path, chainrun, name="imagenet-resnet152-sweep-lr3")
     leader, follower = pty.openpty()
-    started = time.monotonic()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    env = cli_env(home)
+    env.pop("COLUMNS", None)  # it would win over the terminal's own size
     proc = subprocess.Popen(
         [sys.executable, "-m", "chainrun", "status", chain_id, "--watch", "0.2"],
         stdout=follower,
         stderr=subprocess.PIPE,
-        env=cli_env(home),
+        env=env,
     )
     os.close(follower)
-    assert proc.wait(30) == 0, proc.stderr.read() if proc.stderr else ""
+    assert proc.wait(60) == 0, proc.stderr.read() if proc.stderr else ""
     output = b""
     while True:
         try:
@@ -260,8 +450,14 @@ def test_watch_redraws_in_place_on_a_terminal_and_stops_when_the_chain_ends(
     os.close(leader)
     text = output.decode()
     assert text.startswith("\x1b[H") and text.endswith("\x1b[J")
-    assert "\x1b[K" in text and chain_id in text
-    assert time.monotonic() - started < 20
+    lines = text[len("\x1b[H") : -len("\x1b[J")].replace("\r\n", "\n").split("\x1b[K\n")
+    assert all(len(line) <= columns for line in lines), lines
+    header = next(line for line in lines if line.startswith("CHAIN"))
+    if columns == 80:
+        assert chain_id not in text and f"…{chain_id[-7:]}" in text
+        assert "JOBS" not in header
+    else:
+        assert chain_id in text and header.split() == list(view.HEADER)
 
 
 def test_status_shows_a_damaged_chain_beside_the_others_and_cancel_refuses_it_in_one_line(
@@ -277,8 +473,10 @@ def test_status_shows_a_damaged_chain_beside_the_others_and_cancel_refuses_it_in
     assert out[1].startswith(good) and " active " in out[1]
     assert out[2].split()[:2] == [bad, "damaged"]
     assert out[3].startswith(f"{bad}: damaged: spec is not valid JSON")
-    assert "`chainrun cancel` cannot act on it; remove it with: sqlite3 " in out[3]
-    assert out[-1].startswith("service: ")
+    assert any(
+        line.startswith("  `chainrun cancel` cannot act on it; remove it with: sqlite3 ") for line in out
+    )
+    assert out[-2].startswith("service: ")
     data = json.loads(chainrun("status", "--json", check=True).stdout)
     assert [(c["id"], c["state"]) for c in data] == [(good, "active"), (bad, "damaged")]
     line = one_line_error(chainrun("cancel", bad), 1)
@@ -292,3 +490,27 @@ def test_status_of_an_empty_reference_is_a_usage_error(home: Path, chainrun: CLI
     """`status ""` listed every chain, as if no chain had been named."""
     chains(home, "abc")
     assert "no chain given" in one_line_error(chainrun("status", ""), 2)
+
+
+def test_status_of_a_failed_chain_shows_its_last_output_lines_and_the_logs_command(
+    tmp_path: Path, chainrun: CLI
+) -> None:
+    """Through the real local runner: a command that fails ends the chain; `status CHAIN`
+    shows the reason, the failing segment's last lines and `chainrun logs CHAIN -n 1`;
+    `status` of all chains shows the reason only."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "job.toml").write_text(
+        'name = "boom"\ncommand = "echo preparing; echo the data is gone >&2; exit 3"\n'
+        'total_time = "2m"\nwalltime = "1m"\nmax_failures = 0\n'
+    )
+    result = chainrun("run", str(work / "job.toml"), "--interval", "0.3")
+    assert result.returncode == 1, result.stderr
+    chain_id = json.loads(chainrun("status", "--json", check=True).stdout)[0]["id"]
+    out = chainrun("status", chain_id, check=True).stdout.splitlines()
+    assert out[1].startswith(chain_id) and " failed " in out[1]
+    assert out[2].startswith(f"{chain_id}: failure budget spent")
+    assert "    the data is gone" in out and "    preparing" in out
+    assert f"  all of it: chainrun logs {chain_id} -n 1" in out
+    listing = chainrun("status", check=True).stdout
+    assert f"{chain_id}: failure budget spent" in listing and "the data is gone" not in listing
