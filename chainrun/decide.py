@@ -134,7 +134,13 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
         end_progress = _end_progress(job, following, facts, current)
         start = job.start.progress if job.start is not None and job.start.progress is not None else mark
         advanced = end_progress.advanced_from(start)
-        finished = spec.target_epoch is None and ending.outcome is Outcome.COMPLETED and ending.exit_code == 0
+        # Exit 0 before the walltime ends the run when there is no target, or no
+        # epoch to compare with it: running the command again would only repeat that.
+        finished = (
+            ending.outcome is Outcome.COMPLETED
+            and ending.exit_code == 0
+            and (spec.target_epoch is None or end_progress.epoch is None)
+        )
         charged, why = _charge(ending, advanced, finished, goal_met)
         elapsed = _elapsed(seg, job, ending, now)
         if advanced and end_progress.key > mark.key:
@@ -344,6 +350,11 @@ def _done_reason(chain: Chain, progress: Progress, finished_segment: Optional[in
         return f"the training marked itself done at {progress.describe()}"
     if target is not None and progress.epoch is not None and progress.epoch >= target:
         return f"target epoch {target} reached ({progress.describe()})"
+    if finished_segment is not None and target is not None:
+        return (
+            f"segment {finished_segment} exited 0 before its walltime, and chainrun cannot read an epoch "
+            f'to compare with target_epoch {target} (to read one: progress = "FILE.json:KEY")'
+        )
     if finished_segment is not None:
         return f"segment {finished_segment} exited 0 before its walltime"
     return ""

@@ -34,6 +34,7 @@ SIGNALS = ("USR1", "USR2", "TERM")
 # digits and letters.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+KEY_PATH_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")  # progress = "FILE:a.b.c"
 # No leading '-': a host or queue must never read as an option of ssh or sbatch.
 HOST_RE = re.compile(r"[A-Za-z0-9_.@:\[\]][A-Za-z0-9_.@:\[\]-]*")
 QUEUE_RE = re.compile(r"[A-Za-z0-9_.@,][A-Za-z0-9_.@,-]*")
@@ -75,6 +76,7 @@ TOP_KEYS = (
     "scheduler",
     "env",
     "inherit_env",
+    "progress",
 )
 SCHEDULER_KEYS = ("kind", "host", "queue", "options")
 
@@ -398,6 +400,7 @@ def parse(
     if not remote:
         _local_dir(f, "workdir", workdir, must_exist=True)
         _local_dir(f, "checkpoint_dir", checkpoint_dir, must_exist=False)
+    progress_file, progress_key = _progress(f, workdir, remote)
 
     env_table = f.get("env", dict, "a table [env] of NAME = value", default={})
     env = []
@@ -447,6 +450,8 @@ def parse(
         target_epoch=target_epoch,
         max_failures=max_failures,
         checkpoint_dir=checkpoint_dir,
+        progress_file=progress_file,
+        progress_key=progress_key,
         signal=signal,
         grace=grace,
         scheduler=sched,
@@ -487,6 +492,29 @@ def web_url(url: str) -> bool:
 def _path(f: _Fields, key: str, default: str, base: Path, remote: bool) -> str:
     raw = f.get(key, str, "a directory path", default=default, max_bytes=MAX_PATH_BYTES)
     f.checked(key, raw, lambda v: v.strip(), "must be a non-empty path")
+    return _resolve(f, key, raw, base, remote)
+
+
+def _progress(f: _Fields, workdir: str, remote: bool) -> tuple[Optional[str], str]:
+    """``progress = "FILE:KEY"``: the script's own JSON file (relative to the workdir) and
+    the dotted key of its epoch; ``(None, "")`` when the job file has none."""
+    raw = f.get(
+        "progress", str, 'a JSON file and the key of its epoch, "FILE.json:KEY"', max_bytes=MAX_PATH_BYTES
+    )
+    if raw is None:
+        return None, ""
+    file, colon, key = raw.rpartition(":")
+    if not colon or not file.strip() or not KEY_PATH_RE.fullmatch(key):
+        raise f.error(
+            "progress",
+            'expected "FILE.json:KEY": the JSON file your script writes, a colon, and the key that '
+            'holds the epoch (dotted for a nested one, as in "state.json:meta.epoch")',
+        )
+    return _resolve(f, "progress", file, Path(workdir), remote), key
+
+
+def _resolve(f: _Fields, key: str, raw: str, base: Path, remote: bool) -> str:
+    """``raw`` as an absolute path: ``~`` expanded on this machine, a relative one from ``base``."""
     try:
         p = Path(raw).expanduser() if not remote else Path(raw)
     except RuntimeError:  # ~nosuchuser, or ~ with no home directory known

@@ -101,6 +101,10 @@ class JobSpec:
     on_end: Optional[str] = None  # a command run (locally) when the chain ends
     webhook: Optional[str] = None  # an http(s) URL that gets a JSON POST when the chain ends
     source: str = ""
+    # progress = "FILE:KEY": the epoch is KEY (dotted) of the script's own JSON file,
+    # not the helper's sidecar; None: the sidecar (or the newest file's mtime).
+    progress_file: Optional[str] = None
+    progress_key: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,11 +1,13 @@
 """Read a chain's progress through its cluster's transport.
 
-The helper's sidecar (``chainrun-progress.json``) is the preferred source.
-Without one, the newest regular file in the checkpoint directory stands in: a
-script that saves with its own ``os.replace`` shows progress by that file's
-mtime. A sidecar that cannot be used is reported as unreadable (None), which
-the decision logic treats as "no new progress": never a crash or a stall of
-the service. That covers one that does not parse, and one that the transport
+The helper's sidecar (``chainrun-progress.json``) is the preferred source,
+or, when the job file says ``progress = "FILE:KEY"``, the epoch at KEY in the
+script's own JSON file (saved at that file's mtime). Without either, the
+newest regular file in the checkpoint directory stands in: a script that
+saves with its own ``os.replace`` shows progress by that file's mtime. A
+sidecar that cannot be used is reported as unreadable (None), which the
+decision logic treats as "no new progress": never a crash or a stall of the
+service. That covers one that does not parse, and one that the transport
 refuses: anything but a regular file (a FIFO, whose open would block the tick
 forever; a symlink, say to ``/dev/zero``; a directory; a device), or a file
 over ``MAX_SIDECAR_BYTES``.
@@ -19,6 +21,7 @@ every tick, until the sidecar reads well again. The module-level
 
 from __future__ import annotations
 
+import json
 import posixpath
 import time
 from dataclasses import dataclass
@@ -67,7 +70,7 @@ class ProgressReader:
 
     def progress(self, transport: Transport, spec: JobSpec) -> Optional[Progress]:
         """The chain's progress now; None when the sidecar exists but is unreadable."""
-        path = posixpath.join(spec.checkpoint_dir, SIDECAR_NAME)
+        path = spec.progress_file or posixpath.join(spec.checkpoint_dir, SIDECAR_NAME)
         key = (transport.host, path)
         info = transport.stat(path)
         if info is None:
@@ -86,7 +89,7 @@ class ProgressReader:
             self._seen.pop(key, None)
             return _newest_checkpoint(transport, spec.checkpoint_dir)
         try:
-            result = _parse(data)
+            result = _own(data, spec, info) if spec.progress_file else _parse(data)
         except ValueError as exc:
             self._remember(key, info, None)
             self._report(key, str(exc), "progress sidecar unreadable, counting no new progress", str(exc))
@@ -123,6 +126,21 @@ def _parse(data: bytes) -> Progress:
         done=bool(fields.get("done")),
         segment=fields.get("segment"),
     )
+
+
+def _own(data: bytes, spec: JobSpec, info: FileInfo) -> Progress:
+    """The epoch at ``progress_key`` in the script's own JSON file, saved when it was written."""
+    try:
+        value: object = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    for part in spec.progress_key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise ValueError(f"no key {spec.progress_key!r} in it (progress = FILE:KEY)")
+        value = value[part]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{spec.progress_key} is {value!r}, not a whole number of epochs")
+    return Progress(epoch=value, file=posixpath.basename(spec.progress_file or ""), saved_at=info.mtime)
 
 
 def _newest_checkpoint(transport: Transport, directory: str) -> Progress:

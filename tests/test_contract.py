@@ -164,6 +164,7 @@ def write_job(
     queue: str = "",
     env: dict[str, str] | None = None,
     checkpoint_dir: str = "checkpoints",
+    progress: str = "",
 ) -> Path:
     fields = {
         "name": name,
@@ -176,6 +177,8 @@ def write_job(
         "target_epoch": target_epoch,
         "max_failures": max_failures,
     }
+    if progress:
+        fields["progress"] = progress
     lines = [f"{k} = {toml(v)}" for k, v in fields.items()]
     lines += ["[scheduler]", f"kind = {toml(cluster.kind)}"]
     if cluster.host:
@@ -350,6 +353,55 @@ def test_target_reached_cancels_the_queued_successor(
     assert rest[0]["outcome"] in ("cancelled", "completed"), rest[0]
     assert not rest[0]["charged"]
     assert starts_in_log(work, 2) == 0, "the successor ran the command"
+    assert cluster.live_jobs(st["id"]) == []
+
+
+OWN_CHECKPOINT = """\
+import json, os, time
+with open("runs.txt", "a") as f:
+    f.write("run\\n")
+os.makedirs("ckpt", exist_ok=True)
+epoch = json.load(open("ckpt/state.json"))["epoch"] if os.path.exists("ckpt/state.json") else 0
+while epoch < 20:
+    time.sleep(0.05)
+    epoch += 1
+    with open("ckpt/state.json.tmp", "w") as f:
+        json.dump({"epoch": epoch}, f)
+    os.replace("ckpt/state.json.tmp", "ckpt/state.json")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("progress", ["ckpt/state.json:epoch", ""], ids=["progress-key", "no-epoch-source"])
+@pytest.mark.parametrize("cluster", ALL, indirect=True)
+def test_a_script_with_its_own_json_checkpoint_completes_and_never_runs_again(
+    cluster: Cluster, work: Path, chainrun: CLI, progress: str
+) -> None:
+    """A plain script that resumes from its own {"epoch": N} file and exits 0 at epoch 20:
+    with progress = "FILE:KEY" chainrun reads the epoch and sees the target reached; with
+    no epoch source at all, exit 0 on its own ends the run. Either way the chain completes,
+    no failure is charged, and the successor queued ahead never runs the script again."""
+    (work / "own.py").write_text(OWN_CHECKPOINT)
+    path = write_job(
+        work,
+        cluster,
+        "python3 own.py",
+        walltime=max(60, cluster.walltime),
+        grace=10,
+        target_epoch=20,
+        checkpoint_dir="ckpt",
+        progress=progress,
+    )
+    result = chainrun("run", str(path), "--interval", "0.5", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    st = status(chainrun, "t")
+    assert st["state"] == "completed" and st["failures"] == 0, st["reason"]
+    if progress:
+        assert st["epoch"] == 20 and "target epoch 20 reached" in st["reason"]
+    else:
+        assert "cannot read an epoch" in st["reason"]
+    assert (work / "runs.txt").read_text() == "run\n", "the script ran again after it finished"
+    assert starts_in_log(work, 2) == 0
     assert cluster.live_jobs(st["id"]) == []
 
 

@@ -378,3 +378,22 @@ def test_a_failed_segment_carries_its_output_tail_and_a_shell_killed_by_the_sign
     end = decide(chain(seg(1)), Facts(jobs={"j1": job}, progress=BEFORE), NOW)[0]
     assert isinstance(end, EndSegment) and end.charged
     assert "reached the shell (bash)" in end.reason and "`exec`" in end.reason
+
+
+@pytest.mark.parametrize(("left", "completes"), [(Progress(saved_at=300.0), True), (AFTER, False)])
+def test_with_a_target_exit_0_on_its_own_completes_only_when_no_epoch_can_be_read(
+    left: Progress, completes: bool
+) -> None:
+    """A script whose epoch chainrun cannot read exited 0 before its walltime: running it
+    again would only repeat that, so the chain completes, saying why; with an epoch below
+    the target it is a segment like any other."""
+    marker = EndMarker(0, 0, "", False, NOW - 1, progress=left)
+    job = JobFacts(live=LiveJob("j1", "j1", Phase.ENDED, Outcome.COMPLETED, 0, NOW - 5, NOW - 1), end=marker)
+    actions = decide(chain(seg(1), seg(2, Phase.PENDING)), Facts(jobs={"j1": job}, progress=left), NOW)
+    end = actions[0]
+    assert isinstance(end, EndSegment) and not end.charged
+    assert ("Finish" in kinds(actions)) is completes
+    if completes:
+        fin = actions[-1]
+        assert isinstance(fin, Finish) and fin.state is ChainState.COMPLETED
+        assert "cannot read an epoch to compare with target_epoch 10" in fin.reason

@@ -96,6 +96,14 @@ def test_minimal_job_file_gets_defaults(tmp_path: Path) -> None:
 BASE = 'name="a"\ncommand="true"\ntotal_time="1h"\nwalltime="20m"\n'
 
 
+def test_progress_names_the_scripts_own_json_file_and_the_key_of_its_epoch(tmp_path: Path) -> None:
+    """progress = "FILE:KEY": FILE from the workdir (the last colon splits), KEY dotted."""
+    spec = jobfile.load(write(tmp_path, BASE + 'progress = "ckpt/a:b.json:meta.epoch"\n'))
+    assert spec.progress_file == str(tmp_path / "ckpt" / "a:b.json")
+    assert spec.progress_key == "meta.epoch"
+    assert jobfile.load(write(tmp_path, BASE)).progress_file is None
+
+
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
@@ -128,6 +136,11 @@ BASE = 'name="a"\ncommand="true"\ntotal_time="1h"\nwalltime="20m"\n'
         (BASE + '[scheduler]\nkind="slurm"\nhost="login"\n', "workdir: with scheduler.host set"),
         (BASE + '[env]\nCHAINRUN_X = "1"\n', "env.CHAINRUN_X"),
         (BASE + '[env]\n"BAD-NAME" = "1"\n', "env.BAD-NAME"),
+        (BASE + 'progress = "state.json"\n', "progress = 'state.json': expected \"FILE.json:KEY\""),
+        (BASE + 'progress = "state.json:"\n', "progress = 'state.json:': expected"),
+        (BASE + 'progress = ":epoch"\n', "progress = ':epoch': expected"),
+        (BASE + 'progress = "s.json:a..b"\n', "progress = 's.json:a..b': expected"),
+        (BASE + "progress = 3\n", "progress = 3: expected a JSON file and the key of its epoch"),
         (BASE + 'name = "dup"\n', "not valid TOML"),
         ("name = \n", "not valid TOML"),
     ],

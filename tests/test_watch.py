@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, MutableMapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -259,3 +260,43 @@ def test_an_unreadable_sidecar_is_logged_once_until_it_reads_well_again(
     warnings = warnings_in(logs)
     assert len(warnings) == 2, "reported again once it had been good"
     assert warnings[0]["event"] == "progress sidecar unreadable, counting no new progress"
+
+
+# -- the script's own JSON file (progress = "FILE:KEY") ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b'{"epoch": 12, "lr": 0.1}', 12),
+        (b'{"meta": {"epoch": 3}}', None),  # the key is "epoch" at the top: not found
+        (b'{"epoch": true}', None),
+        (b'{"epoch": -1}', None),
+        (b'{"epoch": "7"}', None),
+        (b"not json", None),
+    ],
+)
+def test_the_epoch_is_read_from_the_scripts_own_json_file_at_its_key(
+    transport: Transport, ckdir: str, content: bytes, expected: Optional[int]
+) -> None:
+    """A whole number at the key is the epoch, saved at the file's mtime; anything else is
+    "unreadable" (no new progress), said once in the log, never a crash."""
+    path = f"{ckdir}/state.json"
+    transport.write_file(path, content)
+    set_mtime(transport, path, LONG_AGO)
+    spec = replace(spec_for(ckdir), progress_file=path, progress_key="epoch")
+    with capture_logs() as logs:
+        progress = tick(lambda: watch.ProgressReader().progress(transport, spec))
+    if expected is None:
+        assert progress is None
+        assert [e["path"] for e in warnings_in(logs)] == [path]
+    else:
+        assert progress == Progress(epoch=expected, file="state.json", saved_at=float(LONG_AGO))
+
+
+def test_a_dotted_key_reaches_into_nested_objects(transport: Transport, ckdir: str) -> None:
+    path = f"{ckdir}/state.json"
+    transport.write_file(path, b'{"meta": {"epoch": 3}, "epoch": 99}')
+    spec = replace(spec_for(ckdir), progress_file=path, progress_key="meta.epoch")
+    progress = watch.progress(transport, spec)
+    assert progress is not None and progress.epoch == 3

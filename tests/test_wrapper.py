@@ -191,6 +191,8 @@ def test_a_sidecar_that_is_no_regular_file_never_blocks_the_wrapper(work: Path, 
         ("exit=0\noriginal=0\nsignal=USR1\nskipped=0\n", None, False),  # stopped by the walltime signal
         ("exit=1\noriginal=1\nsignal=\nskipped=0\n", None, False),  # crashed: run again
         ("exit=0\noriginal=0\nsignal=\nskipped=0\n", 30, False),  # with a target, exit 0 is not done
+        ("exit=0\noriginal=0\nsignal=\nskipped=0\nckpt_epoch=12\n", 30, False),  # ... below it
+        ("exit=0\noriginal=0\nsignal=\nskipped=0\nckpt_epoch=\n", 30, True),  # no epoch to compare: done
         ("exit=0\noriginal=0\nsignal=\nskipped=1\n", 30, True),  # it found the goal reached
     ],
 )
@@ -278,3 +280,27 @@ def test_the_end_marker_says_when_the_walltime_signal_reached_a_shell_and_not_th
     end = marker(job)
     assert (end.signal, end.shell) == ("USR1", shell)
     assert ("start the program with `exec`" in end.describe()) is bool(shell)
+
+
+def test_with_progress_file_key_the_markers_and_the_skip_read_the_scripts_own_json(work: Path) -> None:
+    """progress = "FILE:KEY": the epoch in both markers comes from the script's own file (saved
+    at its mtime), and a successor that finds it at the target skips."""
+    state = work / "state.json"
+    state.write_text('{"meta": {"epoch": 4}}')
+    spec = replace(
+        hostile_spec(str(work)),
+        progress_file=str(state),
+        progress_key="meta.epoch",
+        target_epoch=9,
+        command="""python3 -c 'import json; json.dump({"meta": {"epoch": 9}}, open("state.json", "w"))'""",
+    )
+    job = SegmentJob("hostile-1a2b3c", 1, spec, 60)
+    assert start_logged(job).wait(timeout=60) == 0
+    start = StartMarker.parse(Path(job.stem + ".start").read_bytes())
+    assert start.progress is not None and start.progress.epoch == 4
+    assert marker(job).progress == Progress(epoch=9, saved_at=state.stat().st_mtime)
+
+    nxt = SegmentJob("hostile-1a2b3c", 2, replace(spec, command="touch trained"), 60)
+    assert start_logged(nxt).wait(timeout=60) == 0
+    assert marker(nxt).skipped and not (work / "trained").exists()
+    assert "epoch 9 already reached target_epoch 9" in Path(nxt.log_path).read_text()

@@ -151,6 +151,8 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
         "INHERITED": "\n".join(f"export {key}={q(value)}" for key, value in spec.inherited),
         "ENV": "\n".join(f"export {key}={q(value)}" for key, value in spec.env),
         "TARGET": q("" if spec.target_epoch is None else str(spec.target_epoch)),
+        "PROGRESS_FILE": q(spec.progress_file or ""),
+        "PROGRESS_KEY": q(spec.progress_key),
         "WORKDIR": q(spec.workdir),
         "COMMAND": q(spec.command),
     }

@@ -43,18 +43,42 @@ end_marker() { # exit-code original-code skipped
 # service is away. Only a regular file is read, and at most 1 MiB of it: a
 # FIFO or a link to a device planted as the sidecar never blocks the job.
 progress="$CHAINRUN_CHECKPOINT_DIR/chainrun-progress.json"
-sidecar() {
-    if [ -f "$progress" ] && [ ! -L "$progress" ]; then head -c 1048576 -- "$progress" 2>/dev/null; fi
-}
+own=@@PROGRESS_FILE@@ # progress = "FILE:KEY": the script's own JSON file and its epoch's key
+own_key=@@PROGRESS_KEY@@
+readable() { [ -f "$1" ] && [ ! -L "$1" ] && head -c 1048576 -- "$1" 2>/dev/null; }
+sidecar() { readable "$progress"; }
 field() { # name pattern: the value of a top-level sidecar field
     printf '%s' "$text" | grep -o "\"$1\": *$2" | head -n 1 | sed 's/^[^:]*: *//' || true
+}
+epoch_now() { # the epoch from the sidecar ($text), or at the key in the script's own file
+    if [ -z "$own" ]; then
+        field epoch '[0-9][0-9]*'
+    else
+        readable "$own" | python3 -I -c '
+import json, sys
+try:
+    value = json.load(sys.stdin)
+    for part in sys.argv[1].split("."):
+        value = value[part]
+    if type(value) is int and value >= 0:
+        print(value)
+except Exception:
+    pass' "$own_key" 2>/dev/null || true
+    fi
+}
+saved_now() { # when the checkpoint was saved: the sidecar's word, or the own file's mtime
+    if [ -z "$own" ]; then
+        field saved_at '[0-9][0-9.eE+-]*'
+    elif [ -f "$own" ]; then
+        find "$own" -maxdepth 0 -printf '%T@' 2>/dev/null || true
+    fi
 }
 snapshot() {
     local text
     text=$(sidecar | tr -d '\n' || true)
     printf 'ckpt_epoch=%s\nckpt_step=%s\nckpt_saved=%s\nckpt_done=%s\nckpt_mtime=%s\n' \
-        "$(field epoch '[0-9][0-9]*')" "$(field step '[0-9][0-9]*')" \
-        "$(field saved_at '[0-9][0-9.eE+-]*')" "$(field done true)" \
+        "$(epoch_now)" "$(field step '[0-9][0-9]*')" \
+        "$(saved_now)" "$(field done true)" \
         "$(find "$CHAINRUN_CHECKPOINT_DIR" -maxdepth 1 -type f ! -name '.*' ! -name '*.tmp' \
             ! -name '*.partial' ! -name '*.lock' ! -name '*~' -printf '%T@\n' 2>/dev/null |
             sort -n | tail -n 1)"
@@ -76,12 +100,14 @@ if [ -e "$CHAINRUN_RUN_DIR/final" ]; then
     skip="the chain has already ended"
 elif [ -f "$before" ] && grep -qx 'skipped=1' "$before"; then
     skip="segment @@PREVIOUS@@ found the goal already reached"
-elif [ -z "$target" ] && [ -f "$before" ] && grep -qx 'original=0' "$before" && grep -qx 'signal=' "$before"; then
+elif [ -f "$before" ] && grep -qx 'original=0' "$before" && grep -qx 'signal=' "$before" &&
+    { [ -z "$target" ] || grep -qx 'ckpt_epoch=' "$before"; }; then
+    # Exit 0 before the walltime, and no target (or no epoch to compare with it): done.
     skip="segment @@PREVIOUS@@ finished on its own (exit 0 before its walltime)"
 elif [ "$(field done true)" = true ]; then
     skip="the checkpoint says training is done"
 elif [ -n "$target" ]; then
-    epoch=$(field epoch '[0-9][0-9]*')
+    epoch=$(epoch_now)
     if [ -n "$epoch" ] && [ "$epoch" -ge "$target" ]; then
         skip="epoch $epoch already reached target_epoch $target"
     fi
