@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
 
+from chainrun import container
 from chainrun.errors import JobFileError
 from chainrun.model import JobSpec, SchedulerSpec
 
@@ -77,6 +78,9 @@ TOP_KEYS = (
     "env",
     "inherit_env",
     "progress",
+    "container",
+    "container_runtime",
+    "container_options",
 )
 SCHEDULER_KEYS = ("kind", "host", "queue", "options")
 
@@ -401,6 +405,7 @@ def parse(
         _local_dir(f, "workdir", workdir, must_exist=True)
         _local_dir(f, "checkpoint_dir", checkpoint_dir, must_exist=False)
     progress_file, progress_key = _progress(f, workdir, remote)
+    image, runtime, container_options = _container(f, base, remote, environ or {})
 
     env_table = f.get("env", dict, "a table [env] of NAME = value", default={})
     env = []
@@ -441,7 +446,7 @@ def parse(
     webhook = f.get("webhook", str, "an http:// or https:// URL", max_bytes=MAX_URL_BYTES)
     f.checked("webhook", webhook, web_url, "must be an http:// or https:// URL with a valid host")
 
-    return JobSpec(
+    spec = JobSpec(
         name=name,
         command=command,
         workdir=workdir,
@@ -452,6 +457,9 @@ def parse(
         checkpoint_dir=checkpoint_dir,
         progress_file=progress_file,
         progress_key=progress_key,
+        container=image,
+        container_runtime=runtime,
+        container_options=container_options,
         signal=signal,
         grace=grace,
         scheduler=sched,
@@ -462,6 +470,10 @@ def parse(
         webhook=webhook,
         source=str(Path(path).resolve()) if path else "",
     )
+    problem = None if remote else container.image_problem(spec)
+    if problem:
+        raise f.error("container", problem)
+    return spec
 
 
 def web_url(url: str) -> bool:
@@ -558,20 +570,68 @@ def _scheduler(path: str, table: dict[str, Any]) -> SchedulerSpec:
     f.checked("host", host, HOST_RE.fullmatch, "not a host name")
     queue = f.get("queue", str, "a partition or queue name", max_bytes=255)
     f.checked("queue", queue, QUEUE_RE.fullmatch, "not a queue name")
-    options = f.get("options", list, 'a list of strings, e.g. ["--mem=16G"]', default=[])
-    if len(options) > MAX_OPTIONS:
-        raise f.error("options", f"{len(options)} options; at most {MAX_OPTIONS}")
-    for opt in options:
-        if isinstance(opt, str) and "\0" in opt:
-            raise f.error("options", "must not contain NUL bytes")
-        if not isinstance(opt, str) or not opt.strip() or not opt.isprintable():
-            raise f.error("options", "each option must be a one-line string, free of control characters")
-        if _size(opt) > MAX_OPTION_BYTES:
-            raise f.error("options", f"each option must be at most {_kib(MAX_OPTION_BYTES)}")
+    options = _options(f, "options", '["--mem=16G"]')
     if kind == "local":
         for key in ("queue", "options"):
             if key in table:
                 raise f.error(
                     key, 'only applies to kind = "slurm" or "sge"; the local runner has no queues or options'
                 )
-    return SchedulerSpec(kind=kind, host=host or None, queue=queue, options=tuple(options))
+    return SchedulerSpec(kind=kind, host=host or None, queue=queue, options=options)
+
+
+def _options(f: _Fields, key: str, example: str) -> tuple[str, ...]:
+    """A list of command-line options, each one printable line."""
+    options = f.get(key, list, f"a list of strings, e.g. {example}", default=[])
+    if len(options) > MAX_OPTIONS:
+        raise f.error(key, f"{len(options)} options; at most {MAX_OPTIONS}")
+    for opt in options:
+        if isinstance(opt, str) and "\0" in opt:
+            raise f.error(key, "must not contain NUL bytes")
+        if not isinstance(opt, str) or not opt.strip() or not opt.isprintable():
+            raise f.error(key, "each option must be a one-line string, free of control characters")
+        if _size(opt) > MAX_OPTION_BYTES:
+            raise f.error(key, f"each option must be at most {_kib(MAX_OPTION_BYTES)}")
+    return tuple(options)
+
+
+def _container(
+    f: _Fields, base: Path, remote: bool, environ: Mapping[str, str]
+) -> tuple[Optional[str], str, tuple[str, ...]]:
+    """``container``, its runtime (found on PATH when not given) and its options."""
+    image = f.get(
+        "container", str, "an image: a directory, a .sif or .sqfs file, or a URI", max_bytes=MAX_PATH_BYTES
+    )
+    runtime = f.get("container_runtime", str, "one of " + ", ".join(container.RUNTIMES), max_bytes=64)
+    f.checked(
+        "container_runtime",
+        runtime,
+        container.RUNTIMES.__contains__,
+        "allowed: " + ", ".join(container.RUNTIMES),
+    )
+    options = _options(f, "container_options", '["--private-tmp"]')
+    if image is None:
+        for key in ("container_runtime", "container_options"):
+            if key in f.table:
+                raise f.error(key, "only applies with container = IMAGE")
+        return None, "", ()
+    f.checked("container", image, lambda v: v.strip(), "must name an image")
+    if "://" not in image:  # a path; a URI (docker://, oras://, library://) the runtime pulls
+        image = _resolve(f, "container", image, base, remote)
+        if not remote and not os.path.exists(image):
+            raise f.error("container", f"{_file(image)}: no such image; give the image's path")
+    if runtime is None:
+        if remote:
+            raise f.error(
+                "container",
+                "with scheduler.host set, say which runtime: "
+                'container_runtime = "charliecloud", "apptainer" or "singularity"',
+            )
+        runtime = container.detect(environ)
+        if runtime is None:
+            raise f.error(
+                "container",
+                "no container runtime on PATH (ch-run, apptainer or singularity): load or install one "
+                "(module load charliecloud?), or set container_runtime",
+            )
+    return image, runtime, options

@@ -105,6 +105,9 @@ class JobSpec:
     # not the helper's sidecar; None: the sidecar (or the newest file's mtime).
     progress_file: Optional[str] = None
     progress_key: str = ""
+    container: Optional[str] = None  # the image the command runs in; None: none
+    container_runtime: str = ""  # charliecloud, apptainer or singularity
+    container_options: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,7 +116,11 @@ class JobSpec:
     def from_json(cls, data: dict[str, Any]) -> JobSpec:
         sched = data["scheduler"]
         return cls(
-            **{k: v for k, v in data.items() if k not in ("scheduler", "env", "inherit_env", "inherited")},
+            **{
+                k: v
+                for k, v in data.items()
+                if k not in ("scheduler", "env", "inherit_env", "inherited", "container_options")
+            },
             scheduler=SchedulerSpec(
                 kind=sched["kind"],
                 host=sched["host"],
@@ -123,6 +130,7 @@ class JobSpec:
             env=tuple((k, v) for k, v in data["env"]),
             inherit_env=tuple(data.get("inherit_env", ())),
             inherited=tuple((k, v) for k, v in data.get("inherited", ())),
+            container_options=tuple(data.get("container_options", ())),
         )
 
 

@@ -165,6 +165,7 @@ def write_job(
     env: dict[str, str] | None = None,
     checkpoint_dir: str = "checkpoints",
     progress: str = "",
+    container: str = "",
 ) -> Path:
     fields = {
         "name": name,
@@ -179,6 +180,8 @@ def write_job(
     }
     if progress:
         fields["progress"] = progress
+    if container:
+        fields["container"] = container
     lines = [f"{k} = {toml(v)}" for k, v in fields.items()]
     lines += ["[scheduler]", f"kind = {toml(cluster.kind)}"]
     if cluster.host:
@@ -403,6 +406,43 @@ def test_a_script_with_its_own_json_checkpoint_completes_and_never_runs_again(
     assert (work / "runs.txt").read_text() == "run\n", "the script ran again after it finished"
     assert starts_in_log(work, 2) == 0
     assert cluster.live_jobs(st["id"]) == []
+
+
+TEST_IMAGE = Path(os.environ.get("CHAINRUN_TEST_IMAGE", "/var/lib/chainrun-test/image"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", ALL[:2], indirect=True)
+def test_a_chain_runs_inside_a_charliecloud_image_across_walltime_segments(
+    cluster: Cluster, work: Path, chainrun: CLI
+) -> None:
+    """container = IMAGE: every segment runs the command inside the image (it reads a file only
+    the image has), the walltime signal reaches the trainer inside (it saves and stops), and the
+    chain resumes across three or more segments to its target, no failure charged."""
+    need(
+        "the Charliecloud test image", have("ch-run") and TEST_IMAGE.is_dir(), "sudo scripts/build-test-image"
+    )
+    assert not Path("/etc/chainrun-test-image").exists(), "this machine must not have the image's marker file"
+    epochs = int(cluster.train_seconds)
+    path = write_job(
+        work,
+        cluster,
+        f"cat /etc/chainrun-test-image >> inside.txt; exec python3 trainer.py --epochs {epochs} --epoch-time 1",
+        target_epoch=epochs,
+        container=str(TEST_IMAGE),
+    )
+    check = chainrun("check", "--show-script", str(path), check=True).stdout
+    assert "ch-run -b " in check and f" {TEST_IMAGE} -- bash -c " in check
+    result = chainrun("run", str(path), "--interval", "1", timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    st = status(chainrun, "t")
+    assert st["state"] == "completed" and st["failures"] == 0, st["reason"]
+    segs = ran(st)
+    assert len(segs) >= 3, f"only {len(segs)} segments ran"
+    assert sum(s["outcome"] == "timeout" for s in segs) >= 2, "the walltime signal did not stop the trainer"
+    inside = (work / "inside.txt").read_text().splitlines()
+    assert inside == ["chainrun test image 1"] * len(inside) and len(inside) >= 3
+    assert "resumed from" in chainrun("logs", "t", check=True).stdout
 
 
 @pytest.mark.parametrize("cluster", CLUSTERS_ONLY + OVER_SSH, indirect=True)

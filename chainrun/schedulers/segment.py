@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Optional
 
+from chainrun import container
 from chainrun.errors import UnsafePathError
 from chainrun.model import JobSpec, Outcome, Progress
 
@@ -155,6 +156,7 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
         "PROGRESS_KEY": q(spec.progress_key),
         "WORKDIR": q(spec.workdir),
         "COMMAND": q(spec.command),
+        "CONTAINER": "".join(f"{q(word)} " for word in container.argv(spec)),
     }
     template = resources.files("chainrun.schedulers").joinpath("segment.sh").read_text()
     body = _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)

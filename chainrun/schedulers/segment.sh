@@ -10,6 +10,7 @@ export CHAINRUN_CHECKPOINT_DIR=@@CHECKPOINT_DIR@@
 export CHAINRUN_SIGNAL=@@SIGNAL@@
 export CHAINRUN_RUN_DIR=@@RUN_DIR@@
 export CHAINRUN_DEADLINE=$(( $(date +%s) + @@WALLTIME@@ ))
+export USER="${USER:-$(id -un)}" # not every scheduler sets it; ch-run refuses to start without it
 # What the submitting shell had (inherit_env), then [env], which wins.
 @@INHERITED@@
 @@ENV@@
@@ -168,7 +169,7 @@ trap 'forward USR1' USR1
 trap 'forward USR2' USR2
 trap 'forward TERM' TERM
 echo "chainrun: segment @@SEGMENT@@ of chain $CHAINRUN_CHAIN starting on $(hostname) as job ${job:-?}"
-bash -c @@COMMAND@@ &
+@@CONTAINER@@bash -c @@COMMAND@@ &
 child=$!
 if [ -n "$got" ]; then kill -s "$got" "$child" 2>/dev/null || true; fi  # it came before the command
 # A scheduler that sends no warning before its walltime kill (SGE) gets ours.

@@ -19,6 +19,7 @@ export CHAINRUN_CHECKPOINT_DIR='/scratch/my runs/bob'"'"'s/ckpt'
 export CHAINRUN_SIGNAL=USR1
 export CHAINRUN_RUN_DIR='/scratch/my runs/bob'"'"'s/.chainrun/hostile-a1b2c3'
 export CHAINRUN_DEADLINE=$(( $(date +%s) + 14400 ))
+export USER="${USER:-$(id -un)}" # not every scheduler sets it; ch-run refuses to start without it
 # What the submitting shell had (inherit_env), then [env], which wins.
 
 export MSG='it'"'"'s "$(rm -rf /)" `x`'$'\n''line2 $HOME'

@@ -20,6 +20,7 @@ export CHAINRUN_CHECKPOINT_DIR='/scratch/my run'"'"'s dir $x/ckpt '"'"'x'"'"''
 export CHAINRUN_SIGNAL=USR1
 export CHAINRUN_RUN_DIR='/scratch/my run'"'"'s dir $x/.chainrun/hostile-1a2b3c'
 export CHAINRUN_DEADLINE=$(( $(date +%s) + 10801 ))
+export USER="${USER:-$(id -un)}" # not every scheduler sets it; ch-run refuses to start without it
 # What the submitting shell had (inherit_env), then [env], which wins.
 
 export NOTE='a'"'"'b"c $(id) `id` ${X}'$'\n''line two'
