@@ -128,9 +128,12 @@ class _Group(click.Group):
     Exit codes:
 
     - 0: done; ``--help`` included.
-    - a ``ChainrunError``: its message and its ``exit_code`` (2 for bad input, 1 otherwise).
+    - a ``ChainrunError``: its message and its ``exit_code``: 2 for bad input (a
+      job file, a chain or segment that is not there, a state directory that cannot
+      be used), 1 otherwise (a checkpoint already complete, a cluster or database
+      that cannot be reached now).
     - 2: a usage error click finds (unknown option or command, missing argument, a
-      value of the wrong type or not among the choices), as
+      value of the wrong type, out of range or not among the choices), as
       ``chainrun: <message> (see `chainrun COMMAND --help`)``.
     - 1: any other exception, which is a bug: ``chainrun: internal error: <type>:
       <message> (run with --debug for the traceback)``. Exit 1 and not sysexits'
@@ -224,7 +227,13 @@ class _Group(click.Group):
 @click.option("--debug", is_flag=True, help="Show the full traceback of an unexpected error.")
 @click.pass_context
 def main(ctx: click.Context, home: Optional[str], log_level: str, debug: bool) -> None:
-    """Keep long training runs alive across walltime-limited batch jobs."""
+    """Keep long training runs alive across walltime-limited batch jobs.
+
+    Exit codes: 0 done; 1 a chain that did not (or cannot) complete, or a
+    cluster or state database that cannot be reached now; 2 bad input (a job
+    file, option, chain or state directory), always one line on stderr;
+    130 Ctrl-C.
+    """
     from chainrun import logs
 
     if home == "":  # click would make it ".": state in whatever directory this runs in
@@ -453,7 +462,11 @@ def daemon(ctx: click.Context, interval: Optional[float]) -> None:
 @click.argument("chain_ref", metavar="CHAIN")
 @click.pass_context
 def cancel(ctx: click.Context, chain_ref: str) -> None:
-    """Cancel CHAIN: its queued and running jobs are cancelled."""
+    """Cancel CHAIN: its queued and running jobs are cancelled.
+
+    Exits 0 (also when it had already ended); 2 for an unknown CHAIN; 1 when
+    CHAIN is damaged or the cluster cannot be reached.
+    """
     with _store(ctx) as store:
         chain = store.find(chain_ref)
         if chain.state.final:
@@ -573,7 +586,10 @@ def status(
 @click.argument("chain_ref", metavar="CHAIN")
 @click.pass_context
 def history(ctx: click.Context, chain_ref: str) -> None:
-    """Show CHAIN's events: every decision with its reason."""
+    """Show CHAIN's events: every decision with its reason.
+
+    Exits 0; 2 for an unknown CHAIN.
+    """
     with _store(ctx, readonly=True) as store:
         # By id alone: the events of a damaged chain can still be read.
         for ev in store.events(store.resolve(chain_ref)):
@@ -582,11 +598,17 @@ def history(ctx: click.Context, chain_ref: str) -> None:
 
 @main.command()
 @click.argument("chain_ref", metavar="CHAIN")
-@click.option("--segment", "-n", type=int, default=None, help="Segment number (default: all).")
+@click.option(
+    "--segment", "-n", type=click.IntRange(min=1), default=None, help="Segment number (default: all)."
+)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new output until the chain ends.")
 @click.pass_context
 def logs(ctx: click.Context, chain_ref: str, segment: Optional[int], follow: bool) -> None:
-    """Print the output of CHAIN's segments."""
+    """Print the output of CHAIN's segments.
+
+    Exits 0; 2 for an unknown CHAIN or segment, or a bad option; 1 when the
+    cluster cannot be reached.
+    """
     with _store(ctx, readonly=True) as store:
         chain = store.find(chain_ref)
         transport = transport_for(chain.spec.scheduler.host)
@@ -595,7 +617,8 @@ def logs(ctx: click.Context, chain_ref: str, segment: Optional[int], follow: boo
             chain = store.chain(chain.id)
             numbers = [s.n for s in chain.segments if segment is None or s.n == segment]
             if segment is not None and not numbers:
-                raise ChainrunError(f"chain {chain.id} has no segment {segment}")
+                have = f"1 to {chain.next_n - 1}" if chain.segments else "none yet"
+                raise UsageError(f"chain {chain.id} has no segment {segment} (it has {have})")
             for n in numbers:
                 path = SegmentJob(chain.id, n, chain.spec, 0).log_path
                 data = transport.read_file(path) or b""

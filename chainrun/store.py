@@ -161,14 +161,14 @@ def private_dir(path: Path) -> Path:
     except OSError as exc:
         raise UsageError(f"cannot use the state directory {_short(path)}: {exc.strerror}") from None
     if not stat.S_ISDIR(st.st_mode):
-        raise StoreError(f"{path} is not a directory; set CHAINRUN_HOME to a directory of your own")
+        raise UsageError(f"{path} is not a directory; set CHAINRUN_HOME to a directory of your own")
     if st.st_uid != os.geteuid():
-        raise StoreError(
+        raise UsageError(
             f"{path} belongs to another user (uid {st.st_uid}); chainrun keeps its state private: "
             "set CHAINRUN_HOME to a directory of your own"
         )
     if st.st_mode & 0o077:
-        raise StoreError(
+        raise UsageError(
             f"{path} is open to other users; chainrun keeps its state private: "
             f"run `chmod 700 {path}` if it is chainrun's own, or set CHAINRUN_HOME to a new directory"
         )
@@ -256,7 +256,7 @@ class Store:
 
     def _open_reader(self) -> sqlite3.Connection:
         try:
-            exists = self.home.is_dir()
+            exists = self.home.exists()  # a file there is refused below, as for writing
         except OSError as exc:  # a name too long, say
             raise UsageError(f"cannot use the state directory {_short(self.home)}: {exc.strerror}") from None
         if exists:

@@ -9,12 +9,15 @@ exactly what a user sees.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import closing, suppress
 from pathlib import Path
@@ -28,6 +31,7 @@ from conftest import REPO, cli_env, wait_for
 
 from chainrun import jobfile
 from chainrun import logs as chainrun_logs
+from chainrun.checkpoint import write_progress
 from chainrun.cli import main
 
 # -- the commands and the garbage -------------------------------------------------
@@ -273,7 +277,7 @@ def test_usage_errors_say_what_and_where_the_help_is(env: dict[str, Path]) -> No
     result = invoke(["logs", "x", "-n", "notanumber"])
     assert result.exit_code == 2
     assert result.stderr == (
-        "chainrun: invalid value for '--segment' / '-n': 'notanumber' is not a valid integer "
+        "chainrun: invalid value for '--segment' / '-n': 'notanumber' is not a valid integer range "
         "(see `chainrun logs --help`)\n"
     )
     result = invoke(["service", "install", "--bogus"])
@@ -534,3 +538,182 @@ def test_version_and_check_show_script_say_what_runs(tmp_path: Path) -> None:
         assert submit in out and directive in out, out
         assert "bash -c 'python3 train.py' &" in out
     assert not (tmp_path / "home" / "chainrun.db").exists()
+
+
+# -- exit codes: 2 for bad input, 1 for a chain that cannot complete, 0 otherwise -----
+
+
+def _world(tmp_path: Path) -> dict[str, str]:
+    """A state directory with one submitted chain, and the paths a sweep refers to."""
+    work = tmp_path / "work"
+    work.mkdir()
+    job = work / "job.toml"
+    job.write_text('name = "t"\ncommand = "python3 train.py"\ntotal_time = "2h"\nwalltime = "1h"\n')
+    done = tmp_path / "done"
+    (done / "checkpoints").mkdir(parents=True)
+    (done / "job.toml").write_text(
+        'name = "d"\ncommand = "python3 train.py"\ntotal_time = "2h"\nwalltime = "1h"\ntarget_epoch = 3\n'
+    )
+    (done / "checkpoints" / "model.pt").write_bytes(b"weights")
+    write_progress(done / "checkpoints", epoch=3, step=0, file="model.pt")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o755)
+    state = tmp_path / "state"
+    chain = chainrun_process(tmp_path, "submit", str(job))
+    assert chain.returncode == 0, chain.stderr
+    return {
+        "{chain}": chain.stdout.strip(),
+        "{job}": str(job),
+        "{done}": str(done / "job.toml"),
+        "{missing}": str(work / "no-such.toml"),
+        "{dir}": str(work),
+        "{file}": str(job),
+        "{shared}": str(shared),
+        "{state}": str(state),
+    }
+
+
+# (args, exit code, what stderr says): every command with a bad reference, path or option.
+EXIT_CODES: list[tuple[list[str], int, str]] = [
+    (["logs", "{chain}", "-n", "99"], 2, "has no segment 99 (it has none yet)"),
+    (["logs", "{chain}", "-n", "0"], 2, "invalid value for '--segment' / '-n'"),
+    (["logs", "{chain}", "-n", "-1"], 2, "invalid value for '--segment' / '-n'"),
+    (["logs", "{chain}", "--follow", "-n", "2"], 2, "has no segment 2"),
+    (["logs", "nosuch"], 2, "no chain 'nosuch'"),
+    (["history", "nosuch"], 2, "no chain 'nosuch'"),
+    (["cancel", "nosuch"], 2, "no chain 'nosuch'"),
+    (["status", "nosuch"], 2, "no chain 'nosuch'"),
+    (["status", "--watch", "0"], 2, "--watch 0.0: must be 0.1 to 3600 seconds"),
+    (["check", "{missing}"], 2, "no such job file"),
+    (["submit", "{missing}"], 2, "no such job file"),
+    (["run", "{missing}"], 2, "no such job file"),
+    (["submit", "{dir}"], 2, "is a directory"),
+    (["daemon", "--interval", "0"], 2, "--interval 0: must be 0.2 to 3600 seconds"),
+    (["--home", "{file}", "status"], 2, "is a file"),
+    (["--home", "{shared}", "status"], 2, "is open to other users"),
+    (["--home", "{shared}", "submit", "{job}"], 2, "is open to other users"),
+    (["--home", "{shared}", "history", "x"], 2, "is open to other users"),
+    (["--home", "{file}/sub", "submit", "{job}"], 2, "cannot create the state directory"),
+    (["submit", "{done}"], 1, "is already complete (epoch 3, target_epoch 3); to start over, add --fresh"),
+    (["check", "{job}"], 0, ""),
+    (["status"], 0, ""),
+    (["status", "{chain}"], 0, ""),
+    (["status", "--json"], 0, ""),
+    (["history", "{chain}"], 0, ""),
+    (["logs", "{chain}"], 0, ""),
+    (["cancel", "{chain}"], 0, ""),
+]
+
+
+def test_exit_codes_bad_input_2_cannot_complete_1_else_0(tmp_path: Path) -> None:
+    """Each command swept with bad references, paths and options as a user runs them: bad
+    input is exit 2 and one line (`logs -n 99` and a state directory open to others were
+    exit 1); a checkpoint already complete is 1; the rest 0. Nothing bad is stored."""
+    places = _world(tmp_path)
+    failures = []
+    for args, code, says in EXIT_CODES:
+        argv = [places.get(a, a) for a in args]
+        argv = [a.replace("{file}", places["{file}"]) for a in argv]
+        result = chainrun_process(tmp_path, *argv)
+        got = (result.returncode, result.stderr.count("\n") <= 1 if code else True, says in result.stderr)
+        if got != (code, True, True) or "Traceback" in result.stderr:
+            failures.append(f"{' '.join(args)}: exit {result.returncode}: {result.stderr.strip()[:300]}")
+    assert not failures, "\n".join(failures)
+    assert stored_chains(tmp_path / "state") == 1  # the world's own chain only
+    assert list((tmp_path / "shared").iterdir()) == []
+
+
+def test_status_usage_shows_chain_as_optional(env: dict[str, Path]) -> None:
+    """`status` takes CHAIN or not: its usage says `[CHAIN]`; the others need one."""
+    assert "Usage: chainrun status [OPTIONS] [CHAIN]" in invoke(["status", "--help"]).output
+    assert "Usage: chainrun logs [OPTIONS] CHAIN" in invoke(["logs", "--help"]).output
+
+
+# -- starting over ----------------------------------------------------------------
+
+
+def finished_run(tmp_path: Path) -> tuple[Path, Path, dict[str, bytes]]:
+    """A job file whose chain ran to its target on the real local runner; its checkpoint
+    directory's files."""
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(REPO / "tests" / "data" / "trainer.py", work)
+    job = work / "job.toml"
+    job.write_text(
+        'name = "again"\ncommand = "python3 trainer.py --epochs 2 --epoch-time 0.2"\n'
+        'total_time = "5m"\nwalltime = "1m"\ntarget_epoch = 2\n'
+    )
+    result = chainrun_process(tmp_path, "run", str(job), "--interval", "0.3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    ckpt = work / "checkpoints"
+    return job, ckpt, {p.name: p.read_bytes() for p in ckpt.iterdir() if p.is_file()}
+
+
+def test_submitting_a_finished_job_again_is_refused_and_fresh_moves_the_checkpoint_aside(
+    tmp_path: Path,
+) -> None:
+    """Running a finished job file again "completed" in 0.4 s. Now `submit` says the
+    checkpoint is complete, names it and --fresh, exits 1 and stores nothing; `submit
+    --fresh` renames the directory to `checkpoints.old-<UTC time>`, byte for byte, and
+    stores a chain that starts from nothing."""
+    job, ckpt, files = finished_run(tmp_path)
+    assert stored_chains(tmp_path / "state") == 1
+    again = chainrun_process(tmp_path, "submit", str(job))
+    assert again.returncode == 1 and again.stdout == ""
+    line = one_line(again.stderr)
+    assert line == (
+        f"chainrun: the checkpoint in {ckpt} is already complete (epoch 2, target_epoch 2); "
+        "to start over, add --fresh (it moves the directory aside, deleting nothing)"
+    )
+    assert stored_chains(tmp_path / "state") == 1
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir() if p.is_file()} == files
+
+    before = time.gmtime()
+    fresh = chainrun_process(tmp_path, "submit", "--fresh", str(job))
+    assert fresh.returncode == 0, fresh.stderr
+    chain_id = fresh.stdout.strip()
+    [old] = [p for p in ckpt.parent.iterdir() if p.name.startswith("checkpoints.old-")]
+    stamp = time.strptime(old.name[len("checkpoints.old-") :], "%Y%m%d-%H%M%S")
+    assert time.mktime(before) - 1 <= time.mktime(stamp) <= time.mktime(time.gmtime()) + 1
+    assert f"moved the old checkpoint directory aside: {ckpt} -> {old}" in fresh.stderr
+    assert {p.name: p.read_bytes() for p in old.iterdir() if p.is_file()} == files
+    assert not ckpt.exists()
+    status = json.loads(chainrun_process(tmp_path, "status", chain_id, "--json").stdout)[0]
+    assert status["state"] == "active" and status["epoch"] is None
+    assert stored_chains(tmp_path / "state") == 2
+
+
+def test_fresh_never_overwrites_an_earlier_copy_and_never_moves_the_workdir(tmp_path: Path) -> None:
+    """A `.old-<time>` name already taken gets `-2`; a checkpoint_dir that holds the
+    workdir (`checkpoint_dir = "."`) is refused in one line, exit 2, nothing moved."""
+    work = tmp_path / "work"
+    (work / "checkpoints").mkdir(parents=True)
+    (work / "checkpoints" / "a.pt").write_bytes(b"new")
+    job = work / "job.toml"
+    job.write_text('name = "f"\ncommand = "true"\ntotal_time = "1h"\nwalltime = "10m"\n')
+    start = time.time()
+    taken = set()
+    for t in range(int(start) - 1, int(start) + 120):  # every name this run could pick
+        name = f"checkpoints.old-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(t))}"
+        (work / name).mkdir()
+        (work / name / "a.pt").write_bytes(b"old")
+        taken.add(name)
+    result = chainrun_process(tmp_path, "submit", "--fresh", str(job))
+    assert result.returncode == 0, result.stderr
+    [moved] = [p for p in work.iterdir() if p.name.startswith("checkpoints.old-") and p.name not in taken]
+    assert moved.name[:-2] in taken and moved.name.endswith("-2")
+    assert (moved / "a.pt").read_bytes() == b"new"
+    assert all((work / name / "a.pt").read_bytes() == b"old" for name in taken)
+
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "train.py").write_text("print('mine')\n")
+    (here / "job.toml").write_text(
+        'name = "h"\ncommand = "true"\ntotal_time = "1h"\nwalltime = "10m"\ncheckpoint_dir = "."\n'
+    )
+    refused = chainrun_process(tmp_path, "submit", "--fresh", str(here / "job.toml"))
+    assert refused.returncode == 2
+    assert "holds the workdir" in one_line(refused.stderr)
+    assert sorted(p.name for p in here.iterdir()) == ["job.toml", "train.py"]
+    assert stored_chains(tmp_path / "state") == 1

@@ -488,6 +488,6 @@ def test_a_state_directory_of_another_user_is_refused_and_left_as_it_is(tmp_path
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o700)
     os.chown(theirs, 65534, 65534)
-    with pytest.raises(StoreError, match="belongs to another user"):
+    with pytest.raises(UsageError, match="belongs to another user"):
         Store(theirs)
     assert list(theirs.iterdir()) == []

@@ -2,9 +2,11 @@
 
 A reader sees either the old file or the complete new one, never a torn
 write, whatever moment the writer is killed at. The sha256 of what is written
-is computed on the way, in a helper thread while the kernel takes the bytes,
-so callers never read a large file twice. Temp files carry the writer's host and pid in their name, so a later
-run can tell a dead writer's leftovers from a live writer's work in progress.
+is computed on the way: a helper thread reads the bytes back from the page
+cache right behind the writer, so hashing overlaps the writing and the final
+fsync, and callers never read a large file twice. Temp files carry the
+writer's host and pid in their name, so a later run can tell a dead writer's
+leftovers from a live writer's work in progress.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ _TEMP_RE = re.compile(
     r"^\.(?P<base>.*)~(?P<host>[A-Za-z0-9.-]*)~(?P<pid>\d+)~[0-9a-f]+" + re.escape(TEMP_SUFFIX) + "$"
 )
 _HOST = re.sub(r"[^A-Za-z0-9.-]", "-", os.uname().nodename)[:64]
-_CHUNK = 4 << 20  # sha256_file reads in 4 MiB pieces
+_CHUNK = 1 << 20  # files are read back for hashing in pieces this size (they stay in the CPU cache)
 _SMALL = 256 << 10  # writes below this are gathered before reaching the kernel
-_PARALLEL = 1 << 20  # pieces from this size on are hashed in a helper thread while written
-_PIECE = 8 << 20  # large writes go to the kernel (and to writeback) in pieces of this size
-_FADV_DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", None) if hasattr(os, "posix_fadvise") else None
+_PARALLEL = 1 << 20  # a file that grows past this is hashed by a helper thread reading it back
+_PIECE = 4 << 20  # large writes go to the kernel in pieces this size, so hashing can follow closely
+_HAVE_PREADV = hasattr(os, "preadv")  # missing on some platforms; os.pread is the fallback
 
 Writer = Callable[[IO[bytes]], Any]
 
@@ -192,12 +194,12 @@ def _unlink_quietly(path: str) -> bool:
 class _Sink:
     """The binary file object handed to writer callables: gathers small writes, hashes everything.
 
-    A large write is cut into pieces; each piece is hashed in a helper thread
-    while this thread hands it to the kernel, and once both are done the
-    kernel is asked to start writing the piece out (``POSIX_FADV_DONTNEED``
-    starts writeback without waiting), so the disk works while later pieces
-    are hashed and the final fsync has little left to do. A buffer is only
-    used during the ``write`` call that passed it, as for any file object.
+    Bytes go to the kernel as they come (a large write in pieces), and a
+    helper thread hashes the file behind them, reading back what the page
+    cache already holds, so neither waits for the other: the hash runs on
+    another core while this thread writes and then while ``fsync`` waits for
+    the disk. Small files never start the thread. A buffer is only used
+    during the ``write`` call that passed it, as for any file object.
     """
 
     def __init__(self, fd: int) -> None:
@@ -207,7 +209,6 @@ class _Sink:
         self._hasher: Optional[_Hasher] = None
         self.size = 0  # bytes accepted from the writer
         self._written = 0  # bytes handed to the kernel
-        self._flushed_to = 0  # start of the range not yet sent to writeback
 
     # The small file-object surface torch.save, pickle and numpy use.
     def write(self, data: Union[bytes, bytearray, memoryview]) -> int:
@@ -228,9 +229,9 @@ class _Sink:
 
     def flush(self) -> None:
         if self._pending:
-            data = bytes(self._pending)
+            with memoryview(self._pending) as view:
+                self._to_kernel(view)
             self._pending.clear()
-            self._to_kernel(memoryview(data))
 
     def tell(self) -> int:
         return self.size
@@ -250,27 +251,21 @@ class _Sink:
 
     def _to_kernel(self, view: memoryview) -> None:
         n = view.nbytes
-        parallel = n >= _PARALLEL
-        if parallel:
-            if self._hasher is None:
-                self._hasher = _Hasher(self._hash)
-            self._hasher.start(view)
-        try:
-            done = 0
-            while done < n:
-                done += os.write(self._fd, view[done:])
-        finally:
-            if parallel:
-                assert self._hasher is not None
-                self._hasher.wait()
-        if not parallel:
-            self._hash.update(view)
+        done = 0
+        while done < n:
+            done += os.write(self._fd, view[done:])
         self._written += n
-        if _FADV_DONTNEED is not None and self._written - self._flushed_to >= _PIECE:
-            os.posix_fadvise(self._fd, self._flushed_to, self._written - self._flushed_to, _FADV_DONTNEED)
-            self._flushed_to = self._written
+        if self._hasher is not None:
+            self._hasher.advance(self._written)
+        elif self._written < _PARALLEL:
+            self._hash.update(view)
+        else:  # from here on the file is hashed by reading it back
+            self._hasher = _Hasher(self._fd, self._hash, self._written - n, self._written)
 
     def digest(self) -> str:
+        """The sha256 of everything written; waits for the helper thread to catch up."""
+        if self._hasher is not None:
+            self._hasher.finish(self._written)
         return self._hash.hexdigest()
 
     def close(self) -> None:
@@ -280,40 +275,73 @@ class _Sink:
 
 
 class _Hasher:
-    """A thread that feeds one buffer at a time to a hash object (hashlib releases the GIL)."""
+    """A thread that hashes a file from ``start`` up to the offset the writer has reached.
 
-    def __init__(self, h: Any) -> None:
+    It reads the bytes back with ``pread`` (the page cache still holds them)
+    into one small buffer, so it never touches the writer's buffers and never
+    holds the writer up; hashlib and pread release the GIL.
+    """
+
+    def __init__(self, fd: int, h: Any, start: int, end: int) -> None:
+        self._fd = fd
         self._hash = h
-        self._view: Optional[memoryview] = None
+        self._hashed = start
+        self._end = end
         self._error: Optional[BaseException] = None
-        self._go = threading.Semaphore(0)
-        self._done = threading.Semaphore(0)
         self._stopping = False
+        self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="chainrun-hash", daemon=True)
         self._thread.start()
 
-    def start(self, view: memoryview) -> None:
-        self._view = view
-        self._go.release()
+    def advance(self, end: int) -> None:
+        """The file now holds ``end`` bytes: hash up to there."""
+        with self._cond:
+            self._end = end
+            self._cond.notify_all()
 
-    def wait(self) -> None:
-        self._done.acquire()
-        self._view = None
+    def finish(self, end: int) -> None:
+        """Wait until the first ``end`` bytes are hashed; re-raises the thread's error."""
+        with self._cond:
+            while self._hashed < end and self._error is None:
+                self._cond.wait()
         if self._error is not None:
             raise self._error
 
     def stop(self) -> None:
-        self._stopping = True
-        self._go.release()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
         self._thread.join()
 
     def _run(self) -> None:
-        while True:
-            self._go.acquire()
-            if self._stopping:
-                return
-            try:
-                self._hash.update(self._view)
-            except BaseException as exc:  # re-raised in the writing thread by wait()
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        try:
+            while True:
+                with self._cond:
+                    while self._hashed >= self._end and not self._stopping:
+                        self._cond.wait()
+                    if self._stopping:
+                        return
+                    offset, end = self._hashed, self._end
+                while offset < end:
+                    n = _pread_into(self._fd, view[: min(_CHUNK, end - offset)], offset)
+                    if n == 0:
+                        raise OSError(errno.EIO, f"file ended at {offset} bytes while {end} were written")
+                    self._hash.update(view[:n])
+                    offset += n
+                with self._cond:
+                    self._hashed = offset
+                    self._cond.notify_all()
+        except BaseException as exc:  # re-raised in the writing thread by finish()
+            with self._cond:
                 self._error = exc
-            self._done.release()
+                self._cond.notify_all()
+
+
+def _pread_into(fd: int, view: memoryview, offset: int) -> int:
+    if _HAVE_PREADV:
+        return os.preadv(fd, [view], offset)
+    data = os.pread(fd, view.nbytes, offset)
+    view[: len(data)] = data
+    return len(data)

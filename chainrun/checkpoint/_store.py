@@ -9,7 +9,10 @@ durable before the next: the files, the companion, the sidecar. Restore tries
 the file the sidecar names, then older entries that have a companion, newest
 first, verifying each sha256; a fallback warns, and no usable checkpoint is
 an error rather than a silent fresh start. Retention keeps the last ``keep``
-committed entries and never deletes the one the sidecar names.
+committed entries and never deletes the one the sidecar names; it runs after
+the commit in a helper thread, so deleting a large old file never holds up
+the caller, and a writer killed before it ran leaves one entry too many for
+the next writer's ``prepare`` to remove.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import threading
 import warnings
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -170,6 +174,7 @@ class CheckpointDir:
         self._stem_re = re.compile(rf"^{re.escape(prefix)}-(\d{{6,}})-e\d+-s\d+[._]")
         self._last_seq = 0
         self._prepared = False
+        self._retention: Optional[threading.Thread] = None
 
     def __repr__(self) -> str:
         return (
@@ -178,13 +183,17 @@ class CheckpointDir:
 
     # -- layout -----------------------------------------------------------------------
     def prepare(self) -> None:
-        """Get ready to write (once per instance, at the first save): create the directory and
-        remove what interrupted saves left: temp files of dead writers, uncommitted checkpoints,
-        and committed ones past ``keep`` whose writer died before retention ran (left unchecked,
-        writers killed between commit and prune would pile them up one per segment).
+        """Get ready to write a new entry: finish the previous save's retention, so that a new
+        entry never joins one retention has yet to delete (at most ``keep`` + 1 entries ever exist).
+
+        The first time, also create the directory and remove what interrupted saves left: temp
+        files of dead writers, uncommitted checkpoints, and committed ones past ``keep`` whose
+        writer died before retention ran (left unchecked, writers killed between commit and prune
+        would pile them up one per segment).
 
         One process writes a checkpoint directory; restore() changes nothing.
         """
+        self.wait()
         if self._prepared:
             return
         os.makedirs(self.path, exist_ok=True)
@@ -280,14 +289,36 @@ class CheckpointDir:
         done: bool = False,
         metrics: Optional[Mapping[str, Any]] = None,
     ) -> Saved:
-        """Make a durable checkpoint file the latest: companion, then sidecar, then retention."""
+        """Make a durable checkpoint file the latest: companion, then sidecar; retention follows.
+
+        Retention runs in a helper thread once the sidecar is written (``wait()``
+        finishes it); the next save's ``prepare()``, ``prune()`` and ``restore()`` wait for it.
+        """
         self.prepare()
         atomic_write(os.path.join(self.path, name + COMPANION_SUFFIX), f"{sha256}  {name}\n".encode())
         write_progress(
             self.path, epoch=epoch, step=step, file=name, size=size, sha256=sha256, done=done, metrics=metrics
         )
-        self.prune(committed=name)
+        self._retention = threading.Thread(target=self._retain, args=(name,), name="chainrun-retention")
+        self._retention.start()
         return Saved(name, os.path.join(self.path, name), epoch, step, size, sha256, done)
+
+    def wait(self) -> None:
+        """Finish the retention the last commit started (a no-op when it is done)."""
+        thread, self._retention = self._retention, None
+        if thread is not None:
+            thread.join()
+
+    def _retain(self, committed: str) -> None:
+        # Not a daemon thread: the interpreter finishes it before exiting.
+        try:
+            self._prune(committed)
+        except OSError as exc:  # the checkpoint is committed; a file left over is the next prune's
+            warnings.warn(
+                f"chainrun: could not delete old checkpoints in {self.path}: {exc}",
+                CheckpointWarning,
+                stacklevel=1,
+            )
 
     def prune(self, committed: Optional[str] = None) -> list[str]:
         """Delete all but the last ``keep`` committed checkpoints; returns the names removed.
@@ -296,6 +327,10 @@ class CheckpointDir:
         when not given) is never deleted, nor anything newer (a save in
         flight). Leftovers of interrupted saves older than it go too.
         """
+        self.wait()
+        return self._prune(committed)
+
+    def _prune(self, committed: Optional[str]) -> list[str]:
         entry = self._committed_entry() if committed is None else self.parse(committed)
         if entry is None:
             return []
@@ -355,6 +390,7 @@ class CheckpointDir:
         usable, ``CheckpointError`` is raised, unless ``allow_fresh``: then it
         warns and starts fresh.
         """
+        self.wait()
         candidates, rejected = self._candidates()
         for cand in candidates:
             path = os.path.join(self.path, cand.name)

@@ -232,6 +232,7 @@ class Checkpointer:
             metrics=plain_metrics,
         )
         self.last_saved = saved
+        store.wait()  # TensorFlow's state file lists what retention kept
         self._update_tf_state(stem)
         return saved
 

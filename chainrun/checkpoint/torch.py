@@ -284,7 +284,7 @@ class Checkpointer:
         """
         self._raise_background_error()
         state = self._state(epoch, step, done, metrics, extras)
-        self.wait()
+        self._join_save()
         if not self.async_save or done or self.clock.should_stop():
             return self._write(state)
         snapshot = _Stager(self._staging).stage(state)
@@ -295,13 +295,16 @@ class Checkpointer:
         return None
 
     def wait(self) -> Optional[Saved]:
-        """Finish a background save, if any; returns the last committed save."""
-        thread = self._thread
+        """Finish a background save and retention, if any; returns the last committed save."""
+        self._join_save()
+        self.store.wait()
+        return self.last_saved
+
+    def _join_save(self) -> None:
+        thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
-            self._thread = None
         self._raise_background_error()
-        return self.last_saved
 
     def close(self) -> None:
         """Finish pending work (the same as ``wait()``, for ``with`` blocks)."""

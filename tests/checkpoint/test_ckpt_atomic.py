@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import IO, Any
 
@@ -57,16 +58,45 @@ def test_atomic_write_digest_matches_the_file_for_any_write_pattern(
 ) -> None:
     """Small gathered writes, large ones cut in pieces and hashed in a thread add up to the file."""
     directory = tmp_path_factory.mktemp("pattern")
-    saved = (_atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE)
-    _atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE = 64, 100, 97  # tiny limits: every path runs
+    saved = (_atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE, _atomic._CHUNK)
+    # tiny limits: every path runs, and the hash thread reads back in odd-sized pieces
+    _atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE, _atomic._CHUNK = 64, 100, 97, 31
     try:
         written = atomic_write(directory / "f", lambda f: [f.write(c) for c in chunks])
     finally:
-        _atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE = saved
+        _atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE, _atomic._CHUNK = saved
     whole = b"".join(chunks)
     assert (directory / "f").read_bytes() == whole
     assert written.sha256 == hashlib.sha256(whole).hexdigest()
     assert written.size == len(whole)
+
+
+def test_atomic_write_hashes_the_bytes_written_even_when_the_writer_reuses_its_buffer(tmp_path: Path) -> None:
+    """A serializer that refills one buffer after each write call still gets the file's digest."""
+    buffer = bytearray(3 << 20)
+    whole = bytearray()
+
+    def writer(f: IO[bytes]) -> None:
+        for i in range(6):
+            buffer[:] = bytes([i]) * len(buffer)
+            f.write(buffer)
+            whole.extend(buffer)
+
+    written = atomic_write(tmp_path / "f", writer)
+    assert written.sha256 == hashlib.sha256(whole).hexdigest() == sha256_file(tmp_path / "f")
+
+
+def test_atomic_write_stops_its_hash_thread_when_the_writer_fails(tmp_path: Path) -> None:
+    """A writer that fails after a large write leaves no hash thread running behind it."""
+
+    def writer(f: IO[bytes]) -> None:
+        f.write(os.urandom(8 << 20))
+        raise RuntimeError("serializer broke")
+
+    with pytest.raises(RuntimeError, match="serializer broke"):
+        atomic_write(tmp_path / "f", writer)
+    assert [t for t in threading.enumerate() if t.name == "chainrun-hash"] == []
+    assert temp_files(tmp_path) == []
 
 
 @pytest.mark.parametrize("error", [RuntimeError("disk on fire"), KeyboardInterrupt()])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from pathlib import Path
 
@@ -21,7 +22,10 @@ from chainrun.checkpoint import (
 
 
 def save_n(store: CheckpointDir, n: int) -> list[str]:
-    return [store.save(f"payload {i}".encode(), epoch=i, step=0).file for i in range(1, n + 1)]
+    """Save ``n`` entries and let the last one's retention (a helper thread) finish."""
+    names = [store.save(f"payload {i}".encode(), epoch=i, step=0).file for i in range(1, n + 1)]
+    store.wait()
+    return names
 
 
 def flip_a_byte(path: Path) -> None:
@@ -80,6 +84,28 @@ def test_retention_with_keep_1_leaves_only_the_newest(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == sorted([SIDECAR_NAME, names[2], names[2] + ".sha256"])
 
 
+def test_retention_deletes_after_save_returns_and_then_leaves_exactly_keep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """save() returns with the new entry committed before the old one is deleted; wait() finishes the deletion."""
+    store = CheckpointDir(tmp_path, suffix=".bin", keep=1)
+    first = save_n(store, 1)[0]
+    release = threading.Event()
+    delete = store._delete
+
+    def held_delete(names: list[str]) -> list[str]:
+        release.wait(timeout=30)
+        return delete(names)
+
+    monkeypatch.setattr(store, "_delete", held_delete)
+    second = store.save(b"second", epoch=2, step=0).file
+    assert load_progress(tmp_path)["file"] == second  # type: ignore[index]
+    assert (tmp_path / first).exists(), "save() waited for retention to delete the previous checkpoint"
+    release.set()
+    store.wait()
+    assert sorted(os.listdir(tmp_path)) == sorted([SIDECAR_NAME, second, second + ".sha256"])
+
+
 def test_a_new_writer_prunes_what_writers_killed_before_retention_left(tmp_path: Path) -> None:
     """Writers killed between commit and prune, one per segment, leave old checkpoints; the next writer removes them before it writes."""
     names = save_n(CheckpointDir(tmp_path, suffix=".bin", keep=10), 5)  # as if no prune ever ran
@@ -105,6 +131,7 @@ def test_prune_removes_leftovers_of_interrupted_older_saves(tmp_path: Path) -> N
     (tmp_path / "ckpt-000002-e0001-s000000.data-00000-of-00001").write_bytes(b"orphan data")
     (tmp_path / "ckpt-000002-e0001-s000000_temp").mkdir()
     saved = store.save(b"good", epoch=2, step=0)
+    store.wait()
     assert sorted(os.listdir(tmp_path)) == sorted([SIDECAR_NAME, saved.file, saved.file + ".sha256"])
 
 
