@@ -199,19 +199,72 @@ def test_poll_failure_while_slurmctld_is_down_is_transient() -> None:
     assert caught.value.transient
 
 
+# `sacct` with accounting off, copied from the test cluster before scripts/start-slurm turned it on.
+ACCOUNTING_OFF = CommandResult(("sacct",), 1, "", "Slurm accounting storage is disabled\n")
+
+
 def test_accounting_disabled_is_no_answer_not_an_error() -> None:
-    off = CommandResult(("sacct",), 1, "", "Slurm accounting storage is disabled\n")
-    assert SlurmScheduler().parse_accounting(off) == {}
+    assert SlurmScheduler().parse_accounting(ACCOUNTING_OFF) == {}
 
 
-def test_accounting_lines_give_state_and_exit_code() -> None:
-    out = "41|cr.a-1.1|TIMEOUT|0:9|1795644629|1795644716\n42|cr.a-1.2|FAILED|3:0|1795644720|1795644721\n43|x|CANCELLED by 0|0:15|1795644720|1795644721\n"
-    jobs = SlurmScheduler().parse_accounting(CommandResult(("sacct",), 0, out, ""))
-    assert (jobs["41"].outcome, jobs["41"].exit_code) == (Outcome.TIMEOUT, 0)
-    assert (jobs["42"].outcome, jobs["42"].exit_code) == (Outcome.FAILED, 3)
-    assert jobs["43"].outcome is Outcome.CANCELLED
+# Lines copied from `SLURM_TIME_FORMAT=%s sacct --noheader --parsable2 --allocations --jobs=...
+# --format=JobID,JobName,State,ExitCode,Start,End` on the test cluster with accounting on (slurmdbd
+# 22.05.8 on MariaDB): 261 went over --mem=50M under task/cgroup, 262 the same under
+# JobAcctGatherParams=OverMemoryKill without cgroups, 270 and 260 were scancelled (260 without a
+# TERM trap), 271 ignored SIGTERM past --time=1, 273 was held past its --deadline, 274 was cancelled
+# while pending, 275's node was set down (--no-requeue), 263 was requeued by a node failure, 290 ran.
+# 296-297 are in the same form: this cluster cannot preempt or fail to boot a node.
+SACCT = """\
+268|ok|COMPLETED|0:0|1795692275|1795692276
+269|fail3|FAILED|3:0|1795692275|1795692275
+261|oom.sh|OUT_OF_MEMORY|0:125|1795692132|1795692132
+262|oom.sh|FAILED|0:9|1795692148|1795692150
+270|cancelme|CANCELLED by 0|0:0|1795692275|1795692279
+260|oom.sh|CANCELLED|0:15|1795692089|1795692110
+271|tmo|TIMEOUT|0:0|1795692423|1795692483
+273|dl|DEADLINE|1:0|None|1795692321
+274|pend|CANCELLED by 0|0:0|None|1795692320
+275|nf|NODE_FAIL|0:0|1795692282|1795692284
+263|nf.sh|PENDING|0:0|Unknown|Unknown
+290|cr.t-b3337a.1|RUNNING|0:0|1795692669|Unknown
+296|name|with|bars|PREEMPTED|0:15|1795692669|1795692700
+297|bf|BOOT_FAIL|0:0|None|1795692700
+"""
+
+
+def test_accounting_maps_every_state_and_the_exit_code_a_shell_would_report() -> None:
+    """Slurm's own marks are no exit codes: OOM's 0:125, and the 0:0 of jobs Slurm ended itself."""
+    jobs = SlurmScheduler().parse_accounting(CommandResult(("sacct",), 0, SACCT, ""))
+    view = {i: (j.phase, j.outcome, j.exit_code) for i, j in jobs.items()}
+    assert view == {
+        "268": (Phase.ENDED, Outcome.COMPLETED, 0),
+        "269": (Phase.ENDED, Outcome.FAILED, 3),
+        "261": (Phase.ENDED, Outcome.OOM, None),
+        "262": (Phase.ENDED, Outcome.FAILED, 137),
+        "270": (Phase.ENDED, Outcome.CANCELLED, None),
+        "260": (Phase.ENDED, Outcome.CANCELLED, 143),
+        "271": (Phase.ENDED, Outcome.TIMEOUT, None),
+        "273": (Phase.ENDED, Outcome.TIMEOUT, 1),
+        "274": (Phase.ENDED, Outcome.CANCELLED, None),
+        "275": (Phase.ENDED, Outcome.NODE_FAIL, None),
+        "263": (Phase.PENDING, None, None),
+        "290": (Phase.RUNNING, None, None),
+        "296": (Phase.ENDED, Outcome.PREEMPTED, 143),
+        "297": (Phase.ENDED, Outcome.NODE_FAIL, None),
+    }
+    assert (jobs["275"].started_at, jobs["275"].ended_at) == (1795692282.0, 1795692284.0)
+    assert jobs["274"].started_at is None and jobs["274"].ended_at == 1795692320.0
+    assert jobs["263"].started_at is None and jobs["263"].ended_at is None
+    assert jobs["290"].started_at == 1795692669.0 and jobs["290"].ended_at is None
+    assert jobs["270"].reason == "CANCELLED by 0 (sacct)"
+    assert jobs["296"].name == "name|with|bars"
+
+
+def test_accounting_asks_once_for_all_jobs_with_the_fields_it_parses() -> None:
     argv = SlurmScheduler().accounting_argv(["41", "42"])
-    assert argv is not None and "--jobs=41,42" in argv
+    assert argv is not None and argv.count("sacct") == 1
+    assert "--jobs=41,42" in argv and "--allocations" in argv and "--parsable2" in argv
+    assert "--format=JobID,JobName,State,ExitCode,Start,End" in argv
 
 
 def test_cancel_is_one_scancel_for_all_ids() -> None:

@@ -22,6 +22,7 @@ EPOCH_ENV = ["env", "SLURM_TIME_FORMAT=%s"]
 
 # squeue and sacct fields; "|" cannot occur in any of them but the name, which is our tag.
 SQUEUE_FORMAT = "%i|%j|%T|%r|%S|%e"
+SACCT_FORMAT = "JobID,JobName,State,ExitCode,Start,End"
 
 # One table from Slurm's job states to ours: (phase, outcome when ended).
 STATES: dict[str, tuple[Phase, Optional[Outcome]]] = {
@@ -77,6 +78,34 @@ def _error(tool: str, result: CommandResult) -> SchedulerError:
     return command_error(tool, result, TRANSIENT, "is Slurm installed and on PATH?")
 
 
+def _fields(line: str, count: int) -> Optional[list[str]]:
+    """The ``count`` fields of one squeue/sacct line: id, name, then the rest. The name is
+    the one field that may hold "|" (the user's other jobs), so it is what is left between."""
+    job_id, _, rest = line.partition("|")
+    fields = rest.rsplit("|", count - 2)
+    return [job_id.strip(), *fields] if len(fields) == count - 1 else None
+
+
+def _state(text: str) -> tuple[Phase, Optional[Outcome]]:
+    """Phase and outcome of a state as squeue and sacct print it ("CANCELLED by 0", "COMPLETING+")."""
+    return STATES.get(text.split()[0].rstrip("+") if text.strip() else "", (Phase.RUNNING, None))
+
+
+def _exit_code(text: str, outcome: Optional[Outcome]) -> Optional[int]:
+    """sacct's ExitCode "code:signal" as a shell reports it: 128+signal for a script a signal
+    killed. Slurm's own mark (0:125 for OUT_OF_MEMORY) and the 0:0 it shows for jobs it
+    ended itself (TIMEOUT, NODE_FAIL, ...) are no exit code."""
+    code, _, sig = text.partition(":")
+    signum = int(sig) if sig.isdigit() else 0
+    if 0 < signum < 65:
+        return 128 + signum
+    if signum or not code.isdigit():
+        return None
+    if int(code) == 0 and outcome not in (Outcome.COMPLETED, Outcome.FAILED):
+        return None
+    return int(code)
+
+
 class SlurmScheduler:
     kind: ClassVar[str] = "slurm"
     wrapper_signals: ClassVar[bool] = False
@@ -120,17 +149,14 @@ class SlurmScheduler:
             raise _error("squeue", result)
         jobs = {}
         for line in result.stdout.splitlines():
-            # The name is the one field that may hold "|" (the user's other jobs).
-            job_id, _, rest = line.partition("|")
-            fields = rest.rsplit("|", 4)
-            if len(fields) != 5:
+            fields = _fields(line, 6)
+            if fields is None:
                 continue
-            name, state, reason, start, end = fields
-            job_id = job_id.strip()
+            job_id, name, state, reason, start, end = fields
             if reason == "DependencyNeverSatisfied":  # a user option's dependency failed: never runs
                 jobs[job_id] = LiveJob(job_id, name, Phase.ENDED, Outcome.FAILED, reason=reason, stuck=True)
                 continue
-            phase, outcome = STATES.get(state.split()[0].rstrip("+"), (Phase.RUNNING, None))
+            phase, outcome = _state(state)
             jobs[job_id] = LiveJob(
                 job_id=job_id,
                 name=name,
@@ -146,6 +172,8 @@ class SlurmScheduler:
         return ["scancel", *job_ids]
 
     def accounting_argv(self, job_ids: list[str]) -> Optional[list[str]]:
+        # --allocations: the job's own line, not its steps'; without --duplicates a requeued
+        # job shows only its latest run. With --jobs, sacct looks back to the epoch.
         return [
             *EPOCH_ENV,
             "sacct",
@@ -153,28 +181,29 @@ class SlurmScheduler:
             "--parsable2",
             "--allocations",
             "--jobs=" + ",".join(job_ids),
-            "--format=JobID,JobName,State,ExitCode,Start,End",
+            f"--format={SACCT_FORMAT}",
         ]
 
     def parse_accounting(self, result: CommandResult) -> dict[str, LiveJob]:
         if not result.ok:
-            return {}  # accounting disabled or slurmdbd away: the engine goes on without it
+            # "Slurm accounting storage is disabled", or slurmdbd away: no answer, and the
+            # engine goes on without one (a job nothing knows of ends "lost" in the end).
+            return {}
         jobs = {}
         for line in result.stdout.splitlines():
-            parts = line.split("|")
-            if len(parts) != 6:
+            fields = _fields(line, 6)
+            if fields is None:
                 continue
-            job_id, name, state, exit_code, start, end = parts
-            phase, outcome = STATES.get(state.split()[0].rstrip("+") if state else "", (Phase.RUNNING, None))
-            code = exit_code.split(":")[0]
+            job_id, name, state, exit_code, start, end = fields
+            phase, outcome = _state(state)
             jobs[job_id] = LiveJob(
                 job_id=job_id,
                 name=name,
                 phase=phase,
                 outcome=outcome,
-                exit_code=int(code) if code.isdigit() else None,
-                started_at=_stamp(start),
-                ended_at=_stamp(end),
+                exit_code=_exit_code(exit_code, outcome) if phase is Phase.ENDED else None,
+                started_at=_stamp(start) if phase is not Phase.PENDING else None,  # else: expected
+                ended_at=_stamp(end) if phase is Phase.ENDED else None,
                 reason=f"{state} (sacct)",
             )
         return jobs
