@@ -30,7 +30,7 @@ from chainrun.daemon import DEFAULT_INTERVAL, NOTIFY_WAIT, InstanceLock, Service
 from chainrun.engine import Engine
 from chainrun.errors import ChainrunError, StoreUnavailable, TransportError, UsageError
 from chainrun.jobfile import format_duration
-from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec
+from chainrun.model import NO_PROGRESS, Chain, JobSpec
 from chainrun.notify import Hooks, Notifier
 from chainrun.schedulers import preflight
 from chainrun.schedulers.segment import SegmentJob
@@ -409,35 +409,24 @@ def submit(ctx: click.Context, jobfile_path: str, fresh: bool) -> None:
 def run(ctx: click.Context, jobfile_path: str, interval: Optional[float]) -> None:
     """Submit JOBFILE and supervise it here until the chain ends.
 
-    Exits 0 when the chain completes and 1 otherwise. If a service already
-    runs, it does the work and this command only follows along.
+    Shows the chain's events, and its progress, ETA, segment and last line of
+    output (refreshed in place on a terminal, a line per change otherwise). If
+    a service already runs, it does the work and this command only follows.
+    Ctrl-C asks whether to stop watching (the chain goes on) or to cancel it.
+
+    Exits 0 when the chain completes; 1 when it ends otherwise (failed, out of
+    time, cancelled); 130 when you stop watching and the chain goes on, as a
+    shell reports a command stopped by Ctrl-C; 2 for a bad job file or option.
     """
+    from chainrun import live
+
     spec = jobfile.load(jobfile_path)
     with _store(ctx) as store:
         chain = _submit(store, spec)
         click.echo(f"chain {chain.id} submitted")
         step = interval or min(DEFAULT_INTERVAL, max(1.0, spec.walltime / 8))
-        seen = [0]
-
-        def report(_: object = None) -> None:
-            for ev in store.events(chain.id, seen[0]):
-                seen[0] = ev.id
-                click.echo(f"{_clock(ev.at)}  {ev.message}")
-
-        def ended() -> bool:
-            return store.chain(chain.id).state.final
-
-        if InstanceLock(ctx.obj).held_elsewhere():
-            click.echo("a chainrun service is running; following the chain")
-            while not ended():
-                report()
-                time.sleep(step)
-        else:
-            Service(ctx.obj, interval=step, on_tick=report, stop_when=ended).run()
-        report()
-        final = store.chain(chain.id)
-    click.echo(f"chain {final.id} {final.state.value}: {final.reason}")
-    sys.exit(0 if final.state is ChainState.COMPLETED else 1)
+        code = live.supervise(ctx.obj, store, chain, step)
+    sys.exit(code)
 
 
 @main.command()

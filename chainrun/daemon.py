@@ -11,9 +11,10 @@ schedules the next one an interval later, or sooner when the engine asks
 time in APScheduler's single worker thread; the main thread only waits for
 signals, which reach it through a wakeup socket, so all work happens outside
 signal handlers. SIGTERM and SIGINT stop the service: queued jobs keep
-running in the scheduler and are picked up on the next start. SIGHUP
-re-reads the service config and re-opens the log file without stopping the
-ticks.
+running in the scheduler and are picked up on the next start. (With an
+``on_interrupt``, a SIGINT first asks it, in the main thread while the ticks
+go on, whether to stop: ``chainrun run``'s prompt.) SIGHUP re-reads the
+service config and re-opens the log file without stopping the ticks.
 
 A database that cannot be used for a while (its disk full, read-only, or
 locked by another process) is an outage, not a failure: it is logged when
@@ -242,11 +243,15 @@ class Service:
         stop_when: Optional[Callable[[], bool]] = None,
         config_path: Optional[Path] = None,
         notify: Optional[SdNotify] = None,
+        on_interrupt: Optional[Callable[[], bool]] = None,
     ) -> None:
         self.home = Path(home)
         self.fixed_interval = interval  # from the command line: wins over the config
         self.on_tick = on_tick
         self.stop_when = stop_when
+        # Asked in the main thread on SIGINT, while the ticks go on: True stops the
+        # service; False keeps it, and the next tick comes at once (`run`'s prompt).
+        self.on_interrupt = on_interrupt
         self.config_path = config_path
         self.config = load_config(config_path)  # a broken config stops the start, loudly
         self.sd = notify or SdNotify.from_environ()
@@ -393,12 +398,26 @@ class Service:
         while not self.stopping.is_set():
             data = self._wake_r.recv(64)
             for number in data:
+                if number == signal.SIGINT and self._interrupt_kept():
+                    continue
                 if number in (signal.SIGTERM, signal.SIGINT):
                     log.info("stopping", signal=signal.Signals(number).name)
                     self.stopping.set()
                 elif number == signal.SIGHUP and not self.stopping.is_set():
                     log.info("reloading", signal="SIGHUP")
                     self.reload()
+
+    def _interrupt_kept(self) -> bool:
+        """Whether ``on_interrupt`` keeps the service running after a SIGINT; if so, tick at once."""
+        if self.on_interrupt is None or self.stopping.is_set() or self.on_interrupt():
+            return False
+        # Bring the next tick forward; a tick running now schedules its own successor.
+        with self._clock:
+            job = self.scheduler.get_job("tick")
+            if job is not None:
+                with contextlib.suppress(JobLookupError):  # it has just started
+                    job.modify(next_run_time=datetime.now(timezone.utc))
+        return True
 
     # -- the ticks ----------------------------------------------------------------
 

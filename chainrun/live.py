@@ -1,0 +1,415 @@
+"""``chainrun run``'s view of the chain it supervises, its Ctrl-C prompt and its last word.
+
+The chain's events print as lines. Under them a progress area shows how far
+the chain is (epochs of the target, or time used of the budget), the ETA,
+the current segment and its job's state, and the last line of the training
+output, read from the segment's log through the chain's transport (only its
+end, and only when its size changed). On a terminal the area is redrawn in
+place by ``rich``, imported only then; elsewhere each change of progress is
+one plain line (``plain_line``), never a redraw. The first Ctrl-C on a
+terminal asks whether to stop watching (the chain goes on) or to cancel the
+chain; a second Ctrl-C, or no terminal, stops watching. A failed chain ends
+with the last lines of its failing segment's output (as the wrapper recorded
+them) and the ``chainrun logs`` command that shows all of it.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from chainrun.daemon import InstanceLock, Service
+from chainrun.errors import TransportError
+from chainrun.model import Chain, ChainState, Phase, Segment
+from chainrun.schedulers.segment import SegmentJob
+from chainrun.status import eta, short, trained
+from chainrun.store import Store
+from chainrun.transport import Transport, transport_for
+
+EXIT_COMPLETED = 0
+EXIT_NOT_COMPLETED = 1  # failed, exhausted or cancelled
+# Stopped watching, the chain goes on: it has not completed, and 128 + SIGINT is
+# what a shell reports of a command stopped by Ctrl-C.
+EXIT_STOPPED_WATCHING = 130
+PROMPT = "Stop watching (the chain goes on) or cancel the chain? [w/c] "
+TAIL_LINES = 5  # of a failing segment's output, under the final line
+OUTPUT_BYTES = 16384  # of a log's end, read for its last lines
+OUTPUT_WIDTH = 160  # characters of the output line in plain mode
+REFRESH_PER_SECOND = 2
+BAR_WIDTH = 30
+# CSI (colours, cursor moves), OSC (titles, links) and two-character escapes.
+_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-_])")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+# -- what is shown: pure functions of a chain, its output and now -------------------
+
+
+def current(chain: Chain) -> Optional[Segment]:
+    """The segment to show: the running one, else the next one to run, else the last."""
+    live = chain.live
+    running = [s for s in live if s.phase is Phase.RUNNING]
+    if running:
+        return running[0]
+    if live:
+        return min(live, key=lambda s: s.n)
+    return chain.segments[-1] if chain.segments else None
+
+
+def job_state(seg: Optional[Segment]) -> str:
+    """The segment's job in a few words: running, queued (with the scheduler's reason), retrying."""
+    if seg is None:
+        return "not submitted yet"
+    job = f" as job {seg.job_id}" if seg.job_id else ""
+    reason = f" ({seg.reason})" if seg.reason else ""
+    if seg.phase is Phase.RUNNING:
+        return f"running{job}"
+    if seg.phase is Phase.PENDING:
+        return f"queued{job}{reason}"
+    if seg.phase is Phase.SUBMITTING:
+        return f"retrying the submission{reason}" if seg.retry_at is not None else "submitting"
+    return f"ended: {seg.reason}" if seg.reason else "ended"
+
+
+def measure(chain: Chain, now: float) -> tuple[float, float, str]:
+    """How far the chain is: (done, total, in words), in epochs of the target, else in
+    training time of the budget."""
+    target = chain.spec.target_epoch
+    if target:
+        epoch = chain.latest.epoch
+        done = min(epoch or 0, target)
+        words = f"epoch {'-' if epoch is None else epoch}/{target}"
+        return done, target, f"{words} {100 * done // target}%"
+    used = min(trained(chain, now), float(chain.spec.total_time))
+    total = chain.spec.total_time
+    return used, total, f"time {short(used)}/{short(total)} {int(100 * used // total)}%"
+
+
+def eta_text(chain: Chain, now: float) -> str:
+    """``ETA 5m``, or nothing when it is not known (no target, no epoch rate yet)."""
+    left = eta(chain, now)
+    return "" if left is None else f"ETA {short(left)}"
+
+
+def segment_text(chain: Chain) -> str:
+    """``segment 2 of 18 running as job 4711``."""
+    seg = current(chain)
+    n = f"{seg.n} of {chain.max_segments} " if seg is not None else ""
+    return f"segment {n}{job_state(seg)}"
+
+
+def plain_line(chain: Chain, output: str, now: float) -> str:
+    """The progress line printed when stdout is not a terminal."""
+    head = measure(chain, now)[2]
+    left = eta_text(chain, now)
+    parts = [f"{head}, {left}" if left else head, segment_text(chain)]
+    if output:
+        parts.append(f"output: {_clip(output, OUTPUT_WIDTH)}")
+    return "; ".join(parts)
+
+
+def plain_key(chain: Chain, output: str) -> tuple[object, ...]:
+    """What a new plain line is printed for: a new epoch, segment, job state or output line.
+    Time alone (the ETA, time used) changes nothing: no line per tick."""
+    seg = current(chain)
+    return (chain.latest.epoch, None if seg is None else seg.n, job_state(seg), output)
+
+
+def final_lines(chain: Chain) -> list[str]:
+    """The last word on an ended chain: its state and reason; for a failed one, the last
+    lines of output of the segment that failed it, and where to see all of it."""
+    lines = [f"chain {chain.id} {chain.state.value}: {chain.reason}"]
+    seg = chain.failing
+    if chain.state is ChainState.FAILED and seg is not None:
+        lines += [f"    {visible(line)}" for line in seg.tail[-TAIL_LINES:]]
+        lines.append(f"see all of it: chainrun logs {chain.id} -n {seg.n}")
+    return lines
+
+
+def going_on_lines(chain: Chain, service_elsewhere: bool) -> list[str]:
+    """What stopping watching leaves: the chain goes on, and how to look again."""
+    lines = [f"chain {chain.id} goes on; see it with: chainrun status {chain.id}"]
+    if not service_elsewhere:
+        lines.append(
+            "it advances only while a service runs: `chainrun service install --now`, or `chainrun daemon`"
+        )
+    return lines
+
+
+def last_lines(text: str, n: int) -> list[str]:
+    """The last ``n`` non-blank lines of output, each as a terminal shows it."""
+    shown = [visible(raw) for raw in text.split("\n")]
+    return [line for line in shown if line.strip()][-n:]
+
+
+def visible(raw: str) -> str:
+    """One line of output as a terminal shows it: after a carriage return only what follows
+    it (a progress bar redrawn), escape sequences and control characters gone."""
+    return _CONTROL.sub("", _ESCAPE.sub("", raw.rsplit("\r", 1)[-1].replace("\t", "    "))).rstrip()
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at))
+
+
+# -- reading: the store and the segment's log --------------------------------------------
+
+
+def read_tail(transport: Transport, path: str, size: int) -> str:
+    """The last ``OUTPUT_BYTES`` of the file at ``path`` (``size`` bytes long): a small
+    file read whole, a larger one cut there by ``tail`` (its first, partial line dropped)."""
+    if size <= OUTPUT_BYTES:
+        return (transport.read_file(path, OUTPUT_BYTES) or b"").decode(errors="replace")
+    result = transport.run(["tail", "-c", str(OUTPUT_BYTES), "--", path], timeout=30)
+    return result.stdout.split("\n", 1)[-1] if result.ok else ""
+
+
+class Follower:
+    """One chain as the store and its log have it: new events, the chain, the output line.
+
+    Used from the service's tick thread and from the main thread (a cancel), one
+    at a time. The log is read only when its size or mtime changed; a log that
+    cannot be read (a dropped connection) keeps the line shown before.
+    """
+
+    def __init__(self, store: Store, chain_id: str, transport: Transport) -> None:
+        self.store = store
+        self.chain_id = chain_id
+        self.transport = transport
+        self._lock = threading.Lock()
+        self._seen = 0  # the last event id printed
+        self._log: tuple[str, int, float] = ("", -1, 0.0)  # path, size and mtime last read
+        self._output = ""
+
+    def poll(self) -> tuple[list[str], Chain, str]:
+        """The event lines not returned before, the chain, and the last line of its output."""
+        with self._lock:
+            events = self.store.events(self.chain_id, self._seen)
+            if events:
+                self._seen = events[-1].id
+            chain = self.store.chain(self.chain_id)
+            seg = current(chain)
+            if seg is not None and seg.phase in (Phase.RUNNING, Phase.ENDED):
+                self._read_output(SegmentJob(chain.id, seg.n, chain.spec, 0).log_path)
+            return [f"{_clock(ev.at)}  {ev.message}" for ev in events], chain, self._output
+
+    def ended(self) -> bool:
+        with self._lock:
+            return self.store.chain(self.chain_id).state.final
+
+    def request_cancel(self) -> None:
+        with self._lock:
+            self.store.request_cancel(self.chain_id, time.time())
+
+    def _read_output(self, path: str) -> None:
+        try:
+            info = self.transport.stat(path)
+            if info is None or not info.is_file or (path, info.size, info.mtime) == self._log:
+                return
+            lines = last_lines(read_tail(self.transport, path, info.size), 1)
+        except TransportError:
+            return
+        self._log = (path, info.size, info.mtime)
+        if lines:  # a new segment's empty log keeps the line its predecessor left
+            self._output = lines[-1]
+
+
+# -- showing -------------------------------------------------------------------------
+
+
+class View:
+    """Event lines and the progress area: rich's live display on a terminal, plain lines
+    elsewhere. While paused (a prompt is up) event lines are held, and shown on resume."""
+
+    def __init__(self, tty: bool) -> None:
+        self._lock = threading.RLock()
+        self._paused = False
+        self._held: list[str] = []
+        self._shown: Optional[tuple[Chain, str]] = None
+        self._key: Optional[tuple[object, ...]] = None
+        self._live: Any = None
+        self._console: Any = None
+        if tty:
+            from rich.console import Console
+            from rich.live import Live
+
+            self._console = Console(highlight=False, markup=False, emoji=False)
+            self._live = Live(
+                console=self._console,
+                get_renderable=self._area,
+                refresh_per_second=REFRESH_PER_SECOND,
+                transient=True,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
+            self._live.start()
+
+    def event(self, line: str) -> None:
+        with self._lock:
+            if self._paused:
+                self._held.append(line)
+            else:
+                self._print(line)
+
+    def show(self, chain: Chain, output: str, now: float) -> None:
+        """The chain as it is now; in plain mode a line only when its progress changed."""
+        with self._lock:
+            self._shown = (chain, output)
+            if self._live is not None or self._paused or chain.state.final:
+                return
+            key = plain_key(chain, output)
+            if key != self._key:
+                self._key = key
+                click.echo(f"{_clock(now)}  {plain_line(chain, output, now)}")
+
+    def pause(self) -> None:
+        with self._lock:
+            self._paused = True
+            if self._live is not None:
+                self._live.stop()
+
+    def resume(self) -> None:
+        with self._lock:
+            self._paused = False
+            for line in self._held:
+                self._print(line)
+            self._held.clear()
+            if self._live is not None:
+                self._live.start()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._live is not None:
+                self._live.stop()
+                self._live = None
+
+    def _print(self, line: str) -> None:
+        if self._live is not None:
+            self._console.print(line, soft_wrap=True)
+        else:
+            click.echo(line)
+
+    def _area(self) -> Any:
+        """The progress area, drawn by rich's refresh thread from the last chain shown."""
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
+        shown = self._shown
+        if shown is None:
+            return Text("waiting for the first tick ...", style="dim")
+        chain, output = shown
+        now = time.time()
+        done, total, words = measure(chain, now)
+        top = Table.grid(padding=(0, 1))
+        bar = ProgressBar(total=total, completed=done, width=BAR_WIDTH)
+        top.add_row(bar, Text(f"{words}  {eta_text(chain, now)}"))
+        seg = current(chain)
+        since = ""
+        if seg is not None and seg.phase is Phase.RUNNING and seg.started_at is not None:
+            since = f", {short(now - seg.started_at)}"
+        lines: list[Any] = [top, Text(f"{segment_text(chain)}{since}")]
+        if output:
+            lines.append(Text(f"> {output}", style="dim", no_wrap=True, overflow="ellipsis"))
+        return Group(*lines)
+
+
+# -- Ctrl-C --------------------------------------------------------------------------
+
+
+def ask() -> str:
+    """The first Ctrl-C's question, in the main thread: ``c`` (cancel the chain) or ``w``
+    (stop watching). ``w`` as well for Enter, end of input, a second Ctrl-C, and a
+    stdin that is not a terminal (then nothing is asked)."""
+    if not sys.stdin.isatty():
+        return "w"
+    # Ctrl-C at the prompt must end the read: Python's own handler, for the prompt only.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        click.echo("", err=True)  # the terminal's ^C has no newline of its own
+        while True:
+            click.echo(PROMPT, nl=False, err=True)
+            answer = sys.stdin.readline()
+            word = answer.strip().lower()
+            if not answer or word in ("", "w", "watch"):
+                return "w"
+            if word in ("c", "cancel"):
+                return "c"
+    except KeyboardInterrupt:
+        click.echo("", err=True)
+        return "w"
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+# -- the whole ----------------------------------------------------------------------
+
+
+def supervise(home: Path, store: Store, chain: Chain, interval: float) -> int:
+    """Follow ``chain`` until it ends or the user stops watching; the exit code.
+
+    With no service running for ``home``, this process is the service (its ticks
+    refresh the view) until the chain ends; with one running elsewhere, it only
+    follows, every ``interval`` seconds.
+    """
+    transport = transport_for(chain.spec.scheduler.host)
+    follower = Follower(store, chain.id, transport)
+    view = View(tty=sys.stdout.isatty())
+    elsewhere = InstanceLock(home).held_elsewhere()
+
+    def refresh(_: object = None) -> None:
+        lines, now_chain, output = follower.poll()
+        for line in lines:
+            view.event(line)
+        view.show(now_chain, output, time.time())
+
+    def interrupted() -> bool:
+        """Ctrl-C: True to stop watching; a cancel is requested and watching goes on."""
+        view.pause()
+        try:
+            answer = ask()
+            if answer == "c":  # its event says so; the next tick carries it out
+                follower.request_cancel()
+        finally:
+            view.resume()
+        return answer != "c"
+
+    try:
+        if elsewhere:
+            view.event("a chainrun service is running; following the chain")
+            while True:
+                try:
+                    refresh()
+                    if follower.ended():
+                        break
+                    time.sleep(interval)
+                except KeyboardInterrupt:
+                    if interrupted():
+                        break
+        else:
+            Service(
+                home, interval=interval, on_tick=refresh, stop_when=follower.ended, on_interrupt=interrupted
+            ).run()
+            refresh()
+    finally:
+        view.close()
+    final = store.chain(chain.id)
+    if not final.state.final:
+        for line in going_on_lines(final, InstanceLock(home).held_elsewhere()):
+            click.echo(line)
+        return EXIT_STOPPED_WATCHING
+    for line in final_lines(final):
+        click.echo(line)
+    return EXIT_COMPLETED if final.state is ChainState.COMPLETED else EXIT_NOT_COMPLETED

@@ -1,0 +1,403 @@
+"""`chainrun run`'s view: plain lines off a terminal, the Ctrl-C prompt through a real pty,
+and the last lines of a failed chain's output under its final line."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from conftest import cli_env, wait_for
+from test_engine import SPEC, World
+
+from chainrun.live import PROMPT, Follower, View, final_lines, last_lines, plain_line
+from chainrun.model import Chain, ChainState, Outcome, Phase, Progress, Segment
+from chainrun.schedulers import scheduler_for
+from chainrun.schedulers.segment import SegmentJob
+from chainrun.transport import LocalTransport
+
+CLI = Callable[..., "subprocess.CompletedProcess[str]"]
+CLOCK = r"\d\d:\d\d:\d\d  "
+# Waits for a file `go` in its workdir, then exits 0: the test decides when the chain completes.
+WAIT_FOR_GO = "while [ ! -e go ]; do sleep 0.1; done; echo finished"
+
+
+@pytest.fixture
+def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Local time is UTC, so the clock of each line is known."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+# -- what is shown, from values -------------------------------------------------------
+
+
+def chain_with(*segments: Segment, **fields: Any) -> Chain:
+    return Chain(
+        id="t-1a2b3c", spec=SPEC, state=ChainState.ACTIVE, created_at=0.0, segments=segments, **fields
+    )
+
+
+def test_plain_line_shows_epoch_eta_segment_job_and_output() -> None:
+    """Epochs of the target, the ETA from the rate so far, the segment and its job, the output."""
+    running = Segment("t-1a2b3c", 2, 100, Phase.RUNNING, job_id="17", started_at=1000.0)
+    chain = chain_with(running, used=100.0, latest=Progress(epoch=4))
+    # 4 epochs in 100 s + 50 s: 6 left at 4 per 150 s take 225 s.
+    assert plain_line(chain, "epoch 4 loss 0.5", 1050.0) == (
+        "epoch 4/10 40%, ETA 3m; segment 2 of 10 running as job 17; output: epoch 4 loss 0.5"
+    )
+
+
+def test_plain_line_without_a_target_shows_time_used_and_the_queue_reason() -> None:
+    """No target: the bar is training time of the budget; a queued job shows why it waits."""
+    spec = replace(SPEC, target_epoch=None)
+    queued = Segment("t-1a2b3c", 3, 100, Phase.PENDING, job_id="18", reason="Dependency")
+    chain = replace(chain_with(queued, used=250.0), spec=spec)
+    assert plain_line(chain, "", 5000.0) == "time 4m/16m 25%; segment 3 of 10 queued as job 18 (Dependency)"
+
+
+def test_output_lines_are_what_a_terminal_shows() -> None:
+    """A redrawn progress bar keeps its last state; colours, control characters and blank lines go."""
+    text = "epoch 1\n\n step 1/9\r step 9/9\x1b[32m ok\x1b[0m\x07\nlast\x1b]0;title\x07 one\n"
+    assert last_lines(text, 5) == ["epoch 1", " step 9/9 ok", "last one"]
+    assert last_lines(text, 1) == ["last one"]
+
+
+def test_final_lines_of_a_failed_chain_show_its_output_and_the_logs_command() -> None:
+    """The failing segment's last 5 lines, indented, then the command that shows all of it."""
+    failed = Segment(
+        "t-1a2b3c",
+        1,
+        100,
+        Phase.ENDED,
+        outcome=Outcome.FAILED,
+        exit_code=3,
+        charged=True,
+        tail=(*(f"line{i}" for i in range(1, 8)), "\x1b[31mTraceback\x1b[0m"),
+    )
+    chain = replace(chain_with(failed), state=ChainState.FAILED, reason="failure budget spent")
+    assert final_lines(chain) == [
+        "chain t-1a2b3c failed: failure budget spent",
+        *(f"    line{i}" for i in range(4, 8)),
+        "    Traceback",
+        "see all of it: chainrun logs t-1a2b3c -n 1",
+    ]
+    done = replace(chain_with(), state=ChainState.COMPLETED, reason="target epoch 10 reached")
+    assert final_lines(done) == ["chain t-1a2b3c completed: target epoch 10 reached"]
+
+
+# -- the plain view of a whole chain, on the scripted cluster -------------------------
+
+
+def test_plain_view_prints_each_event_and_a_line_per_change_of_progress(
+    tmp_path: Path, utc: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Off a terminal: event lines, and a progress line only when epoch, segment, job state or
+    output changed; time passing alone prints nothing."""
+    world = World(tmp_path / "home")
+    chain_id = world.add()
+    follower = Follower(world.store, chain_id, world.cluster.transport())
+    view = View(tty=False)
+    log = SegmentJob(chain_id, 1, SPEC, 0).log_path
+
+    def tick(seconds: float = 10.0) -> None:
+        world.tick(seconds)
+        lines, chain, output = follower.poll()
+        for line in lines:
+            view.event(line)
+        view.show(chain, output, world.clock())
+
+    tick()  # segment 1 submitted
+    tick()  # and its successor queued behind it
+    world.cluster.start("1", epoch=0)
+    world.cluster.files[log] = b"loading\n"
+    tick()
+    tick()  # nothing new: no line
+    world.cluster.checkpoint("/w/ckpt", epoch=2)
+    world.cluster.files[log] += b"epoch 1\nepoch 2 \x1b[1mloss\x1b[0m 0.5\n"
+    tick()
+    tick()  # time alone: no line
+    world.cluster.end("1", "failed", exit_code=3, epoch=2)
+    tick()
+    world.store.close()
+    shown = [line for line in capsys.readouterr().out.splitlines() if re.match(CLOCK, line)]  # not logs
+    assert [line.replace(chain_id, "CHAIN") for line in shown] == [
+        "13:46:40  chain submitted from ",
+        "13:46:50  segment 1 submitted as job 1",
+        "13:46:50  epoch -/10 0%; segment 1 of 10 queued as job 1",
+        "13:47:00  segment 2 submitted after job 1 as job 2",
+        "13:47:00  epoch -/10 0%; segment 1 of 10 queued as job 1 (Priority)",
+        "13:47:10  segment 1 is running",
+        "13:47:10  epoch -/10 0%; segment 1 of 10 running as job 1; output: loading",
+        # 2 epochs in the 30 s since the job started: 8 more take 2 minutes.
+        "13:47:30  epoch 2/10 20%, ETA 2m; segment 1 of 10 running as job 1; output: epoch 2 loss 0.5",
+        "13:47:50  segment 1 ended: failed (exit 3): the command exited 3 on its own; costs one failure;"
+        " progress: epoch 2",
+        "13:47:50  segment 3 submitted after job 2 as job 3",
+        "13:47:50  epoch 2/10 20%, ETA 2m; segment 2 of 10 queued as job 2 (Dependency);"
+        " output: epoch 2 loss 0.5",
+    ]
+
+
+# -- real processes: the local runner, a pipe, a pty -----------------------------------
+
+
+def write_job(tmp_path: Path, command: str, extra: str = "") -> Path:
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    path = work / "job.toml"
+    path.write_text(
+        f"name = \"t\"\ncommand = '{command}'\n"
+        f'total_time = "5m"\nwalltime = "1m"\ngrace = "5s"\nmax_failures = 0\n{extra}'
+    )
+    return path
+
+
+class Reader:
+    """Everything a process writes to one descriptor, read in a thread as it comes."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.data = b""
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except OSError:  # a pty whose other side closed: EIO
+                return
+            if not chunk:
+                return
+            self.data += chunk
+
+    @property
+    def text(self) -> str:
+        return self.data.decode(errors="replace")
+
+    def wait_for(self, what: str, timeout: float = 120) -> None:
+        wait_for(lambda: what in self.text, timeout, f"{what!r} in:\n{self.text[-3000:]}")
+
+    def close(self) -> None:
+        self._thread.join(timeout=30)
+        os.close(self.fd)
+
+
+def chain_id_in(text: str) -> str:
+    match = re.search(r"chain (\S+) submitted", text)
+    assert match, text
+    return match.group(1)
+
+
+def state(chainrun: CLI, chain_id: str) -> dict[str, Any]:
+    return json.loads(chainrun("status", chain_id, "--json", check=True).stdout)[0]  # type: ignore[no-any-return]
+
+
+def live_jobs(chain_id: str) -> list[str]:
+    """The chain's jobs the local runner still has queued or running."""
+    scheduler = scheduler_for("local", None)
+    jobs = scheduler.parse_poll(LocalTransport().run(scheduler.poll_argv(), timeout=60))
+    return [j.job_id for j in jobs.values() if j.name.startswith(f"cr.{chain_id}.") and j.phase.live]
+
+
+def _controlling_tty() -> None:
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+class Terminal:
+    """`chainrun run JOBFILE` on a pseudo-terminal of its own, as a person runs it."""
+
+    def __init__(self, home: Path, job: Path) -> None:
+        master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        env = dict(cli_env(home), TERM="xterm")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "chainrun", "run", str(job), "--interval", "0.5"],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            cwd=job.parent,
+            env=env,
+            start_new_session=True,  # a session of its own, whose terminal this pty is:
+            preexec_fn=_controlling_tty,  # Ctrl-C typed there reaches it as SIGINT
+        )
+        os.close(slave)
+        self.out = Reader(master)
+
+    def type(self, keys: str) -> None:
+        os.write(self.out.fd, keys.encode())
+
+    def exit_code(self, timeout: float = 120) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.out.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def terminal(home: Path, chainrun: CLI) -> Iterator[Callable[[Path], Terminal]]:
+    """Start `chainrun run` on a pty; at the end it is killed, and its chains cancelled."""
+    started: list[Terminal] = []
+
+    def start(job: Path) -> Terminal:
+        started.append(Terminal(home, job))
+        return started[-1]
+
+    yield start
+    for term in started:
+        term.kill()
+    cancel_active(chainrun)
+
+
+def cancel_active(chainrun: CLI) -> None:
+    """Leave no job waiting for a `go` that never comes, whatever the test did."""
+    for chain in json.loads(chainrun("status", "--json", check=True).stdout):
+        if chain["state"] == "active":
+            chainrun("cancel", chain["id"], check=True)
+
+
+def interrupt_when_running(term: Terminal) -> str:
+    """Wait for the first segment to run, type Ctrl-C, wait for the question; the chain's id."""
+    term.out.wait_for("segment 1 is running")
+    term.type("\x03")
+    term.out.wait_for(PROMPT)
+    return chain_id_in(term.out.text)
+
+
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["run-is-the-service", "a-service-runs"])
+def test_ctrl_c_then_c_cancels_the_chain_and_leaves_no_job(
+    tmp_path: Path,
+    terminal: Callable[[Path], Terminal],
+    chainrun: CLI,
+    service: Callable[..., subprocess.Popen[bytes]],
+    home: Path,
+    elsewhere: bool,
+) -> None:
+    """Answering `c` cancels the chain as `chainrun cancel` does: cancelled, no job left, exit 1;
+    carried out by `run` itself, or by the service that runs elsewhere while `run` follows."""
+    if elsewhere:
+        service()
+        wait_for(lambda: (home / "service.status").exists(), 120, "the service's first tick")
+    term = terminal(write_job(tmp_path, WAIT_FOR_GO))
+    chain_id = interrupt_when_running(term)
+    assert ("a chainrun service is running; following the chain" in term.out.text) is elsewhere
+    term.type("c\r")
+    assert term.exit_code() == 1, term.out.text
+    assert f"chain {chain_id} cancelled: cancelled by user" in term.out.text
+    assert state(chainrun, chain_id)["state"] == "cancelled"
+    assert live_jobs(chain_id) == []
+
+
+def test_ctrl_c_then_enter_stops_watching_and_the_chain_goes_on(
+    tmp_path: Path,
+    terminal: Callable[[Path], Terminal],
+    chainrun: CLI,
+    service: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    """Enter (as `w`) stops watching: exit 130, how to look again, and a service later completes it."""
+    job = write_job(tmp_path, WAIT_FOR_GO)
+    term = terminal(job)
+    chain_id = interrupt_when_running(term)
+    term.type("\r")
+    assert term.exit_code() == 130, term.out.text
+    assert f"chain {chain_id} goes on; see it with: chainrun status {chain_id}" in term.out.text
+    assert "advances only while a service runs" in term.out.text and "chainrun daemon" in term.out.text
+    assert state(chainrun, chain_id)["state"] == "active"
+    (job.parent / "go").touch()
+    service()
+    wait_for(lambda: state(chainrun, chain_id)["state"] == "completed", 120, "the service to complete it")
+
+
+def test_a_second_ctrl_c_at_the_question_stops_watching(
+    tmp_path: Path, terminal: Callable[[Path], Terminal], chainrun: CLI
+) -> None:
+    """Ctrl-C twice: stop watching, never cancel."""
+    term = terminal(write_job(tmp_path, WAIT_FOR_GO))
+    chain_id = interrupt_when_running(term)
+    term.type("\x03")
+    try:
+        assert term.exit_code() == 130, term.out.text
+        assert "goes on; see it with: chainrun status" in term.out.text
+        assert state(chainrun, chain_id)["state"] == "active" and live_jobs(chain_id)
+    finally:
+        cancel_active(chainrun)
+
+
+def test_ctrl_c_without_a_terminal_stops_watching_without_asking(
+    tmp_path: Path, home: Path, chainrun: CLI
+) -> None:
+    """No terminal on stdin: SIGINT stops watching at once; nothing is asked, the chain goes on."""
+    job = write_job(tmp_path, WAIT_FOR_GO)
+    read, write = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chainrun", "run", str(job), "--interval", "0.5"],
+        stdin=subprocess.DEVNULL,
+        stdout=write,
+        stderr=write,
+        cwd=job.parent,
+        env=cli_env(home),
+    )
+    os.close(write)
+    out = Reader(read)
+    try:
+        out.wait_for("segment 1 is running")
+        chain_id = chain_id_in(out.text)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 130, out.text
+        out.close()
+        assert PROMPT.strip() not in out.text
+        assert f"chain {chain_id} goes on; see it with: chainrun status {chain_id}" in out.text
+        assert state(chainrun, chain_id)["state"] == "active"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        cancel_active(chainrun)
+
+
+def test_run_off_a_terminal_prints_plain_lines_and_the_failure_tail(tmp_path: Path, chainrun: CLI) -> None:
+    """Piped: only event and progress lines (no escape sequence, no repeated line); a failed
+    chain ends with its last 5 lines of output and the `chainrun logs` command."""
+    lines = "; ".join(f"echo line{i}" for i in range(1, 8))
+    job = write_job(tmp_path, f"sleep 1; {lines}; exit 3")
+    result = chainrun("run", str(job), "--interval", "0.3", timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    out = result.stdout.splitlines()
+    chain_id = chain_id_in(result.stdout)
+    assert "\x1b" not in result.stdout
+    assert out[0] == f"chain {chain_id} submitted"
+    body = out[1 : out.index(next(line for line in out if line.startswith(f"chain {chain_id} failed: ")))]
+    assert body and all(re.match(CLOCK, line) for line in body), out
+    progress = [line[len("00:00:00  ") :] for line in body if "; segment " in line]
+    assert progress and all(re.fullmatch(r"time \S+/5m \d+%; segment 1 of 5 .+", p) for p in progress), (
+        progress
+    )
+    assert all(a != b for a, b in zip(progress, progress[1:])), progress
+    assert out[-7:] == [
+        out[-7],
+        *(f"    line{i}" for i in range(3, 8)),
+        f"see all of it: chainrun logs {chain_id} -n 1",
+    ]
+    assert out[-7].startswith(f"chain {chain_id} failed: ")
