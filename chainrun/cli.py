@@ -534,14 +534,11 @@ def status(
     with _store(ctx, readonly=True) as store:
 
         def chains() -> tuple[list[Chain], list[DamagedChain]]:
-            """The chains to show, and the damaged ones (always shown: they need a person)."""
+            """The chains to show (active, ended today, or --all), and apart the damaged ones
+            among them (they need a person); chosen in SQL, older ended chains are never read."""
             if chain_ref is not None:
                 return [store.find(chain_ref)], []
-            day_ago = time.time() - 86400
-            shown = [
-                c for c in store.chains() if show_all or not c.state.final or (c.ended_at or 0) > day_ago
-            ]
-            return shown, store.damaged()
+            return store.shown(None if show_all else time.time() - 86400)
 
         if as_json:
             now = time.time()

@@ -17,6 +17,12 @@ the wrong type) is *damaged*: ``chains()`` leaves it out, so the ticks never
 see it and the other chains go on, and ``damaged()`` lists it, with how to
 remove it, for ``chainrun status``.
 
+The tick's load (``chains(active_only=True)``) reads the active chains only,
+and of those decodes again only the ones whose ``version`` moved: triggers
+count every change to a chain's row or its segments, made by chainrun or by
+hand. ``status`` selects in SQL what it shows (``shown``); the indexes on
+state and name keep ended chains out of both.
+
 ``Store(home, readonly=True)`` is for the commands that only look (status,
 history, logs): it never writes, never waits on a writer for more than
 ``READ_TIMEOUT``, and a missing database reads as one without chains.
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -35,7 +42,7 @@ import sqlite3
 import stat
 import time
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +73,7 @@ from chainrun.model import (
 
 log = structlog.get_logger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT = 10.0  # seconds a statement waits for another process's write lock
 READ_TIMEOUT = 1.0  # seconds a read-only command waits for a writer before saying it is busy
 MAX_REF = 200  # the longest chain reference (id, id prefix or name) a command accepts
@@ -125,7 +132,39 @@ MIGRATIONS: list[str] = [
     "ALTER TABLE chains ADD COLUMN baseline TEXT",
     # 3: the last lines of a failed segment's output (JSON list), from its end marker.
     "ALTER TABLE segments ADD COLUMN tail TEXT",
+    # 4: the tick reads only the active chains, and of those only the ones whose row or
+    # segments changed since its last load (``version``, counted by triggers, so that a
+    # change made by hand is seen too); `status` reads only the chains it shows.
+    """
+    CREATE INDEX chains_by_state ON chains (state, ended_at);
+    CREATE INDEX chains_by_name ON chains (name, created_at);
+    ALTER TABLE chains ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
+    CREATE TRIGGER chain_changed AFTER UPDATE ON chains WHEN NEW.version IS OLD.version BEGIN
+        UPDATE chains SET version = version + 1 WHERE rowid = NEW.rowid;
+    END;
+    CREATE TRIGGER segment_added AFTER INSERT ON segments BEGIN
+        UPDATE chains SET version = version + 1 WHERE id = NEW.chain_id;
+    END;
+    CREATE TRIGGER segment_changed AFTER UPDATE ON segments BEGIN
+        UPDATE chains SET version = version + 1 WHERE id IN (OLD.chain_id, NEW.chain_id);
+    END;
+    CREATE TRIGGER segment_removed AFTER DELETE ON segments BEGIN
+        UPDATE chains SET version = version + 1 WHERE id = OLD.chain_id;
+    END
+    """,
 ]
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The SQL statements of ``script``, split where each one is complete (a trigger's
+    body holds semicolons of its own)."""
+    statement = ""
+    for part in script.split(";"):
+        statement += part + ";"
+        if sqlite3.complete_statement(statement):
+            if statement.strip(" \n;"):
+                yield statement
+            statement = ""
 
 
 def default_home() -> Path:
@@ -230,6 +269,9 @@ class Store:
         self.path = self.home / "chainrun.db"
         self.readonly = readonly
         self._reported: set[str] = set()  # damaged chains already logged by this store
+        # The tick's load, kept for the next: each active chain by rowid, as read at
+        # (its rowid, id, version).
+        self._kept: dict[int, tuple[tuple[Any, ...], Union[Chain, DamagedChain]]] = {}
         self.db = self._open_reader() if readonly else self._open_writer()
 
     def _open_writer(self) -> sqlite3.Connection:
@@ -389,6 +431,18 @@ class Store:
                         self.db.execute("ROLLBACK")
                 raise
 
+    @contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """Reads inside see the database as it was at the first one (WAL: no lock taken
+        from writers), so a load's queries agree with each other."""
+        with self._sql():
+            self.db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            with self._sql(), contextlib.suppress(sqlite3.Error):
+                self.db.execute("COMMIT")
+
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         with self._sql():
             return self.db.execute(sql, args).fetchall()
@@ -410,9 +464,8 @@ class Store:
             version = _version(db)  # again under the lock: another process may have done it
             self._check_version(version)
             for step in MIGRATIONS[version:]:
-                for statement in step.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+                for statement in _statements(step):
+                    db.execute(statement)
             db.execute(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
                 (str(SCHEMA_VERSION),),
@@ -421,9 +474,12 @@ class Store:
     # -- chains ---------------------------------------------------------------
 
     def add_chain(self, spec: JobSpec, progress: Progress, now: float) -> Chain:
-        chain_id = new_chain_id(spec.name)
         start = json.dumps(progress.to_json())
         with self._tx() as db:
+            chain_id = new_chain_id(spec.name)
+            # Six random hex digits: among thousands of chains of one name, two meet.
+            while db.execute("SELECT 1 FROM chains WHERE id = ?", (chain_id,)).fetchone():
+                chain_id = new_chain_id(spec.name)
             db.execute(
                 "INSERT INTO chains (id, name, spec, state, created_at, progress, baseline)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -442,10 +498,10 @@ class Store:
 
     def chain(self, chain_id: str) -> Chain:
         """The chain with this exact id; StoreError when it is damaged."""
-        rows = self._rows("SELECT rowid AS rowid_, * FROM chains WHERE id = ?", (chain_id,))
-        if not rows:
+        found = self._load("chains.id = ?", (chain_id,))
+        if not found:
             raise UsageError(f"no chain {chain_id!r}; `chainrun status` lists them")
-        chain = self._read(rows[0])
+        chain = found[0]
         if isinstance(chain, DamagedChain):
             raise StoreError(f"chain {chain.id} is {chain.reason}")
         return chain
@@ -454,9 +510,12 @@ class Store:
         """Every chain, or only those a tick moves (active and stuck), oldest first.
 
         A damaged chain is left out (``damaged()`` lists those): a row that cannot be
-        read stops neither the ticks nor the other chains."""
+        read stops neither the ticks nor the other chains. The tick's load (``active_only``)
+        reads only the active chains and their segments that have not ended; ended
+        segments, which never change, are kept from earlier loads, and so is each chain
+        whose rows have not changed since."""
         chains: list[Chain] = []
-        for item in self._load(active_only):
+        for item in self._load_live() if active_only else self._load("1"):
             if isinstance(item, Chain):
                 chains.append(item)
             elif active_only and item.id not in self._reported:  # the tick's read: log it once
@@ -466,29 +525,86 @@ class Store:
                 )
         return chains
 
+    def shown(self, ended_since: Optional[float]) -> tuple[list[Chain], list[DamagedChain]]:
+        """What ``chainrun status`` lists, oldest first: the chains that have not ended and
+        those that ended after ``ended_since`` (every chain when None), and apart, the
+        damaged ones among them. Selected in SQL: older ended chains are never read."""
+        if ended_since is None:
+            items = self._load("1")
+        else:
+            finals = tuple(s.value for s in ChainState if s.final)
+            marks = ", ".join("?" * len(finals))
+            items = self._load(
+                f"(chains.state NOT IN ({marks}) OR chains.ended_at > ?)", (*finals, ended_since)
+            )
+        return (
+            [c for c in items if isinstance(c, Chain)],
+            [c for c in items if isinstance(c, DamagedChain)],
+        )
+
     def damaged(self) -> list[DamagedChain]:
         """The chains whose rows cannot be read back, oldest first, whatever their state."""
-        return [item for item in self._load(False) if isinstance(item, DamagedChain)]
+        return self.shown(None)[1]
 
-    def _load(self, active_only: bool) -> list[Union[Chain, DamagedChain]]:
-        if active_only:
+    def _load(self, where: str, args: tuple[Any, ...] = ()) -> list[Union[Chain, DamagedChain]]:
+        """The chains ``where`` (an SQL condition on ``chains``) selects, oldest first, each
+        with all its segments: two queries, whatever the number of chains."""
+        with self._snapshot():
             rows = self._rows(
-                "SELECT rowid AS rowid_, * FROM chains WHERE state IN (?, ?) ORDER BY created_at, rowid",
+                f"SELECT rowid AS rowid_, * FROM chains WHERE {where} ORDER BY created_at, rowid", args
+            )
+            segs = self._segments(where, args)
+        return [self._read(row, segs.get(row["rowid_"], [])) for row in rows]
+
+    def _load_live(self) -> list[Union[Chain, DamagedChain]]:
+        """The tick's load: the active chains, each read again only when its ``version``
+        says that it or one of its segments changed since the last load."""
+        live = f"chains.state IN ({', '.join('?' * len(LIVE_STATES))})"
+        with self._snapshot():
+            versions = self._rows(
+                f"SELECT rowid, id, version FROM chains WHERE {live} ORDER BY created_at, rowid",
                 LIVE_STATES,
             )
-        else:
-            rows = self._rows("SELECT rowid AS rowid_, * FROM chains ORDER BY created_at, rowid")
-        return [self._read(r) for r in rows]
+            changed = [r["rowid"] for r in versions if self._kept.get(r["rowid"], (None,))[0] != tuple(r)]
+            rows: dict[int, sqlite3.Row] = {}
+            segs: dict[int, list[sqlite3.Row]] = {}
+            for i in range(0, len(changed), 500):  # SQLite binds at most 999 values by default
+                part = tuple(changed[i : i + 500])
+                where = f"chains.rowid IN ({', '.join('?' * len(part))})"
+                sql = f"SELECT rowid AS rowid_, * FROM chains WHERE {where}"
+                rows.update((r["rowid_"], r) for r in self._rows(sql, part))
+                segs.update(self._segments(where, part))
+        kept: dict[int, tuple[tuple[Any, ...], Union[Chain, DamagedChain]]] = {}
+        for r in versions:
+            rowid = r["rowid"]
+            if rowid in rows:
+                kept[rowid] = (tuple(r), self._read(rows[rowid], segs.get(rowid, [])))
+            else:
+                kept[rowid] = self._kept[rowid]
+        self._kept = kept  # only the chains active now are kept
+        return [item for _, item in kept.values()]
+
+    def _segments(self, where: str, args: tuple[Any, ...]) -> dict[int, list[sqlite3.Row]]:
+        """The segment rows of the chains ``where`` selects, by their chain's rowid, in order."""
+        by_chain: dict[int, list[sqlite3.Row]] = {}
+        for seg in self._rows(
+            "SELECT chains.rowid AS rowid_, segments.* FROM chains JOIN segments"
+            f" ON segments.chain_id = chains.id WHERE {where} ORDER BY chains.rowid, segments.n",
+            args,
+        ):
+            by_chain.setdefault(seg["rowid_"], []).append(seg)
+        return by_chain
 
     def summary(self) -> dict[str, int]:
         """Counts for the service's status line, from one query: chains with a running
-        job, with a queued one, active (stuck included), stuck, failed."""
+        job, with a queued one, active (stuck included), stuck, failed. The index on
+        state keeps ended chains and their segments out of it."""
         row = self._rows(
             """SELECT
-                (SELECT COUNT(DISTINCT s.chain_id) FROM segments s JOIN chains c ON c.id = s.chain_id
-                 WHERE c.state IN (?, ?) AND s.phase = 'running') AS running,
-                (SELECT COUNT(DISTINCT s.chain_id) FROM segments s JOIN chains c ON c.id = s.chain_id
-                 WHERE c.state IN (?, ?) AND s.phase = 'pending') AS queued,
+                (SELECT COUNT(*) FROM chains c WHERE c.state IN (?, ?) AND EXISTS
+                 (SELECT 1 FROM segments s WHERE s.chain_id = c.id AND s.phase = 'running')) AS running,
+                (SELECT COUNT(*) FROM chains c WHERE c.state IN (?, ?) AND EXISTS
+                 (SELECT 1 FROM segments s WHERE s.chain_id = c.id AND s.phase = 'pending')) AS queued,
                 (SELECT COUNT(*) FROM chains WHERE state IN (?, ?)) AS active,
                 (SELECT COUNT(*) FROM chains WHERE state = 'stuck') AS stuck,
                 (SELECT COUNT(*) FROM chains WHERE state = 'failed') AS failed""",
@@ -535,14 +651,11 @@ class Store:
         """A chain by id, unique id prefix, or name (see ``resolve``); StoreError when it is damaged."""
         return self.chain(self.resolve(ref))
 
-    def _read(self, row: sqlite3.Row) -> Union[Chain, DamagedChain]:
-        """The chain in ``row`` (its segments read too), or what makes it unreadable."""
-        segs = self._rows(
-            "SELECT * FROM segments WHERE chain_id = (SELECT id FROM chains WHERE rowid = ?) ORDER BY n",
-            (row["rowid_"],),
-        )
+    def _read(self, row: sqlite3.Row, segs: list[sqlite3.Row]) -> Union[Chain, DamagedChain]:
+        """The chain in ``row`` with its segments (their rows ``segs``, in order), or what
+        makes it unreadable."""
         try:
-            return _chain(row, segs)
+            return _chain(row, tuple(_segment(s) for s in segs))
         except _Unreadable as exc:
             return self._damaged(row, segs, str(exc))
 
@@ -859,13 +972,13 @@ def _spec(value: Any) -> JobSpec:
         raise _Unreadable(f"spec is not a job spec ({exc})") from None
 
 
-def _chain(row: sqlite3.Row, segs: list[sqlite3.Row]) -> Chain:
+def _chain(row: sqlite3.Row, segments: tuple[Segment, ...]) -> Chain:
     chain = Chain(
         id=row["id"],
         spec=_spec(row["spec"]),
         state=_enum(ChainState, row["state"], "state"),
         created_at=row["created_at"],
-        segments=tuple(_segment(s) for s in segs),
+        segments=segments,
         failures=row["failures"],
         used=row["used"],
         progress=_progress(row["progress"], "progress"),
@@ -930,62 +1043,79 @@ def _event(row: sqlite3.Row) -> Event:
     problems = [
         f"{name} is {_brief(value)}"
         for name, value, hint in (("at", at, float), ("message", message, str))
-        if not _fits(value, hint)
+        if not _fitter(hint)(value)
     ]
     return Event(
         id=row["id"],
         chain_id=_shown(row["chain_id"]),
-        segment=segment if _fits(segment, Optional[int]) else None,
-        at=float(at) if _fits(at, float) else 0.0,
+        segment=segment if _fitter(Optional[int])(segment) else None,
+        at=float(at) if _fitter(float)(at) else 0.0,
         kind=_shown(row["kind"]),
         message=f"(event {row['id']} is damaged: {'; '.join(problems)})" if problems else message,
     )
 
 
-_HINTS: dict[type, dict[str, Any]] = {}
+# By dataclass: each field's name, type hint, fit test, and whether it may hold a dataclass.
+_FIELDS: dict[type, list[tuple[str, Any, Callable[[Any], bool], bool]]] = {}
 
 
 def _check(obj: Any, prefix: str = "", skip: tuple[str, ...] = ()) -> None:
     """Raise _Unreadable naming the first field of dataclass ``obj`` (nested ones too)
     whose value is not of its declared type: SQLite and JSON keep whatever they are given."""
-    hints = _HINTS.get(type(obj))
-    if hints is None:
-        hints = _HINTS[type(obj)] = typing.get_type_hints(type(obj))
-    for field in dataclasses.fields(obj):
-        if field.name in skip:
+    fields = _FIELDS.get(type(obj))
+    if fields is None:
+        hints = typing.get_type_hints(type(obj))
+        fields = _FIELDS[type(obj)] = [
+            (f.name, hints[f.name], _fitter(hints[f.name]), _holds_dataclass(hints[f.name]))
+            for f in dataclasses.fields(obj)
+        ]
+    for name, hint, fits, nested in fields:
+        if name in skip:
             continue
-        value = getattr(obj, field.name)
-        hint = hints[field.name]
+        value = getattr(obj, name)
         if isinstance(value, _Garbled):
-            raise _Unreadable(f"{prefix}{field.name} is not valid UTF-8")
-        if not _fits(value, hint):
-            raise _Unreadable(f"{prefix}{field.name} is {_brief(value)}, not {_kind(hint)}")
-        if dataclasses.is_dataclass(value):
-            _check(value, f"{prefix}{field.name}.")
+            raise _Unreadable(f"{prefix}{name} is not valid UTF-8")
+        if not fits(value):
+            raise _Unreadable(f"{prefix}{name} is {_brief(value)}, not {_kind(hint)}")
+        if nested and dataclasses.is_dataclass(value):
+            _check(value, f"{prefix}{name}.")
 
 
-def _fits(value: Any, hint: Any) -> bool:
+def _holds_dataclass(hint: Any) -> bool:
+    args = typing.get_args(hint) if typing.get_origin(hint) is Union else (hint,)
+    return any(isinstance(a, type) and dataclasses.is_dataclass(a) for a in args)
+
+
+@functools.cache
+def _fitter(hint: Any) -> Callable[[Any], bool]:
+    """A test of whether a value is of type ``hint``, made once per hint: a row is read
+    field by field on every load of a chain."""
     origin = typing.get_origin(hint)
     if origin is Union:
-        return any(_fits(value, arg) for arg in typing.get_args(hint))
+        args = typing.get_args(hint)
+        if len(args) == 2 and type(None) in args:  # Optional[X]
+            inner = _fitter(next(a for a in args if a is not type(None)))
+            return lambda v: v is None or inner(v)
+        parts = tuple(_fitter(arg) for arg in args)
+        return lambda v: any(p(v) for p in parts)
     if origin is tuple:
         args = typing.get_args(hint)
-        if not isinstance(value, tuple):
-            return False
         if len(args) == 2 and args[1] is Ellipsis:
-            return all(_fits(v, args[0]) for v in value)
-        return len(value) == len(args) and all(_fits(v, a) for v, a in zip(value, args))
+            each = _fitter(args[0])
+            return lambda v: isinstance(v, tuple) and all(each(x) for x in v)
+        items = tuple(_fitter(a) for a in args)
+        return lambda v: isinstance(v, tuple) and len(v) == len(items) and all(f(x) for f, x in zip(items, v))
     if hint is type(None):
-        return value is None
+        return lambda v: v is None
     if hint is bool:
-        return isinstance(value, bool)
+        return lambda v: isinstance(v, bool)
     if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return lambda v: isinstance(v, int) and not isinstance(v, bool)
     if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
     if hint is str:
-        return isinstance(value, str)
-    return isinstance(value, hint)  # an Enum or a dataclass
+        return lambda v: isinstance(v, str)
+    return lambda v: isinstance(v, hint)  # an Enum or a dataclass
 
 
 def _kind(hint: Any) -> str:

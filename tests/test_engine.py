@@ -231,6 +231,76 @@ def test_a_job_gone_without_a_trace_is_lost_after_a_while_unless_accounting_know
     assert chain.state is ChainState.ACTIVE
 
 
+def test_accounting_is_asked_once_per_tick_for_every_gone_job_and_then_less_often(world: World) -> None:
+    """Three jobs gone without a marker that accounting does not know: one command for all three,
+    asked again after growing intervals (it used to be every tick for LOST_AFTER), and always in the
+    tick that would find them lost, so that a record that came late still wins over "lost"."""
+    ids = [world.add() for _ in range(3)]
+    world.tick()
+    jobs = [world.phases(c)[0][1] for c in ids]
+    for job in jobs:
+        world.cluster.start(job)
+    world.tick()
+    for job in jobs:
+        world.cluster.vanish(job)
+    asked_at: list[float] = []
+
+    def tick() -> None:
+        before = len(world.cluster.commands)
+        world.tick()
+        asked = [c for c in world.cluster.commands[before:] if c[0] == "fake-acct"]
+        assert len(asked) <= 1  # one command per tick, whatever the number of jobs
+        if asked:
+            assert sorted(asked[0][1:]) == sorted(jobs)
+            asked_at.append(world.clock())
+
+    tick()
+    gone = world.store.chain(ids[0]).segments[0].missing_since
+    assert gone == world.clock() and asked_at == [gone]  # asked at once
+    while world.clock() - gone < LOST_AFTER - 20:
+        tick()
+    gaps = [b - a for a, b in zip(asked_at, asked_at[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] >= 4 * gaps[0] and len(asked_at) <= 6
+    # Accounting learns of the jobs now: the tick that would find them lost asks first.
+    for job in jobs:
+        world.cluster.end(job, "node_fail", 0, marker=False)
+        world.cluster.vanish(job, accounted=True)
+    while world.clock() - gone < LOST_AFTER:
+        world.tick()
+    for chain_id in ids:
+        seg = world.store.chain(chain_id).segments[0]
+        assert seg.outcome is Outcome.NODE_FAIL, seg.reason
+
+
+def test_a_quiet_tick_reads_the_store_in_a_few_statements_whatever_the_chains_and_writes_nothing(
+    world: World,
+) -> None:
+    """One load of the active chains per tick, never one per chain: the number of SQL statements of
+    a tick in which nothing happens is the same for 2 chains and for 8, and none of them writes."""
+
+    def tick() -> list[str]:
+        statements: list[str] = []
+        world.clock.advance(10)
+        world.store.db.set_trace_callback(statements.append)
+        try:
+            world.engine.tick()
+        finally:
+            world.store.db.set_trace_callback(None)
+        return statements
+
+    quiet = []
+    for n in (2, 8):
+        while len(world.store.chains()) < n:
+            world.add()
+        for _ in range(3):  # segment 1 submitted; its successor queued; their reasons noted
+            tick()
+        tick()  # reads the chains changed by the last tick's record
+        statements = tick()
+        assert not [s for s in statements if s.lstrip().upper().startswith(("INSERT", "UPDATE", "BEGIN IMM"))]
+        quiet.append(statements)
+    assert quiet[0] == quiet[1] and len(quiet[0]) <= 6
+
+
 def test_cancel_and_exhaustion_end_the_chain(world: World) -> None:
     """Cancel + Finish(cancelled) for a user's cancel; Finish(exhausted) when time is spent."""
     chain_id = world.add()

@@ -21,7 +21,7 @@ from test_engine import World
 
 from chainrun import store as store_module
 from chainrun.errors import StoreError, StoreUnavailable, UsageError
-from chainrun.model import NO_PROGRESS, ChainState, JobSpec, Phase, Progress
+from chainrun.model import NO_PROGRESS, ChainState, Finish, JobSpec, Phase, Progress, Track
 from chainrun.store import MIGRATIONS, SCHEMA_VERSION, Store
 
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -84,6 +84,49 @@ def test_a_chain_remembers_where_it_started_as_progress_moves_on(tmp_path: Path)
     store.record(chain.id, [], Progress(epoch=60), [], 2.0)
     again = store.chain(chain.id)
     assert (again.baseline, again.latest.epoch) == (Progress(epoch=50, step=3), 60)
+
+
+def test_a_chain_id_already_taken_is_drawn_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six random hex digits meet among thousands of chains of one name: the second chain
+    used to fail with sqlite3's IntegrityError; it gets another id."""
+    drawn = iter(["cifar-aaaaaa", "cifar-aaaaaa", "cifar-bbbbbb"])
+    monkeypatch.setattr(store_module, "new_chain_id", lambda name: next(drawn))
+    store = Store(tmp_path / "home")
+    ids = [store.add_chain(SPEC, NO_PROGRESS, now=1.0).id for _ in range(2)]
+    assert ids == ["cifar-aaaaaa", "cifar-bbbbbb"]
+
+
+def test_the_ticks_load_reads_again_a_chain_changed_since_even_by_hand(world: World) -> None:
+    """The tick keeps the chains it decoded and reads again only those whose row or segments
+    changed (counted by triggers): a change by chainrun, or by another program, is seen."""
+    first, second = world.add(), world.add()
+    world.tick()
+    kept = world.store.chains(active_only=True)
+    assert world.store.chains(active_only=True) == kept  # unchanged: the same chains
+    with raw(world.store.home) as db:
+        db.execute("UPDATE chains SET reason = 'by hand' WHERE id = ?", (first,))
+        db.execute("UPDATE segments SET reason = 'by hand too' WHERE chain_id = ?", (second,))
+    by_id = {c.id: c for c in world.store.chains(active_only=True)}
+    assert by_id[first].reason == "by hand" and by_id[second].segments[0].reason == "by hand too"
+    world.store.record(first, [Track(1, Phase.RUNNING, "", 5.0, None)], None, [], 5.0)
+    (again,) = [c for c in world.store.chains(active_only=True) if c.id == first]
+    assert again.segments[0].phase is Phase.RUNNING
+    world.store.request_cancel(second, 6.0)
+    assert [c.cancel_requested for c in world.store.chains(active_only=True)] == [False, True]
+
+
+def test_status_reads_only_the_chains_it_shows(world: World) -> None:
+    """Active chains and those ended after the cut-off, with the damaged ones among them apart;
+    an ended chain older than that is never read (its damaged row goes unnoticed until --all)."""
+    old, recent, active, broken = (world.add() for _ in range(4))
+    for chain_id, at in ((old, 100.0), (recent, 5000.0)):
+        world.store.record(chain_id, [Finish(ChainState.COMPLETED, "done")], None, [], at)
+    with raw(world.store.home) as db:
+        db.execute("UPDATE chains SET spec = 'garbled' WHERE id IN (?, ?)", (old, broken))
+    shown, damaged = world.store.shown(1000.0)
+    assert [c.id for c in shown] == [recent, active] and [d.id for d in damaged] == [broken]
+    shown, damaged = world.store.shown(None)
+    assert [c.id for c in shown] == [recent, active] and [d.id for d in damaged] == [old, broken]
 
 
 def chains(home: Path, *names: str) -> list[str]:
