@@ -294,6 +294,12 @@ def _move_aside(transport: Transport, spec: JobSpec) -> None:
             "would move the job's own files; move the old checkpoints yourself, or give the job "
             "a checkpoint_dir of its own"
         )
+    if spec.progress_file and posixpath.commonpath([ckpt, spec.progress_file]) != ckpt:
+        raise UsageError(
+            f"--fresh: the progress file {spec.progress_file} is outside checkpoint_dir {ckpt}, so "
+            "moving that aside would not start over; set checkpoint_dir to the directory the "
+            "script saves in"
+        )
     if transport.stat(ckpt) is None:
         return
     stem = f"{ckpt}.old-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"

@@ -718,4 +718,16 @@ def test_fresh_never_overwrites_an_earlier_copy_and_never_moves_the_workdir(tmp_
     assert refused.returncode == 2
     assert "holds the workdir" in one_line(refused.stderr)
     assert sorted(p.name for p in here.iterdir()) == ["job.toml", "train.py"]
+
+    # The script's own JSON checkpoint, read through `progress`, outside checkpoint_dir:
+    # moving checkpoint_dir aside would leave the run where it was.
+    (here / "checkpoints").mkdir()
+    (here / "state.json").write_text('{"epoch": 7}')
+    (here / "job.toml").write_text(
+        'name = "h"\ncommand = "true"\ntotal_time = "1h"\nwalltime = "10m"\nprogress = "state.json:epoch"\n'
+    )
+    refused = chainrun_process(tmp_path, "submit", "--fresh", str(here / "job.toml"))
+    assert refused.returncode == 2
+    assert f"the progress file {here / 'state.json'} is outside checkpoint_dir" in one_line(refused.stderr)
+    assert sorted(p.name for p in here.iterdir()) == ["checkpoints", "job.toml", "state.json", "train.py"]
     assert stored_chains(tmp_path / "state") == 1
