@@ -265,37 +265,23 @@ def _submit(store: Store, spec: JobSpec, fresh: bool = False) -> Chain:
     """
     preflight(spec)
     transport = transport_for(spec.scheduler.host)
-    snap = None
     try:
         if fresh:
             _move_aside(transport, spec)
         baseline = watch.progress(transport, spec) or NO_PROGRESS
-        if not _complete(spec, baseline):
-            spec, snap = snapshot.prepare(transport, spec)
     except TransportError as exc:
         if spec.scheduler.host is None:
             raise
         raise TransportError(f"cannot reach {spec.scheduler.host}: {exc}") from None
-    why = _complete(spec, baseline)
-    if why:
-        again = (
-            "" if fresh else "; to start over, add --fresh (it moves the directory aside, deleting nothing)"
-        )
-        raise ChainrunError(f"the checkpoint in {spec.checkpoint_dir} is already complete ({why}){again}")
-    # Whatever is already in checkpoint_dir is the starting point, not progress.
-    chain = store.add_chain(spec, baseline, time.time())
-    if snap is not None:
-        snapshot.pin(snap, chain.id)
-    return chain
-
-
-def _complete(spec: JobSpec, baseline: Progress) -> str:
-    """Why the checkpoint already says the run is complete; "" when it does not."""
     if spec.target_epoch is not None and (baseline.epoch or 0) >= spec.target_epoch:
-        return f"epoch {baseline.epoch}, target_epoch {spec.target_epoch}"
-    if baseline.done:
-        return "the training script marked it done"
-    return ""
+        why = f"epoch {baseline.epoch}, target_epoch {spec.target_epoch}"
+    elif baseline.done:
+        why = "the training script marked it done"
+    else:
+        # Whatever is already in checkpoint_dir is the starting point, not progress.
+        return store.add_chain(spec, baseline, time.time())
+    again = "" if fresh else "; to start over, add --fresh (it moves the directory aside, deleting nothing)"
+    raise ChainrunError(f"the checkpoint in {spec.checkpoint_dir} is already complete ({why}){again}")
 
 
 def _move_aside(transport: Transport, spec: JobSpec) -> None:
