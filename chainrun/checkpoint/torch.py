@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import atexit
 import copy
+import ctypes
+import functools
 import os
 import pickle
+import queue
 import random
 import sys
 import threading
@@ -23,7 +26,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sized
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch.utils.data import BatchSampler, Sampler
@@ -151,7 +154,8 @@ class Checkpointer:
         self._resume_rng: Optional[dict[str, Any]] = None
         self._resume_epoch_rng: Optional[dict[str, Any]] = None
         self._epoch_rng: Optional[tuple[int, dict[str, Any]]] = None
-        self._thread: Optional[threading.Thread] = None
+        self._background = _Background()
+        weakref.finalize(self, self._background.stop)
         self._error: Optional[BaseException] = None
         self._staging: dict[tuple[Any, ...], torch.Tensor] = {}
         atexit.register(_finish_at_exit, weakref.ref(self))
@@ -288,10 +292,7 @@ class Checkpointer:
         if not self.async_save or done or self.clock.should_stop():
             return self._write(state)
         snapshot = _Stager(self._staging).stage(state)
-        self._thread = threading.Thread(
-            target=self._write_in_background, args=(snapshot,), name="chainrun-save"
-        )
-        self._thread.start()
+        self._background.submit(functools.partial(self._write_in_background, snapshot))
         return None
 
     def wait(self) -> Optional[Saved]:
@@ -301,9 +302,7 @@ class Checkpointer:
         return self.last_saved
 
     def _join_save(self) -> None:
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join()
+        self._background.join()
         self._raise_background_error()
 
     def close(self) -> None:
@@ -367,6 +366,51 @@ class Checkpointer:
             raise CheckpointError(
                 f"a background save in {self.store.path} failed: {type(error).__name__}: {error}"
             ) from error
+
+
+class _Background:
+    """One long-lived thread that runs a Checkpointer's background saves, one at a time.
+
+    Handing a save over is a queue put: the training loop never waits for a
+    thread to start, which on a busy node can take longer than the copy.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Optional[Callable[[], None]]] = queue.SimpleQueue()
+        self._pending = 0
+        self._done = threading.Condition()
+        self._thread: Optional[threading.Thread] = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        """Run ``job`` (which handles its own errors) after the ones before it."""
+        with self._done:
+            self._pending += 1
+        if self._thread is None:
+            # A daemon: at exit an idle one must not hold the interpreter; pending
+            # work is finished by the Checkpointer's atexit wait().
+            self._thread = threading.Thread(target=self._run, name="chainrun-save", daemon=True)
+            self._thread.start()
+        self._jobs.put(job)
+
+    def join(self) -> None:
+        """Wait until the submitted jobs are done."""
+        with self._done:
+            self._done.wait_for(lambda: self._pending == 0)
+
+    def stop(self) -> None:
+        """Let the thread end once its jobs are done (the Checkpointer is gone)."""
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            job()
+            del job  # hold no reference to the Checkpointer while idle
+            with self._done:
+                self._pending -= 1
+                self._done.notify_all()
 
 
 _CRC32_LOCK = threading.Lock()
@@ -478,8 +522,16 @@ class _Stager:
             if out is None or out.shape != t.shape or out.dtype != t.dtype:
                 out = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
                 self._cache[key] = out
-            out.copy_(t, non_blocking=t.is_cuda)
-            self._cuda = self._cuda or t.is_cuda
+            if t.is_cuda:
+                out.copy_(t, non_blocking=True)  # DMA into pinned memory; stage() synchronizes
+                self._cuda = True
+            elif t.device.type == "cpu" and t.is_contiguous():
+                # One plain memcpy: copy_ would split it over torch's intra-op
+                # threads, which on a busy node wait on each other far longer
+                # than the copy takes.
+                ctypes.memmove(out.data_ptr(), t.data_ptr(), t.nbytes)
+            else:
+                out.copy_(t)
         self._seen[ident] = out
         return out
 

@@ -344,25 +344,28 @@ def test_steps_continue_an_epoch_with_the_batches_not_yet_seen(tmp_path: Path, s
 # -- async save ----------------------------------------------------------------------------------------
 
 
-def slow_writes(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+def held_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Make the store's writes wait until the returned event is set (30 s at most)."""
     real = store_module.atomic_write
+    release = threading.Event()
 
-    def slow(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(seconds)
+    def held(*args: Any, **kwargs: Any) -> Any:
+        release.wait(timeout=30)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(store_module, "atomic_write", slow)
+    monkeypatch.setattr(store_module, "atomic_write", held)
+    return release
 
 
 def test_async_save_returns_after_the_copy_and_writes_in_the_background(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """save() does not wait for a slow disk; wait() returns the committed save."""
+    """save() does not wait for the disk; wait() returns the committed save."""
     _, _, ckpt = small_setup(tmp_path, async_save=True)
-    slow_writes(monkeypatch, 0.5)
-    started = time.monotonic()
+    release = held_writes(monkeypatch)
     assert ckpt.save(1, 0) is None
-    assert time.monotonic() - started < 0.4
+    assert load_progress(tmp_path) is None, "save() returned only after the write"
+    release.set()
     saved = ckpt.wait()
     assert saved is not None and load_progress(tmp_path)["file"] == saved.file  # type: ignore[index]
 
@@ -372,14 +375,69 @@ def test_async_save_snapshots_the_state_before_training_goes_on(
 ) -> None:
     """Weights changed right after save() returns do not leak into the checkpoint being written."""
     model, _, ckpt = small_setup(tmp_path, async_save=True)
-    slow_writes(monkeypatch, 0.3)
+    release = held_writes(monkeypatch)
     before = model.weight.detach().clone()
     ckpt.save(1, 0)
     with torch.no_grad():
         model.weight.add_(100.0)
+    release.set()
     saved = ckpt.wait()
     assert saved is not None
     assert torch.equal(torch.load(saved.path, weights_only=True)["objects"]["model"]["weight"], before)
+
+
+class Views:
+    """A stateful object whose state holds a non-contiguous view, an integer tensor and a plain one."""
+
+    def __init__(self) -> None:
+        self.grid = torch.arange(12.0).reshape(3, 4)
+        self.counts = torch.arange(5)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"transposed": self.grid.t(), "counts": self.counts, "grid": self.grid}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.grid.copy_(state["grid"])
+        self.counts.copy_(state["counts"])
+
+
+def test_async_save_snapshots_strided_and_integer_tensors_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Views, integer tensors and contiguous ones are all copied as they were when save() returned."""
+    views = Views()
+    ckpt = Checkpointer(
+        tmp_path, stateful={"views": views}, clock=SegmentClock(install=False), async_save=True
+    )
+    release = held_writes(monkeypatch)
+    expected = {k: v.clone() for k, v in views.state_dict().items()}
+    ckpt.save(1, 0)
+    views.grid.mul_(-1)
+    views.counts.add_(7)
+    release.set()
+    saved = ckpt.wait()
+    assert saved is not None
+    stored = torch.load(saved.path, weights_only=True)["objects"]["views"]
+    for key, value in expected.items():
+        assert torch.equal(stored[key], value), key
+
+
+def test_async_saves_are_handed_to_one_long_lived_thread(tmp_path: Path) -> None:
+    """Each async save is queued to the same background thread; none starts a thread of its own."""
+    _, _, ckpt = small_setup(tmp_path, async_save=True)
+
+    def save_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "chainrun-save"]
+
+    before = set(save_threads())
+    ckpt.save(1, 0)
+    ckpt.wait()
+    started = [t for t in save_threads() if t not in before]
+    assert len(started) == 1, "no background thread is waiting for the next save"
+    for epoch in (2, 3):
+        ckpt.save(epoch, 0)
+        ckpt.wait()
+        assert [t for t in save_threads() if t not in before] == started
 
 
 def test_async_save_reuses_its_host_buffers_and_keeps_tied_weights_tied(tmp_path: Path) -> None:
@@ -419,9 +477,10 @@ def test_walltime_signal_finishes_the_pending_async_save_before_should_stop_says
     """should_stop() returns True only once the background save is committed."""
     model = torch.nn.Linear(4, 3)
     ckpt = Checkpointer(tmp_path, model=model, clock=SegmentClock("USR1"), async_save=True)
-    slow_writes(monkeypatch, 0.4)
+    release = held_writes(monkeypatch)
     ckpt.save(1, 0)
     os.kill(os.getpid(), signal.SIGUSR1)
+    threading.Timer(0.3, release.set).start()  # the write goes on while should_stop() waits
     assert ckpt.should_stop()
     progress = load_progress(tmp_path)
     assert progress is not None and progress["epoch"] == 1
