@@ -25,12 +25,12 @@ from typing import Any, NoReturn, Optional
 
 import click
 
-from chainrun import __version__, jobfile, watch
+from chainrun import __version__, jobfile, snapshot, watch
 from chainrun.daemon import DEFAULT_INTERVAL, NOTIFY_WAIT, InstanceLock, Service
 from chainrun.engine import Engine
 from chainrun.errors import ChainrunError, StoreUnavailable, TransportError, UsageError
 from chainrun.jobfile import format_duration
-from chainrun.model import NO_PROGRESS, Chain, JobSpec
+from chainrun.model import NO_PROGRESS, Chain, JobSpec, Progress
 from chainrun.notify import Hooks, Notifier
 from chainrun.schedulers import preflight
 from chainrun.schedulers.segment import SegmentJob
@@ -265,23 +265,37 @@ def _submit(store: Store, spec: JobSpec, fresh: bool = False) -> Chain:
     """
     preflight(spec)
     transport = transport_for(spec.scheduler.host)
+    snap = None
     try:
         if fresh:
             _move_aside(transport, spec)
         baseline = watch.progress(transport, spec) or NO_PROGRESS
+        if not _complete(spec, baseline):
+            spec, snap = snapshot.prepare(transport, spec)
     except TransportError as exc:
         if spec.scheduler.host is None:
             raise
         raise TransportError(f"cannot reach {spec.scheduler.host}: {exc}") from None
+    why = _complete(spec, baseline)
+    if why:
+        again = (
+            "" if fresh else "; to start over, add --fresh (it moves the directory aside, deleting nothing)"
+        )
+        raise ChainrunError(f"the checkpoint in {spec.checkpoint_dir} is already complete ({why}){again}")
+    # Whatever is already in checkpoint_dir is the starting point, not progress.
+    chain = store.add_chain(spec, baseline, time.time())
+    if snap is not None:
+        snapshot.pin(snap, chain.id)
+    return chain
+
+
+def _complete(spec: JobSpec, baseline: Progress) -> str:
+    """Why the checkpoint already says the run is complete; "" when it does not."""
     if spec.target_epoch is not None and (baseline.epoch or 0) >= spec.target_epoch:
-        why = f"epoch {baseline.epoch}, target_epoch {spec.target_epoch}"
-    elif baseline.done:
-        why = "the training script marked it done"
-    else:
-        # Whatever is already in checkpoint_dir is the starting point, not progress.
-        return store.add_chain(spec, baseline, time.time())
-    again = "" if fresh else "; to start over, add --fresh (it moves the directory aside, deleting nothing)"
-    raise ChainrunError(f"the checkpoint in {spec.checkpoint_dir} is already complete ({why}){again}")
+        return f"epoch {baseline.epoch}, target_epoch {spec.target_epoch}"
+    if baseline.done:
+        return "the training script marked it done"
+    return ""
 
 
 def _move_aside(transport: Transport, spec: JobSpec) -> None:
@@ -327,6 +341,13 @@ def check(jobfile_path: str, show_script: bool) -> None:
     click.echo(f"{jobfile_path}: valid job file for chain {spec.name!r}")
     for label, value in _plan(spec):
         click.echo(f"  {label:<11} {value}")
+    if spec.target_epoch is not None and not spec.progress_file:
+        click.echo(
+            "warning: target_epoch needs an epoch: if the command does not save with chainrun.checkpoint, "
+            'set progress = "FILE.json:KEY" (its own JSON file and the key of the epoch); without an '
+            "epoch, the chain completes when the command exits 0 on its own",
+            err=True,
+        )
     if show_script:
         where = f" on {spec.scheduler.host}" if spec.scheduler.host else ""
         click.echo(f"\nsubmitted{where} with (the chain id is made at submit):\n  {shlex.join(argv)}")
@@ -348,7 +369,7 @@ def _plan(spec: JobSpec) -> list[tuple[str, str]]:
         sched += f", queue {spec.scheduler.queue}"
     if spec.scheduler.options:
         sched += ", options " + " ".join(spec.scheduler.options)
-    return [
+    plan = [
         ("command", spec.command),
         ("workdir", spec.workdir),
         ("scheduler", sched),
@@ -361,8 +382,22 @@ def _plan(spec: JobSpec) -> list[tuple[str, str]]:
         ("failures", f"budget {spec.max_failures}: the chain fails at failure {spec.max_failures + 1}"),
         ("signal", f"SIG{spec.signal} {format_duration(spec.grace)} before each walltime"),
         ("environment", _environment(spec)),
-        ("progress", f"read from {spec.checkpoint_dir}"),
+        ("progress", _progress_source(spec)),
     ]
+    if spec.container:
+        plan.append(("container", f"{spec.container} ({spec.container_runtime})"))
+    if spec.snapshot:
+        plan.append(("code", f"a git snapshot of {snapshot.source_dir(spec)}'s repository, taken at submit"))
+    return plan
+
+
+def _progress_source(spec: JobSpec) -> str:
+    if spec.progress_file:
+        return f"the epoch is {spec.progress_key} in {spec.progress_file}"
+    return (
+        f"chainrun.checkpoint's sidecar in {spec.checkpoint_dir}, "
+        "else the time of the newest file there (no epoch)"
+    )
 
 
 def _environment(spec: JobSpec) -> str:

@@ -40,16 +40,16 @@ def binds(spec: JobSpec) -> list[str]:
     return dirs
 
 
-def argv(spec: JobSpec) -> list[str]:
-    """The words that run ``bash -c COMMAND`` inside the container; [] without one."""
+def argv(spec: JobSpec, cwd: str) -> list[str]:
+    """The words that run ``bash -c COMMAND`` in ``cwd`` inside the container; [] without one."""
     if not spec.container:
         return []
     program = RUNTIMES[spec.container_runtime]
     if spec.container_runtime == "charliecloud":
         mounts = [w for d in binds(spec) for w in ("-b", d)]
-        return [program, *mounts, "-c", spec.workdir, *spec.container_options, spec.container, "--"]
+        return [program, *mounts, "-c", cwd, *spec.container_options, spec.container, "--"]
     mounts = [w for d in binds(spec) for w in ("--bind", d)]
-    return [program, "exec", *mounts, "--pwd", spec.workdir, *spec.container_options, spec.container]
+    return [program, "exec", *mounts, "--pwd", cwd, *spec.container_options, spec.container]
 
 
 def image_problem(spec: JobSpec) -> Optional[str]:

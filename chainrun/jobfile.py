@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
 
-from chainrun import container
+from chainrun import container, snapshot
 from chainrun.errors import JobFileError
 from chainrun.model import JobSpec, SchedulerSpec
 
@@ -81,6 +81,7 @@ TOP_KEYS = (
     "container",
     "container_runtime",
     "container_options",
+    "snapshot",
 )
 SCHEDULER_KEYS = ("kind", "host", "queue", "options")
 
@@ -406,6 +407,8 @@ def parse(
         _local_dir(f, "checkpoint_dir", checkpoint_dir, must_exist=False)
     progress_file, progress_key = _progress(f, workdir, remote)
     image, runtime, container_options = _container(f, base, remote, environ or {})
+    snap = f.get("snapshot", str, '"git" (run the code as it was at submit), or leave it out', max_bytes=16)
+    f.checked("snapshot", snap, lambda v: v == "git", 'the only kind is "git"')
 
     env_table = f.get("env", dict, "a table [env] of NAME = value", default={})
     env = []
@@ -460,6 +463,7 @@ def parse(
         container=image,
         container_runtime=runtime,
         container_options=container_options,
+        snapshot=snap or "",
         signal=signal,
         grace=grace,
         scheduler=sched,
@@ -473,6 +477,9 @@ def parse(
     problem = None if remote else container.image_problem(spec)
     if problem:
         raise f.error("container", problem)
+    if spec.snapshot and snapshot.repository(snapshot.source_dir(spec)) is None:
+        where = "the job file's directory" if remote else "workdir"
+        raise f.error("snapshot", f"{where} {snapshot.source_dir(spec)} is not inside a git repository")
     return spec
 
 

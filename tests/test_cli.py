@@ -540,6 +540,29 @@ def test_version_and_check_show_script_say_what_runs(tmp_path: Path) -> None:
     assert not (tmp_path / "home" / "chainrun.db").exists()
 
 
+def test_check_says_where_the_epoch_comes_from_and_warns_when_a_target_may_have_none(tmp_path: Path) -> None:
+    """With target_epoch and no progress = "FILE:KEY", check warns that the epoch must come from
+    chainrun.checkpoint; with progress set, it names the file and key and says nothing more."""
+    env = {**os.environ, "CHAINRUN_HOME": str(tmp_path / "home")}
+    base = 'name = "t"\ncommand = "python3 train.py"\ntotal_time = "2h"\nwalltime = "1h"\ntarget_epoch = 20\n'
+    for extra, warns, source in (
+        ("", True, "chainrun.checkpoint's sidecar"),
+        ('progress = "ckpt/state.json:epoch"\n', False, f"the epoch is epoch in {tmp_path}/ckpt/state.json"),
+    ):
+        path = tmp_path / "job.toml"
+        path.write_text(base + extra)
+        result = subprocess.run(
+            [sys.executable, "-m", "chainrun", "check", str(path)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        assert source in result.stdout
+        assert ('progress = "FILE.json:KEY"' in result.stderr) is warns, result.stderr
+
+
 # -- exit codes: 2 for bad input, 1 for a chain that cannot complete, 0 otherwise -----
 
 

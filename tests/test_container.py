@@ -60,7 +60,7 @@ def test_charliecloud_binds_workdir_and_an_outside_checkpoint_dir_and_execs_in_p
         fake_runtime(tmp_path, "ch-run"),
     )
     words = ["ch-run", "-b", str(work), "-b", str(ckpt), "-c", str(work), "--private-tmp", str(img), "--"]
-    assert container.argv(spec) == words
+    assert container.argv(spec, spec.workdir) == words
     script = render_script(SlurmScheduler(), SegmentJob("t-1", 1, spec, 3600))
     assert f"{shlex.join(words)} bash -c 'python3 train.py' &" in script
 
@@ -72,7 +72,7 @@ def test_apptainer_execs_the_image_with_binds_and_the_workdir(tmp_path: Path) ->
         {},
     )
     work = str(tmp_path)
-    assert container.argv(spec) == [
+    assert container.argv(spec, spec.workdir) == [
         "apptainer", "exec", "--bind", work, "--pwd", work, "--nv", "docker://python:3.11"
     ]  # fmt: skip
 
@@ -91,7 +91,7 @@ def test_hostile_paths_and_options_stay_single_words_in_the_script(tmp_path: Pat
     words = (
         subprocess.run(["bash", str(probe)], capture_output=True, check=True).stdout.decode().split("\0")[:-1]
     )
-    assert words == [*container.argv(spec), "bash", "-c", "python3 train.py"]
+    assert words == [*container.argv(spec, spec.workdir), "bash", "-c", "python3 train.py"]
     assert "--set-env=A=$(id)" in words and str(work / "img") in words
 
 

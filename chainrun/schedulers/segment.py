@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 RUN_DIR_NAME = ".chainrun"
 FINAL_NAME = "final"
+CODE_DIR = "code"  # in RUN_DIR_NAME: the code snapshots (snapshot = "git"), one per commit
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,15 @@ def run_dir(spec: JobSpec, chain_id: str) -> str:
     return posixpath.join(spec.workdir, RUN_DIR_NAME, chain_id)
 
 
+def code_dir(spec: JobSpec) -> str:
+    """Where the command runs: the workdir, or a snapshot chain's unpacked commit (at the
+    job's subdirectory of its repository)."""
+    if not spec.snapshot_commit:
+        return spec.workdir
+    base = posixpath.join(spec.workdir, RUN_DIR_NAME, CODE_DIR, spec.snapshot_commit)
+    return posixpath.join(base, spec.snapshot_subdir) if spec.snapshot_subdir else base
+
+
 def final_path(spec: JobSpec, chain_id: str) -> str:
     return posixpath.join(run_dir(spec, chain_id), FINAL_NAME)
 
@@ -91,6 +101,9 @@ def trust_run_dir(transport: Transport, spec: JobSpec, chain_id: Optional[str], 
         if info is None and create:
             transport.makedirs(path, 0o700)
             info = transport.stat(path)  # and look again: another user may have been quicker
+            if info is not None and path == paths[0] and info.uid == me:
+                # Never part of the user's repository: `git status` stays as it was.
+                transport.write_file(posixpath.join(path, ".gitignore"), b"*\n")
         if info is not None:
             _trust(info, path, me, directory=True)
 
@@ -154,9 +167,9 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
         "TARGET": q("" if spec.target_epoch is None else str(spec.target_epoch)),
         "PROGRESS_FILE": q(spec.progress_file or ""),
         "PROGRESS_KEY": q(spec.progress_key),
-        "WORKDIR": q(spec.workdir),
+        "WORKDIR": q(code_dir(spec)),
         "COMMAND": q(spec.command),
-        "CONTAINER": "".join(f"{q(word)} " for word in container.argv(spec)),
+        "CONTAINER": "".join(f"{q(word)} " for word in container.argv(spec, code_dir(spec))),
     }
     template = resources.files("chainrun.schedulers").joinpath("segment.sh").read_text()
     body = _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)

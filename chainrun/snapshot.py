@@ -1,0 +1,167 @@
+"""Code snapshots (``snapshot = "git"``): every segment runs the code as it was at submit.
+
+At submit the git repository holding the code (the workdir's, or for a chain
+on a remote ``host`` the job file's on this machine) is captured as it is:
+committed, uncommitted and untracked-but-not-ignored files, through a
+temporary index, so the user's index, working tree and branch are never
+touched. The commit is kept under ``refs/chainrun/<chain-id>`` (``git log
+refs/chainrun/<id>`` finds it) and unpacked once per commit into
+``WORKDIR/.chainrun/code/<commit>/`` where the chain runs (over SFTP for a
+remote host), which every segment then runs from. ``checkpoint_dir`` and the
+run directory stay outside the snapshot: they must persist across segments.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import subprocess
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from chainrun.errors import ChainrunError, TransportError
+from chainrun.model import JobSpec
+from chainrun.schedulers.segment import CODE_DIR, RUN_DIR_NAME, trust_run_dir
+
+if TYPE_CHECKING:
+    from chainrun.transport import Transport
+
+DONE = ".chainrun-unpacked"  # written last: a partly unpacked snapshot is unpacked again
+REF_PREFIX = "refs/chainrun/"
+GIT_TIMEOUT = 300
+
+
+class SnapshotError(ChainrunError):
+    """The code cannot be captured (no repository, git failed); nothing is stored."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    repo: str  # the repository's top directory
+    commit: str
+    subdir: str  # where the command runs, relative to the repository's top ("" for the top)
+
+
+def source_dir(spec: JobSpec) -> str:
+    """The directory on this machine whose repository is captured."""
+    if spec.scheduler.host:
+        return os.path.dirname(spec.source) or "."
+    return spec.workdir
+
+
+def repository(directory: str) -> Optional[str]:
+    """The top of the git repository holding ``directory``; None when there is none."""
+    try:
+        out = _git(directory, "rev-parse", "--show-toplevel")
+    except SnapshotError:
+        return None
+    return out.strip() or None
+
+
+def capture(spec: JobSpec) -> Snapshot:
+    """Commit the repository as it is now, without touching its index, tree or branch."""
+    where = source_dir(spec)
+    top = repository(where)
+    if top is None:
+        raise SnapshotError(f'{where} is not inside a git repository; snapshot = "git" needs one')
+    subdir = os.path.relpath(os.path.realpath(where), os.path.realpath(top))
+    subdir = "" if subdir == "." else subdir
+    excluded = [
+        p
+        for p in (spec.checkpoint_dir, posixpath.join(spec.workdir, RUN_DIR_NAME))
+        if not spec.scheduler.host
+    ]
+    pathspec = ["."] + [f":(top,exclude){os.path.relpath(p, top)}" for p in excluded if _inside(p, top)]
+    with tempfile.TemporaryDirectory(prefix="chainrun-snapshot-") as tmp:
+        env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        head = _head(top)
+        if head:
+            _git(top, "read-tree", head, env=env)
+        _git(top, "add", "--all", "--", *pathspec, env=env)
+        tree = _git(top, "write-tree", env=env).strip()
+    parents = ["-p", head] if head else []
+    message = f"chainrun snapshot of {top} for chain {spec.name}"
+    commit = _git(top, "commit-tree", tree, *parents, "-m", message, env=_identity(top)).strip()
+    return Snapshot(top, commit, subdir)
+
+
+def pin(snap: Snapshot, chain_id: str) -> None:
+    """Keep the commit reachable (and findable) as ``refs/chainrun/<chain-id>``."""
+    _git(snap.repo, "update-ref", REF_PREFIX + chain_id, snap.commit)
+
+
+def prepare(transport: Transport, spec: JobSpec) -> tuple[JobSpec, Optional[Snapshot]]:
+    """For a snapshot chain, capture the code and unpack it where the chain runs; the spec
+    then names the commit. Before the chain is stored: a failure here stores nothing."""
+    if not spec.snapshot:
+        return spec, None
+    snap = capture(spec)
+    spec = replace(spec, snapshot_commit=snap.commit, snapshot_subdir=snap.subdir)
+    trust_run_dir(transport, spec, None, create=True)
+    deliver(transport, spec, snap)
+    return spec, snap
+
+
+def deliver(transport: Transport, spec: JobSpec, snap: Snapshot) -> None:
+    """Unpack the commit into ``WORKDIR/.chainrun/code/<commit>`` where the chain runs, once."""
+    target = posixpath.join(spec.workdir, RUN_DIR_NAME, CODE_DIR, snap.commit)
+    if transport.stat(posixpath.join(target, DONE)) is not None:
+        return  # an earlier chain of the same code unpacked it
+    with tempfile.TemporaryDirectory(prefix="chainrun-snapshot-") as tmp:
+        archive = Path(tmp) / "code.tar"
+        _git(snap.repo, "archive", "--format=tar", "-o", str(archive), snap.commit)
+        data = archive.read_bytes()
+    tar = target + ".tar"
+    try:
+        transport.makedirs(target, 0o700)
+        transport.write_file(tar, data)
+        result = transport.run(["tar", "-x", "-f", tar, "-C", target], timeout=GIT_TIMEOUT)
+        if not result.ok:
+            raise TransportError(f"unpacking the code snapshot failed: {result.describe()}")
+        transport.write_file(posixpath.join(target, DONE), snap.commit.encode() + b"\n")
+    finally:
+        transport.run(["rm", "-f", "--", tar], timeout=60)
+
+
+def _head(top: str) -> Optional[str]:
+    try:
+        return _git(top, "rev-parse", "--verify", "-q", "HEAD").strip() or None
+    except SnapshotError:
+        return None  # a repository with no commit yet
+
+
+def _identity(top: str) -> dict[str, str]:
+    """Who the snapshot commit is by: the user's git identity, else chainrun's."""
+    env = {}
+    for kind, key in (("NAME", "user.name"), ("EMAIL", "user.email")):
+        try:
+            value = _git(top, "config", key).strip()
+        except SnapshotError:
+            value = ""
+        fallback = "chainrun" if kind == "NAME" else "chainrun@localhost"
+        env[f"GIT_AUTHOR_{kind}"] = env[f"GIT_COMMITTER_{kind}"] = value or fallback
+    return env
+
+
+def _inside(path: str, top: str) -> bool:
+    rel = os.path.relpath(os.path.realpath(path), os.path.realpath(top))
+    return rel != "." and not rel.startswith("..")
+
+
+def _git(repo: str, *args: str, env: Optional[dict[str, str]] = None) -> str:
+    try:
+        result = subprocess.run(
+            ["git", "-C", repo, *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(env or {})},
+            timeout=GIT_TIMEOUT,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SnapshotError(f"git {args[0]} in {repo}: {exc}") from None
+    if result.returncode != 0:
+        problem = " ".join((result.stderr or result.stdout).split()) or f"exit {result.returncode}"
+        raise SnapshotError(f"git {args[0]} in {repo} failed: {problem}")
+    return result.stdout

@@ -1,0 +1,166 @@
+"""Code snapshots (snapshot = "git"): the chain runs the code as it was at submit, and the
+user's repository is left exactly as it was. Real git, the real CLI and service, and for the
+remote case the real loopback sshd (scripts/start-sshd) with the real Slurm behind it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from conftest import need, wait_for
+
+TRAINER = Path(__file__).parent / "data" / "trainer.py"
+SSH_CONFIG = "/var/lib/chainrun-test/ssh/config"
+CLI = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+def make_repo(path: Path) -> Path:
+    """A repository with a committed trainer and version file, then an uncommitted edit of the
+    version and an untracked file: what a user has mid-work."""
+    path.mkdir(parents=True)
+    git(path, "init", "-q", "-b", "main")
+    git(path, "config", "user.name", "Test User")
+    git(path, "config", "user.email", "test@example.org")
+    shutil.copy(TRAINER, path / "trainer.py")
+    (path / "version.txt").write_text("v1\n")
+    (path / ".gitignore").write_text("data/\n")
+    git(path, "add", ".")
+    git(path, "commit", "-q", "-m", "v1")
+    (path / "version.txt").write_text("v2\n")  # the uncommitted edit the chain must run
+    (path / "notes.py").write_text("# untracked, not ignored: in the snapshot\n")
+    (path / "data").mkdir()
+    (path / "data" / "big.bin").write_bytes(b"\0" * 1024)  # ignored: not in the snapshot
+    git(path, "add", "notes.py")  # staged: the index must come through unchanged too
+    (path / "notes.py").write_text("# untracked, not ignored: in the snapshot (edited)\n")
+    return path
+
+
+def repo_state(repo: Path) -> tuple[str, bytes, str, str]:
+    """What the user sees of the repository: status, the index file's bytes, branch, HEAD."""
+    return (
+        git(repo, "status", "--porcelain=v2", "--branch", "--untracked-files=all"),
+        (repo / ".git" / "index").read_bytes(),
+        git(repo, "symbolic-ref", "HEAD"),
+        git(repo, "rev-parse", "HEAD"),
+    )
+
+
+def write_job(repo: Path, host: str = "", workdir: Path | None = None) -> Path:
+    # Slurm (over SSH) signals 10-40 s into a one-minute job: 45 epochs span two segments or more.
+    epochs, walltime, grace = (45, "1m", "50s") if host else (6, "5s", "2s")
+    command = (
+        'cat version.txt >> "$CHAINRUN_CHECKPOINT_DIR/versions.txt"; '
+        f"exec python3 trainer.py --epochs {epochs} --epoch-time 1"
+    )
+    lines = [
+        'name = "snap"',
+        f"command = {json.dumps(command)}",
+        'total_time = "30m"',
+        f'walltime = "{walltime}"',
+        f'grace = "{grace}"',
+        f"target_epoch = {epochs}",
+        'snapshot = "git"',
+    ]
+    if workdir is not None:
+        lines += [
+            f"workdir = {json.dumps(str(workdir))}",
+            f"checkpoint_dir = {json.dumps(str(workdir / 'ckpt'))}",
+        ]
+    else:
+        lines.append('checkpoint_dir = "ckpt"')
+    if host:
+        lines += ["[scheduler]", 'kind = "slurm"', f"host = {json.dumps(host)}"]
+    path = repo / "chain.toml"
+    path.write_text("\n".join(lines) + "\n")
+    git(repo, "add", "chain.toml")  # part of the user's work, like any file
+    return path
+
+
+def change_everything(repo: Path) -> None:
+    """After submit the user edits, commits and resets: none of it may reach the chain."""
+    (repo / "version.txt").write_text("v3\n")
+    git(repo, "commit", "-q", "-am", "v3")
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
+    (repo / "version.txt").write_text("v4\n")
+
+
+def run_to_the_end(chainrun: CLI, service: Callable[..., object], chain_id: str) -> dict:  # type: ignore[type-arg]
+    service(interval=0.3)
+
+    def ended() -> bool:
+        out = chainrun("status", chain_id, "--json", check=True).stdout
+        return json.loads(out)[0]["state"] in ("completed", "failed", "exhausted")
+
+    wait_for(ended, 600, "the chain to end")
+    return json.loads(chainrun("status", chain_id, "--json", check=True).stdout)[0]  # type: ignore[no-any-return]
+
+
+def check_chain(repo: Path, chainrun: CLI, service: Callable[..., object], path: Path, ckpt: Path) -> None:
+    before = repo_state(repo)
+    submitted = chainrun("submit", str(path))
+    assert submitted.returncode == 0, submitted.stderr
+    chain_id = submitted.stdout.split()[0]
+    assert repo_state(repo) == before, "submit changed the user's repository"
+    ref = f"refs/chainrun/{chain_id}"
+    assert git(repo, "show", f"{ref}:version.txt") == "v2\n"  # the uncommitted edit
+    assert "(edited)" in git(repo, "show", f"{ref}:notes.py")
+    assert "data/big.bin" not in git(repo, "ls-tree", "-r", "--name-only", ref)
+    assert git(repo, "rev-parse", f"{ref}^") == before[3]  # on top of the user's HEAD
+
+    change_everything(repo)
+    st = run_to_the_end(chainrun, service, chain_id)
+    assert st["state"] == "completed", st["reason"]
+    ran = [s for s in st["segments"] if s["started_at"] is not None]
+    assert len(ran) >= 2, "the chain should span segments"
+    versions = (ckpt / "versions.txt").read_text().splitlines()
+    assert versions == ["v2"] * len(versions) and len(versions) >= 2
+
+
+def test_a_local_snapshot_chain_runs_the_submitted_code_and_leaves_the_repository_as_it_was(
+    tmp_path: Path, chainrun: CLI, service: Callable[..., object]
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    path = write_job(repo)
+    check_chain(repo, chainrun, service, path, repo / "ckpt")
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+@pytest.mark.slurm
+def test_a_snapshot_chain_over_ssh_runs_the_submitted_code_uploaded_once(
+    tmp_path: Path, chainrun: CLI, service: Callable[..., object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The repository is the job file's, on this machine; the code lands in the workdir on the
+    remote host (here the loopback sshd's root, with the real Slurm behind it)."""
+    ok = subprocess.run(
+        ["ssh", "-F", SSH_CONFIG, "-o", "BatchMode=yes", "root-local", "true"], capture_output=True
+    )
+    need("the test sshd", ok.returncode == 0, "sudo scripts/start-sshd")
+    slurm = subprocess.run(["scontrol", "ping"], capture_output=True) if shutil.which("scontrol") else None
+    need("a running slurm", slurm is not None and slurm.returncode == 0, "sudo scripts/start-slurm")
+    monkeypatch.setenv("CHAINRUN_SSH_CONFIG", SSH_CONFIG)
+    repo = make_repo(tmp_path / "laptop")
+    remote = tmp_path / "cluster work"
+    remote.mkdir()
+    path = write_job(repo, host="root-local", workdir=remote)
+    check_chain(repo, chainrun, service, path, remote / "ckpt")
+    unpacked = list((remote / ".chainrun" / "code").iterdir())
+    assert len(unpacked) == 1 and (unpacked[0] / "version.txt").read_text() == "v2\n"
+
+
+def test_check_refuses_a_snapshot_outside_a_git_repository_in_one_line(tmp_path: Path, chainrun: CLI) -> None:
+    work = tmp_path / "plain"
+    work.mkdir()
+    path = work / "chain.toml"
+    path.write_text('name = "s"\ncommand = "true"\ntotal_time = "1h"\nwalltime = "10m"\nsnapshot = "git"\n')
+    result = chainrun("check", str(path))
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("is not inside a git repository") and result.stderr.count("\n") == 1
