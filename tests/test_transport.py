@@ -449,6 +449,25 @@ def test_remove_deletes_a_file(transport: Transport, workdir: str) -> None:
     assert transport.read_file(f"{workdir}/gone") is None
 
 
+def test_rename_moves_a_directory_whole_and_never_replaces_what_is_there(
+    transport: Transport, workdir: str
+) -> None:
+    """`submit --fresh` moves checkpoints aside with it: the directory and its files arrive
+    as they were; a target that exists, even an empty directory, is refused and both stay."""
+    transport.makedirs(f"{workdir}/ckpt")
+    transport.write_file(f"{workdir}/ckpt/model.pt", b"weights")
+    transport.rename(f"{workdir}/ckpt", f"{workdir}/ckpt.old")
+    assert transport.stat(f"{workdir}/ckpt") is None
+    assert transport.read_file(f"{workdir}/ckpt.old/model.pt") == b"weights"
+    transport.makedirs(f"{workdir}/ckpt")
+    transport.makedirs(f"{workdir}/empty")
+    for taken in ("ckpt.old", "empty"):
+        with pytest.raises(TransportError, match="cannot rename"):
+            transport.rename(f"{workdir}/ckpt", f"{workdir}/{taken}")
+    assert transport.stat(f"{workdir}/ckpt") is not None
+    assert transport.read_file(f"{workdir}/ckpt.old/model.pt") == b"weights"
+
+
 def test_read_file_reads_a_regular_file_up_to_the_limit(transport: Transport, workdir: str) -> None:
     """``limit`` is the most bytes a file may have: up to it the file is read, over it refused."""
     path = f"{workdir}/f"
