@@ -327,7 +327,7 @@ def table(
     lines = _columns(rows, width)
     for c in chains:
         if verbose:
-            lines.append(f"{c.id}:")
+            lines.append(f"{_clip_id(c.id, width - 1)}:")
             for fact in details(c, now):
                 lines += _wrap(fact, width, "  ")
         else:
@@ -356,7 +356,7 @@ def _tail(chain: Chain, width: int) -> list[str]:
         return []
     lines = []
     if seg.tail:
-        lines.append(f"  the last lines of segment {seg.n}'s output:")
+        lines += _wrap(f"  the last lines of segment {seg.n}'s output:", width)
         lines += [_clip(f"    {_shown(line)}", width) for line in seg.tail[-TAIL_LINES:]]
     lines += _wrap(f"  all of it: chainrun logs {chain.id} -n {seg.n}", width)
     return lines

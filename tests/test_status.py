@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import os
 import pty
@@ -294,7 +295,7 @@ def test_only_chains_that_need_a_person_get_a_line_by_default() -> None:
 
 def test_every_line_fits_80_columns_with_long_names_ids_and_reasons(tmp_path: Path) -> None:
     """The longest names, 8-digit job ids, long pending reasons and reasons, verbose or not:
-    no line is ever wider than 80 columns (a terminal would wrap it)."""
+    no line is ever wider than 80 columns by default, nor than a terminal's 40 or 132."""
     long_name = "a" * 30 + "-imagenet-resnet152-mixed-precision-sweep"[: 64 - 30]
     busy = replace(
         realistic(long_name, "ffffff"),
@@ -316,12 +317,14 @@ def test_every_line_fits_80_columns_with_long_names_ids_and_reasons(tmp_path: Pa
         long_name + "-cccccc", long_name, "state is 'paused', " * 10, ("1", "2"), "sqlite3 x"
     )
     chains = [busy, big, bad, retry]
-    for verbose in (False, True):
-        text = view.frame(tmp_path, chains, NOW, [damaged], verbose=verbose, tails=True)
+    for width, verbose in itertools.product((40, 80, 132), (False, True)):
+        text = view.frame(tmp_path, chains, NOW, [damaged], width=width, verbose=verbose, tails=True)
         for line in text.splitlines():
             if "remove it with: sqlite3" in line:
                 continue  # a command to copy whole is never broken
-            assert len(line) <= 80, line
+            assert len(line) <= width, line
+    text = view.frame(tmp_path, chains, NOW, [damaged], verbose=True, tails=True)
+    assert max(len(line) for line in text.splitlines() if "sqlite3" not in line) <= 80
     table = view.table(chains, NOW).splitlines()
     assert table[1].startswith(long_name[:14]) and table[1].split()[0].endswith("…-ffffff")
 
