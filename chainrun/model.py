@@ -1,4 +1,4 @@
-"""The words of chainrun as data: job spec, chain, segment, progress, actions.
+"""The words of chainrun as data: job spec, chain, segment, progress, actions, a command's result.
 
 Everything here is a plain value: frozen dataclasses and Enums with no I/O,
 so the decision logic can be tested exhaustively and the store can round-trip
@@ -8,6 +8,7 @@ them through JSON.
 from __future__ import annotations
 
 import enum
+import posixpath
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Union
@@ -352,3 +353,31 @@ class Finish:
 
 
 Action = Union[Submit, Adopt, RetryLater, Reject, Cancel, Remove, Track, EndSegment, Finish]
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a finished command returned; a non-zero exit is a result, not an error."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def describe(self) -> str:
+        """One line for messages: ``sbatch exited 1: <first line of stderr>``."""
+        name = posixpath.basename(self.argv[0]) if self.argv else "command"
+        detail = _first_line(self.stderr) or _first_line(self.stdout)
+        summary = f"{name} exited {self.returncode}"
+        return f"{summary}: {detail}" if detail else summary
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""

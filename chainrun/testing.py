@@ -27,9 +27,9 @@ from typing import ClassVar, Optional
 from chainrun.checkpoint import SIDECAR_NAME
 from chainrun.checkpoint._progress import encode_progress
 from chainrun.errors import SchedulerError, TransportError
-from chainrun.model import LiveJob, Outcome, Phase
+from chainrun.model import CommandResult, LiveJob, Outcome, Phase
 from chainrun.schedulers.segment import SegmentJob
-from chainrun.transport import CommandResult, FileInfo
+from chainrun.transport import FileInfo
 
 _STEM = re.compile(r"\.sh\Z")
 USER = 1000  # who the fake cluster's files belong to

@@ -12,9 +12,12 @@ stalling the suite.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -28,8 +31,8 @@ import pytest
 from conftest import need
 
 from chainrun.errors import TransportError
+from chainrun.model import CommandResult
 from chainrun.transport import (
-    CommandResult,
     FileInfo,
     FileRefused,
     LocalTransport,
@@ -590,6 +593,41 @@ def test_transport_for_gives_local_for_no_host_and_one_ssh_transport_per_host() 
     assert isinstance(cluster, SSHTransport) and cluster.host == "chainrun-test-cluster"
     assert transport_for("chainrun-test-cluster") is cluster
     assert transport_for("chainrun-test-other") is not cluster
+
+
+# Run in a fresh interpreter: what it imported is left in sys.modules, as a command's would be.
+_LOCAL_WORK_THEN_A_HOST = """
+import json, os, sys, tempfile
+
+import chainrun.cli
+from chainrun.transport import (
+    CommandResult, FileInfo, FileRefused, LocalTransport, Transport, transport_for,
+)
+
+heavy = ("paramiko", "invoke")
+seen = {"import": [m for m in heavy if m in sys.modules]}
+local = transport_for(None)
+with tempfile.TemporaryDirectory() as d:
+    local.makedirs(os.path.join(d, "ck"))
+    local.write_file(os.path.join(d, "ck", "f"), b"x")
+    assert local.read_file(os.path.join(d, "ck", "f")) == b"x"
+    assert [i.name for i in local.listdir(os.path.join(d, "ck"))] == ["f"]
+    assert local.stat(os.path.join(d, "ck")).is_dir
+    assert local.run(["true"]).ok
+seen["local work"] = [m for m in heavy if m in sys.modules]
+transport_for("some-host")  # builds the transport; connects on first use only
+seen["a host"] = [m for m in heavy if m in sys.modules]
+print(json.dumps(seen))
+"""
+
+
+def test_paramiko_is_imported_only_when_a_chain_has_a_host() -> None:
+    """chainrun.cli and a local chain's transport work leave paramiko (and invoke) unloaded."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOCAL_WORK_THEN_A_HOST], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"import": [], "local work": [], "a host": ["paramiko", "invoke"]}
 
 
 # -- SSH only -----------------------------------------------------------------

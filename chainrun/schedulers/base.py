@@ -12,9 +12,8 @@ import re
 from typing import ClassVar, Optional, Protocol
 
 from chainrun.errors import SchedulerError
-from chainrun.model import LiveJob
+from chainrun.model import CommandResult, LiveJob
 from chainrun.schedulers.segment import SegmentJob
-from chainrun.transport import CommandResult
 
 
 class Scheduler(Protocol):

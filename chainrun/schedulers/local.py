@@ -12,9 +12,8 @@ import sys
 from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
-from chainrun.model import LiveJob, Outcome, Phase
+from chainrun.model import CommandResult, LiveJob, Outcome, Phase
 from chainrun.schedulers.segment import SegmentJob
-from chainrun.transport import CommandResult
 
 _PHASES = {"pending": Phase.PENDING, "running": Phase.RUNNING, "ended": Phase.ENDED}
 

@@ -16,10 +16,9 @@ from datetime import datetime, timezone
 from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
-from chainrun.model import LiveJob, Outcome, Phase
+from chainrun.model import CommandResult, LiveJob, Outcome, Phase
 from chainrun.schedulers.base import command_error, submitted_id
 from chainrun.schedulers.segment import SegmentJob
-from chainrun.transport import CommandResult
 
 UTC_ENV = ["env", "TZ=UTC"]
 QSTAT_TIME = "%Y-%m-%dT%H:%M:%S"  # 2026-11-25T22:15:05

@@ -11,10 +11,9 @@ import re
 from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
-from chainrun.model import LiveJob, Outcome, Phase
+from chainrun.model import CommandResult, LiveJob, Outcome, Phase
 from chainrun.schedulers.base import command_error, submitted_id
 from chainrun.schedulers.segment import SegmentJob
-from chainrun.transport import CommandResult
 
 # Times as epoch seconds: Slurm prints local time without a zone otherwise, and
 # the service may run in another zone than the cluster (over SSH).

@@ -1,0 +1,232 @@
+"""This machine as a transport: commands through ``subprocess``, files through ``os``.
+
+Commands run without a shell, each in a new session so that a timeout kills
+whatever the command started too. Files are written atomically (a private
+temporary file, fsync, rename, fsync of the directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import posixpath
+import signal
+import stat
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+
+from chainrun.errors import TransportError
+from chainrun.model import CommandResult
+from chainrun.transport import (
+    FileInfo,
+    FileRefused,
+    check_argv,
+    check_file,
+    check_read,
+    command_name,
+    file_error,
+    makedirs_with,
+    text,
+)
+
+__all__ = ["LOCAL", "LocalTransport"]
+
+
+class LocalTransport:
+    """This machine: ``subprocess`` without a shell, and ``os`` for files."""
+
+    host: str | None = None
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        input: str | None = None,
+        timeout: float = 60.0,
+        env: Mapping[str, str] | None = None,
+    ) -> CommandResult:
+        args = check_argv(argv, env)
+        merged = {**os.environ, **env} if env else None
+        try:
+            # A new session makes the command a process group leader, so a
+            # timeout can kill whatever it started too.
+            proc = subprocess.Popen(
+                args,
+                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=merged,
+                start_new_session=True,
+            )
+        except FileNotFoundError:
+            return CommandResult(args, 127, "", _not_found(args[0]))
+        except PermissionError:
+            return CommandResult(args, 126, "", f"{args[0]}: Permission denied\n")
+        try:
+            out, err = proc.communicate(input.encode() if input is not None else None, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise TransportError(
+                f"{command_name(args)} did not answer within {timeout:g} s on localhost; it was killed"
+            ) from None
+        code = proc.returncode
+        # Report a death by signal as a shell would (128+N), like the remote side.
+        return CommandResult(args, 128 - code if code < 0 else code, text(out), text(err))
+
+    def read_file(self, path: str, limit: int | None = None) -> bytes | None:
+        full = os.path.expanduser(path)
+        try:
+            st = os.lstat(full)  # first: opening a device may do something (a tape rewinds)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise file_error("read", path, "localhost", e) from None
+        check_file(path, "localhost", st, limit)
+        try:
+            # O_NOFOLLOW and O_NONBLOCK: should a symlink or a FIFO have taken
+            # the file's place since, open neither follows it nor waits for a writer.
+            fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+                raise FileRefused(
+                    f"cannot read {path} on localhost: it is a symbolic link, not a regular file",
+                    reason="a symbolic link",
+                ) from None
+            raise file_error("read", path, "localhost", e) from None
+        with open(fd, "rb") as f:
+            try:
+                check_file(path, "localhost", os.fstat(fd), limit)
+                data = f.read() if limit is None else f.read(limit + 1)
+            except OSError as e:
+                raise file_error("read", path, "localhost", e) from None
+        check_read(path, "localhost", len(data), limit)
+        return data
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        full = os.path.expanduser(path)
+        directory, base = os.path.split(full)
+        directory = directory or "."
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
+        except OSError as e:
+            raise file_error("write", path, "localhost", e) from None
+        try:
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), mode)
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, full)
+        except BaseException as e:
+            _unlink_quietly(tmp)
+            if isinstance(e, OSError):
+                raise file_error("write", path, "localhost", e) from None
+            raise
+        _fsync_dir(directory)
+
+    def listdir(self, path: str) -> list[FileInfo] | None:
+        full = os.path.expanduser(path)
+        try:
+            with os.scandir(full) as entries:
+                return sorted((_local_info(e) for e in entries), key=lambda i: i.name)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise file_error("list", path, "localhost", e) from None
+
+    def stat(self, path: str) -> FileInfo | None:
+        try:
+            st = os.lstat(os.path.expanduser(path))
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise file_error("stat", path, "localhost", e) from None
+        name = posixpath.basename(path.rstrip("/"))
+        return FileInfo(name, st.st_size, st.st_mtime, stat.S_ISREG(st.st_mode), st.st_mode, st.st_uid)
+
+    def user_id(self) -> int:
+        return os.geteuid()
+
+    def makedirs(self, path: str, mode: int = 0o700) -> None:
+        full = os.path.expanduser(path)
+
+        def isdir(p: str) -> bool | None:
+            try:
+                return stat.S_ISDIR(os.stat(p).st_mode)
+            except FileNotFoundError:
+                return None
+
+        try:
+            makedirs_with(full, mode, isdir, os.mkdir, os.chmod, os.path.dirname)
+        except OSError as e:
+            raise file_error("create directory", path, "localhost", e) from None
+
+    def remove(self, path: str) -> None:
+        try:
+            os.unlink(os.path.expanduser(path))
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise file_error("remove", path, "localhost", e) from None
+
+    def rename(self, path: str, new_path: str) -> None:
+        target = os.path.expanduser(new_path)
+        try:
+            # os.rename would replace an empty directory or a file at the target.
+            if os.path.lexists(target):
+                raise FileExistsError(errno.EEXIST, f"{new_path} exists")
+            os.rename(os.path.expanduser(path), target)
+        except OSError as e:
+            raise file_error("rename", path, "localhost", e) from None
+
+    def close(self) -> None:
+        pass
+
+
+LOCAL = LocalTransport()
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    # A grandchild that left the group may hold the pipes open: do not read them.
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+def _not_found(command: str) -> str:
+    if "/" in command:
+        return f"{command}: No such file or directory\n"
+    return f"{command}: command not found\n"
+
+
+def _local_info(entry: os.DirEntry[str]) -> FileInfo:
+    try:
+        st = entry.stat()
+    except FileNotFoundError:  # dangling symlink
+        st = entry.stat(follow_symlinks=False)
+    return FileInfo(entry.name, st.st_size, st.st_mtime, stat.S_ISREG(st.st_mode))
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on directories
+    finally:
+        os.close(fd)
