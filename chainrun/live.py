@@ -15,7 +15,9 @@ them) and the ``chainrun logs`` command that shows all of it.
 
 from __future__ import annotations
 
+import os
 import re
+import select
 import signal
 import sys
 import threading
@@ -43,6 +45,7 @@ TAIL_LINES = 5  # of a failing segment's output, under the final line
 OUTPUT_BYTES = 16384  # of a log's end, read for its last lines
 OUTPUT_WIDTH = 160  # characters of the output line in plain mode
 REFRESH_PER_SECOND = 2
+PROMPT_STEP = 0.2  # seconds between looks for a Ctrl-C while the question waits
 BAR_WIDTH = 30
 # CSI (colours, cursor moves), OSC (titles, links) and two-character escapes.
 _ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-_])")
@@ -341,7 +344,7 @@ def ask() -> str:
         click.echo("", err=True)  # the terminal's ^C has no newline of its own
         while True:
             click.echo(PROMPT, nl=False, err=True)
-            answer = sys.stdin.readline()
+            answer = _read_line()
             word = answer.strip().lower()
             if not answer or word in ("", "w", "watch"):
                 return "w"
@@ -352,6 +355,16 @@ def ask() -> str:
         return "w"
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _read_line() -> str:
+    """A line typed on stdin (empty at its end). The kernel may hand a Ctrl-C to any of this
+    process's threads, and then no read in the main thread is interrupted: wait in short
+    steps, so that Python raises KeyboardInterrupt here between them."""
+    fd = sys.stdin.fileno()
+    while not select.select([fd], [], [], PROMPT_STEP)[0]:
+        pass
+    return os.read(fd, 4096).decode(errors="replace")
 
 
 # -- the whole ----------------------------------------------------------------------
@@ -366,7 +379,8 @@ def supervise(home: Path, store: Store, chain: Chain, interval: float) -> int:
     """
     transport = transport_for(chain.spec.scheduler.host)
     follower = Follower(store, chain.id, transport)
-    view = View(tty=sys.stdout.isatty())
+    # A terminal that cannot move its cursor (TERM=dumb, as in an editor's shell) gets plain lines.
+    view = View(tty=sys.stdout.isatty() and os.environ.get("TERM") not in ("dumb", "unknown"))
     elsewhere = InstanceLock(home).held_elsewhere()
 
     def refresh(_: object = None) -> None:

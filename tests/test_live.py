@@ -3,6 +3,7 @@ and the last lines of a failed chain's output under its final line."""
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import json
 import os
@@ -23,7 +24,7 @@ import pytest
 from conftest import cli_env, wait_for
 from test_engine import SPEC, World
 
-from chainrun.live import PROMPT, Follower, View, final_lines, last_lines, plain_line
+from chainrun.live import OUTPUT_BYTES, PROMPT, Follower, View, final_lines, last_lines, plain_line, read_tail
 from chainrun.model import Chain, ChainState, Outcome, Phase, Progress, Segment
 from chainrun.schedulers import scheduler_for
 from chainrun.schedulers.segment import SegmentJob
@@ -32,6 +33,7 @@ from chainrun.transport import LocalTransport
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
 CLOCK = r"\d\d:\d\d:\d\d  "
 # Waits for a file `go` in its workdir, then exits 0: the test decides when the chain completes.
+SYS_TGKILL = {"x86_64": 234, "aarch64": 131}[os.uname().machine]  # a signal to one thread of a process
 WAIT_FOR_GO = "while [ ! -e go ]; do sleep 0.1; done; echo finished"
 
 
@@ -247,6 +249,8 @@ class Terminal:
     def exit_code(self, timeout: float = 120) -> int:
         try:
             return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running after {timeout:.0f}s:\n{self.out.text[-3000:]}") from None
         finally:
             self.out.close()
 
@@ -345,6 +349,21 @@ def test_a_second_ctrl_c_at_the_question_stops_watching(
         cancel_active(chainrun)
 
 
+def test_a_ctrl_c_the_kernel_hands_to_another_thread_still_ends_the_question(
+    tmp_path: Path, terminal: Callable[[Path], Terminal]
+) -> None:
+    """The second Ctrl-C may reach a thread other than the one waiting for the answer (a
+    tick's, rich's): it stops watching all the same, never leaving the question hanging."""
+    term = terminal(write_job(tmp_path, WAIT_FOR_GO))
+    interrupt_when_running(term)
+    pid = term.proc.pid
+    (tid, *_) = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(SYS_TGKILL, pid, tid, signal.SIGINT) == 0, os.strerror(ctypes.get_errno())
+    assert term.exit_code() == 130, term.out.text
+    assert "goes on; see it with: chainrun status" in term.out.text
+
+
 def test_ctrl_c_without_a_terminal_stops_watching_without_asking(
     tmp_path: Path, home: Path, chainrun: CLI
 ) -> None:
@@ -401,3 +420,31 @@ def test_run_off_a_terminal_prints_plain_lines_and_the_failure_tail(tmp_path: Pa
         f"see all of it: chainrun logs {chain_id} -n 1",
     ]
     assert out[-7].startswith(f"chain {chain_id} failed: ")
+
+
+def test_the_log_is_read_again_only_when_it_changed(tmp_path: Path) -> None:
+    """The output line comes from the running segment's log, read only when its size or
+    mtime changed: a log rewritten behind the same size and mtime is not read again."""
+    world = World(tmp_path / "home")
+    chain_id = world.add()
+    follower = Follower(world.store, chain_id, world.cluster.transport())
+    log = SegmentJob(chain_id, 1, SPEC, 0).log_path
+    world.tick()
+    world.cluster.start("1", epoch=0)
+    world.cluster.files[log] = b"epoch 1\n"
+    world.tick()
+    assert follower.poll()[2] == "epoch 1"
+    world.cluster.files[log] = b"epoch 2\n"  # same size, and the fake's mtime is its clock
+    assert follower.poll()[2] == "epoch 1"
+    world.clock.advance(1)
+    assert follower.poll()[2] == "epoch 2"
+    world.store.close()
+
+
+def test_the_end_of_a_large_log_is_read_alone(tmp_path: Path) -> None:
+    """Of a log larger than OUTPUT_BYTES only the end is read, starting at a whole line."""
+    path = tmp_path / "seg.log"
+    path.write_text("".join(f"line {i} {'x' * 60}\n" for i in range(5000)))  # about 340 kB
+    text = read_tail(LocalTransport(), str(path), path.stat().st_size)
+    assert len(text) <= OUTPUT_BYTES and text.startswith("line ")
+    assert last_lines(text, 2) == [f"line {i} {'x' * 60}" for i in (4998, 4999)]
