@@ -25,7 +25,7 @@ import gc
 import time
 import typing
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Optional, TypeVar
 
@@ -131,8 +131,8 @@ class Engine:
         self.unaccounted: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
         self.progress = watch.ProgressReader()  # re-reads a sidecar only when it changed
 
-    def tick(self, only: Optional[str] = None) -> TickSummary:
-        """Move every active chain (or only the chain with id ``only``) forward once.
+    def tick(self, only: Optional[Collection[str]] = None) -> TickSummary:
+        """Move every active chain (or only the chains with the ids in ``only``) forward once.
 
         Raises StoreUnavailable when the database cannot be used (an outage)."""
         # A tick makes many short-lived objects, which reference counting frees. With
@@ -147,13 +147,13 @@ class Engine:
             if paused:
                 gc.enable()
 
-    def _tick(self, only: Optional[str]) -> TickSummary:
+    def _tick(self, only: Optional[Collection[str]]) -> TickSummary:
         summary = TickSummary()
         now = self.clock()
         groups: dict[tuple[str, str], list[Chain]] = defaultdict(list)
         retries: list[float] = []  # when submissions that failed want their next try
         for chain in self.store.chains(active_only=True):
-            if (only is None or chain.id == only) and now >= self.stuck_until.get(chain.id, 0.0):
+            if (only is None or chain.id in only) and now >= self.stuck_until.get(chain.id, 0.0):
                 groups[chain.spec.scheduler.cluster_key].append(chain)
         for (kind, host), chains in groups.items():
             try:
@@ -190,7 +190,8 @@ class Engine:
         for job in live.values():
             chain_id, _, n = job.name[3:].rpartition(".") if job.name.startswith("cr.") else ("", "", "")
             if chain_id and n.isascii() and n.isdigit():
-                tagged[chain_id][int(n)] = (*tagged[chain_id].get(int(n), ()), job)
+                jobs, k = tagged[chain_id], int(n)
+                jobs[k] = (*jobs.get(k, ()), job)
         return _Cluster(key, scheduler, transport, live, tagged)
 
     def _guarded(

@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import operator
 import os
 import re
 import secrets
@@ -42,7 +43,7 @@ import sqlite3
 import stat
 import time
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -474,27 +475,53 @@ class Store:
     # -- chains ---------------------------------------------------------------
 
     def add_chain(self, spec: JobSpec, progress: Progress, now: float) -> Chain:
-        start = json.dumps(progress.to_json())
+        return self.chain(self.add_chains([(spec, progress)], now)[0])
+
+    def add_chains(self, new: Sequence[tuple[JobSpec, Progress]], now: float) -> list[str]:
+        """Store new chains, each with the progress it starts from, all in one transaction
+        (none stored if one cannot be); their ids, in order."""
+        ids: list[str] = []
         with self._tx() as db:
-            chain_id = new_chain_id(spec.name)
-            # Six random hex digits: among thousands of chains of one name, two meet.
-            while db.execute("SELECT 1 FROM chains WHERE id = ?", (chain_id,)).fetchone():
+            for spec, progress in new:
+                start = json.dumps(progress.to_json())
                 chain_id = new_chain_id(spec.name)
-            db.execute(
-                "INSERT INTO chains (id, name, spec, state, created_at, progress, baseline)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    chain_id,
-                    spec.name,
-                    json.dumps(spec.to_json()),
-                    ChainState.ACTIVE.value,
-                    now,
-                    start,
-                    start,
-                ),
-            )
-            self._event(db, chain_id, None, now, "submitted", f"chain submitted from {spec.source}")
-        return self.chain(chain_id)
+                # Six random hex digits: among thousands of chains of one name, two meet.
+                while db.execute("SELECT 1 FROM chains WHERE id = ?", (chain_id,)).fetchone():
+                    chain_id = new_chain_id(spec.name)
+                db.execute(
+                    "INSERT INTO chains (id, name, spec, state, created_at, progress, baseline)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        chain_id,
+                        spec.name,
+                        json.dumps(spec.to_json()),
+                        ChainState.ACTIVE.value,
+                        now,
+                        start,
+                        start,
+                    ),
+                )
+                submitted = f"chain submitted from {spec.source}"
+                if spec.snapshot_commit:
+                    submitted += f"; code snapshot {spec.snapshot_commit} (refs/chainrun/{chain_id})"
+                self._event(db, chain_id, None, now, "submitted", submitted)
+                ids.append(chain_id)
+        return ids
+
+    def unended(self, names: Sequence[str]) -> dict[str, str]:
+        """Of these chain names, those an active (or stuck) chain has: name -> its id."""
+        final = [s.value for s in ChainState if s.final]
+        found: dict[str, str] = {}
+        with self._sql():
+            for i in range(0, len(names), 500):  # SQLite's limit on bound parameters
+                part = list(names[i : i + 500])
+                rows = self.db.execute(
+                    f"SELECT name, id FROM chains WHERE name IN ({','.join('?' * len(part))})"
+                    f" AND state NOT IN ({','.join('?' * len(final))})",
+                    (*part, *final),
+                )
+                found.update((name, chain_id) for name, chain_id in rows)
+        return found
 
     def chain(self, chain_id: str) -> Chain:
         """The chain with this exact id; StoreError when it is damaged."""
@@ -524,6 +551,11 @@ class Store:
                     "chain skipped: its row in the database cannot be read", chain=item.id, why=item.problem
                 )
         return chains
+
+    def sweep(self, name: str) -> list[Chain]:
+        """The chains of the sweep ``name`` (its chains are named NAME-HASH-rN), oldest first."""
+        items = self._load("substr(chains.name, 1, ?) = ?", (len(name) + 1, name + "-"))
+        return [c for c in items if isinstance(c, Chain) and c.spec.sweep_name == name]
 
     def shown(self, ended_since: Optional[float]) -> tuple[list[Chain], list[DamagedChain]]:
         """What ``chainrun status`` lists, oldest first: the chains that have not ended and
@@ -988,7 +1020,7 @@ def _chain(row: sqlite3.Row, segments: tuple[Segment, ...]) -> Chain:
         reason=row["reason"],
         ended_at=row["ended_at"],
     )
-    _check(chain, skip=("segments",))  # each segment was checked on its own
+    _check(chain)
     if not (isinstance(chain.id, str) and chain.id.isprintable() and chain.id):
         raise _Unreadable(f"its id {_brief(chain.id)} is not a printable word")
     for field in ("total_time", "walltime"):
@@ -1055,28 +1087,27 @@ def _event(row: sqlite3.Row) -> Event:
     )
 
 
-# By dataclass: each field's name, type hint, fit test, and whether it may hold a dataclass.
-_FIELDS: dict[type, list[tuple[str, Any, Callable[[Any], bool], bool]]] = {}
+# By dataclass: a getter of all its fields' values at once, and for each field its name,
+# type hint, fit test, and whether it may hold a dataclass.
+_FIELDS: dict[type, tuple[Callable[[Any], Any], list[tuple[str, Any, Callable[[Any], bool], bool]]]] = {}
 
 
-def _check(obj: Any, prefix: str = "", skip: tuple[str, ...] = ()) -> None:
+def _check(obj: Any, prefix: str = "") -> None:
     """Raise _Unreadable naming the first field of dataclass ``obj`` (nested ones too)
     whose value is not of its declared type: SQLite and JSON keep whatever they are given."""
-    fields = _FIELDS.get(type(obj))
-    if fields is None:
+    known = _FIELDS.get(type(obj))
+    if known is None:
         hints = typing.get_type_hints(type(obj))
-        fields = _FIELDS[type(obj)] = [
-            (f.name, hints[f.name], _fitter(hints[f.name]), _holds_dataclass(hints[f.name]))
-            for f in dataclasses.fields(obj)
-        ]
-    for name, hint, fits, nested in fields:
-        if name in skip:
-            continue
-        value = getattr(obj, name)
-        if isinstance(value, _Garbled):
-            raise _Unreadable(f"{prefix}{name} is not valid UTF-8")
+        names = [f.name for f in dataclasses.fields(obj)]
+        known = _FIELDS[type(obj)] = (
+            operator.attrgetter(*names),  # every dataclass read here has several fields
+            [(n, hints[n], _fitter(hints[n]), _holds_dataclass(hints[n])) for n in names],
+        )
+    values, fields = known
+    for value, (name, hint, fits, nested) in zip(values(obj), fields):
         if not fits(value):
-            raise _Unreadable(f"{prefix}{name} is {_brief(value)}, not {_kind(hint)}")
+            what = "not valid UTF-8" if isinstance(value, _Garbled) else f"{_brief(value)}, not {_kind(hint)}"
+            raise _Unreadable(f"{prefix}{name} is {what}")
         if nested and dataclasses.is_dataclass(value):
             _check(value, f"{prefix}{name}.")
 
