@@ -1,11 +1,14 @@
 """Benchmark chainrun's checkpoint saves against plain torch.save and the disk's own limit.
 
 For each state size (default about 100 MB and 1 GB of float32 tensors) and in
-the same run, interleaved repetition by repetition:
+the same run, interleaved repetition by repetition (in a shuffled order, so no
+measurement always follows the same other one):
 
 * ``torch.save`` to a path, no fsync (what most scripts do; not durable);
 * chainrun's synchronous ``Checkpointer.save`` (atomic write with sha256,
-  fsync of file and directory, companion, sidecar, retention);
+  fsync of file and directory, companion, sidecar; retention of the previous
+  checkpoint runs after it returns, and is finished untimed before the next
+  measurement);
 * ``torch.save`` + fsync (durable, but not atomic and unverified);
 * a raw ``os.write`` + ``fsync`` of the same serialized bytes (the disk's limit),
   and a sha256 of those bytes alone (chainrun's sidecar records one);
@@ -14,10 +17,12 @@ the same run, interleaved repetition by repetition:
   when the background write is committed;
 * the time ``import chainrun.checkpoint`` takes in a fresh interpreter.
 
-Medians are reported with ratios against baselines measured in the same run.
-``os.sync()`` runs (untimed) between measurements so that one's dirty pages do
-not slow the next. Usage: ``python benchmarks/checkpoint.py [--sizes-mb 100 1000]
-[--repeats 3] [--dir DIR] [--out benchmarks/RESULTS-checkpoint.md]``.
+Medians are reported with ratios against baselines measured in the same run,
+with the spread of the per-repetition ratio (quartiles) beside them, and the
+load average before and after (the machine may be shared). ``os.sync()`` runs
+(untimed) between measurements so that one's dirty pages do not slow the next.
+Usage: ``python benchmarks/checkpoint.py [--sizes-mb 100 1000] [--repeats 21 7]
+[--dir DIR]``; it prints the Markdown for ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import hashlib
 import io
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -87,14 +93,14 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, list[float]]
     results: dict[str, list[float]] = {k: [] for k in keys}
     clock = SegmentClock(install=False)
     plain_path, raw_path = root / "plain.pt", root / "raw.bin"
-    for rep in range(repeats):
-        results["plain"].append(timed(lambda: torch.save(model.state_dict(), plain_path)))
-        results["plain_fsync"].append(timed(lambda: torch_save_fsync(model, plain_path)))
-        results["raw"].append(timed(lambda: raw_write(data, str(raw_path))))
-        results["sha256"].append(timed(lambda: hashlib.sha256(data).hexdigest()))
-        sync_ckpt = Checkpointer(root / "sync", model=model, keep=1, clock=clock)
+    sync_ckpt = Checkpointer(root / "sync", model=model, keep=1, clock=clock)
+
+    def chainrun_sync(rep: int) -> None:
         results["atomic"].append(timed(functools.partial(sync_ckpt.save, rep + 1, 0)))
-        async_ckpt = Checkpointer(root / f"async{rep}", model=model, keep=1, clock=clock, async_save=True)
+        sync_ckpt.wait()  # the previous checkpoint's deletion, off the measured path
+
+    def chainrun_async(rep: int) -> None:
+        async_ckpt = Checkpointer(root / "async", model=model, keep=1, clock=clock, async_save=True)
         for key in ("async_first", "async_steady"):
             os.sync()
             start = time.perf_counter()
@@ -103,7 +109,21 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, list[float]]
             async_ckpt.wait()
             if key == "async_steady":
                 results["async_total"].append(time.perf_counter() - start)
-        shutil.rmtree(root / f"async{rep}")
+        shutil.rmtree(root / "async")
+
+    steps: list[Callable[[int], None]] = [
+        lambda rep: results["plain"].append(timed(lambda: torch.save(model.state_dict(), plain_path))),
+        lambda rep: results["plain_fsync"].append(timed(lambda: torch_save_fsync(model, plain_path))),
+        lambda rep: results["raw"].append(timed(lambda: raw_write(data, str(raw_path)))),
+        lambda rep: results["sha256"].append(timed(lambda: hashlib.sha256(data).hexdigest())),
+        chainrun_sync,
+        chainrun_async,
+    ]
+    order = random.Random(size_mb)
+    for rep in range(repeats):
+        order.shuffle(steps)
+        for step in steps:
+            step(rep)
         for path in (plain_path, raw_path):
             path.unlink()
     shutil.rmtree(root / "sync")
@@ -137,6 +157,12 @@ def ms(seconds: float) -> str:
     return f"{1000 * seconds:.0f} ms"
 
 
+def quartiles(values: list[float]) -> tuple[float, float]:
+    """The first and third quartile (the middle half of the repetitions lies between)."""
+    q = statistics.quantiles(values, n=4)
+    return q[0], q[2]
+
+
 def verdict(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
@@ -149,39 +175,48 @@ def describe_disk(path: Path) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[100, 1000])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--repeats", type=int, nargs="+", default=[21, 7], help="repetitions per size (the last one repeats)"
+    )
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
-    parser.add_argument("--out", type=Path, default=None, help="also write the table (Markdown) here")
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="chainrun-bench-", dir=args.dir))
-    sync_rows, async_rows = [], []
+    load_before = os.getloadavg()
+    sync_rows, async_rows, counts = [], [], []
     try:
-        for size in args.sizes_mb:
-            runs = bench_size(size, args.repeats, root)
+        for index, size in enumerate(args.sizes_mb):
+            repeats = args.repeats[min(index, len(args.repeats) - 1)]
+            counts.append(f"{repeats} at {size} MB")
+            runs = bench_size(size, repeats, root)
             r = {k: statistics.median(v) for k, v in runs.items()}
-            ratios = sorted(a / b for a, b in zip(runs["atomic"], runs["raw"]))
             ratio, blocking = r["atomic"] / r["raw"], r["async_steady"] / r["atomic"]
+            lo, hi = quartiles([a / b for a, b in zip(runs["atomic"], runs["raw"])])
+            block_lo, block_hi = quartiles([a / b for a, b in zip(runs["async_steady"], runs["atomic"])])
             sync_rows.append(
                 f"| {size} MB | {ms(r['plain'])} | {ms(r['plain_fsync'])} | {ms(r['raw'])} | "
-                f"{ms(r['sha256'])} | "
-                f"{ms(r['atomic'])} | **{ratio:.2f}x** {verdict(ratio <= GOAL_ATOMIC_VS_RAW)} "
-                f"({ratios[0]:.2f}-{ratios[-1]:.2f}) | {r['atomic'] / r['plain_fsync']:.2f}x |"
+                f"{ms(r['sha256'])} | {ms(r['atomic'])} | "
+                f"**{ratio:.2f}x** {verdict(ratio <= GOAL_ATOMIC_VS_RAW)} ({lo:.2f}-{hi:.2f}) | "
+                f"{r['atomic'] / r['plain_fsync']:.2f}x |"
             )
             async_rows.append(
                 f"| {size} MB | {ms(r['atomic'])} | {ms(r['async_first'])} | {ms(r['async_steady'])} | "
-                f"**{blocking:.1%}** {verdict(blocking < GOAL_ASYNC_BLOCKING)} | {ms(r['async_total'])} |"
+                f"**{blocking:.1%}** {verdict(blocking < GOAL_ASYNC_BLOCKING)} "
+                f"({block_lo:.1%}-{block_hi:.1%}) | "
+                f"{ms(r['async_total'])} |"
             )
             print(sync_rows[-1], async_rows[-1], sep="\n", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    load_after = os.getloadavg()
     lines = [
         f"Machine: {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
-        f"disk: `{describe_disk(root.parent)}`; medians of {args.repeats} interleaved repetitions "
-        "(the range of the per-repetition ratio in brackets).",
+        f"disk: `{describe_disk(root.parent)}`; load average {load_before[0]:.1f} before and "
+        f"{load_after[0]:.1f} after. Medians of {', '.join(counts)} interleaved repetitions; in brackets "
+        "the middle half (quartiles) of the per-repetition ratio.",
         "",
         "Synchronous saves (chainrun: torch.save into an atomic write with sha256 on the way, fsync of file "
-        "and directory, companion and sidecar written the same way, retention):",
+        "and directory, companion and sidecar written the same way; retention after it returns):",
         "",
         "| state | torch.save, no fsync | torch.save + fsync | raw write + fsync (disk limit) | "
         f"sha256 of the bytes alone | chainrun save | chainrun / raw (goal <= {GOAL_ATOMIC_VS_RAW}x) | "
@@ -205,10 +240,7 @@ def main() -> int:
         f"{1000 * max(imports):.1f} ms over {len(imports)} runs (goal < {GOAL_IMPORT_MS:.0f} ms: "
         f"{verdict(median_ms < GOAL_IMPORT_MS)}).",
     ]
-    table = "\n".join(lines)
-    print(table)
-    if args.out is not None:
-        args.out.write_text(table + "\n")
+    print("\n".join(lines))
     return 0
 
 
