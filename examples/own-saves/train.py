@@ -8,7 +8,8 @@ as progress. What such a script must do (and this one shows):
   it, then ``os.replace`` it over the checkpoint (a name starting with ``.``
   or ending in ``.tmp`` is ignored by chainrun's watch);
 * on the walltime signal (``CHAINRUN_SIGNAL``, SIGUSR1 by default) and on
-  SIGTERM, finish the current step, save, and exit 0;
+  SIGTERM, finish the current step, save, and exit 0; handle them from the
+  start, before slow imports (a signal that comes first kills the script);
 * exit 0 at the end of training too: without ``target_epoch`` in the job file,
   an exit 0 before the walltime is how chainrun knows the run is complete.
 
@@ -24,14 +25,21 @@ import signal
 import sys
 from typing import Any, Optional
 
-import torch
-
 stop_requested: Optional[str] = None
 
 
 def request_stop(signum: int, frame: Any) -> None:
     global stop_requested
     stop_requested = signal.Signals(signum).name
+
+
+# Before torch is imported: on a busy machine that import can outlast the grace
+# period, and a walltime signal that comes meanwhile must only ask for a stop.
+STOP_SIGNALS = {signal.Signals["SIG" + (os.environ.get("CHAINRUN_SIGNAL") or "USR1")], signal.SIGTERM}
+for stop_signal in STOP_SIGNALS:
+    signal.signal(stop_signal, request_stop)
+
+import torch  # noqa: E402
 
 
 def save(state: dict[str, Any], path: str) -> None:
@@ -53,17 +61,13 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=20)
     args = parser.parse_args()
 
-    name = os.environ.get("CHAINRUN_SIGNAL") or "USR1"
-    signals = {signal.Signals["SIG" + name], signal.SIGTERM}
-    for sig in signals:
-        signal.signal(sig, request_stop)
     directory = os.environ.get("CHAINRUN_CHECKPOINT_DIR") or "checkpoints"
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, "model.pt")
 
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1234)
-    x = torch.randn(65536, 64, generator=g)
+    x = torch.randn(32768, 64, generator=g)
     y = (x @ torch.randn(64, 10, generator=g)).argmax(dim=1)
     model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -89,7 +93,7 @@ def main() -> int:
             print(f"{stop_requested}: saved at epoch {epoch}, exiting to resume later", flush=True)
             return 0
     print("training done", flush=True)
-    for sig in signals:
+    for sig in STOP_SIGNALS:
         if sig != signal.SIGTERM:  # a walltime signal landing while Python shuts down would kill it
             signal.signal(sig, signal.SIG_IGN)
     return 0

@@ -1,11 +1,17 @@
 """chainrun quickstart: a small PyTorch model that survives walltime kills and resumes exactly.
 
 A 2-layer MLP learns a synthetic classification task (the data comes from a
-fixed seed, so every segment sees the same dataset). Each epoch takes about a
-second on a laptop CPU. Run it on its own (``python3 train.py --epochs 12``)
-or under chainrun (``chainrun run chain.toml``): chainrun sends SIGUSR1 a few
-seconds before each segment's walltime, the script saves where it is, even in
-the middle of an epoch, and exits 0; the next segment resumes from there.
+fixed seed, so every segment sees the same dataset). Each epoch takes one to
+three seconds on a laptop CPU. It runs on its own, as any training script
+does (here 3 epochs, saved to ``checkpoints/``)::
+
+    $ python3 train.py --epochs 3
+
+Under chainrun (``chainrun run chain.toml``, see chain.toml), chainrun sends
+SIGUSR1 a few seconds before each segment's walltime; the script saves where it
+is, even in the middle of an epoch, and exits 0; the next segment resumes from
+there. Remove ``checkpoints/`` after a run on its own: chainrun takes the
+checkpoint it finds as the run's, and that one is already done.
 """
 
 from __future__ import annotations
@@ -14,11 +20,7 @@ import argparse
 import sys
 import time
 
-import torch
-from torch.utils.data import DataLoader, TensorDataset
-
 from chainrun.checkpoint import SegmentClock
-from chainrun.checkpoint.torch import Checkpointer, ResumableSampler
 
 
 def main() -> int:
@@ -26,6 +28,16 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--samples", type=int, default=131072, help="dataset size (sets the epoch length)")
     args = parser.parse_args()
+
+    # chainrun line 1: when to stop (the walltime signal or the deadline). Made
+    # before torch is imported: on a busy machine that import can outlast the
+    # grace period, and a signal that comes meanwhile then asks the loop to stop
+    # (it saves after its first step) instead of killing the process unsaved.
+    clock = SegmentClock()
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from chainrun.checkpoint.torch import Checkpointer, ResumableSampler
 
     torch.manual_seed(0)
     data = torch.Generator().manual_seed(1234)
@@ -38,9 +50,7 @@ def main() -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs * len(loader))
 
-    # The two chainrun lines: when to stop (the walltime signal or deadline),
-    # and what to save (everything needed to continue exactly).
-    clock = SegmentClock()
+    # chainrun line 2: what to save (everything needed to continue exactly).
     ckpt = Checkpointer(model=model, optimizer=optimizer, scheduler=scheduler, clock=clock)
     start = ckpt.restore()
     print(
