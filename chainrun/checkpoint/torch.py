@@ -525,7 +525,7 @@ class _Stager:
             if t.is_cuda:
                 out.copy_(t, non_blocking=True)  # DMA into pinned memory; stage() synchronizes
                 self._cuda = True
-            elif t.device.type == "cpu" and t.is_contiguous():
+            elif t.device.type == "cpu" and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
                 # One plain memcpy: copy_ would split it over torch's intra-op
                 # threads, which on a busy node wait on each other far longer
                 # than the copy takes.

@@ -387,14 +387,20 @@ def test_async_save_snapshots_the_state_before_training_goes_on(
 
 
 class Views:
-    """A stateful object whose state holds a non-contiguous view, an integer tensor and a plain one."""
+    """A stateful object whose state holds a transposed and a conjugated view, integers and a plain tensor."""
 
     def __init__(self) -> None:
         self.grid = torch.arange(12.0).reshape(3, 4)
         self.counts = torch.arange(5)
+        self.phases = torch.complex(torch.arange(3.0), torch.ones(3))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"transposed": self.grid.t(), "counts": self.counts, "grid": self.grid}
+        return {
+            "transposed": self.grid.t(),
+            "counts": self.counts,
+            "grid": self.grid,
+            "conjugated": self.phases.conj(),  # a lazy view: the conjugation is a flag, not data
+        }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.grid.copy_(state["grid"])
@@ -404,7 +410,7 @@ class Views:
 def test_async_save_snapshots_strided_and_integer_tensors_exactly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Views, integer tensors and contiguous ones are all copied as they were when save() returned."""
+    """Views, integer and complex tensors and contiguous ones are all copied as they were when save() returned."""
     views = Views()
     ckpt = Checkpointer(
         tmp_path, stateful={"views": views}, clock=SegmentClock(install=False), async_save=True
@@ -414,6 +420,7 @@ def test_async_save_snapshots_strided_and_integer_tensors_exactly(
     ckpt.save(1, 0)
     views.grid.mul_(-1)
     views.counts.add_(7)
+    views.phases.mul_(2)
     release.set()
     saved = ckpt.wait()
     assert saved is not None
