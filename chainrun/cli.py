@@ -8,8 +8,10 @@ input); a traceback only ever means a bug.
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import math
+import os
 import posixpath
 import shlex
 import shutil
@@ -25,7 +27,7 @@ from typing import Any, NoReturn, Optional
 
 import click
 
-from chainrun import __version__, jobfile, snapshot, watch
+from chainrun import __version__, jobfile, snapshot, sweep, watch
 from chainrun.daemon import DEFAULT_INTERVAL, NOTIFY_WAIT, InstanceLock, Service
 from chainrun.engine import Engine
 from chainrun.errors import ChainrunError, StoreUnavailable, TransportError, UsageError
@@ -33,7 +35,7 @@ from chainrun.jobfile import format_duration
 from chainrun.model import NO_PROGRESS, Chain, JobSpec, Progress
 from chainrun.notify import Hooks, Notifier
 from chainrun.schedulers import preflight
-from chainrun.schedulers.segment import SegmentJob
+from chainrun.schedulers.segment import SegmentJob, param_text
 from chainrun.service import parse_interval
 from chainrun.store import DamagedChain, Store, default_home
 from chainrun.transport import Transport, transport_for
@@ -256,37 +258,56 @@ def _store(ctx: click.Context, readonly: bool = False) -> Iterator[Store]:
 
 
 def _submit(store: Store, spec: JobSpec, fresh: bool = False) -> Chain:
-    """Store a new chain for ``spec``; what checkpoint_dir holds is its starting point.
+    """Store a new chain for ``spec`` (not a sweep); see ``_submit_all``."""
+    (chain_id,) = _submit_all(store, [spec], fresh)
+    return store.chain(chain_id)
 
-    A checkpoint that already says the run is complete is refused (exit 1,
-    nothing stored): submitting it again would only complete at once. With
-    ``fresh`` the checkpoint directory is first moved aside (never deleted),
-    so the chain starts from nothing.
+
+def _submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> list[str]:
+    """Store a chain for each spec, and for each chain of a sweep, all in one transaction:
+    none is stored when one cannot be. What checkpoint_dir holds is each one's starting point.
+
+    A checkpoint that already says the run is complete is refused (exit 1, nothing stored):
+    submitting it again would only complete at once. With ``fresh`` each checkpoint
+    directory is first moved aside (never deleted), so the chain starts from nothing. A
+    sweep's chain that is already active is left as it is, and said so: submitting the
+    same sweep again never duplicates a run. Returns the new chains' ids.
     """
-    preflight(spec)
-    transport = transport_for(spec.scheduler.host)
-    snap = None
-    try:
-        if fresh:
-            _move_aside(transport, spec)
-        baseline = watch.progress(transport, spec) or NO_PROGRESS
-        if not _complete(spec, baseline):
+    new: list[tuple[JobSpec, Progress]] = []
+    pins: list[Optional[snapshot.Snapshot]] = []
+    for spec in specs:
+        preflight(spec)
+        transport = transport_for(spec.scheduler.host)
+        try:
+            # The code is captured once per job file: a sweep's chains all run the same commit.
             spec, snap = snapshot.prepare(transport, spec)
-    except TransportError as exc:
-        if spec.scheduler.host is None:
-            raise
-        raise TransportError(f"cannot reach {spec.scheduler.host}: {exc}") from None
-    why = _complete(spec, baseline)
-    if why:
-        again = (
-            "" if fresh else "; to start over, add --fresh (it moves the directory aside, deleting nothing)"
-        )
-        raise ChainrunError(f"the checkpoint in {spec.checkpoint_dir} is already complete ({why}){again}")
-    # Whatever is already in checkpoint_dir is the starting point, not progress.
-    chain = store.add_chain(spec, baseline, time.time())
-    if snap is not None:
-        snapshot.pin(snap, chain.id)
-    return chain
+            chains = sweep.expand(spec)
+            taken = store.unended([c.name for c in chains]) if spec.sweep else {}
+            for one in chains:
+                if one.name in taken:
+                    click.echo(
+                        f"{one.name}: already submitted as chain {taken[one.name]}; left as it is", err=True
+                    )
+                    continue
+                if fresh:
+                    _move_aside(transport, one)
+                baseline = watch.progress(transport, one) or NO_PROGRESS
+                why = _complete(one, baseline)
+                if why:
+                    again = "; to start over, add --fresh (it moves the directory aside, deleting nothing)"
+                    where = f"the checkpoint in {one.checkpoint_dir}"
+                    raise ChainrunError(f"{where} is already complete ({why}){'' if fresh else again}")
+                new.append((one, baseline))
+                pins.append(snap)
+        except TransportError as exc:
+            if spec.scheduler.host is None:
+                raise
+            raise TransportError(f"cannot reach {spec.scheduler.host}: {exc}") from None
+    ids = store.add_chains(new, time.time())
+    for chain_id, snap in zip(ids, pins):
+        if snap is not None:
+            snapshot.pin(snap, chain_id)
+    return ids
 
 
 def _complete(spec: JobSpec, baseline: Progress) -> str:
@@ -337,10 +358,21 @@ def _move_aside(transport: Transport, spec: JobSpec) -> None:
 def check(jobfile_path: str, show_script: bool) -> None:
     """Validate JOBFILE and print the plan: segments, walltimes, budget."""
     spec = jobfile.load(jobfile_path)
-    script, argv = preflight(spec)
-    click.echo(f"{jobfile_path}: valid job file for chain {spec.name!r}")
+    chains = sweep.expand(spec)
+    script, argv = preflight(chains[0])
+    if spec.sweep:
+        click.echo(f"{jobfile_path}: valid job file for a sweep of {len(chains)} chains named {spec.name!r}")
+    else:
+        click.echo(f"{jobfile_path}: valid job file for chain {spec.name!r}")
     for label, value in _plan(spec):
         click.echo(f"  {label:<11} {value}")
+    if spec.sweep:
+        shown = SWEEP_SHOWN if len(chains) > SWEEP_SHOWN + 1 else len(chains)
+        for one in chains[:shown]:
+            values = " ".join(f"{k}={param_text(v)}" for k, v in one.params)
+            click.echo(f"    {one.name}  {_one_line(values, 200)}")
+        if len(chains) > shown:
+            click.echo(f"    ... and {len(chains) - shown} more")
     if spec.target_epoch is not None and not spec.progress_file:
         click.echo(
             "warning: target_epoch needs an epoch: if the command does not save with chainrun.checkpoint, "
@@ -352,6 +384,9 @@ def check(jobfile_path: str, show_script: bool) -> None:
         where = f" on {spec.scheduler.host}" if spec.scheduler.host else ""
         click.echo(f"\nsubmitted{where} with (the chain id is made at submit):\n  {shlex.join(argv)}")
         click.echo(f"\nthe first segment's script:\n{script}", nl=False)
+
+
+SWEEP_SHOWN = 5  # chains of a sweep `check` lists
 
 
 def _plan(spec: JobSpec) -> list[tuple[str, str]]:
@@ -386,6 +421,9 @@ def _plan(spec: JobSpec) -> list[tuple[str, str]]:
     ]
     if spec.container:
         plan.append(("container", f"{spec.container} ({spec.container_runtime})"))
+    if spec.sweep:
+        configs = f"{len(spec.sweep)} configurations x {spec.reps} repetitions"
+        plan.append(("sweep", f"{configs}: one chain each, with its own checkpoint_dir"))
     if spec.snapshot:
         plan.append(("code", f"a git snapshot of {snapshot.source_dir(spec)}'s repository, taken at submit"))
     return plan
@@ -413,30 +451,59 @@ def _environment(spec: JobSpec) -> str:
 
 
 @main.command()
-@click.argument("jobfile_path", metavar="JOBFILE", type=click.Path(dir_okay=False))
+@click.argument("jobfile_paths", metavar="JOBFILE...", nargs=-1, required=True)
 @click.option(
     "--fresh",
     is_flag=True,
     help="Start over: first move checkpoint_dir aside to <dir>.old-<UTC time> (never deleted).",
 )
+@click.option("--yes", is_flag=True, help=f"Submit even more than {sweep.CONFIRM_ABOVE:,} chains at once.")
 @click.pass_context
-def submit(ctx: click.Context, jobfile_path: str, fresh: bool) -> None:
-    """Submit the chain in JOBFILE; prints the chain id.
+def submit(ctx: click.Context, jobfile_paths: tuple[str, ...], fresh: bool, yes: bool) -> None:
+    """Submit the chains in the job files; prints one chain id per line.
 
-    Exits 0 when the chain is stored, 2 for a bad job file or option, and 1
-    when it cannot be: the checkpoint is already complete (use --fresh to start
-    over), or the cluster cannot be reached.
+    Each JOBFILE may also be a directory (its *.toml files) or a quoted glob
+    pattern. A job file with a [sweep] makes one chain per configuration and
+    repetition. All are checked first and stored together: a bad job file
+    stores nothing.
+
+    Exits 0 when the chains are stored, 2 for a bad job file or option, and 1
+    when they cannot be: a checkpoint is already complete (use --fresh to
+    start over), or a cluster cannot be reached.
     """
-    spec = jobfile.load(jobfile_path)
+    specs = [jobfile.load(path) for path in _job_files(jobfile_paths)]
+    total = sum(len(spec.sweep) * spec.reps or 1 for spec in specs)
+    if total > sweep.CONFIRM_ABOVE and not yes:
+        raise UsageError(f"that is {total:,} chains; add --yes to submit them all")
     with _store(ctx) as store:
-        chain = _submit(store, spec, fresh=fresh)
-    click.echo(chain.id)
+        ids = _submit_all(store, specs, fresh=fresh)
+    for chain_id in ids:
+        click.echo(chain_id)
     if not InstanceLock(ctx.obj).held_elsewhere():
         click.echo(
             "note: no chainrun service is running; start one with `chainrun daemon` "
             "(or `chainrun service install --now`), or use `chainrun run`",
             err=True,
         )
+
+
+def _job_files(args: Sequence[str]) -> list[str]:
+    """The job files named: each a file, a directory (its *.toml, sorted) or a glob pattern."""
+    found: list[str] = []
+    for arg in args:
+        if os.path.isdir(arg):
+            inside = sorted(glob.glob(os.path.join(glob.escape(arg), "*.toml")))
+            if not inside:
+                raise UsageError(f"{arg}: a directory with no *.toml job files")
+            found += inside
+        elif any(c in arg for c in "*?[") and not os.path.exists(arg):
+            matched = sorted(glob.glob(arg))
+            if not matched:
+                raise UsageError(f"{arg}: no job files match")
+            found += matched
+        else:
+            found.append(arg)
+    return list(dict.fromkeys(found))
 
 
 @main.command()
@@ -464,6 +531,11 @@ def run(ctx: click.Context, jobfile_path: str, interval: Optional[float]) -> Non
     from chainrun import live
 
     spec = jobfile.load(jobfile_path)
+    if spec.sweep:
+        raise UsageError(
+            f"{jobfile_path} is a sweep, and `run` follows one chain: submit it with "
+            f"`chainrun submit {jobfile_path}` and follow it with `chainrun status {spec.name}`"
+        )
     with _store(ctx) as store:
         chain = _submit(store, spec)
         click.echo(f"chain {chain.id} submitted")
@@ -492,34 +564,47 @@ def daemon(ctx: click.Context, interval: Optional[float]) -> None:
 
 @main.command()
 @click.argument("chain_ref", metavar="CHAIN")
+@click.option("--yes", is_flag=True, help="Cancel a whole sweep without asking.")
 @click.pass_context
-def cancel(ctx: click.Context, chain_ref: str) -> None:
-    """Cancel CHAIN: its queued and running jobs are cancelled.
+def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
+    """Cancel CHAIN (or every chain of the sweep CHAIN): its queued and running jobs are cancelled.
 
     Exits 0 (also when it had already ended); 2 for an unknown CHAIN; 1 when
-    CHAIN is damaged or the cluster cannot be reached.
+    CHAIN is damaged, the cluster cannot be reached, or a sweep's cancel was
+    not confirmed.
     """
     with _store(ctx) as store:
-        chain = store.find(chain_ref)
-        if chain.state.final:
-            click.echo(f"chain {chain.id} already {chain.state.value}")
+        members = store.sweep(chain_ref)
+        targets = members or [store.find(chain_ref)]
+        going = [c for c in targets if not c.state.final]
+        for chain in targets:
+            if chain.state.final:
+                click.echo(f"chain {chain.id} already {chain.state.value}")
+        if not going:
             return
-        store.request_cancel(chain.id, time.time())
+        if members and not yes:
+            question = f"cancel the {len(going)} unfinished chains of sweep {chain_ref}?"
+            if not sys.stdin.isatty() or not click.confirm(question, default=False, err=True):
+                raise ChainrunError(f"not cancelled; to cancel sweep {chain_ref} without asking, add --yes")
+        now = time.time()
+        for chain in going:
+            store.request_cancel(chain.id, now)
         lock = InstanceLock(ctx.obj)
         if lock.held_elsewhere():
-            click.echo(f"chain {chain.id}: cancel requested; the running service carries it out")
+            for chain in going:
+                click.echo(f"chain {chain.id}: cancel requested; the running service carries it out")
             return
         lock.acquire()
         try:
-            # No service to tell of the end: deliver the notification here. Only this
-            # chain is ticked: the others wait for a service, as they would without the cancel.
+            # No service to tell of the end: deliver the notification here. Only these
+            # chains are ticked: the others wait for a service, as they would without the cancel.
             notifier = Notifier(ctx.obj, _hooks())
-            Engine(store, on_end=notifier).tick(only=chain.id)
+            Engine(store, on_end=notifier).tick(only={c.id for c in going})
             notifier.close(NOTIFY_WAIT)
         finally:
             lock.release()
-        chain = store.chain(chain.id)
-    click.echo(f"chain {chain.id} {chain.state.value}")
+        for chain in going:
+            click.echo(f"chain {chain.id} {store.chain(chain.id).state.value}")
 
 
 @main.command()
@@ -567,12 +652,14 @@ def status(
         raise UsageError("--watch draws a table for people; for scripts, run `status --json` in a loop")
     tty = sys.stdout.isatty()
 
+    group = [False]  # CHAIN named a sweep
+
     def draw(shown: list[Chain], damaged: list[DamagedChain]) -> str:
         # Measured at each frame: a terminal resized under --watch gets the new width.
         width = shutil.get_terminal_size((view.WIDTH, 24)).columns if tty else view.WIDTH
-        return view.frame(
-            ctx.obj, shown, time.time(), damaged, width=width, verbose=verbose, tails=chain_ref is not None
-        )
+        one = chain_ref is not None and not group[0]
+        text = view.frame(ctx.obj, shown, time.time(), damaged, width=width, verbose=verbose, tails=one)
+        return f"{view.sweep_line(chain_ref or '', shown, width)}\n{text}" if group[0] else text
 
     with _store(ctx, readonly=True) as store:
 
@@ -580,7 +667,9 @@ def status(
             """The chains to show (active, ended today, or --all), and apart the damaged ones
             among them (they need a person); chosen in SQL, older ended chains are never read."""
             if chain_ref is not None:
-                return [store.find(chain_ref)], []
+                members = store.sweep(chain_ref)
+                group[0] = bool(members)
+                return members or [store.find(chain_ref)], []
             return store.shown(None if show_all else time.time() - 86400)
 
         if as_json:
@@ -604,7 +693,7 @@ def status(
                 if tty:  # home, redraw each line clearing its tail, clear below: no flicker
                     text = "\x1b[H" + "".join(f"{line}\x1b[K\n" for line in text.splitlines()) + "\x1b[J"
                 click.echo(text, nl=not tty)
-                if chain_ref is not None and shown and shown[0].state.final:
+                if chain_ref is not None and shown and all(c.state.final for c in shown):
                     return
                 time.sleep(watch)
         except KeyboardInterrupt:

@@ -8,6 +8,8 @@ and what is allowed. Unknown keys are errors: a typo must never be ignored.
 from __future__ import annotations
 
 import ipaddress
+import json
+import math
 import os
 import re
 import reprlib
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
 
-from chainrun import container, snapshot
+from chainrun import container, snapshot, sweep
 from chainrun.errors import JobFileError
 from chainrun.model import JobSpec, SchedulerSpec
 
@@ -82,6 +84,7 @@ TOP_KEYS = (
     "container_runtime",
     "container_options",
     "snapshot",
+    "sweep",
 )
 SCHEDULER_KEYS = ("kind", "host", "queue", "options")
 
@@ -407,6 +410,7 @@ def parse(
         _local_dir(f, "checkpoint_dir", checkpoint_dir, must_exist=False)
     progress_file, progress_key = _progress(f, workdir, remote)
     image, runtime, container_options = _container(f, base, remote, environ or {})
+    configs, reps = _sweep(f, name)
     snap = f.get("snapshot", str, '"git" (run the code as it was at submit), or leave it out', max_bytes=16)
     f.checked("snapshot", snap, lambda v: v == "git", 'the only kind is "git"')
 
@@ -464,6 +468,8 @@ def parse(
         container_runtime=runtime,
         container_options=container_options,
         snapshot=snap or "",
+        sweep=configs,
+        reps=reps,
         signal=signal,
         grace=grace,
         scheduler=sched,
@@ -585,6 +591,60 @@ def _scheduler(path: str, table: dict[str, Any]) -> SchedulerSpec:
                     key, 'only applies to kind = "slurm" or "sge"; the local runner has no queues or options'
                 )
     return SchedulerSpec(kind=kind, host=host or None, queue=queue, options=options)
+
+
+def _sweep(f: _Fields, name: str) -> tuple[tuple[sweep.Config, ...], int]:
+    """``[sweep]``: its configurations (grid or points) and repetitions; ``((), 1)`` without."""
+    table = f.get("sweep", dict, "a table [sweep] with grid or points, and reps")
+    if table is None:
+        return (), 1
+    fs = _Fields(f.path, table, "sweep.")
+    fs.check_keys(("grid", "points", "reps"))
+    grid = fs.get("grid", dict, "a table [sweep.grid] of NAME = [values]", default={})
+    points = fs.get("points", list, "a list of tables [[sweep.points]]", default=[])
+    if bool(grid) == bool(points):
+        raise f.error("sweep", "give either [sweep.grid] (NAME = [values], all combined) or [[sweep.points]]")
+    reps = fs.get("reps", int, "a whole number of repetitions", default=1)
+    fs.checked("reps", reps, lambda v: 1 <= v <= sweep.MAX_CHAINS, f"must be 1 to {sweep.MAX_CHAINS}")
+    fg = _Fields(f.path, grid, "sweep.grid.")
+    for key, values in grid.items():
+        fg.checked(key, key, sweep.PARAM_RE.fullmatch, "a parameter name is letters, digits and _")
+        if not isinstance(values, list) or not values:
+            raise fg.error(key, "expected a non-empty list of values")
+        for value in values:
+            _param_value(fg, key, value)
+        if len({json.dumps(v) for v in values}) != len(values):
+            raise fg.error(key, "a value is listed twice")
+    for i, point in enumerate(points, 1):
+        if not isinstance(point, dict) or not point:
+            raise fs.error("points", f"point {i} is not a table of NAME = value")
+        fp = _Fields(f.path, point, f"sweep.points[{i}].")
+        for key, value in point.items():
+            fp.checked(key, key, sweep.PARAM_RE.fullmatch, "a parameter name is letters, digits and _")
+            _param_value(fp, key, value)
+    total = sweep.count(grid, points, reps)
+    if total > sweep.MAX_CHAINS:
+        raise f.error("sweep", f"{total} chains; at most {sweep.MAX_CHAINS} (is a grid larger than meant?)")
+    longest = sweep.max_base_name(reps)
+    if len(name) > longest:
+        raise f.error("name", f"a sweep's name is at most {longest} characters: its chains add -HASH-rN")
+    configs = tuple(sweep.configurations(grid, points))
+    seen: dict[str, int] = {}
+    for i, config in enumerate(configs, 1):
+        first = seen.setdefault(sweep.digest(config), i)
+        if first != i:
+            raise fs.error("points", f"points {first} and {i} are the same configuration")
+    return configs, reps
+
+
+def _param_value(f: _Fields, key: str, value: Any) -> None:
+    """A sweep value: a string, a whole number, a finite float or a boolean."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise f.error(key, "not a finite number")
+    if not isinstance(value, (str, int, float, bool)):
+        raise f.error(key, "a value is a string, number or boolean")
+    if isinstance(value, str):
+        f.text(key, value, MAX_OPTION_BYTES)
 
 
 def _options(f: _Fields, key: str, example: str) -> tuple[str, ...]:

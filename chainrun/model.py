@@ -81,6 +81,10 @@ class SchedulerSpec:
         return (self.kind, self.host or "")
 
 
+# JobSpec fields JSON gives back as lists, made tuples again by from_json.
+_SPEC_TUPLES = ("scheduler", "env", "inherit_env", "inherited", "container_options", "sweep", "params")
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A validated job file. Durations are whole seconds, paths absolute."""
@@ -112,6 +116,14 @@ class JobSpec:
     snapshot: str = ""  # "git": every segment runs the code as it was at submit
     snapshot_commit: str = ""  # set at submit: the commit captured
     snapshot_subdir: str = ""  # where in that commit's tree the command runs
+    # [sweep] as read (configurations, each (name, JSON value) pairs; repetitions): a
+    # spec with these is expanded into one chain per configuration x repetition.
+    sweep: tuple[tuple[tuple[str, str], ...], ...] = ()
+    reps: int = 1
+    # One chain of a sweep: the sweep's name, its configuration, its repetition.
+    sweep_name: str = ""
+    params: tuple[tuple[str, str], ...] = ()
+    rep: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,11 +132,7 @@ class JobSpec:
     def from_json(cls, data: dict[str, Any]) -> JobSpec:
         sched = data["scheduler"]
         return cls(
-            **{
-                k: v
-                for k, v in data.items()
-                if k not in ("scheduler", "env", "inherit_env", "inherited", "container_options")
-            },
+            **{k: v for k, v in data.items() if k not in _SPEC_TUPLES},
             scheduler=SchedulerSpec(
                 kind=sched["kind"],
                 host=sched["host"],
@@ -135,6 +143,8 @@ class JobSpec:
             inherit_env=tuple(data.get("inherit_env", ())),
             inherited=tuple((k, v) for k, v in data.get("inherited", ())),
             container_options=tuple(data.get("container_options", ())),
+            sweep=tuple(tuple((k, v) for k, v in config) for config in data.get("sweep", ())),
+            params=tuple((k, v) for k, v in data.get("params", ())),
         )
 
 

@@ -19,6 +19,7 @@ status file.
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
@@ -382,6 +383,16 @@ def frame(
     return f"{text}\n{service}"
 
 
+def sweep_line(name: str, chains: Sequence[Chain], width: int = WIDTH) -> str:
+    """A sweep at a glance: its chains by state, and a bar of how many have completed."""
+    states: dict[str, int] = {}
+    for c in chains:
+        states[c.state.value] = states.get(c.state.value, 0) + 1
+    done = states.get(ChainState.COMPLETED.value, 0)
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items(), key=lambda kv: -kv[1]))
+    return _clip(f"sweep {name}: {bar(done, len(chains))} completed; {counts}", width)
+
+
 def service_line(home: Path, now: float) -> str:
     """Whether a service is ticking these chains, from its status file (when not: a
     second line on how to start one)."""
@@ -404,6 +415,9 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
     return {
         "id": c.id,
         "name": c.spec.name,
+        "sweep": c.spec.sweep_name or None,
+        "params": {k: json.loads(v) for k, v in c.spec.params} if c.spec.sweep_name else None,
+        "rep": c.spec.rep if c.spec.sweep_name else None,
         "state": c.state.value,
         "reason": c.reason,
         "attention": attention(c, now) or None,

@@ -553,7 +553,10 @@ class Store:
         return chains
 
     def sweep(self, name: str) -> list[Chain]:
-        """The chains of the sweep ``name`` (its chains are named NAME-HASH-rN), oldest first."""
+        """The chains of the sweep ``name`` (its chains are named NAME-HASH-rN), oldest first;
+        none for a name no sweep can have (``resolve`` then says what is wrong with it)."""
+        if not name or len(name) > MAX_REF or not name.isprintable() or not name.isascii():
+            return []
         items = self._load("substr(chains.name, 1, ?) = ?", (len(name) + 1, name + "-"))
         return [c for c in items if isinstance(c, Chain) and c.spec.sweep_name == name]
 

@@ -611,7 +611,7 @@ EXIT_CODES: list[tuple[list[str], int, str]] = [
     (["check", "{missing}"], 2, "no such job file"),
     (["submit", "{missing}"], 2, "no such job file"),
     (["run", "{missing}"], 2, "no such job file"),
-    (["submit", "{dir}"], 2, "is a directory"),
+    (["submit", "{shared}"], 2, "a directory with no *.toml job files"),
     (["daemon", "--interval", "0"], 2, "--interval 0: must be 0.2 to 3600 seconds"),
     (["--home", "{file}", "status"], 2, "is a file"),
     (["--home", "{shared}", "status"], 2, "is open to other users"),

@@ -11,6 +11,7 @@ when the chain ends so that a successor that starts anyway exits at once.
 
 from __future__ import annotations
 
+import json
 import posixpath
 import re
 import shlex
@@ -143,6 +144,22 @@ def quote(value: str) -> str:
 _PLACEHOLDER = re.compile(r"@@([A-Z_]+)@@")
 
 
+def param_text(value_json: str) -> str:
+    """A sweep parameter's value as the command and environment see it: a string as it
+    is, anything else as in JSON (``0.1``, ``true``)."""
+    value = json.loads(value_json)
+    return value if isinstance(value, str) else value_json
+
+
+def sweep_environment(spec: JobSpec) -> list[tuple[str, str]]:
+    """What a sweep chain's command gets: each parameter, all of them as JSON, the repetition."""
+    if not spec.sweep_name:
+        return []
+    pairs = [(f"CHAINRUN_PARAM_{k.upper()}", param_text(v)) for k, v in spec.params]
+    everything = json.dumps({k: json.loads(v) for k, v in spec.params}, separators=(",", ":"))
+    return [*pairs, ("CHAINRUN_PARAMS", everything), ("CHAINRUN_REP", str(spec.rep))]
+
+
 def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
     """The batch script: shebang, the backend's directives, the shared wrapper.
 
@@ -163,7 +180,7 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
         "GRACE": str(spec.grace),
         "WRAPPER_SIGNALS": "1" if scheduler.wrapper_signals else "",
         "INHERITED": "\n".join(f"export {key}={q(value)}" for key, value in spec.inherited),
-        "ENV": "\n".join(f"export {key}={q(value)}" for key, value in spec.env),
+        "ENV": "\n".join(f"export {key}={q(value)}" for key, value in (*sweep_environment(spec), *spec.env)),
         "TARGET": q("" if spec.target_epoch is None else str(spec.target_epoch)),
         "PROGRESS_FILE": q(spec.progress_file or ""),
         "PROGRESS_KEY": q(spec.progress_key),
