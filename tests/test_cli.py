@@ -754,3 +754,40 @@ def test_fresh_never_overwrites_an_earlier_copy_and_never_moves_the_workdir(tmp_
     assert f"the progress file {here / 'state.json'} is outside checkpoint_dir" in one_line(refused.stderr)
     assert sorted(p.name for p in here.iterdir()) == ["checkpoints", "job.toml", "state.json", "train.py"]
     assert stored_chains(tmp_path / "state") == 1
+
+
+def test_submit_takes_many_job_files_directories_and_globs_all_or_nothing(tmp_path: Path) -> None:
+    """Each job file's chain id on a line of its own; one bad file among them stores none."""
+    env = {**os.environ, "CHAINRUN_HOME": str(tmp_path / "home")}
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    for name in ("a", "b", "c"):
+        (jobs / f"{name}.toml").write_text(
+            f'name = "{name}"\ncommand = "true"\ntotal_time = "1h"\nwalltime = "10m"\n'
+        )
+    (tmp_path / "bad.toml").write_text('name = "bad"\ncommand = "true"\ntotal_time = "1h"\nwalltime = "2h"\n')
+
+    def submit(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "chainrun", "submit", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+
+    refused = submit(str(jobs / "a.toml"), str(tmp_path / "bad.toml"), str(jobs))
+    assert refused.returncode == 2 and str(tmp_path / "bad.toml") in refused.stderr and refused.stdout == ""
+    assert (
+        not (tmp_path / "home" / "chainrun.db").exists()
+        or "chain"
+        not in subprocess.run(
+            [sys.executable, "-m", "chainrun", "status"], capture_output=True, text=True, env=env, timeout=60
+        ).stdout.split("\n")[0]
+    )
+    done = submit(str(jobs), str(jobs / "a.toml"), str(jobs / "[bc].toml"))
+    assert done.returncode == 0, done.stderr
+    ids = done.stdout.split()
+    assert [i.rsplit("-", 1)[0] for i in ids] == ["a", "b", "c"]  # each file once, in order
+    none = submit(str(tmp_path / "*.nothing"))
+    assert none.returncode == 2 and "no job files match" in none.stderr
