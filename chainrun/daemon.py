@@ -45,11 +45,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-import structlog
-from apscheduler.executors.pool import ThreadPoolExecutor
-from apscheduler.jobstores.base import JobLookupError
-from apscheduler.schedulers.background import BackgroundScheduler
-
 from chainrun import logs
 from chainrun.engine import Engine, TickSummary
 from chainrun.errors import AlreadyRunning, ChainrunError, StoreUnavailable
@@ -57,7 +52,7 @@ from chainrun.notify import Hooks, Notifier
 from chainrun.service import MIN_INTERVAL, SdNotify, ServiceConfig, load_config
 from chainrun.store import Store, private_dir
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 DEFAULT_INTERVAL = 10.0
 MIN_DELAY = MIN_INTERVAL  # the soonest a tick may follow the previous one, whatever the engine asks
@@ -78,6 +73,13 @@ _lock_fds: list[int] = []
 
 class LockLost(ChainrunError):
     """The database this service locked was deleted or replaced while it ran."""
+
+
+def _job_lookup_error() -> type[Exception]:
+    """APScheduler's "no such job", imported where a service runs."""
+    from apscheduler.jobstores.base import JobLookupError
+
+    return JobLookupError  # type: ignore[no-any-return]
 
 
 class InstanceLock:
@@ -270,6 +272,11 @@ class Service:
         self._clock = threading.Lock()  # a tick scheduling the next one, against a reload
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
+        # APScheduler (a tenth of a second to import) only for a service that runs.
+        from apscheduler.executors.pool import ThreadPoolExecutor
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        logs.configure_now()  # its log records go where chainrun's go
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(1)}, timezone=timezone.utc
         )
@@ -369,7 +376,7 @@ class Service:
                 job = self.scheduler.get_job("tick")
                 sooner = datetime.now(timezone.utc) + timedelta(seconds=self.interval)
                 if job is not None and job.next_run_time is not None and sooner < job.next_run_time:
-                    with contextlib.suppress(JobLookupError):  # it has just started: see above
+                    with contextlib.suppress(_job_lookup_error()):  # it has just started: see above
                         job.modify(next_run_time=sooner)
             log.info("configuration reloaded", config=config.path, interval=self.interval)
         self.sd.send("READY=1", f"STATUS={self.status_line}")
@@ -415,7 +422,7 @@ class Service:
         with self._clock:
             job = self.scheduler.get_job("tick")
             if job is not None:
-                with contextlib.suppress(JobLookupError):  # it has just started
+                with contextlib.suppress(_job_lookup_error()):  # it has just started
                     job.modify(next_run_time=datetime.now(timezone.utc))
         return True
 

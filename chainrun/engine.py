@@ -29,11 +29,10 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Optional, TypeVar
 
-import structlog
-
 from chainrun import watch
 from chainrun.decide import LOST_AFTER, Facts, JobFacts, after_submit, decide
 from chainrun.errors import SchedulerError, StoreUnavailable, TransportError, UnsafePathError
+from chainrun.logs import get_logger
 from chainrun.model import (
     Action,
     Adopt,
@@ -64,7 +63,7 @@ from chainrun.schedulers.segment import (
 from chainrun.store import Store
 from chainrun.transport import Transport, transport_for
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 _T = TypeVar("_T")
 _M = TypeVar("_M", StartMarker, EndMarker)
 

@@ -1,5 +1,11 @@
 """structlog setup: pretty lines on a terminal, JSON lines everywhere else.
 
+structlog (and through it asyncio, and rich when installed) costs about a
+tenth of a second to import, which commands that never log (``--help``,
+``status``, ``check``) should not pay. So modules take their logger from
+``get_logger``, which imports structlog at its first use, and ``setup`` only
+notes the wanted configuration until then (at once when structlog is loaded).
+
 Events go through the standard library's logging, so the libraries'
 records (APScheduler's) come out the same way. Under journald
 (``$JOURNAL_STREAM`` names our stderr) each JSON line starts with its syslog
@@ -15,9 +21,10 @@ import logging.handlers
 import os
 import sys
 from pathlib import Path
-from typing import Optional, TextIO
+from typing import TYPE_CHECKING, Any, Optional, TextIO
 
-import structlog
+if TYPE_CHECKING:
+    import structlog
 
 LOG_FILE = "service.log"
 MAX_BYTES = 10 * 1024 * 1024
@@ -26,13 +33,18 @@ BACKUPS = 3
 # sd-daemon(3) priorities by logging level.
 _PRIORITIES = ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4), (logging.INFO, 6))
 
-_SHARED: list[structlog.typing.Processor] = [
-    structlog.contextvars.merge_contextvars,
-    structlog.stdlib.add_log_level,
-    structlog.stdlib.add_logger_name,
-    structlog.stdlib.ExtraAdder(),
-    structlog.processors.TimeStamper(fmt="iso", utc=True),
-]
+
+def _shared() -> list[structlog.typing.Processor]:
+    import structlog
+
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.stdlib.ExtraAdder(),
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+
 
 _handlers: list[logging.Handler] = []  # the ones this module added to the root logger
 _file_handler: Optional[logging.handlers.RotatingFileHandler] = None
@@ -57,14 +69,42 @@ def under_journald(stream: TextIO) -> bool:
         return False
 
 
-class _JournalFormatter(structlog.stdlib.ProcessorFormatter):
-    """Prefixes every line with its syslog priority for journald."""
+class _Logger:
+    """A module's logger: structlog's, got (and structlog imported) at the first use."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        return f"<{priority(record.levelno)}>" + super().format(record)
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._log: Any = None
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._log is None:
+            import structlog
+
+            if _wanted is not None:
+                _configure(*_wanted)
+            self._log = structlog.get_logger(self._name)
+        return getattr(self._log, attr)
+
+
+def get_logger(name: str) -> Any:
+    """The logger for module ``name``; importing this costs nothing until it logs."""
+    return _Logger(name)
+
+
+def _journal_formatter(**kwargs: Any) -> logging.Formatter:
+    """structlog's formatter, each line prefixed with its syslog priority for journald."""
+    import structlog
+
+    class JournalFormatter(structlog.stdlib.ProcessorFormatter):
+        def format(self, record: logging.LogRecord) -> str:
+            return f"<{priority(record.levelno)}>" + super().format(record)
+
+    return JournalFormatter(**kwargs)
 
 
 def _json_processors() -> list[structlog.typing.Processor]:
+    import structlog
+
     return [
         structlog.stdlib.ProcessorFormatter.remove_processors_meta,
         structlog.processors.format_exc_info,
@@ -79,8 +119,24 @@ def _level(name: str) -> int:
     return value
 
 
+_wanted: Optional[tuple[str, Optional[TextIO], Optional[bool]]] = None  # setup() awaiting structlog
+
+
 def setup(level: str = "info", stream: Optional[TextIO] = None, pretty: Optional[bool] = None) -> None:
-    """Configure logging once for this process: ``level`` and up to ``stream`` (stderr)."""
+    """Configure logging once for this process: ``level`` and up to ``stream`` (stderr).
+    Done now if structlog is loaded, else at the first line logged (see ``get_logger``)."""
+    global _wanted
+    _level(level)  # a bad level is refused now, not at the first log line
+    _wanted = (level, stream, pretty)
+    if "structlog" in sys.modules:
+        _configure(level, stream, pretty)
+
+
+def _configure(level: str, stream: Optional[TextIO], pretty: Optional[bool]) -> None:
+    import structlog
+
+    global _wanted
+    _wanted = None
     out = stream or sys.stderr
     journald = under_journald(out)
     if pretty is None:
@@ -92,11 +148,14 @@ def setup(level: str = "info", stream: Optional[TextIO] = None, pretty: Optional
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 structlog.dev.ConsoleRenderer(colors=True),
             ],
-            foreign_pre_chain=_SHARED,
+            foreign_pre_chain=_shared(),
         )
+    elif journald:
+        formatter = _journal_formatter(processors=_json_processors(), foreign_pre_chain=_shared())
     else:
-        kind = _JournalFormatter if journald else structlog.stdlib.ProcessorFormatter
-        formatter = kind(processors=_json_processors(), foreign_pre_chain=_SHARED)
+        formatter = structlog.stdlib.ProcessorFormatter(
+            processors=_json_processors(), foreign_pre_chain=_shared()
+        )
     handler = logging.StreamHandler(out)
     handler.setFormatter(formatter)
     root = logging.getLogger()
@@ -113,7 +172,7 @@ def setup(level: str = "info", stream: Optional[TextIO] = None, pretty: Optional
     structlog.configure(
         processors=[
             structlog.stdlib.filter_by_level,
-            *_SHARED,
+            *_shared(),
             structlog.stdlib.PositionalArgumentsFormatter(),
             structlog.processors.StackInfoRenderer(),
             structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
@@ -124,9 +183,17 @@ def setup(level: str = "info", stream: Optional[TextIO] = None, pretty: Optional
     )
 
 
+def configure_now() -> None:
+    """Apply a deferred ``setup`` now: the service's libraries (APScheduler) log through
+    the standard library before chainrun's own first line."""
+    if _wanted is not None:
+        _configure(*_wanted)
+
+
 def open_file(home: Path) -> Path:
     """Also log, as JSON lines, to ``home/service.log`` (rotated at 10 MB, 3 kept)."""
     global _file_handler
+    configure_now()
     path = Path(home) / LOG_FILE
     if _file_handler is not None and Path(_file_handler.baseFilename) == path.resolve():
         return path
@@ -136,8 +203,10 @@ def open_file(home: Path) -> Path:
         handler = logging.handlers.RotatingFileHandler(path, maxBytes=MAX_BYTES, backupCount=BACKUPS)
     finally:
         os.umask(old_umask)
+    import structlog
+
     handler.setFormatter(
-        structlog.stdlib.ProcessorFormatter(processors=_json_processors(), foreign_pre_chain=_SHARED)
+        structlog.stdlib.ProcessorFormatter(processors=_json_processors(), foreign_pre_chain=_shared())
     )
     _file_handler = handler
     _handlers.append(handler)
@@ -178,6 +247,10 @@ def flush() -> None:
 
 def reset() -> None:
     """Undo ``setup`` and ``open_file``: structlog's defaults, none of our handlers."""
+    import structlog
+
+    global _wanted
+    _wanted = None
     close_file()
     root = logging.getLogger()
     for handler in _handlers:

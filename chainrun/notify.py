@@ -29,14 +29,13 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import quote, urljoin, urlsplit
 
-import structlog
-
 import chainrun
 from chainrun.errors import TransportError
+from chainrun.logs import get_logger
 from chainrun.model import Chain
 from chainrun.transport import LocalTransport, Transport
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 HOOK_TIMEOUT = 60.0
 WEBHOOK_TIMEOUT = 10.0

@@ -20,14 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import structlog
-
 import chainrun
 from chainrun.errors import ChainrunError
 from chainrun.jobfile import _Fields, parse_duration, read_toml, web_url
+from chainrun.logs import get_logger
 from chainrun.transport import LocalTransport, Transport
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 UNIT_NAME = "chainrun.service"
 # What the shipped unit (systemd/chainrun.service) starts: `pip install --user`

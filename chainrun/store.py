@@ -49,9 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import structlog
-
 from chainrun.errors import StoreError, StoreUnavailable, UsageError
+from chainrun.logs import get_logger
 from chainrun.model import (
     Action,
     Adopt,
@@ -72,7 +71,7 @@ from chainrun.model import (
     Track,
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 SCHEMA_VERSION = 4
 BUSY_TIMEOUT = 10.0  # seconds a statement waits for another process's write lock

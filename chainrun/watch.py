@@ -27,13 +27,12 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-import structlog
-
 from chainrun.checkpoint import SIDECAR_NAME, read_progress
+from chainrun.logs import get_logger
 from chainrun.model import NO_PROGRESS, JobSpec, Progress
 from chainrun.transport import FileInfo, FileRefused, Transport
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 MAX_SIDECAR_BYTES = 1024 * 1024  # one line of JSON: a real sidecar is a few hundred bytes
 

@@ -792,3 +792,37 @@ def test_submit_takes_many_job_files_directories_and_globs_all_or_nothing(tmp_pa
     assert [i.rsplit("-", 1)[0] for i in ids] == ["a", "b", "c"]  # each file once, in order
     none = submit(str(tmp_path / "*.nothing"))
     assert none.returncode == 2 and "no job files match" in none.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["status"],
+        ["status", "--json"],
+        ["check", "{job}"],
+        ["history", "nosuch"],
+        ["submit", "--help"],
+    ],
+)
+def test_commands_that_only_look_import_no_service_ssh_or_logging_libraries(
+    tmp_path: Path, args: list[str]
+) -> None:
+    """APScheduler only for a service, paramiko only for a chain with a host, structlog only
+    when something is logged: `--help`, `status`, `check` and `history` pay for none of them."""
+    job = tmp_path / "job.toml"
+    job.write_text('name = "t"\ncommand = "true"\ntotal_time = "1h"\nwalltime = "10m"\n')
+    argv = [a.replace("{job}", str(job)) for a in args]
+    probe = (
+        "import sys\n"
+        "from chainrun.cli import main\n"
+        f"sys.argv = ['chainrun', *{argv!r}]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "heavy = ('apscheduler', 'paramiko', 'invoke', 'structlog', 'rich', 'asyncio')\n"
+        "print('LOADED', sorted(m for m in heavy if m in sys.modules), file=sys.stderr)\n"
+    )
+    env = {**os.environ, "CHAINRUN_HOME": str(tmp_path / "home")}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert "LOADED []" in result.stderr, result.stderr
