@@ -8,7 +8,7 @@ does (here 3 epochs, saved to ``checkpoints/``)::
     $ python3 train.py --epochs 3
 
 Under chainrun (``chainrun run chain.toml``, see chain.toml), chainrun sends
-SIGUSR1 a few seconds before each segment's walltime; the script saves where it
+SIGUSR1 ten seconds before each segment's walltime; the script saves where it
 is, even in the middle of an epoch, and exits 0; the next segment resumes from
 there. Remove ``checkpoints/`` after a run on its own: chainrun takes the
 checkpoint it finds as the run's, and that one is already done.
