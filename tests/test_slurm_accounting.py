@@ -2,13 +2,14 @@
 scripts/start-slurm), and the same path with accounting off, as at sites that run without it.
 
 sacct matters for a job that left squeue (MinJobAge passed, often while the service was away)
-without the wrapper's end marker: its node died, or its whole step was killed. Each test lets
-a real job end that way while the service is stopped, then starts the service again as it
+without the wrapper's end marker: its node died, or its whole step was killed. The tests let
+a real job end that way while the service is stopped, then start the service again as it
 would find things later: squeue no longer lists the ended job (a shim on the service's PATH
 drops ended jobs from the real squeue's answer, as MinJobAge=300 would some minutes later),
 and the end marker is gone (the wrapper here survives long enough to write one; on a node
 that died, it would not). Everything else is real: the CLI, the service, sbatch, sacct,
-slurmdbd, the memory cgroup and the node failure.
+slurmdbd, the memory cgroup and the node failure. One test (xfail) pins a known gap: the
+common OOM, whose wrapper does write its marker (exit 137), once squeue has forgotten it.
 """
 
 from __future__ import annotations
@@ -71,6 +72,21 @@ def slurm(request: pytest.FixtureRequest) -> Iterator[None]:
             "sudo scripts/start-slurm",
         )
         yield
+
+
+@pytest.fixture
+def memory_limits() -> None:
+    """Slurm enforces --mem (start-slurm turns on task/cgroup where cgroup v1 has a memory controller)."""
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60).stdout
+    need(
+        "a Slurm that enforces --mem (TaskPlugin=task/cgroup)",
+        any(
+            line.split("=")[-1].strip() == "task/cgroup"
+            for line in config.splitlines()
+            if line.startswith("TaskPlugin ")
+        ),
+        "sudo scripts/start-slurm on a machine with the cgroup v1 memory controller",
+    )
 
 
 @pytest.fixture
@@ -192,7 +208,9 @@ def scene(chainrun: CLI, service: Service, shims: Path, home: Path, chains: list
     return Scene(chainrun, service, f"{shims}{os.pathsep}{cli_env(home)['PATH']}", chains)
 
 
-def test_oom_killed_segment_is_out_of_memory_from_sacct(slurm: None, work: Path, scene: Scene) -> None:
+def test_oom_killed_segment_is_out_of_memory_from_sacct(
+    slurm: None, memory_limits: None, work: Path, scene: Scene
+) -> None:
     """A segment over its --mem=50M is killed by the memory cgroup; found later only in sacct
     (OUT_OF_MEMORY), it shows as out of memory and costs failure budget."""
     job_file = write_job(work, "exec python3 hog.py", ["--mem=50M"])
@@ -202,6 +220,24 @@ def test_oom_killed_segment_is_out_of_memory_from_sacct(slurm: None, work: Path,
     assert (seg["outcome"], seg["charged"]) == ("oom", True), seg
     assert "OUT_OF_MEMORY (sacct)" in seg["reason"], seg
     assert scene.status(chain_id)["failures"] >= 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the engine asks sacct only for jobs without an end marker; the wrapper outlives an OOM "
+    "kill of its command and writes exit 137, read as a plain failure once squeue forgot the job",
+)
+def test_oom_killed_segment_with_its_end_marker_is_out_of_memory_after_squeue_forgot(
+    slurm: None, memory_limits: None, work: Path, scene: Scene
+) -> None:
+    """The usual OOM under cgroups: the kernel kills the command, the wrapper writes exit 137.
+    Once the job has left squeue, only sacct still says OUT_OF_MEMORY."""
+    (work / "go").touch()
+    job_file = write_job(work, "exec python3 hog.py", ["--mem=50M"])
+    chain_id = scene.chainrun("submit", str(job_file), check=True).stdout.strip()
+    scene.chains.append(chain_id)
+    seg = scene.judged(chain_id)
+    assert (seg["outcome"], seg["charged"]) == ("oom", True), seg
 
 
 @pytest.mark.takes_down_the_controller
