@@ -12,7 +12,6 @@ import glob
 import json
 import math
 import os
-import posixpath
 import shlex
 import shutil
 import sys
@@ -27,18 +26,16 @@ from typing import Any, NoReturn, Optional
 
 import click
 
-from chainrun import __version__, jobfile, snapshot, sweep, watch
-from chainrun.daemon import DEFAULT_INTERVAL, NOTIFY_WAIT, InstanceLock, Service
-from chainrun.engine import Engine
-from chainrun.errors import ChainrunError, StoreUnavailable, TransportError, UsageError
+from chainrun import __version__, control, jobfile, snapshot, sweep
+from chainrun.daemon import DEFAULT_INTERVAL, InstanceLock, Service
+from chainrun.errors import ChainrunError, StoreUnavailable, UsageError
 from chainrun.jobfile import format_duration
-from chainrun.model import NO_PROGRESS, Chain, JobSpec, Progress
-from chainrun.notify import Hooks, Notifier
+from chainrun.model import Chain, JobSpec
 from chainrun.schedulers import preflight
 from chainrun.schedulers.segment import SegmentJob, param_text
 from chainrun.service import parse_interval
 from chainrun.store import DamagedChain, Store, default_home
-from chainrun.transport import Transport, transport_for
+from chainrun.transport import transport_for
 
 
 def _interval(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[float]:
@@ -258,94 +255,9 @@ def _store(ctx: click.Context, readonly: bool = False) -> Iterator[Store]:
 
 
 def _submit(store: Store, spec: JobSpec, fresh: bool = False) -> Chain:
-    """Store a new chain for ``spec`` (not a sweep); see ``_submit_all``."""
-    (chain_id,) = _submit_all(store, [spec], fresh)
+    """Store a new chain for ``spec`` (not a sweep); see ``control.submit_all``."""
+    ((chain_id, _),) = control.submit_all(store, [spec], fresh)
     return store.chain(chain_id)
-
-
-def _submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> list[str]:
-    """Store a chain for each spec, and for each chain of a sweep, all in one transaction:
-    none is stored when one cannot be. What checkpoint_dir holds is each one's starting point.
-
-    A checkpoint that already says the run is complete is refused (exit 1, nothing stored):
-    submitting it again would only complete at once. With ``fresh`` each checkpoint
-    directory is first moved aside (never deleted), so the chain starts from nothing. A
-    sweep's chain that is already active is left as it is, and said so: submitting the
-    same sweep again never duplicates a run. Returns the new chains' ids.
-    """
-    new: list[tuple[JobSpec, Progress]] = []
-    pins: list[Optional[snapshot.Snapshot]] = []
-    for spec in specs:
-        preflight(spec)
-        transport = transport_for(spec.scheduler.host)
-        try:
-            # The code is captured once per job file: a sweep's chains all run the same commit.
-            spec, snap = snapshot.prepare(transport, spec)
-            chains = sweep.expand(spec)
-            taken = store.unended([c.name for c in chains]) if spec.sweep else {}
-            for one in chains:
-                if one.name in taken:
-                    click.echo(
-                        f"{one.name}: already submitted as chain {taken[one.name]}; left as it is", err=True
-                    )
-                    continue
-                if fresh:
-                    _move_aside(transport, one)
-                baseline = watch.progress(transport, one) or NO_PROGRESS
-                why = _complete(one, baseline)
-                if why:
-                    again = "; to start over, add --fresh (it moves the directory aside, deleting nothing)"
-                    where = f"the checkpoint in {one.checkpoint_dir}"
-                    raise ChainrunError(f"{where} is already complete ({why}){'' if fresh else again}")
-                new.append((one, baseline))
-                pins.append(snap)
-        except TransportError as exc:
-            if spec.scheduler.host is None:
-                raise
-            raise TransportError(f"cannot reach {spec.scheduler.host}: {exc}") from None
-    ids = store.add_chains(new, time.time())
-    for chain_id, snap in zip(ids, pins):
-        if snap is not None:
-            snapshot.pin(snap, chain_id)
-    return ids
-
-
-def _complete(spec: JobSpec, baseline: Progress) -> str:
-    """Why the checkpoint already says the run is complete; "" when it does not."""
-    if spec.target_epoch is not None and (baseline.epoch or 0) >= spec.target_epoch:
-        return f"epoch {baseline.epoch}, target_epoch {spec.target_epoch}"
-    if baseline.done:
-        return "the training script marked it done"
-    return ""
-
-
-def _move_aside(transport: Transport, spec: JobSpec) -> None:
-    """``--fresh``: rename checkpoint_dir to ``<dir>.old-<UTC time>`` (``-2``, ``-3``, ... on a
-    clash), saying so on stderr; nothing to do when it does not exist. Refused, with nothing
-    moved, when that would move the workdir or would not start over (the progress file
-    lies outside checkpoint_dir)."""
-    ckpt = spec.checkpoint_dir
-    if posixpath.commonpath([ckpt, spec.workdir]) == ckpt:
-        raise UsageError(
-            f"--fresh: checkpoint_dir {ckpt} holds the workdir {spec.workdir}, so moving it aside "
-            "would move the job's own files; move the old checkpoints yourself, or give the job "
-            "a checkpoint_dir of its own"
-        )
-    if spec.progress_file and posixpath.commonpath([ckpt, spec.progress_file]) != ckpt:
-        raise UsageError(
-            f"--fresh: the progress file {spec.progress_file} is outside checkpoint_dir {ckpt}, so "
-            "moving that aside would not start over; set checkpoint_dir to the directory the "
-            "script saves in"
-        )
-    if transport.stat(ckpt) is None:
-        return
-    stem = f"{ckpt}.old-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
-    target, n = stem, 1
-    while transport.stat(target) is not None:
-        n += 1
-        target = f"{stem}-{n}"
-    transport.rename(ckpt, target)
-    click.echo(f"moved the old checkpoint directory aside: {ckpt} -> {target}", err=True)
 
 
 @main.command()
@@ -476,8 +388,8 @@ def submit(ctx: click.Context, jobfile_paths: tuple[str, ...], fresh: bool, yes:
     if total > sweep.CONFIRM_ABOVE and not yes:
         raise UsageError(f"that is {total:,} chains; add --yes to submit them all")
     with _store(ctx) as store:
-        ids = _submit_all(store, specs, fresh=fresh)
-    for chain_id in ids:
+        new = control.submit_all(store, specs, fresh=fresh)
+    for chain_id, _ in new:
         click.echo(chain_id)
     if not InstanceLock(ctx.obj).held_elsewhere():
         click.echo(
@@ -586,23 +498,10 @@ def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
             question = f"cancel the {len(going)} unfinished chains of sweep {chain_ref}?"
             if not sys.stdin.isatty() or not click.confirm(question, default=False, err=True):
                 raise ChainrunError(f"not cancelled; to cancel sweep {chain_ref} without asking, add --yes")
-        now = time.time()
-        for chain in going:
-            store.request_cancel(chain.id, now)
-        lock = InstanceLock(ctx.obj)
-        if lock.held_elsewhere():
+        if not control.cancel(ctx.obj, store, going):
             for chain in going:
                 click.echo(f"chain {chain.id}: cancel requested; the running service carries it out")
             return
-        lock.acquire()
-        try:
-            # No service to tell of the end: deliver the notification here. Only these
-            # chains are ticked: the others wait for a service, as they would without the cancel.
-            notifier = Notifier(ctx.obj, _hooks())
-            Engine(store, on_end=notifier).tick(only={c.id for c in going})
-            notifier.close(NOTIFY_WAIT)
-        finally:
-            lock.release()
         for chain in going:
             click.echo(f"chain {chain.id} {store.chain(chain.id).state.value}")
 
@@ -754,18 +653,6 @@ def logs(ctx: click.Context, chain_ref: str, segment: Optional[int], follow: boo
 def _clock(at: float, date: bool = False) -> str:
     fmt = "%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S"
     return datetime.fromtimestamp(at).strftime(fmt)
-
-
-def _hooks() -> Hooks:
-    """The config's hooks; a broken config must not stand between a user and a cancel."""
-    from chainrun.service import load_config
-
-    try:
-        config = load_config()
-    except ChainrunError as exc:
-        click.echo(f"chainrun: {exc}; its on_end and webhook are not used", err=True)
-        return Hooks()
-    return Hooks(on_end=config.on_end, webhook=config.webhook)
 
 
 @main.group()

@@ -263,14 +263,21 @@ INHERITED_BY_DEFAULT = (
 )
 
 
-def load(path: str | os.PathLike[str], environ: Optional[Mapping[str, str]] = None) -> JobSpec:
+def load(
+    path: str | os.PathLike[str],
+    environ: Optional[Mapping[str, str]] = None,
+    edit: Optional[Callable[[dict[str, Any]], dict[str, Any]]] = None,
+) -> JobSpec:
     """Read and validate the job file at ``path``; ``inherit_env`` is taken from ``environ``
-    (default: this process's environment, the shell that submits)."""
+    (default: this process's environment, the shell that submits). ``edit`` changes the
+    document before it is validated (the Python API's ``params`` and ``reps``)."""
     p = Path(path)
     try:
         data = read_toml(p, "a job file")
     except FileNotFoundError:
         raise JobFileError(f"{_file(p)}: no such job file") from None
+    if edit is not None:
+        data = edit(data)
     try:
         base = p.resolve().parent
     except (OSError, RuntimeError) as exc:  # it changed under us since it was read

@@ -1,0 +1,30 @@
+"""Run a sweep from Python: two learning rates, two runs of each, on this machine.
+
+Start a chainrun service first (`chainrun daemon` in another terminal), then
+run `python3 sweep.py` here. Each run is a chain of 10-second segments, each
+resuming where the one before stopped.
+"""
+
+from pathlib import Path
+
+import chainrun
+
+chains = chainrun.submit(
+    {
+        "name": "lr-demo",
+        "command": "python3 train.py --lr {lr} --epochs 12",
+        "workdir": str(Path(__file__).resolve().parent),
+        "total_time": "10m",
+        "walltime": "10s",
+        "grace": "3s",
+        "target_epoch": 12,
+    },
+    params={"lr": [0.1, 0.3]},
+    reps=2,
+)
+for chain in chains:
+    state = chain.wait(timeout=600)
+    segments = chain.status()["segments_run"]
+    print(
+        f"{chain.name} lr={chain.params['lr']}: {state} at epoch {chain.progress.epoch}, {segments} segments"
+    )
