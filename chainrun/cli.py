@@ -362,13 +362,16 @@ def _environment(spec: JobSpec) -> str:
     return text
 
 
-@main.command()
-@click.argument("jobfile_paths", metavar="JOBFILE...", nargs=-1, required=True)
-@click.option(
+_fresh = click.option(
     "--fresh",
     is_flag=True,
     help="Start over: first move checkpoint_dir aside to <dir>.old-<UTC time> (never deleted).",
 )
+
+
+@main.command()
+@click.argument("jobfile_paths", metavar="JOBFILE...", nargs=-1, required=True)
+@_fresh
 @click.option("--yes", is_flag=True, help=f"Submit even more than {sweep.CONFIRM_ABOVE:,} chains at once.")
 @click.pass_context
 def submit(ctx: click.Context, jobfile_paths: tuple[str, ...], fresh: bool, yes: bool) -> None:
@@ -427,8 +430,9 @@ def _job_files(args: Sequence[str]) -> list[str]:
     metavar="SECONDS",
     help="Seconds between ticks, 0.2 to 3600 (default: an eighth of the walltime, 1 to 10).",
 )
+@_fresh
 @click.pass_context
-def run(ctx: click.Context, jobfile_path: str, interval: Optional[float]) -> None:
+def run(ctx: click.Context, jobfile_path: str, interval: Optional[float], fresh: bool) -> None:
     """Submit JOBFILE and supervise it here until the chain ends.
 
     Shows the chain's events, and its progress, ETA, segment and last line of
@@ -449,7 +453,7 @@ def run(ctx: click.Context, jobfile_path: str, interval: Optional[float]) -> Non
             f"`chainrun submit {jobfile_path}` and follow it with `chainrun status {spec.name}`"
         )
     with _store(ctx) as store:
-        chain = _submit(store, spec)
+        chain = _submit(store, spec, fresh=fresh)
         click.echo(f"chain {chain.id} submitted")
         step = interval or min(DEFAULT_INTERVAL, max(1.0, spec.walltime / 8))
         code = live.supervise(ctx.obj, store, chain, step)
@@ -539,8 +543,8 @@ def status(
     a terminal; columns that do not fit are left out (--json has them all).
     Below it, a line for each chain that needs attention (failed, stuck,
     damaged, retrying a submission, held by the scheduler); --verbose shows
-    every chain's reason and details. With CHAIN, a failed chain also shows
-    the last lines of its failing segment's output.
+    every chain's reason and details. With CHAIN, its details (its jobs too),
+    and for a failed chain the last lines of its failing segment's output.
 
     Exits 0; 2 for an unknown CHAIN or a bad option; 1 when CHAIN is damaged
     or the state database cannot be read.
@@ -557,7 +561,10 @@ def status(
         # Measured at each frame: a terminal resized under --watch gets the new width.
         width = shutil.get_terminal_size((view.WIDTH, 24)).columns if tty else view.WIDTH
         one = chain_ref is not None and not group[0]
-        text = view.frame(ctx.obj, shown, time.time(), damaged, width=width, verbose=verbose, tails=one)
+        # One chain asked for by name: all there is to know of it, its jobs included.
+        text = view.frame(
+            ctx.obj, shown, time.time(), damaged, width=width, verbose=verbose or one, tails=one
+        )
         return f"{view.sweep_line(chain_ref or '', shown, width)}\n{text}" if group[0] else text
 
     with _store(ctx, readonly=True) as store:

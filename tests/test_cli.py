@@ -709,6 +709,22 @@ def test_submitting_a_finished_job_again_is_refused_and_fresh_moves_the_checkpoi
     assert stored_chains(tmp_path / "state") == 2
 
 
+def test_run_refuses_a_finished_job_too_and_run_fresh_trains_it_again(tmp_path: Path) -> None:
+    """`run` says what `submit` says of a complete checkpoint; `run --fresh` moves it aside
+    and trains from the start to the target again."""
+    job, ckpt, files = finished_run(tmp_path)
+    again = chainrun_process(tmp_path, "run", str(job))
+    assert again.returncode == 1 and "already complete" in again.stderr and "add --fresh" in again.stderr
+    assert stored_chains(tmp_path / "state") == 1
+    fresh = chainrun_process(tmp_path, "run", "--fresh", str(job), "--interval", "0.3")
+    assert fresh.returncode == 0, fresh.stdout + fresh.stderr
+    [old] = [p for p in ckpt.parent.iterdir() if p.name.startswith("checkpoints.old-")]
+    assert {p.name: p.read_bytes() for p in old.iterdir() if p.is_file()} == files
+    assert stored_chains(tmp_path / "state") == 2
+    newest = json.loads(chainrun_process(tmp_path, "status", "again", "--json").stdout)[0]
+    assert (newest["state"], newest["epoch"]) == ("completed", 2)
+
+
 def test_fresh_never_overwrites_an_earlier_copy_and_never_moves_the_workdir(tmp_path: Path) -> None:
     """A `.old-<time>` name already taken gets `-2`; a checkpoint_dir that holds the
     workdir (`checkpoint_dir = "."`) is refused in one line, exit 2, nothing moved."""
