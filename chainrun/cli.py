@@ -285,7 +285,7 @@ def check(jobfile_path: str, show_script: bool) -> None:
             click.echo(f"    {one.name}  {_one_line(values, 200)}")
         if len(chains) > shown:
             click.echo(f"    ... and {len(chains) - shown} more")
-    if spec.target_epoch is not None and not spec.progress_file:
+    if spec.target_epoch is not None and not spec.progress_file and not _uses_the_helper(spec):
         click.echo(
             "warning: target_epoch needs an epoch: if the command does not save with chainrun.checkpoint, "
             'set progress = "FILE.json:KEY" (its own JSON file and the key of the epoch); without an '
@@ -299,6 +299,28 @@ def check(jobfile_path: str, show_script: bool) -> None:
 
 
 SWEEP_SHOWN = 5  # chains of a sweep `check` lists
+
+
+def _uses_the_helper(spec: JobSpec) -> bool:
+    """Whether a Python script the command names (in the workdir, on this machine) uses
+    chainrun's checkpoint helper, which writes the epoch chainrun reads."""
+    if spec.scheduler.host:
+        return False
+    try:
+        words = shlex.split(spec.command)
+    except ValueError:
+        return False
+    for word in words:
+        path = os.path.join(spec.workdir, word)
+        if word.endswith(".py") and os.path.isfile(path):
+            try:
+                with open(path, "rb") as f:
+                    text = f.read(1 << 20)
+            except OSError:
+                continue
+            if b"chainrun.checkpoint" in text or b"from chainrun import checkpoint" in text:
+                return True
+    return False
 
 
 def _plan(spec: JobSpec) -> list[tuple[str, str]]:

@@ -842,3 +842,21 @@ def test_commands_that_only_look_import_no_service_ssh_or_logging_libraries(
         [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60
     )
     assert "LOADED []" in result.stderr, result.stderr
+
+
+def test_check_does_not_warn_of_a_missing_epoch_when_the_script_uses_the_helper(tmp_path: Path) -> None:
+    """The quickstart's script saves with chainrun.checkpoint: check has no warning for it."""
+    env = {**os.environ, "CHAINRUN_HOME": str(tmp_path / "home")}
+    (tmp_path / "train.py").write_text("from chainrun.checkpoint.torch import Checkpointer\n")
+    path = tmp_path / "job.toml"
+    path.write_text(
+        'name = "t"\ncommand = "python3 train.py --epochs 3"\ntotal_time = "2h"\nwalltime = "1h"\ntarget_epoch = 3\n'
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "chainrun", "check", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode == 0 and "warning" not in result.stderr, result.stderr
