@@ -31,7 +31,7 @@ from typing import Optional, TypeVar
 
 from chainrun import watch
 from chainrun.decide import LOST_AFTER, Facts, JobFacts, after_submit, decide
-from chainrun.errors import SchedulerError, StoreUnavailable, TransportError, UnsafePathError
+from chainrun.errors import ChainrunError, SchedulerError, StoreUnavailable, TransportError, UnsafePathError
 from chainrun.logs import get_logger
 from chainrun.model import (
     Action,
@@ -85,6 +85,8 @@ class TickSummary:
     failed: int = 0
     stuck: int = 0
     errors: list[str] = field(default_factory=list)
+    # Clusters (scheduler kind, host) whose poll failed this tick, with why: their chains wait.
+    unreachable: dict[tuple[str, str], ChainrunError] = field(default_factory=dict)
     # Seconds until the engine wants its next tick (a submission's backoff
     # ends sooner than the interval); None: the service's interval.
     next_in: Optional[float] = None
@@ -160,6 +162,7 @@ class Engine:
             except (TransportError, SchedulerError) as exc:
                 log.warning("poll failed; retrying next tick", scheduler=kind, host=host, error=str(exc))
                 summary.errors.append(str(exc))
+                summary.unreachable[(kind, host)] = exc
                 continue
             gathered: dict[str, Facts] = {}
             for chain in chains:

@@ -10,11 +10,17 @@ one plain line (``plain_line``), never a redraw. The first Ctrl-C on a
 terminal asks whether to stop watching (the chain goes on) or to cancel the
 chain; a second Ctrl-C, or no terminal, stops watching. A failed chain ends
 with the last lines of its failing segment's output (as the wrapper recorded
-them) and the ``chainrun logs`` command that shows all of it.
+them) and the ``chainrun logs`` command that shows all of it. While the chain's
+cluster cannot be polled (an SSH drop, a scheduler that does not answer) the
+chain waits, charged nothing: a line says so once (``connection lost, retrying
+in N s``), the area counts down to the next try, and a line says when the
+connection is back. (Only when this process is the service: a service running
+elsewhere does its own retrying.)
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import select
@@ -28,7 +34,8 @@ from typing import Any, Optional
 import click
 
 from chainrun.daemon import InstanceLock, Service
-from chainrun.errors import TransportError
+from chainrun.engine import TickSummary
+from chainrun.errors import ChainrunError, TransportError
 from chainrun.model import Chain, ChainState, Phase, Segment
 from chainrun.schedulers.segment import SegmentJob
 from chainrun.status import eta, short, trained
@@ -136,6 +143,12 @@ def final_lines(chain: Chain) -> list[str]:
     return lines
 
 
+def trouble_text(exc: ChainrunError, retry_in: float) -> str:
+    """Why the chain waits, and when the next try is: ``connection lost, retrying in 5 s``."""
+    what = "connection lost" if isinstance(exc, TransportError) else "the scheduler did not answer"
+    return f"{what}, retrying in {math.ceil(retry_in)} s"
+
+
 def going_on_lines(chain: Chain, service_elsewhere: bool) -> list[str]:
     """What stopping watching leaves: the chain goes on, and how to look again."""
     lines = [f"chain {chain.id} goes on; see it with: chainrun status {chain.id}"]
@@ -241,6 +254,8 @@ class View:
         self._held: list[str] = []
         self._shown: Optional[tuple[Chain, str]] = None
         self._key: Optional[tuple[object, ...]] = None
+        # While the cluster cannot be polled: why, since when, and when the next try is.
+        self._trouble: Optional[tuple[ChainrunError, float, float]] = None
         self._live: Any = None
         self._console: Any = None
         if tty:
@@ -275,6 +290,20 @@ class View:
             if key != self._key:
                 self._key = key
                 click.echo(f"{_clock(now)}  {plain_line(chain, output, now)}")
+
+    def trouble(self, exc: Optional[ChainrunError], retry_in: float, now: float) -> None:
+        """The cluster could not be polled (``exc``; the next try in ``retry_in`` s), or
+        could again (None). A line when that changes; the area counts down meanwhile."""
+        with self._lock:
+            before = self._trouble
+            if exc is None:
+                self._trouble = None
+                if before is not None:
+                    self.event(f"{_clock(now)}  connection back after {short(now - before[1])}; going on")
+                return
+            self._trouble = (exc, now if before is None else before[1], now + retry_in)
+            if before is None:
+                self.event(f"{_clock(now)}  {trouble_text(exc, retry_in)}: {exc}")
 
     def pause(self) -> None:
         with self._lock:
@@ -324,6 +353,9 @@ class View:
         if seg is not None and seg.phase is Phase.RUNNING and seg.started_at is not None:
             since = f", {short(now - seg.started_at)}"
         lines: list[Any] = [top, Text(f"{segment_text(chain)}{since}")]
+        trouble = self._trouble
+        if trouble is not None:
+            lines.append(Text(trouble_text(trouble[0], max(0.0, trouble[2] - now)), style="yellow"))
         if output:
             lines.append(Text(f"> {output}", style="dim", no_wrap=True, overflow="ellipsis"))
         return Group(*lines)
@@ -383,11 +415,16 @@ def supervise(home: Path, store: Store, chain: Chain, interval: float) -> int:
     view = View(tty=sys.stdout.isatty() and os.environ.get("TERM") not in ("dumb", "unknown"))
     elsewhere = InstanceLock(home).held_elsewhere()
 
-    def refresh(_: object = None) -> None:
+    def refresh(summary: Optional[TickSummary] = None) -> None:
         lines, now_chain, output = follower.poll()
         for line in lines:
             view.event(line)
-        view.show(now_chain, output, time.time())
+        now = time.time()
+        if summary is not None:
+            # The service ticks again after the interval, or sooner when the engine asks.
+            retry_in = min(interval, summary.next_in if summary.next_in is not None else interval)
+            view.trouble(summary.unreachable.get(now_chain.spec.scheduler.cluster_key), retry_in, now)
+        view.show(now_chain, output, now)
 
     def interrupted() -> bool:
         """Ctrl-C: True to stop watching; a cancel is requested and watching goes on."""

@@ -6,8 +6,10 @@ which hands the string to ``bash -l -c`` so that ``/etc/profile``,
 way an interactive login does: that is where clusters put Slurm and SGE. Every
 argument is quoted with ``shlex``; ``env`` becomes ``K=V`` assignments in
 front of the command. Where to connect and how comes from the OpenSSH config
-(``sshconfig.py``). This module and ``sshconfig.py`` are the only ones that
-import paramiko; ``chainrun.transport`` loads them when a chain has a host.
+(``sshconfig.py``). ``forward`` carries a local port to an address on the
+host (``direct-tcpip``, as ``ssh -L``), across reconnects. This module and
+``sshconfig.py`` are the only ones that import paramiko; ``chainrun.transport``
+loads them when a chain has a host.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import paramiko
 from paramiko.common import cMSG_CHANNEL_REQUEST
@@ -54,12 +56,13 @@ from chainrun.transport.sshconfig import (
     resolve,
 )
 
-__all__ = ["SSHTransport"]
+__all__ = ["PortForward", "SSHTransport"]
 
 T = TypeVar("T")
 
 _SFTP_TIMEOUT = 60.0  # per reply from the server, not per file
 _CHUNK = 65536
+_FORWARD_STEP = 0.5  # seconds between looks at whether a forward was closed
 
 
 @dataclass
@@ -137,23 +140,57 @@ class SSHTransport:
         return CommandResult(args, code, text(out), text(err))
 
     def _open_session(self) -> paramiko.Channel:
-        # Opening a channel sends nothing of the command yet, so a stale
-        # connection may be replaced here without any risk of running twice.
+        return self._open_channel("a session", lambda t: t.open_session(timeout=CONNECT_TIMEOUT))
+
+    def _open_channel(
+        self, what: str, opener: Callable[[paramiko.Transport], paramiko.Channel]
+    ) -> paramiko.Channel:
+        """A new channel from ``opener``, on a fresh connection if the current one is dead.
+
+        Called with the lock held. Opening a channel sends nothing through it yet,
+        so a stale connection may be replaced here without any risk of running a
+        command twice. A channel the server refuses (``ChannelException``) leaves a
+        sound connection as it is."""
         for attempt in (1, 2):
             conn = self._connection()
             transport = conn.client.get_transport()
             try:
                 if transport is None:
                     raise _ConnectionLost("no transport")
-                return transport.open_session(timeout=CONNECT_TIMEOUT)
+                return opener(transport)
+            except paramiko.ChannelException as e:
+                reason = e.text or oneline(e)  # the server's own words: "Connect failed", "open failed"
+                raise TransportError(f"ssh {self._alias}: the server refused {what} ({reason})") from None
             except (paramiko.SSHException, EOFError, OSError, _ConnectionLost) as e:
                 self._drop()
                 if attempt == 2:
                     raise TransportError(
-                        f"ssh {self._alias}: cannot open a session ({oneline(e)}); "
+                        f"ssh {self._alias}: cannot open {what} ({oneline(e)}); "
                         f"check that `ssh {self._alias} true` works"
                     ) from None
         raise AssertionError("unreachable")
+
+    # -- port forwarding --------------------------------------------------
+
+    def forward(
+        self,
+        remote: tuple[str, int],
+        local_port: int = 0,
+        on_change: Callable[[str | None], None] | None = None,
+    ) -> PortForward:
+        """Listen on 127.0.0.1:``local_port`` (0: a free port) and carry each connection made
+        there to ``remote`` (an address as the host sees it) over a ``direct-tcpip`` channel.
+
+        OSError when the local port cannot be bound. See ``PortForward``."""
+        return PortForward(self, remote, local_port, on_change)
+
+    def _open_direct(self, remote: tuple[str, int], origin: tuple[str, int]) -> paramiko.Channel:
+        host, port = remote
+        with self._lock:
+            return self._open_channel(
+                f"a connection to {host}:{port}",
+                lambda t: t.open_channel("direct-tcpip", remote, origin, timeout=CONNECT_TIMEOUT),
+            )
 
     def _collect(
         self, chan: paramiko.Channel, args: tuple[str, ...], input: str | None, timeout: float
@@ -371,6 +408,123 @@ class SSHTransport:
             raise
         self._conn = _Connection(client, jumps)
         return self._conn
+
+
+class PortForward:
+    """A local listening port whose connections reach an address on the host, as ``ssh -L`` does.
+
+    Each connection accepted on 127.0.0.1:``port`` gets its own ``direct-tcpip``
+    channel, opened on the transport's current connection (through its ProxyJump
+    hops), and bytes are carried both ways by a thread per connection. After a drop
+    the next connection reconnects, so the same local port serves again once the
+    host answers; the connections that were open at the drop are closed.
+    ``on_change`` hears of the forward's state when it changes: a message when a
+    connection could not be carried, None when one is carried again after that.
+    ``close`` stops listening and closes every connection.
+    """
+
+    def __init__(
+        self,
+        transport: SSHTransport,
+        remote: tuple[str, int],
+        local_port: int,
+        on_change: Callable[[str | None], None] | None,
+    ) -> None:
+        self.remote = remote
+        self._transport = transport
+        self._on_change = on_change
+        self._failing = False
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._open: set[tuple[socket.socket, paramiko.Channel]] = set()
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listener.bind(("127.0.0.1", local_port))
+            self._listener.listen(16)
+        except OSError:
+            self._listener.close()
+            raise
+        self.port: int = self._listener.getsockname()[1]
+        self._thread = threading.Thread(target=self._accept, name=f"forward-{self.port}", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join()
+        self._listener.close()
+        with self._lock:
+            pairs = list(self._open)
+        for sock, chan in pairs:
+            _close_pair(sock, chan)
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            if not select.select([self._listener], [], [], _FORWARD_STEP)[0]:
+                continue
+            try:
+                sock, peer = self._listener.accept()
+            except OSError:  # the client gave up before we took it
+                continue
+            threading.Thread(target=self._carry, args=(sock, peer), daemon=True).start()
+
+    def _carry(self, sock: socket.socket, peer: tuple[str, int]) -> None:
+        try:
+            chan = self._transport._open_direct(self.remote, peer)
+        except TransportError as e:
+            sock.close()
+            self._state(str(e))
+            return
+        self._state(None)
+        with self._lock:
+            if self._closed.is_set():
+                _close_pair(sock, chan)
+                return
+            self._open.add((sock, chan))
+        try:
+            _splice(sock, chan, self._closed)
+        except (paramiko.SSHException, EOFError, OSError):
+            pass  # either end went away: this connection is over, the forward goes on
+        finally:
+            with self._lock:
+                self._open.discard((sock, chan))
+            _close_pair(sock, chan)
+
+    def _state(self, error: str | None) -> None:
+        with self._lock:
+            changed = self._failing != (error is not None)
+            self._failing = error is not None
+        if changed and self._on_change is not None:
+            self._on_change(error)
+
+
+def _splice(sock: socket.socket, chan: paramiko.Channel, closed: threading.Event) -> None:
+    """Carry bytes between ``sock`` and ``chan`` until the far end is done (or ``closed``).
+
+    The local client's end of input is passed on as an EOF and its answer still
+    carried back; the far end's EOF ends the connection."""
+    sending = True
+    while not closed.is_set() and not chan.closed:
+        waiting: list[Any] = [sock, chan] if sending else [chan]
+        readable = select.select(waiting, [], [], _FORWARD_STEP)[0]
+        if sock in readable:
+            data = sock.recv(_CHUNK)
+            if data:
+                chan.sendall(data)
+            else:
+                sending = False
+                chan.shutdown_write()
+        if chan in readable:
+            data = chan.recv(_CHUNK)
+            if not data:
+                return
+            sock.sendall(data)
+
+
+def _close_pair(sock: socket.socket, chan: paramiko.Channel) -> None:
+    for closable in (chan, sock):
+        with contextlib.suppress(Exception):  # a dead link may fail to close in any way
+            closable.close()
 
 
 def _remote_command(args: tuple[str, ...], env: Mapping[str, str] | None) -> str:
