@@ -679,6 +679,49 @@ def logs(ctx: click.Context, chain_ref: str, segment: Optional[int], follow: boo
             time.sleep(1.0)
 
 
+@main.command()
+@click.argument("chain_ref", metavar="CHAIN")
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="The local port of the URL (default: a free one).",
+)
+@click.option(
+    "--logdir",
+    default=None,
+    metavar="DIR",
+    help="The log directory on the chain's host, relative to its workdir (default: runs).",
+)
+@click.option(
+    "--program",
+    default=None,
+    metavar="PATH",
+    help="The TensorBoard command there (default: this chainrun's on this machine, "
+    "`tensorboard` on the host's login PATH).",
+)
+@click.pass_context
+def tensorboard(
+    ctx: click.Context, chain_ref: str, port: Optional[int], logdir: Optional[str], program: Optional[str]
+) -> None:
+    """Serve TensorBoard on CHAIN's logs at a local URL until Ctrl-C.
+
+    For a chain on an SSH host, TensorBoard runs on that host (the login node,
+    not a compute node) on a port free there, and a local port is forwarded to
+    it over the SSH connection, also after a reconnect. Ctrl-C stops the
+    forward and TensorBoard. Needs TensorBoard: pip install 'chainrun[tensorboard]'.
+
+    Exits 0 after Ctrl-C; 1 when TensorBoard cannot start or ends by itself,
+    or the host cannot be reached; 2 for an unknown CHAIN, a bad option, or no
+    TensorBoard.
+    """
+    from chainrun import tensorboard as board
+
+    with _store(ctx, readonly=True) as store:
+        chain = store.find(chain_ref)
+    sys.exit(board.serve(chain, port, logdir, program, click.echo))
+
+
 def _clock(at: float, date: bool = False) -> str:
     fmt = "%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S"
     return datetime.fromtimestamp(at).strftime(fmt)
