@@ -269,11 +269,18 @@ class CheckpointDir:
         step: int,
         done: bool = False,
         metrics: Optional[Mapping[str, Any]] = None,
+        ready: Optional[Callable[[], None]] = None,
     ) -> Saved:
-        """Write a new checkpoint atomically with ``writer`` (bytes or ``f -> None``) and commit it."""
+        """Write a new checkpoint atomically with ``writer`` (bytes or ``f -> None``) and commit it.
+
+        ``ready``, when given, is called once the file is durable and before it is committed:
+        when it raises, the file stays uncommitted (restore passes it over; the next save's
+        ``prepare()`` deletes it) and the previous checkpoint stays in force."""
         self.prepare()
         name = self.new_name(epoch, step)
         written = atomic_write(os.path.join(self.path, name), writer)
+        if ready is not None:
+            ready()
         return self.commit(
             name, epoch=epoch, step=step, size=written.size, sha256=written.sha256, done=done, metrics=metrics
         )

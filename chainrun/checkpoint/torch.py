@@ -8,11 +8,17 @@ and skips the batches already trained, so an interrupted and resumed run ends
 with the same weights as an uninterrupted one. Saves are atomic and verified
 on restore (see ``chainrun.checkpoint.CheckpointDir``); with ``async_save`` the
 loop blocks only while the state is copied to host memory.
+
+When ``torch.distributed`` has a default process group of several ranks, the
+ranks act as one: ``should_stop()`` and ``save()`` are collective (every rank
+calls them at the same step), rank 0 alone writes the checkpoint and the
+progress sidecar, and ``restore()`` loads it on every rank.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import ctypes
 import functools
@@ -103,6 +109,16 @@ class Checkpointer:
                     ckpt.save(epoch, step + 1)
                     sys.exit(0)
             ckpt.save(epoch + 1, 0, done=epoch + 1 == epochs)
+
+    Under ``torch.distributed`` (a default process group of more than one rank)
+    every rank runs the same loop: ``should_stop()`` all-reduces its answer, so
+    the walltime signal or deadline seen by any rank stops all of them at the
+    same step; ``save()`` gathers each rank's RNG states, rank 0 writes the one
+    checkpoint (the model as rank 0 holds it, which DDP keeps equal on all
+    ranks), and commits it only once every rank has confirmed it is still in the
+    save, so a rank that dies mid-save leaves the previous checkpoint in force;
+    ``restore()`` loads the checkpoint on every rank, each with its own RNG
+    states. Distributed saves are synchronous (``async_save`` is not used).
     """
 
     def __init__(
@@ -177,6 +193,7 @@ class Checkpointer:
         self.wait()
         resume, payload = self.store.restore(self._load, allow_fresh=allow_fresh)
         if payload is not None:
+            _own_rank_rng(payload)
             for name, obj in self._objects.items():
                 if name not in payload["objects"]:
                     raise CheckpointError(
@@ -265,10 +282,14 @@ class Checkpointer:
     def should_stop(self) -> bool:
         """True when the segment should save and exit; a background save is finished first."""
         self._raise_background_error()
-        if self.clock.should_stop():
+        stop = self.clock.should_stop()
+        group = _distributed()
+        if group is not None and _all_reduce_flag(group, stop, group.ReduceOp.MAX) and not stop:
+            self.clock.request_stop("another rank is stopping")
+            stop = True
+        if stop:
             self.wait()
-            return True
-        return False
+        return stop
 
     # -- save -------------------------------------------------------------------------------
     def save(
@@ -284,9 +305,13 @@ class Checkpointer:
 
         Returns the committed ``Saved``; with ``async_save`` it returns None and
         the write goes on in a background thread (``wait()`` returns it). A save
-        with ``done=True`` or after the clock stopped is always synchronous.
+        with ``done=True``, after the clock stopped, or under ``torch.distributed``
+        is always synchronous.
         """
         self._raise_background_error()
+        group = _distributed()
+        if group is not None:
+            return self._save_distributed(group, epoch, step, done, metrics, extras)
         state = self._state(epoch, step, done, metrics, extras)
         self._join_save()
         if not self.async_save or done or self.clock.should_stop():
@@ -322,6 +347,7 @@ class Checkpointer:
         done: bool,
         metrics: Optional[Mapping[str, Any]],
         extras: Optional[Mapping[str, Any]],
+        objects: bool = True,
     ) -> dict[str, Any]:
         for key, value in (("epoch", epoch), ("step", step)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -336,23 +362,68 @@ class Checkpointer:
             "step": step,
             "done": done,
             "saved_at": time.time(),
-            "objects": {name: obj.state_dict() for name, obj in self._objects.items()},
+            "objects": {name: obj.state_dict() for name, obj in self._objects.items()} if objects else {},
             "rng": capture_rng(),
             "epoch_rng": epoch_rng,
             "metrics": dict(metrics or {}),
             "extras": dict(extras or {}),
         }
 
-    def _write(self, state: dict[str, Any]) -> Saved:
+    def _write(self, state: dict[str, Any], ready: Optional[Callable[[], None]] = None) -> Saved:
         saved = self.store.save(
             lambda f: _save_without_crc32(state, f),
             epoch=state["epoch"],
             step=state["step"],
             done=state["done"],
             metrics=state["metrics"],
+            ready=ready,
         )
         self.last_saved = saved
         return saved
+
+    def _save_distributed(
+        self,
+        group: Any,
+        epoch: int,
+        step: int,
+        done: bool,
+        metrics: Optional[Mapping[str, Any]],
+        extras: Optional[Mapping[str, Any]],
+    ) -> Saved:
+        """The collective save: every rank's RNG states to rank 0, which writes the file; the
+        commit waits until every rank has confirmed (a rank gone by then makes the collective
+        fail, and the file stays uncommitted); rank 0 then tells every rank what it committed."""
+        self._join_save()
+        state = self._state(epoch, step, done, metrics, extras, objects=group.get_rank() == 0)
+        ranks: list[Any] = [None] * group.get_world_size()
+        group.all_gather_object(ranks, {"rng": state["rng"], "epoch_rng": state["epoch_rng"]})
+        outcome: list[Any] = [None]
+        if group.get_rank() == 0:
+            state["ranks"] = ranks
+            confirmed = False
+
+            def ready() -> None:
+                nonlocal confirmed
+                confirmed = True
+                _all_reduce_flag(group, True, group.ReduceOp.MIN)
+
+            try:
+                outcome[0] = self._write(state, ready)
+            except Exception as exc:
+                outcome[0] = f"{type(exc).__name__}: {exc}"
+                with contextlib.suppress(Exception):  # these fail too where a rank is gone
+                    if not confirmed:
+                        _all_reduce_flag(group, False, group.ReduceOp.MIN)
+                    group.broadcast_object_list(outcome, src=0)
+                raise
+            group.broadcast_object_list(outcome, src=0)
+            return outcome[0]  # type: ignore[no-any-return]
+        _all_reduce_flag(group, True, group.ReduceOp.MIN)  # pairs with rank 0's ready()
+        group.broadcast_object_list(outcome, src=0)  # waits for rank 0's commit
+        if not isinstance(outcome[0], Saved):
+            raise CheckpointError(f"rank 0 could not save the checkpoint in {self.store.path}: {outcome[0]}")
+        self.last_saved = outcome[0]
+        return outcome[0]
 
     def _write_in_background(self, state: dict[str, Any]) -> None:
         try:
@@ -435,6 +506,43 @@ def _save_without_crc32(state: Any, f: Any) -> None:
             torch.save(state, f)
         finally:
             set_(before)
+
+
+def _distributed() -> Any:
+    """``torch.distributed`` when its default process group has more than one rank, else None."""
+    group = torch.distributed
+    if group.is_available() and group.is_initialized() and group.get_world_size() > 1:
+        return group
+    return None
+
+
+def _all_reduce_flag(group: Any, value: bool, op: Any) -> bool:
+    """``value`` combined over all ranks with ``op`` (MAX: any rank; MIN: every rank)."""
+    device = "cpu"
+    if group.get_backend() == "nccl":
+        device = f"cuda:{torch.cuda.current_device()}"
+    flag = torch.tensor([int(value)], dtype=torch.int32, device=device)
+    group.all_reduce(flag, op=op)
+    return bool(flag.item())
+
+
+def _own_rank_rng(payload: dict[str, Any]) -> None:
+    """Under torch.distributed, put this rank's RNG states where restore() reads them: a
+    checkpoint of as many ranks holds each rank's own; otherwise every rank gets rank 0's."""
+    ranks = payload.get("ranks")
+    group = _distributed()
+    if group is None or not ranks:
+        return
+    if len(ranks) != group.get_world_size():
+        warnings.warn(
+            f"the checkpoint was saved by {len(ranks)} ranks and is resumed by {group.get_world_size()}: "
+            "every rank gets rank 0's random number states, so the run will not repeat exactly",
+            CheckpointWarning,
+            stacklevel=3,
+        )
+        return
+    own = ranks[group.get_rank()]
+    payload["rng"], payload["epoch_rng"] = own["rng"], own["epoch_rng"]
 
 
 def capture_rng() -> dict[str, Any]:
