@@ -256,30 +256,52 @@ def test_a_failed_command_leaves_the_last_lines_of_its_output_in_its_end_marker(
     assert marker(ok).tail == ()
 
 
-@pytest.mark.parametrize(
-    ("command", "shell"),
-    [("sleep 20; echo after", "bash"), ("sleep 20", "")],
-)
-def test_the_end_marker_says_when_the_walltime_signal_reached_a_shell_and_not_the_program(
-    work: Path, command: str, shell: str
+def ended(pid: int) -> bool:
+    """The process is gone, or a zombie its adopter has yet to reap."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(") ", 1)[1].startswith("Z")
+
+
+def test_the_walltime_signal_reaches_the_program_behind_a_shell_and_the_segment_waits_for_it(
+    work: Path,
 ) -> None:
-    """`prog; echo after` runs under a shell, which SIGUSR1 kills while the program goes on
-    unwarned: the marker names the shell, and the reason points to `exec`. A single program
-    (bash execs it) gets the signal itself."""
-    spec = replace(
-        hostile_spec(str(work)), command=f"touch started; {command}" if shell else command, grace=3
+    """`prog; echo after` runs under a shell, which SIGUSR1 kills: the signal goes to the
+    command's whole process group, so the program gets it too, and the end marker is written
+    only once the program has finished its save, after the shell is gone."""
+    (work / "prog.py").write_text(
+        "import os, pathlib, signal, time\n"
+        "def stop(*_):\n"
+        "    time.sleep(2)  # a save that outlives the shell\n"
+        "    pathlib.Path('saved').write_text(str(os.getpid()))\n"
+        "    raise SystemExit(0)\n"
+        "signal.signal(signal.SIGUSR1, stop)\n"
+        "pathlib.Path('started').write_text('')\n"
+        "time.sleep(60)\n"
     )
+    spec = replace(hostile_spec(str(work)), command="python3 prog.py; echo shell-went-on", grace=3)
     job = SegmentJob("hostile-1a2b3c", 1, spec, 6)
     proc = start_logged(job)
-    if shell:
-        wait_for((work / "started").exists, 30, "the command to start")
-    else:
-        wait_for(lambda: "starting on" in Path(job.log_path).read_text(), 30, "the command to start")
+    wait_for((work / "started").exists, 30, "the command to start")
     proc.send_signal(signal.SIGUSR1)  # early: held, then passed on at walltime - grace
-    assert proc.wait(timeout=60) == 128 + signal.SIGUSR1
+    assert proc.wait(timeout=60) == 128 + signal.SIGUSR1  # the shell's death
     end = marker(job)
-    assert (end.signal, end.shell) == ("USR1", shell)
-    assert ("start the program with `exec`" in end.describe()) is bool(shell)
+    assert end.signal == "USR1" and end.stopped_by_signal and end.shell == ""
+    assert ended(int((work / "saved").read_text()))
+    log = Path(job.log_path).read_text()
+    assert "shell-went-on" not in log and "waiting for the rest of the command" in log
+
+
+def test_what_a_command_that_ended_on_its_own_left_running_ends_before_the_segment(work: Path) -> None:
+    """A background process the command started and left is ended (SIGTERM) before the end
+    marker, as a scheduler would at the job's end: nothing of a segment outlives it."""
+    spec = replace(hostile_spec(str(work)), command="sleep 300 & echo $! > left.pid")
+    job = SegmentJob("hostile-1a2b3c", 1, spec, 60)
+    assert start_logged(job).wait(timeout=60) == 0
+    assert marker(job).original == 0
+    assert ended(int((work / "left.pid").read_text()))
 
 
 def test_with_progress_file_key_the_markers_and_the_skip_read_the_scripts_own_json(work: Path) -> None:

@@ -258,7 +258,7 @@ class EndMarker:
     at: Optional[float]
     progress: Optional[Progress] = None
     path: str = ""  # the PATH the command ran with
-    shell: str = ""  # the shell the signal reached instead of the program, if it did
+    shell: str = ""  # the shell the signal reached instead of the program (wrappers before group delivery)
     tail: tuple[str, ...] = ()  # the last lines of the command's output, when it failed
 
     @classmethod

@@ -38,8 +38,8 @@ end_marker() { # exit-code original-code skipped
     (
         umask 077
         {
-            printf 'exit=%s\noriginal=%s\nsignal=%s\nshell=%s\nskipped=%s\njob=%s\nat=%s\npath=%s\n' \
-                "$1" "$2" "$got" "$shell" "$3" "$job" "$(date +%s)" "${PATH//$'\n'/ }"
+            printf 'exit=%s\noriginal=%s\nsignal=%s\nskipped=%s\njob=%s\nat=%s\npath=%s\n' \
+                "$1" "$2" "$got" "$3" "$job" "$(date +%s)" "${PATH//$'\n'/ }"
             snapshot
             if [ "$2" != 0 ] && [ -f "$marker.log" ]; then
                 tail -c 8192 -- "$marker.log" 2>/dev/null | tr '\r' '\n' |
@@ -97,7 +97,6 @@ snapshot() {
 }
 
 got=""
-shell=""
 (umask 077 && {
     printf 'job=%s\nhost=%s\nat=%s\n' "$job" "$(hostname)" "$(date +%s)"
     snapshot
@@ -139,7 +138,10 @@ fi
 (umask 077 && mkdir -p -- "$CHAINRUN_CHECKPOINT_DIR")
 
 # bash runs traps only between commands, so the command runs in the
-# background and the wrapper waits; signals are forwarded to it.
+# background and the wrapper waits; signals are forwarded to it. It runs in
+# a process group of its own (set -m), and the signals go to that whole
+# group: every rank under a launcher (torchrun dies of SIGUSR1 and would not
+# pass it on), and the program behind a shell (`python train.py; echo done`).
 child=""
 timer=""
 signal_at=$((CHAINRUN_DEADLINE - 300))
@@ -167,22 +169,29 @@ forward() {
         return
     fi
     got=$1
-    if [ -n "$child" ]; then
-        # A command that is not one program (`python train.py; echo done`)
-        # runs under a shell, which the signal then kills instead of the program.
-        case "$(cat "/proc/$child/comm" 2>/dev/null)" in
-            bash | sh | dash | zsh | ksh | mksh | csh | tcsh) shell=$(cat "/proc/$child/comm") ;;
-        esac
-        kill -s "$1" "$child" 2>/dev/null || true
-    fi
+    if [ -n "$child" ]; then kill -s "$1" -- "-$child" 2>/dev/null || true; fi
+}
+# True while a process of the command's group has not ended (a zombie has:
+# orphaned ranks are reaped by whoever adopts them, maybe never).
+group_alive() {
+    kill -0 -- "-$child" 2>/dev/null || return 1
+    local stat line fields
+    for stat in /proc/[0-9]*/stat; do
+        read -r line <"$stat" 2>/dev/null || continue
+        read -r -a fields <<<"${line##*) }" # state ppid pgrp ...
+        [ "${fields[2]}" = "$child" ] && [ "${fields[0]}" != Z ] && return 0
+    done
+    return 1
 }
 trap 'forward USR1' USR1
 trap 'forward USR2' USR2
 trap 'forward TERM' TERM
 echo "chainrun: segment 3 of chain $CHAINRUN_CHAIN starting on $(hostname) as job ${job:-?}"
+set -m
 bash -c 'python3 train.py --note "it'"'"'s $(rm -rf ~) `id` ${HOME}" \'$'\n''  --lr 1e-3; echo '"'"'done'"'"' # end' &
 child=$!
-if [ -n "$got" ]; then kill -s "$got" "$child" 2>/dev/null || true; fi  # it came before the command
+set +m
+if [ -n "$got" ]; then kill -s "$got" -- "-$child" 2>/dev/null || true; fi # it came before the command
 # A scheduler that sends no warning before its walltime kill (SGE) gets ours.
 if [ -n "" ]; then start_timer; fi
 while :; do
@@ -191,6 +200,19 @@ while :; do
 done
 wait "$child"
 rc=$?
+# The segment ends when the whole command has: a launcher that the signal
+# killed leaves its ranks still saving. What a command that ended on its own
+# left running is ended, as a scheduler would at the job's end.
+if group_alive; then
+    if [ -z "$got" ]; then kill -s TERM -- "-$child" 2>/dev/null || true; fi
+    echo "chainrun: segment 3 waiting for the rest of the command's processes to end"
+    waited=0
+    while group_alive; do
+        sleep 1
+        waited=$((waited + 1))
+        if [ -z "$got" ] && [ "$waited" = 30 ]; then kill -s KILL -- "-$child" 2>/dev/null || true; fi
+    done
+fi
 if [ -n "$timer" ]; then kill "$timer" 2>/dev/null || true; fi
 code=$rc
 # SGE reschedules a job that exits 99 and puts one that exits 100 in error
