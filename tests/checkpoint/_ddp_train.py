@@ -69,6 +69,7 @@ def main() -> int:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank = dist.get_rank()
     if args.pids:
+        os.makedirs(args.pids, exist_ok=True)
         with open(os.path.join(args.pids, f"rank-{rank}.pid"), "w") as f:
             f.write(f"{os.getpid()}\n")
     if args.die_in_save:

@@ -139,10 +139,13 @@ fi
 
 # bash runs traps only between commands, so the command runs in the
 # background and the wrapper waits; signals are forwarded to it. It runs in
-# a process group of its own (set -m), and the signals go to that whole
-# group: every rank under a launcher (torchrun dies of SIGUSR1 and would not
-# pass it on), and the program behind a shell (`python train.py; echo done`).
+# a process group of its own (set -m), and the signals go to every process of
+# the command: that group and all the command started, in whatever group or
+# session (torchrun starts each rank in a session of its own and dies of
+# SIGUSR1 without passing it on), and the program behind a shell
+# (`python train.py; echo done`).
 child=""
+signalled=""
 timer=""
 signal_at=$((CHAINRUN_DEADLINE - 300))
 # Sends the walltime signal to ourselves (and so on to the command) at
@@ -169,19 +172,40 @@ forward() {
         return
     fi
     got=$1
-    if [ -n "$child" ]; then kill -s "$1" -- "-$child" 2>/dev/null || true; fi
+    if [ -n "$child" ]; then
+        local pids
+        pids=$(command_pids)
+        signalled="$signalled ${pids//$'\n'/ }"
+        kill -s "$1" -- "-$child" $pids 2>/dev/null || true
+    fi
 }
-# True while a process of the command's group has not ended (a zombie has:
-# orphaned ranks are reaped by whoever adopts them, maybe never).
-group_alive() {
-    kill -0 -- "-$child" 2>/dev/null || return 1
-    local stat line fields
+# The command's processes that have not ended (a zombie has: ranks orphaned
+# by a launcher the signal killed are reaped by whoever adopts them, maybe
+# never): its process group, and the descendants of the command and of every
+# process signalled before, in whatever group or session.
+command_pids() {
+    local stat line pid up hops fields
+    local -A parent=() group=()
     for stat in /proc/[0-9]*/stat; do
         read -r line <"$stat" 2>/dev/null || continue
+        pid=${line%% *}
         read -r -a fields <<<"${line##*) }" # state ppid pgrp ...
-        [ "${fields[2]}" = "$child" ] && [ "${fields[0]}" != Z ] && return 0
+        [ "${fields[0]}" = Z ] && continue
+        parent[$pid]=${fields[1]}
+        group[$pid]=${fields[2]}
     done
-    return 1
+    for pid in "${!parent[@]}"; do
+        up=$pid
+        hops=0
+        while [ -n "$up" ] && [ "$up" != 0 ] && [ "$hops" -lt 64 ]; do
+            if [ "$up" = "$child" ] || [ "${group[$up]:-}" = "$child" ] || [[ "$signalled " == *" $up "* ]]; then
+                echo "$pid"
+                break
+            fi
+            up=${parent[$up]:-}
+            hops=$((hops + 1))
+        done
+    done
 }
 trap 'forward USR1' USR1
 trap 'forward USR2' USR2
@@ -191,7 +215,7 @@ set -m
 bash -c 'python3 train.py --note "it'"'"'s $(rm -rf ~) `id` ${HOME}" \'$'\n''  --lr 1e-3; echo '"'"'done'"'"' # end' &
 child=$!
 set +m
-if [ -n "$got" ]; then kill -s "$got" -- "-$child" 2>/dev/null || true; fi # it came before the command
+if [ -n "$got" ]; then forward "$got"; fi # it came before the command
 # A scheduler that sends no warning before its walltime kill (SGE) gets ours.
 if [ -n "" ]; then start_timer; fi
 while :; do
@@ -203,14 +227,15 @@ rc=$?
 # The segment ends when the whole command has: a launcher that the signal
 # killed leaves its ranks still saving. What a command that ended on its own
 # left running is ended, as a scheduler would at the job's end.
-if group_alive; then
-    if [ -z "$got" ]; then kill -s TERM -- "-$child" 2>/dev/null || true; fi
+left=$(command_pids)
+if [ -n "$left" ]; then
+    if [ -z "$got" ]; then kill -s TERM $left 2>/dev/null || true; fi
     echo "chainrun: segment 3 waiting for the rest of the command's processes to end"
     waited=0
-    while group_alive; do
+    while left=$(command_pids) && [ -n "$left" ]; do
         sleep 1
         waited=$((waited + 1))
-        if [ -z "$got" ] && [ "$waited" = 30 ]; then kill -s KILL -- "-$child" 2>/dev/null || true; fi
+        if [ -z "$got" ] && [ "$waited" = 30 ]; then kill -s KILL $left 2>/dev/null || true; fi
     done
 fi
 if [ -n "$timer" ]; then kill "$timer" 2>/dev/null || true; fi
