@@ -265,12 +265,18 @@ def ended(pid: int) -> bool:
     return stat.rsplit(") ", 1)[1].startswith("Z")
 
 
-def test_the_walltime_signal_reaches_the_program_behind_a_shell_and_the_segment_waits_for_it(
-    work: Path,
+@pytest.mark.parametrize(
+    "command",
+    ["python3 prog.py; echo shell-went-on", "setsid --wait python3 prog.py; echo shell-went-on"],
+    ids=["behind-a-shell", "in-its-own-session"],
+)
+def test_the_walltime_signal_reaches_the_program_and_the_segment_waits_for_it(
+    work: Path, command: str
 ) -> None:
-    """`prog; echo after` runs under a shell, which SIGUSR1 kills: the signal goes to the
-    command's whole process group, so the program gets it too, and the end marker is written
-    only once the program has finished its save, after the shell is gone."""
+    """`prog; echo after` runs under a shell, which SIGUSR1 kills; a launcher (torchrun) starts
+    its workers in sessions of their own and dies of SIGUSR1 too. The signal goes to the
+    command's process group and to all it started, so the program gets it as well, and the end
+    marker is written only once the program has finished its save, after the shell is gone."""
     (work / "prog.py").write_text(
         "import os, pathlib, signal, time\n"
         "def stop(*_):\n"
@@ -281,7 +287,7 @@ def test_the_walltime_signal_reaches_the_program_behind_a_shell_and_the_segment_
         "pathlib.Path('started').write_text('')\n"
         "time.sleep(60)\n"
     )
-    spec = replace(hostile_spec(str(work)), command="python3 prog.py; echo shell-went-on", grace=3)
+    spec = replace(hostile_spec(str(work)), command=command, grace=3)
     job = SegmentJob("hostile-1a2b3c", 1, spec, 6)
     proc = start_logged(job)
     wait_for((work / "started").exists, 30, "the command to start")
