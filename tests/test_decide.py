@@ -365,19 +365,12 @@ def test_a_first_segment_that_cannot_start_its_command_ends_the_chain_at_once(co
     assert kinds(goes_on)[0] == "EndSegment" and "Finish" not in kinds(goes_on)  # it ran before: a crash
 
 
-def test_a_failed_segment_carries_its_output_tail_and_a_shell_killed_by_the_signal_says_exec() -> None:
-    """The end marker's last output lines go with the segment's end; a walltime signal that
-    killed the command's shell (the program never saw it) is charged with a pointer to `exec`."""
+def test_a_failed_segment_carries_its_output_tail() -> None:
+    """The end marker's last output lines go with the segment's end."""
     crash = EndMarker(1, 1, "", False, NOW - 1, tail=("Traceback", "ValueError: bad"))
     job = JobFacts(live=LiveJob("j1", "j1", Phase.ENDED, Outcome.FAILED, 1, NOW - 5, NOW - 1), end=crash)
     end = decide(chain(seg(1)), Facts(jobs={"j1": job}, progress=BEFORE), NOW)[0]
     assert isinstance(end, EndSegment) and end.tail == ("Traceback", "ValueError: bad")
-
-    shell = EndMarker(138, 138, "USR1", False, NOW - 1, shell="bash")
-    job = JobFacts(live=LiveJob("j1", "j1", Phase.ENDED, Outcome.FAILED, 138, NOW - 5, NOW - 1), end=shell)
-    end = decide(chain(seg(1)), Facts(jobs={"j1": job}, progress=BEFORE), NOW)[0]
-    assert isinstance(end, EndSegment) and end.charged
-    assert "reached the shell (bash)" in end.reason and "`exec`" in end.reason
 
 
 @pytest.mark.parametrize(("left", "completes"), [(Progress(saved_at=300.0), True), (AFTER, False)])

@@ -258,7 +258,6 @@ class EndMarker:
     at: Optional[float]
     progress: Optional[Progress] = None
     path: str = ""  # the PATH the command ran with
-    shell: str = ""  # the shell the signal reached instead of the program (wrappers before group delivery)
     tail: tuple[str, ...] = ()  # the last lines of the command's output, when it failed
 
     @classmethod
@@ -273,7 +272,6 @@ class EndMarker:
                 at=float(fields["at"]) if fields.get("at") else None,
                 progress=_snapshot(fields),
                 path=fields.get("path", ""),
-                shell=fields.get("shell", ""),
                 tail=_tail(data),
             )
         except (KeyError, ValueError):
@@ -296,11 +294,4 @@ class EndMarker:
         if self.skipped:
             return "skipped: the goal was already reached"
         how = f"after SIG{self.signal}" if self.signal else "on its own"
-        text = f"the command exited {self.original} {how}"
-        if self.signal and self.shell and self.original != 0:
-            text += (
-                f"; the signal reached the shell ({self.shell}) running the command, not the program: "
-                'start the program with `exec` (command = "exec python train.py"), '
-                "or make the shell pass the signal on"
-            )
-        return text
+        return f"the command exited {self.original} {how}"
