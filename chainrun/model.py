@@ -159,6 +159,7 @@ class Progress:
     saved_at: Optional[float] = None
     done: bool = False
     segment: Optional[int] = None
+    metrics: tuple[tuple[str, float], ...] = ()  # the sidecar's numeric metrics (loss, accuracy, ...)
 
     @property
     def key(self) -> tuple[int, int, float]:
@@ -189,7 +190,10 @@ class Progress:
 
     @classmethod
     def from_json(cls, data: Optional[dict[str, Any]]) -> Progress:
-        return cls(**data) if data else cls()
+        if not data:
+            return cls()
+        metrics = tuple((str(k), float(v)) for k, v in data.get("metrics", ()))
+        return cls(**{**data, "metrics": metrics})
 
 
 NO_PROGRESS = Progress()

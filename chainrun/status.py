@@ -384,13 +384,24 @@ def frame(
 
 
 def sweep_line(name: str, chains: Sequence[Chain], width: int = WIDTH) -> str:
-    """A sweep at a glance: its chains by state, and a bar of how many have completed."""
+    """A sweep at a glance: its chains by state, a bar of how many have completed, and for
+    each metric the helper's sidecars report (``write_progress(metrics=...)``), the chains
+    with its lowest and highest value."""
     states: dict[str, int] = {}
     for c in chains:
         states[c.state.value] = states.get(c.state.value, 0) + 1
     done = states.get(ChainState.COMPLETED.value, 0)
     counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items(), key=lambda kv: -kv[1]))
-    return _clip(f"sweep {name}: {bar(done, len(chains))} completed; {counts}", width)
+    lines = [_clip(f"sweep {name}: {bar(done, len(chains))} completed; {counts}", width)]
+    # Each metric the chains' sidecars report: its lowest and highest, and whose.
+    seen: dict[str, list[tuple[float, str]]] = {}
+    for c in chains:
+        for key, value in c.latest.metrics:
+            seen.setdefault(key, []).append((value, c.id))
+    for key, values in seen.items():
+        (low, low_id), (high, high_id) = min(values), max(values)
+        lines.append(_clip(f"  {key}: lowest {low:.4g} ({low_id}), highest {high:.4g} ({high_id})", width))
+    return "\n".join(lines)
 
 
 def service_line(home: Path, now: float) -> str:

@@ -22,6 +22,7 @@ every tick, until the sidecar reads well again. The module-level
 from __future__ import annotations
 
 import json
+import math
 import posixpath
 import time
 from dataclasses import dataclass
@@ -124,6 +125,11 @@ def _parse(data: bytes) -> Progress:
         saved_at=fields.get("saved_at"),
         done=bool(fields.get("done")),
         segment=fields.get("segment"),
+        metrics=tuple(
+            (str(k), float(v))
+            for k, v in (fields.get("metrics") or {}).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        ),
     )
 
 

@@ -154,3 +154,31 @@ def test_cancel_sweep_asks_and_cancels_every_chain(tmp_path: Path, chainrun: CLI
     assert all(f"chain {i} cancelled" in done for i in ids)
     states = {c["state"] for c in json.loads(chainrun("status", "c", "--json", check=True).stdout)}
     assert states == {"cancelled"}
+
+
+def test_the_sweep_line_counts_states_and_names_each_metrics_lowest_and_highest(tmp_path: Path) -> None:
+    """The metrics come from the helper's sidecar (write_progress(metrics=...)) through the
+    same reader the service uses, and the sweep's head line names whose is lowest and highest."""
+    from dataclasses import replace
+
+    from chainrun import status, watch
+    from chainrun.checkpoint import write_progress
+    from chainrun.model import Chain, ChainState
+    from chainrun.transport import LocalTransport
+
+    spec = load(tmp_path, BASE + '[sweep.grid]\nlr = [1, 2, 3]\ntag = ["x"]\n')
+    chains = []
+    for i, (one, loss) in enumerate(zip(sweep.expand(spec), (0.5, 0.125, 0.25))):
+        ckpt = tmp_path / f"ck{i}"
+        ckpt.mkdir()
+        (ckpt / "m.pt").write_bytes(b"weights")
+        write_progress(ckpt, epoch=3, step=0, file="m.pt", metrics={"loss": loss, "note": "text"})
+        progress = watch.progress(LocalTransport(), replace(one, checkpoint_dir=str(ckpt)))
+        assert progress is not None and progress.metrics == (("loss", loss),)
+        state = ChainState.COMPLETED if i else ChainState.ACTIVE
+        chains.append(
+            Chain(id=f"{one.name}-00000{i}", spec=one, state=state, created_at=0.0, latest=progress)
+        )
+    head, metric = status.sweep_line("lr", chains, 120).splitlines()
+    assert head.startswith("sweep lr: [") and head.endswith("2/3 completed; 2 completed, 1 active")
+    assert metric == f"  loss: lowest 0.125 ({chains[1].id}), highest 0.5 ({chains[0].id})"
