@@ -691,7 +691,8 @@ def logs(ctx: click.Context, chain_ref: str, segment: Optional[int], follow: boo
     "--logdir",
     default=None,
     metavar="DIR",
-    help="The log directory on the chain's host, relative to its workdir (default: runs).",
+    help="The log directory on the chain's host, relative to its workdir "
+    "(default: the job file's tensorboard_dir, else runs).",
 )
 @click.option(
     "--program",

@@ -85,6 +85,7 @@ TOP_KEYS = (
     "container_options",
     "snapshot",
     "sweep",
+    "tensorboard_dir",
 )
 SCHEDULER_KEYS = ("kind", "host", "queue", "options")
 
@@ -416,6 +417,8 @@ def parse(
         _local_dir(f, "workdir", workdir, must_exist=True)
         _local_dir(f, "checkpoint_dir", checkpoint_dir, must_exist=False)
     progress_file, progress_key = _progress(f, workdir, remote)
+    tb = "tensorboard_dir"
+    tensorboard_dir = _path(f, tb, ".", Path(workdir), remote) if tb in f.table else ""
     image, runtime, container_options = _container(f, base, remote, environ or {})
     configs, reps = _sweep(f, name)
     snap = f.get("snapshot", str, '"git" (run the code as it was at submit), or leave it out', max_bytes=16)
@@ -475,6 +478,7 @@ def parse(
         container_runtime=runtime,
         container_options=container_options,
         snapshot=snap or "",
+        tensorboard_dir=tensorboard_dir,
         sweep=configs,
         reps=reps,
         signal=signal,

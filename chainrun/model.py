@@ -116,6 +116,7 @@ class JobSpec:
     snapshot: str = ""  # "git": every segment runs the code as it was at submit
     snapshot_commit: str = ""  # set at submit: the commit captured
     snapshot_subdir: str = ""  # where in that commit's tree the command runs
+    tensorboard_dir: str = ""  # where `chainrun tensorboard` looks (absolute; "": workdir/runs)
     # [sweep] as read (configurations, each (name, JSON value) pairs; repetitions): a
     # spec with these is expanded into one chain per configuration x repetition.
     sweep: tuple[tuple[tuple[str, str], ...], ...] = ()

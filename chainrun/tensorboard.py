@@ -78,8 +78,9 @@ class Server:
 
 
 def logdir_for(chain: Chain, given: Optional[str]) -> str:
-    """The log directory on the chain's host: ``given`` (relative to the workdir), else workdir/runs."""
-    path = given or DEFAULT_LOGDIR
+    """The log directory on the chain's host: ``given`` (relative to the workdir), else the
+    job file's ``tensorboard_dir``, else workdir/runs."""
+    path = given or chain.spec.tensorboard_dir or DEFAULT_LOGDIR
     return posixpath.normpath(posixpath.join(chain.spec.workdir, path))
 
 

@@ -192,3 +192,20 @@ def test_missing_tensorboard_on_the_host_is_one_line_and_exit_2(
         assert "not found on root-private" in result.stderr and "pip install tensorboard" in result.stderr
     finally:
         sshd.stop()
+
+
+def test_the_log_directory_is_the_option_else_the_job_files_tensorboard_dir_else_runs(tmp_path: Path) -> None:
+    from chainrun import jobfile
+    from chainrun import tensorboard as board
+    from chainrun.model import Chain, ChainState
+
+    path = tmp_path / "job.toml"
+    base = 'name = "t"\ncommand = "true"\ntotal_time = "1h"\nwalltime = "10m"\n'
+    for extra, given, expected in (
+        ('tensorboard_dir = "logs/tb"\n', None, tmp_path / "logs" / "tb"),
+        ('tensorboard_dir = "logs/tb"\n', "other", tmp_path / "other"),
+        ("", None, tmp_path / "runs"),
+    ):
+        path.write_text(base + extra)
+        chain = Chain(id="t-000000", spec=jobfile.load(path), state=ChainState.ACTIVE, created_at=0.0)
+        assert board.logdir_for(chain, given) == str(expected)
