@@ -514,7 +514,7 @@ def test_status_of_a_failed_chain_shows_its_last_output_lines_and_the_logs_comma
     out = chainrun("status", chain_id, check=True).stdout.splitlines()
     assert out[1].startswith(chain_id) and " failed " in out[1]
     assert out[2] == f"{chain_id}:" and out[3].startswith("  reason: failure budget spent")
-    assert "    the data is gone" in out and "    preparing" in out
+    assert "    the data is gone" in out and "    preparing" in out, "\n".join(out)
     assert f"  all of it: chainrun logs {chain_id} -n 1" in out
     listing = chainrun("status", check=True).stdout
     assert f"{chain_id}: failure budget spent" in listing and "the data is gone" not in listing
