@@ -332,3 +332,23 @@ def test_with_progress_file_key_the_markers_and_the_skip_read_the_scripts_own_js
     assert start_logged(nxt).wait(timeout=60) == 0
     assert marker(nxt).skipped and not (work / "trained").exists()
     assert "epoch 9 already reached target_epoch 9" in Path(nxt.log_path).read_text()
+
+
+def test_processes_ending_while_the_wrapper_looks_for_leftovers_leave_no_trace_in_the_output(
+    work: Path,
+) -> None:
+    """The wrapper reads /proc for the command's leftovers while other processes come and go:
+    one that ends under its eyes is skipped quietly, never an error line in the segment's log
+    (which would also push the command's own last lines out of its failure tail)."""
+    churn = subprocess.Popen(["bash", "-c", "while :; do /bin/true & /bin/true & wait; done"])
+    try:
+        for n in range(1, 6):
+            spec = replace(hostile_spec(str(work)), command="echo last words; exit 3")
+            job = SegmentJob("hostile-1a2b3c", n, spec, 60)
+            assert start_logged(job).wait(timeout=60) == 3
+            log = Path(job.log_path).read_text()
+            assert "No such file" not in log, log
+            assert marker(job).tail == ("last words",)
+    finally:
+        churn.kill()
+        churn.wait()

@@ -186,7 +186,7 @@ command_pids() {
     local stat line pid up hops fields
     local -A parent=() group=()
     for stat in /proc/[0-9]*/stat; do
-        read -r line <"$stat" 2>/dev/null || continue
+        { read -r line <"$stat"; } 2>/dev/null || continue # it may end as we look
         pid=${line%% *}
         read -r -a fields <<<"${line##*) }" # state ppid pgrp ...
         [ "${fields[0]}" = Z ] && continue
