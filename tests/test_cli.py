@@ -543,7 +543,6 @@ def test_version_and_check_show_script_say_what_runs(tmp_path: Path) -> None:
 def test_check_says_where_the_epoch_comes_from_and_warns_when_a_target_may_have_none(tmp_path: Path) -> None:
     """With target_epoch and no progress = "FILE:KEY", check warns that the epoch must come from
     chainrun.checkpoint; with progress set, it names the file and key and says nothing more."""
-    env = {**os.environ, "CHAINRUN_HOME": str(tmp_path / "home")}
     base = 'name = "t"\ncommand = "python3 train.py"\ntotal_time = "2h"\nwalltime = "1h"\ntarget_epoch = 20\n'
     for extra, warns, source in (
         ("", True, "chainrun.checkpoint's sidecar"),
@@ -551,13 +550,7 @@ def test_check_says_where_the_epoch_comes_from_and_warns_when_a_target_may_have_
     ):
         path = tmp_path / "job.toml"
         path.write_text(base + extra)
-        result = subprocess.run(
-            [sys.executable, "-m", "chainrun", "check", str(path)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
+        result = chainrun_process(tmp_path, "check", str(path))
         assert result.returncode == 0, result.stderr
         assert source in result.stdout
         assert ('progress = "FILE.json:KEY"' in result.stderr) is warns, result.stderr
@@ -846,17 +839,10 @@ def test_commands_that_only_look_import_no_service_ssh_or_logging_libraries(
 
 def test_check_does_not_warn_of_a_missing_epoch_when_the_script_uses_the_helper(tmp_path: Path) -> None:
     """The quickstart's script saves with chainrun.checkpoint: check has no warning for it."""
-    env = {**os.environ, "CHAINRUN_HOME": str(tmp_path / "home")}
     (tmp_path / "train.py").write_text("from chainrun.checkpoint.torch import Checkpointer\n")
     path = tmp_path / "job.toml"
     path.write_text(
         'name = "t"\ncommand = "python3 train.py --epochs 3"\ntotal_time = "2h"\nwalltime = "1h"\ntarget_epoch = 3\n'
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "chainrun", "check", str(path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    result = chainrun_process(tmp_path, "check", str(path))
     assert result.returncode == 0 and "warning" not in result.stderr, result.stderr
