@@ -56,7 +56,8 @@ class JobFacts:
     live: Optional[LiveJob] = None  # the scheduler's live view; None: not in it
     end: Optional[EndMarker] = None  # the wrapper's end marker
     start: Optional[StartMarker] = None  # the wrapper's start marker
-    accounting: Optional[LiveJob] = None  # sacct/qacct, asked only for jobs gone from the view
+    # sacct/qacct, asked only for jobs gone from the view without a marker, or killed by a signal
+    accounting: Optional[LiveJob] = None
     why_stuck: str = ""  # the scheduler's own words for a job held in an error state
 
 

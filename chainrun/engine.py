@@ -6,8 +6,9 @@ batched poll of the scheduler serves every chain on it; for each chain the
 engine reads what it needs (the wrapper's markers of jobs that left the live
 view or ended, each kept once read; the checkpoint; why a stuck job is
 stuck) and asks accounting in one command for the jobs gone without a marker
-that are due: at once, then after growing intervals, and always in the tick
-that would find one lost. **Decide** is ``decide()``: facts in, actions out.
+that are due (at once, then after growing intervals, and always in the tick
+that would find one lost) and for those whose marker says a signal killed
+the command (an OOM kill, which accounting names). **Decide** is ``decide()``: facts in, actions out.
 **Act and record**: a submission is journaled, then made; cancels go out in
 one command; then everything the tick learned and did for the chain is
 written in one transaction (nothing, when nothing changed).
@@ -284,20 +285,24 @@ class Engine:
         self, cluster: _Cluster, chains: list[Chain], gathered: dict[str, Facts], now: float
     ) -> dict[str, Facts]:
         """Ask accounting, in one command, of the cluster's jobs gone from the view without a
-        marker that are due: each at once, then after growing intervals, and always in the
-        tick that would find it lost."""
-        unknown = [
-            job_id
-            for facts in gathered.values()
-            for job_id, job in facts.jobs.items()
-            if job.live is None and job.end is None
-        ]
+        marker that are due (each at once, then after growing intervals, and always in the
+        tick that would find it lost), and of those whose marker says a signal other than the
+        walltime one killed the command (an OOM kill under cgroups, which only accounting
+        names once the view has forgotten the job; asked once, as the segment ends now)."""
+        unknown, killed = [], []
+        for facts in gathered.values():
+            for job_id, job in facts.jobs.items():
+                if job.live is None:
+                    if job.end is None:
+                        unknown.append(job_id)
+                    elif job.end.killed:
+                        killed.append(job_id)
         before = self.unaccounted.get(cluster.key, {})
         waiting = self.unaccounted[cluster.key] = {j: before[j] for j in unknown if j in before}
-        if not unknown:
+        if not unknown and not killed:
             return gathered
         missing = {s.job_id: s.missing_since for c in chains for s in c.live if s.job_id is not None}
-        due = [
+        due = killed + [
             job_id
             for job_id in unknown
             if job_id not in waiting
@@ -313,7 +318,7 @@ class Engine:
             log.warning("accounting failed; asking again next tick", error=str(exc))
             return gathered
         for job_id in due:
-            if job_id not in found:
+            if job_id not in found and job_id not in killed:
                 interval = (
                     min(2 * waiting[job_id][1], ACCOUNTING_MAX) if job_id in waiting else ACCOUNTING_FIRST
                 )

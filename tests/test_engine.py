@@ -11,7 +11,7 @@ import pytest
 from test_decide import SPEC as DECIDE_SPEC
 
 from chainrun.decide import LOST_AFTER, backoff
-from chainrun.engine import Engine
+from chainrun.engine import ACCOUNTING_FIRST, Engine
 from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, Outcome, Phase, SchedulerSpec, Submit
 from chainrun.store import Store
 from chainrun.testing import FakeClock, FakeCluster
@@ -229,6 +229,36 @@ def test_a_job_gone_without_a_trace_is_lost_after_a_while_unless_accounting_know
     asked = [c for c in world.cluster.commands if c[0] == "fake-acct"]
     assert asked and all(len(c) == 2 for c in asked)  # one command for every unknown job
     assert chain.state is ChainState.ACTIVE
+
+
+def test_a_command_killed_by_a_signal_is_named_by_accounting_once_the_view_forgot_it(world: World) -> None:
+    """The usual OOM under cgroups: the kernel SIGKILLs the command, the wrapper writes exit 137,
+    and by the time the service looks the live view has forgotten the job. Accounting is asked in
+    that tick and its OUT_OF_MEMORY wins over "failed"; where it knows nothing, "failed" stands,
+    without waiting. A command that exited 1, or stopped after the walltime signal, costs no command."""
+    oom, crash, unknown = world.add(), world.add(), world.add()
+    world.tick()
+    jobs = {c: world.phases(c)[0][1] for c in (oom, crash, unknown)}
+    for job in jobs.values():
+        world.cluster.start(job)
+    world.tick()
+    world.cluster.end(jobs[oom], "oom", 137)
+    world.cluster.end(jobs[crash], "failed", 1)
+    world.cluster.end(jobs[unknown], "failed", 137)
+    world.cluster.vanish(jobs[oom], accounted=True)
+    world.cluster.vanish(jobs[crash], accounted=True)
+    world.cluster.vanish(jobs[unknown])
+    before = len(world.cluster.commands)
+    world.tick()
+    asked = [c for c in world.cluster.commands[before:] if c[0] == "fake-acct"]
+    assert [sorted(c[1:]) for c in asked] == [sorted([jobs[oom], jobs[unknown]])]
+    ends = {c: world.store.chain(c).segments[0] for c in jobs}
+    assert (ends[oom].outcome, ends[oom].exit_code, ends[oom].charged) == (Outcome.OOM, 137, True)
+    assert (ends[crash].outcome, ends[crash].exit_code) == (Outcome.FAILED, 1)
+    assert (ends[unknown].outcome, ends[unknown].exit_code) == (Outcome.FAILED, 137)
+    before = len(world.cluster.commands)
+    world.tick(ACCOUNTING_FIRST)
+    assert not [c for c in world.cluster.commands[before:] if c[0] == "fake-acct"]  # asked once only
 
 
 def test_accounting_is_asked_once_per_tick_for_every_gone_job_and_then_less_often(world: World) -> None:

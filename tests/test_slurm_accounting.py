@@ -8,8 +8,9 @@ would find things later: squeue no longer lists the ended job (a shim on the ser
 drops ended jobs from the real squeue's answer, as MinJobAge=300 would some minutes later),
 and the end marker is gone (the wrapper here survives long enough to write one; on a node
 that died, it would not). Everything else is real: the CLI, the service, sbatch, sacct,
-slurmdbd, the memory cgroup and the node failure. One test (xfail) pins a known gap: the
-common OOM, whose wrapper does write its marker (exit 137), once squeue has forgotten it.
+slurmdbd, the memory cgroup and the node failure. The common OOM, whose wrapper outlives the
+kill of its command and writes its marker (exit 137), is named by sacct too once squeue has
+forgotten it.
 """
 
 from __future__ import annotations
@@ -168,10 +169,12 @@ class Scene:
     def status(self, chain_id: str) -> dict[str, Any]:
         return json.loads(self.chainrun("status", chain_id, "--json", check=True).stdout)[0]  # type: ignore[no-any-return]
 
-    def end_unseen(self, job_file: Path, end: Callable[[str], None], state: str) -> tuple[str, str]:
+    def end_unseen(
+        self, job_file: Path, end: Callable[[str], None], state: str, keep_marker: bool = False
+    ) -> tuple[str, str]:
         """Submit the chain and, while its first job runs, stop the service; ``end`` ends the
-        job, which sacct must then show in ``state``; its end marker is taken away. Returns
-        the chain id and the job id; the service is left stopped."""
+        job, which sacct must then show in ``state``; its end marker is taken away unless
+        ``keep_marker``. Returns the chain id and the job id; the service is left stopped."""
         chain_id = self.chainrun("submit", str(job_file), check=True).stdout.strip()
         self.chains.append(chain_id)
         daemon = self.service(interval=1, PATH=self.path)
@@ -189,7 +192,8 @@ class Scene:
         # The wrapper outlived its command here and wrote its marker; a dead node's would not.
         marker = job_file.parent / ".chainrun" / chain_id / "seg-0001.end"
         wait_for(marker.exists, 60, "the wrapper's end marker")
-        marker.unlink()
+        if not keep_marker:
+            marker.unlink()
         return chain_id, job_id
 
     def judged(self, chain_id: str, timeout: float = 120) -> dict[str, Any]:
@@ -222,22 +226,19 @@ def test_oom_killed_segment_is_out_of_memory_from_sacct(
     assert scene.status(chain_id)["failures"] >= 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the engine asks sacct only for jobs without an end marker; the wrapper outlives an OOM "
-    "kill of its command and writes exit 137, read as a plain failure once squeue forgot the job",
-)
 def test_oom_killed_segment_with_its_end_marker_is_out_of_memory_after_squeue_forgot(
     slurm: None, memory_limits: None, work: Path, scene: Scene
 ) -> None:
     """The usual OOM under cgroups: the kernel kills the command, the wrapper writes exit 137.
-    Once the job has left squeue, only sacct still says OUT_OF_MEMORY."""
-    (work / "go").touch()
+    Once the job has left squeue, only sacct still says OUT_OF_MEMORY; the marker's exit code
+    is kept."""
     job_file = write_job(work, "exec python3 hog.py", ["--mem=50M"])
-    chain_id = scene.chainrun("submit", str(job_file), check=True).stdout.strip()
-    scene.chains.append(chain_id)
+    chain_id, _ = scene.end_unseen(
+        job_file, lambda job_id: (work / "go").touch(), "OUT_OF_MEMORY", keep_marker=True
+    )
     seg = scene.judged(chain_id)
-    assert (seg["outcome"], seg["charged"]) == ("oom", True), seg
+    assert (seg["outcome"], seg["exit_code"], seg["charged"]) == ("oom", 137, True), seg
+    assert "OUT_OF_MEMORY (sacct)" in seg["reason"] and "exited 137" in seg["reason"], seg
 
 
 @pytest.mark.takes_down_the_controller

@@ -285,6 +285,12 @@ class EndMarker:
         signum = getattr(signals, "SIG" + self.signal, None)
         return self.original == 0 or (signum is not None and self.original == 128 + signum)
 
+    @property
+    def killed(self) -> bool:
+        """The command died of a signal that was not the walltime one (a SIGKILL from the
+        kernel's OOM killer, say): accounting may know better than "failed"."""
+        return self.original > 128 and not self.stopped_by_signal
+
     def outcome(self) -> Outcome:
         if self.stopped_by_signal:
             return Outcome.TIMEOUT
