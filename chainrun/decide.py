@@ -7,7 +7,8 @@ checkpoint says now) and returns the actions that bring the chain forward,
 each with its reason: track a job, adopt one an interrupted service left
 behind, submit, remove a stuck or duplicate job, end a segment (charged or
 not, lost included), cancel, end the chain. ``after_submit`` turns a failed
-submission into "retry later" or "rejected". Neither does I/O nor reads a
+submission into "retry later" or "rejected"; ``place`` picks the host of a
+pool's new segment from each host's free slots. None does I/O or reads a
 clock, so every rule of DESIGN.md "Chain rules" is pinned by table tests.
 """
 

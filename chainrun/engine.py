@@ -12,6 +12,11 @@ that would find one lost. **Decide** is ``decide()``: facts in, actions out.
 one command; then everything the tick learned and did for the chain is
 written in one transaction (nothing, when nothing changed).
 
+A pool's chain (``scheduler.hosts``) is polled with the host of its live
+segment. One with none is observed where it ran last (else on the first host
+that answered), and its new segment is placed by ``place()`` on a host with a
+free slot by this tick's polls, or waits unsubmitted, saying so.
+
 A fault in one chain's tick is that chain's: it is logged, counted, retried
 next tick, and after ``STUCK_AFTER`` failing ticks the chain is marked stuck
 (retried every ``STUCK_RETRY``); the other chains go on. A database that

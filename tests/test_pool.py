@@ -21,15 +21,18 @@ import pytest
 from conftest import wait_for
 from private_sshd import PrivateSSHD
 from test_decide import SPEC as DECIDE_SPEC
+from test_store import SPEC as STORE_SPEC
+from test_store import old_database
 
 from chainrun.decide import place
 from chainrun.engine import Engine
 from chainrun.errors import JobFileError
 from chainrun.jobfile import parse, tomllib
 from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, SchedulerSpec
-from chainrun.schedulers.local import runner_path
+from chainrun.schedulers.local import LocalScheduler, runner_path, runner_source
 from chainrun.store import Store
 from chainrun.testing import FakeClock, FakeCluster
+from chainrun.transport import LocalTransport
 
 TRAINER = Path(__file__).parent / "data" / "trainer.py"
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -307,3 +310,76 @@ def test_a_pool_of_two_ssh_hosts_runs_four_chains_never_two_at_once_on_a_host(
         for _, state in hosts.values():
             for jobdir in state.glob("local/jobs/*"):
                 (jobdir / "cancel").touch()
+
+
+def test_a_version_4_database_gains_segment_hosts_and_its_chains_still_load(tmp_path: Path) -> None:
+    """Schema 5 adds each segment's host: an older database's segments read as placed nowhere,
+    and its specs, written before pools, read as no pool."""
+    db = old_database(tmp_path / "home", 4)
+    spec = STORE_SPEC.to_json()
+    for key in ("hosts", "slots", "gpus_per_slot"):
+        del spec["scheduler"][key]
+    db.execute("UPDATE chains SET spec = ?", (json.dumps(spec),))
+    db.execute(
+        "INSERT INTO segments (chain_id, n, walltime, phase, job_id) VALUES ('cifar-a1b2c3', 1, 60, 'pending', '7')"
+    )
+    db.close()
+    store = Store(tmp_path / "home")
+    chain = store.chain("cifar-a1b2c3")
+    store.close()
+    assert [(s.n, s.job_id, s.host) for s in chain.segments] == [(1, "7", None)]
+    assert (chain.spec.scheduler.hosts, chain.spec.scheduler.slots, chain.host) == ((), None, None)
+    assert chain.cluster_key == ("local", "")
+
+
+def test_the_runner_is_copied_once_private_and_again_when_someone_else_could_change_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``prepare`` on a remote host (here: this machine's transport, HOME in a temporary
+    directory) writes the runner by its content's hash, 0600, leaves a good copy alone, and
+    writes it again when it is open to others or not whole."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    backend, transport = LocalScheduler(host="gpu1"), LocalTransport()
+    assert backend.poll_argv() == ["python3", runner_path(), "poll"]
+    copy = tmp_path / runner_path()
+    backend.prepare(transport)
+    assert copy.read_bytes() == runner_source() and copy.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / ".chainrun").stat().st_mode & 0o777 == 0o700
+    before = copy.stat().st_ino
+    backend.prepare(transport)
+    assert copy.stat().st_ino == before  # there already: not written again
+    copy.chmod(0o666)
+    backend.prepare(transport)
+    assert copy.stat().st_mode & 0o777 == 0o600
+    copy.write_bytes(runner_source()[:100])
+    backend.prepare(transport)
+    assert copy.read_bytes() == runner_source()
+    LocalScheduler().prepare(transport)  # this machine runs the installed module: nothing to copy
+    assert LocalScheduler().poll_argv()[1:] == ["-m", "chainrun.localrunner", "poll"]
+
+
+def test_the_copied_runner_runs_where_chainrun_cannot_be_imported(tmp_path: Path) -> None:
+    """The runner imports the standard library alone: as a lone file, under an isolated
+    python3 that cannot import chainrun, it queues, runs and reports a job."""
+    copy = tmp_path / "localrunner-copy.py"
+    copy.write_bytes(runner_source())
+    script = tmp_path / "job.sh"
+    script.write_text("echo slot=$CHAINRUN_SLOT\n")
+    env = {"PATH": "/usr/bin:/bin", "CHAINRUN_HOME": str(tmp_path / "state"), "HOME": str(tmp_path)}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["python3", "-I", str(copy), *args], capture_output=True, text=True, env=env)
+
+    assert subprocess.run(["python3", "-I", "-c", "import chainrun"], capture_output=True, env=env).returncode
+    out = tmp_path / "out.log"
+    submitted = run(
+        "submit", "--name", "cr.x.1", "--output", str(out), "--walltime", "60", "--slots", "1", str(script)
+    )
+    assert submitted.returncode == 0, submitted.stderr
+
+    def ended() -> bool:
+        return '"state": "ended"' in run("poll").stdout
+
+    wait_for(ended, 60, "the job to end")
+    assert '"outcome": "completed"' in run("poll").stdout
+    assert out.read_text() == "slot=0\n"
