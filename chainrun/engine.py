@@ -39,6 +39,7 @@ from chainrun.decide import LOST_AFTER, Facts, JobFacts, after_submit, decide, p
 from chainrun.errors import ChainrunError, SchedulerError, StoreUnavailable, TransportError, UnsafePathError
 from chainrun.logs import get_logger
 from chainrun.model import (
+    WAITING_FOR_A_SLOT,
     Action,
     Adopt,
     Cancel,
@@ -78,7 +79,6 @@ SUBMIT_TIMEOUT = 120.0
 POLL_TIMEOUT = 60.0
 STUCK_AFTER = 3  # failing ticks in a row before a chain is marked stuck
 STUCK_RETRY = 600.0  # seconds between tries of a stuck chain
-WAITING = "waiting for a "  # how the reason of a pool's chain that waits for a slot begins
 
 
 @dataclass
@@ -394,7 +394,7 @@ class Engine:
         if (
             chain.spec.scheduler.hosts
             and chain.reason != waiting
-            and (waiting or chain.reason.startswith(WAITING))
+            and (waiting or chain.reason.startswith(WAITING_FOR_A_SLOT))
         ):
             self.store.set_waiting(chain.id, waiting, now)
         latest = facts.progress if facts.progress is not None and facts.progress != chain.latest else None

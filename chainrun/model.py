@@ -66,6 +66,10 @@ class ChainState(enum.Enum):
         return self not in (ChainState.ACTIVE, ChainState.STUCK)
 
 
+# How the reason of a pool's chain begins while it waits, unsubmitted, for a free slot.
+WAITING_FOR_A_SLOT = "waiting for a "
+
+
 @dataclass(frozen=True)
 class SchedulerSpec:
     """The `[scheduler]` table: which backend, where, and its pass-through options."""

@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from chainrun.daemon import read_status
 from chainrun.localrunner import alive
-from chainrun.model import Chain, ChainState, Outcome, Phase, Segment
+from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Outcome, Phase, Segment
 from chainrun.store import DamagedChain
 
 WIDTH = 80  # the table's width when the terminal's is not known (a pipe, a file)
@@ -175,6 +175,8 @@ def state_cell(chain: Chain, now: float) -> str:
     if seg is not None:
         return "running" + (f" {short(now - seg.started_at)}" if seg.started_at is not None else "")
     seg = _upcoming(chain)
+    if seg is None and chain.spec.scheduler.hosts and chain.reason.startswith(WAITING_FOR_A_SLOT):
+        return "waiting for a slot"
     return _waiting(seg, now) if seg is not None else str(chain.state.value)
 
 

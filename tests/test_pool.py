@@ -30,6 +30,7 @@ from chainrun.errors import JobFileError
 from chainrun.jobfile import parse, tomllib
 from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, SchedulerSpec
 from chainrun.schedulers.local import LocalScheduler, runner_path, runner_source
+from chainrun.status import state_cell
 from chainrun.store import Store
 from chainrun.testing import FakeClock, FakeCluster
 from chainrun.transport import LocalTransport
@@ -164,6 +165,7 @@ def test_first_segments_go_to_free_hosts_and_a_chain_waits_for_a_slot_with_a_rea
     assert pool.placed(three) == []
     waiting = pool.chain(three)
     assert waiting.reason == "waiting for a free slot on hosts a, b"
+    assert state_cell(waiting, pool.clock()) == "waiting for a slot"
     assert (waiting.state, waiting.failures) == (ChainState.ACTIVE, 0)
     assert pool.polls() == {"a": 1, "b": 1}  # one poll per host per tick, for all three chains
 
@@ -221,10 +223,14 @@ def test_an_unreachable_host_makes_its_chains_wait_and_new_chains_go_elsewhere(p
 # -- whole chains on two real hosts over SSH ------------------------------------------------
 
 
-def _intervals(state: Path) -> list[tuple[float, float]]:
-    """The (start, end) of every job a host's runner ran, from its own records."""
-    ends = [json.loads(p.read_text()) for p in state.glob("local/jobs/*/end.json")]
-    return sorted((e["started_at"], e["ended_at"]) for e in ends if e.get("started_at"))
+def _intervals(state: Path, prefix: str) -> list[tuple[float, float]]:
+    """The (start, end) of every job named ``prefix...`` a host's runner ran, from its own records."""
+    spans = []
+    for jobdir in state.glob("local/jobs/*"):
+        end = json.loads((jobdir / "end.json").read_text())
+        if json.loads((jobdir / "job.json").read_text())["name"].startswith(prefix) and end.get("started_at"):
+            spans.append((end["started_at"], end["ended_at"]))
+    return sorted(spans)
 
 
 @pytest.mark.slow
@@ -236,7 +242,8 @@ def test_a_pool_of_two_ssh_hosts_runs_four_chains_never_two_at_once_on_a_host(
 ) -> None:
     """Two sshds on loopback (separate runner state each), slots = 1, four chains each resumed
     over two or more segments: all complete; the runners' records and a lock in the command
-    show no host ran two segments at once; python3 there cannot import chainrun."""
+    show no host ran two segments at once; python3 there cannot import chainrun. A fifth
+    chain, on one of them as its ``host`` (no pool, no slots), runs beside them."""
     hosts = {}
     for name in ("pool-a", "pool-b"):
         state = tmp_path / f"state-{name}"
@@ -272,14 +279,25 @@ def test_a_pool_of_two_ssh_hosts_runs_four_chains_never_two_at_once_on_a_host(
                 'target_epoch = 6\nmax_failures = 2\n[scheduler]\nhosts = ["pool-a", "pool-b"]\n'
             )
             chainrun("submit", str(job), check=True)
+        single = work / "single.toml"
+        single.write_text(
+            'name = "single"\ncommand = "python3 trainer.py --epochs 4 --epoch-time 1"\n'
+            f'workdir = "{work}"\ncheckpoint_dir = "ckpt-single"\ntotal_time = "5m"\nwalltime = "4s"\n'
+            'grace = "1s"\ntarget_epoch = 4\n[scheduler]\nhost = "pool-b"\n'
+        )
+        chainrun("submit", str(single), check=True)
         service()
 
         def chains() -> list[dict]:  # type: ignore[type-arg]
             out = chainrun("status", "--all", "--json", check=True).stdout
-            return [c for c in json.loads(out) if c["name"].startswith("pool")]
+            return [c for c in json.loads(out) if c["name"] != "single"]
 
-        wait_for(lambda: [c["state"] for c in chains()] == ["completed"] * 4, 400, "four completed chains")
+        def states() -> list[str]:
+            return [c["state"] for c in json.loads(chainrun("status", "--all", "--json", check=True).stdout)]
+
+        wait_for(lambda: states() == ["completed"] * 5, 400, "five completed chains")
         shown = chains()
+        assert len(shown) == 4
         for c in shown:
             ran = [s for s in c["segments"] if s["ran"]]
             assert len(ran) >= 2, c
@@ -288,7 +306,7 @@ def test_a_pool_of_two_ssh_hosts_runs_four_chains_never_two_at_once_on_a_host(
         assert not (work / "overlaps.log").exists(), (work / "overlaps.log").read_text()
         used = set()
         for name, (_, state) in hosts.items():
-            spans = _intervals(state)
+            spans = _intervals(state, "cr.pool")
             if spans:
                 used.add(name)
             for (_, end), (start, _) in zip(spans, spans[1:]):
@@ -303,6 +321,7 @@ def test_a_pool_of_two_ssh_hosts_runs_four_chains_never_two_at_once_on_a_host(
         assert listed.stdout.strip() == "600", listed
         detail = chainrun("status", shown[0]["id"], check=True).stdout
         assert "hosts: segment" in detail and "pool-" in detail, detail
+        assert _intervals(hosts["pool-b"][1], "cr.single"), "the single-host chain ran on pool-b"
     finally:
         for sshd, _ in hosts.values():
             sshd.stop()
