@@ -402,3 +402,15 @@ def test_the_copied_runner_runs_where_chainrun_cannot_be_imported(tmp_path: Path
     wait_for(ended, 60, "the job to end")
     assert '"outcome": "completed"' in run("poll").stdout
     assert out.read_text() == "slot=0\n"
+
+
+def test_check_shows_the_pool(tmp_path: Path, chainrun: CLI) -> None:
+    """`chainrun check` names the pool's hosts and slots; a bad pool is one line, exit 2."""
+    job = tmp_path / "job.toml"
+    job.write_text(BASE + '[scheduler]\nhosts = ["hoff", "norman"]\nslots = 2\ngpus_per_slot = 1\n')
+    shown = chainrun("check", str(job), check=True).stdout
+    assert "local on a pool of hoff, norman; 2 runs at a time on each, 1 GPU per run" in shown
+    job.write_text(BASE + '[scheduler]\nkind = "slurm"\nhosts = ["hoff"]\n')
+    refused = chainrun("check", str(job))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.count("\n") == 1 and "scheduler.hosts" in refused.stderr, refused.stderr
