@@ -332,8 +332,7 @@ def _plan(spec: JobSpec) -> list[tuple[str, str]]:
         segments = f"{full} x {wt} (the {format_duration(rest)} left over is shorter than grace)"
     else:
         segments = f"{full} x {wt} + 1 x {format_duration(rest)} (the last one clamped to the budget)"
-    where = spec.scheduler.host or "this machine"
-    sched = f"{spec.scheduler.kind} on {where}"
+    sched = f"{spec.scheduler.kind} on {spec.scheduler.where}"
     if spec.scheduler.queue:
         sched += f", queue {spec.scheduler.queue}"
     if spec.scheduler.options:
@@ -657,7 +656,7 @@ def logs(ctx: click.Context, chain_ref: str, segment: Optional[int], follow: boo
     """
     with _store(ctx, readonly=True) as store:
         chain = store.find(chain_ref)
-        transport = transport_for(chain.spec.scheduler.host)
+        transport = transport_for(chain.host)
         offsets: dict[int, int] = {}
         while True:
             chain = store.chain(chain.id)

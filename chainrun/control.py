@@ -58,7 +58,7 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     pins: list[Optional[snapshot.Snapshot]] = []
     for spec in specs:
         preflight(spec)
-        transport = transport_for(spec.scheduler.host)
+        transport = transport_for(spec.scheduler.first_host)
         try:
             # The code is captured once per job file: a sweep's chains all run the same commit.
             spec, snap = snapshot.prepare(transport, spec)
@@ -79,9 +79,9 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
                 new.append((one, baseline))
                 pins.append(snap)
         except TransportError as exc:
-            if spec.scheduler.host is None:
+            if spec.scheduler.first_host is None:
                 raise
-            raise TransportError(f"cannot reach {spec.scheduler.host}: {exc}") from None
+            raise TransportError(f"cannot reach {spec.scheduler.first_host}: {exc}") from None
     ids = store.add_chains(new, time.time())
     for chain_id, snap in zip(ids, pins):
         if snap is not None:

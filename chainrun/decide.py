@@ -7,13 +7,14 @@ checkpoint says now) and returns the actions that bring the chain forward,
 each with its reason: track a job, adopt one an interrupted service left
 behind, submit, remove a stuck or duplicate job, end a segment (charged or
 not, lost included), cancel, end the chain. ``after_submit`` turns a failed
-submission into "retry later" or "rejected". Neither does I/O nor reads a
+submission into "retry later" or "rejected"; ``place`` picks the host of a
+pool's new segment from each host's free slots. None does I/O or reads a
 clock, so every rule of DESIGN.md "Chain rules" is pinned by table tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -445,3 +446,14 @@ def _finish(chain: Chain, facts: Facts, live: list[Segment], state: ChainState, 
         Cancel(n=s.n, job_id=_job_of(s, facts), reason=f"chain {state.value}") for s in live
     ]
     return [*cancels, Finish(state=state, reason=reason)]
+
+
+def place(hosts: Sequence[str], previous: Optional[str], free: Mapping[str, int]) -> Optional[str]:
+    """The pool host for a chain's next segment, from each reachable host's free slots
+    (``free``; a host missing there did not answer): the host it ran on before when that
+    one has a free slot (its checkpoint may be on that host's disk), else the one with
+    the most free slots (the first listed, on a tie); None when no host has one."""
+    if previous is not None and free.get(previous, 0) > 0:
+        return previous
+    best = max(hosts, key=lambda h: free.get(h, 0), default=None)
+    return best if best is not None and free.get(best, 0) > 0 else None

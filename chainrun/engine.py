@@ -13,6 +13,11 @@ the command (an OOM kill, which accounting names). **Decide** is ``decide()``: f
 one command; then everything the tick learned and did for the chain is
 written in one transaction (nothing, when nothing changed).
 
+A pool's chain (``scheduler.hosts``) is polled with the host of its live
+segment. One with none is observed where it ran last (else on the first host
+that answered), and its new segment is placed by ``place()`` on a host with a
+free slot by this tick's polls, or waits unsubmitted, saying so.
+
 A fault in one chain's tick is that chain's: it is logged, counted, retried
 next tick, and after ``STUCK_AFTER`` failing ticks the chain is marked stuck
 (retried every ``STUCK_RETRY``); the other chains go on. A database that
@@ -26,15 +31,16 @@ import gc
 import time
 import typing
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Optional, TypeVar
 
 from chainrun import watch
-from chainrun.decide import LOST_AFTER, Facts, JobFacts, after_submit, decide
+from chainrun.decide import LOST_AFTER, Facts, JobFacts, after_submit, decide, place
 from chainrun.errors import ChainrunError, SchedulerError, StoreUnavailable, TransportError, UnsafePathError
 from chainrun.logs import get_logger
 from chainrun.model import (
+    WAITING_FOR_A_SLOT,
     Action,
     Adopt,
     Cancel,
@@ -153,17 +159,35 @@ class Engine:
         summary = TickSummary()
         now = self.clock()
         groups: dict[tuple[str, str], list[Chain]] = defaultdict(list)
+        floating: list[Chain] = []  # a pool's chains with no live segment: placed this tick
         retries: list[float] = []  # when submissions that failed want their next try
         for chain in self.store.chains(active_only=True):
             if (only is None or chain.id in only) and now >= self.stuck_until.get(chain.id, 0.0):
-                groups[chain.spec.scheduler.cluster_key].append(chain)
-        for (kind, host), chains in groups.items():
+                if chain.spec.scheduler.hosts and not chain.live:
+                    floating.append(chain)
+                else:
+                    groups[chain.cluster_key].append(chain)
+        # One poll per cluster: every cluster a chain lives on, and every host of a pool
+        # that has a chain to place (its free slots are counted from the poll).
+        wanted = dict.fromkeys([*groups, *(k for c in floating for k in _pool_keys(c))])
+        clusters: dict[tuple[str, str], _Cluster] = {}
+        for kind, host in wanted:
             try:
-                cluster = self._poll((kind, host))
+                clusters[(kind, host)] = self._poll((kind, host))
             except (TransportError, SchedulerError) as exc:
                 log.warning("poll failed; retrying next tick", scheduler=kind, host=host, error=str(exc))
                 summary.errors.append(str(exc))
                 summary.unreachable[(kind, host)] = exc
+        for chain in floating:
+            # Observed where it ran last (its checkpoint may be on that host's disk), else on
+            # the first of its hosts that answered; with none, it waits like any unreached chain.
+            home = next((k for k in [chain.cluster_key, *_pool_keys(chain)] if k in clusters), None)
+            if home is not None:
+                groups[home].append(chain)
+        placed: dict[tuple[str, str], int] = defaultdict(int)  # slots taken by this tick's placements
+        for key, chains in groups.items():
+            cluster = clusters.get(key)
+            if cluster is None:
                 continue
             gathered: dict[str, Facts] = {}
             for chain in chains:
@@ -174,7 +198,10 @@ class Engine:
             for chain in chains:
                 if chain.id in gathered:
                     retries += (
-                        self._guarded(chain, summary, self._act, cluster, chain, gathered[chain.id]) or []
+                        self._guarded(
+                            chain, summary, self._act, cluster, chain, gathered[chain.id], clusters, placed
+                        )
+                        or []
                     )
         counts = self.store.summary()
         summary.running, summary.queued = counts["running"], counts["queued"]
@@ -187,6 +214,7 @@ class Engine:
         kind, host = key
         scheduler = self.schedulers(kind, host or None)
         transport = self.transports(host or None)
+        scheduler.prepare(transport)
         result = transport.run(scheduler.poll_argv(), timeout=POLL_TIMEOUT)
         live = scheduler.parse_poll(result)
         tagged: dict[str, dict[int, tuple[LiveJob, ...]]] = defaultdict(dict)
@@ -338,7 +366,14 @@ class Engine:
 
     # -- act and record ------------------------------------------------------------
 
-    def _act(self, cluster: _Cluster, chain: Chain, facts: Facts) -> list[float]:
+    def _act(
+        self,
+        cluster: _Cluster,
+        chain: Chain,
+        facts: Facts,
+        clusters: Mapping[tuple[str, str], _Cluster],
+        placed: dict[tuple[str, str], int],
+    ) -> list[float]:
         """Decide, carry out, record; returns when failed submissions want their next try."""
         now = self.clock()
         actions = decide(chain, facts, now)
@@ -351,11 +386,22 @@ class Engine:
                 warnings.append(f"could not write the final marker ({exc}); a late successor may start")
         self._cancel(cluster, [a for a in actions if isinstance(a, (Cancel, Remove))], warnings)
         done: list[Action] = []
+        waiting = ""
         for action in actions:
             if isinstance(action, Submit):
-                done.append(self._submit(cluster, chain, action))
+                target = self._place(cluster, chain, action, clusters, placed)
+                if target is None:  # a pool with no free slot: the chain waits, unsubmitted
+                    waiting = _waiting(chain, clusters)
+                    continue
+                done.append(self._submit(target, chain, action))
             else:
                 done.append(action)
+        if (
+            chain.spec.scheduler.hosts
+            and chain.reason != waiting
+            and (waiting or chain.reason.startswith(WAITING_FOR_A_SLOT))
+        ):
+            self.store.set_waiting(chain.id, waiting, now)
         latest = facts.progress if facts.progress is not None and facts.progress != chain.latest else None
         if chain.state is ChainState.STUCK:
             self.store.set_stuck(chain.id, False, "a tick succeeded again", now)
@@ -371,8 +417,33 @@ class Engine:
         self.stuck_until.pop(chain.id, None)
         if self.on_end is not None and any(isinstance(a, Finish) for a in done):
             self.on_end(self.store.chain(chain.id))
-        waiting = [s.retry_at for s in chain.live if s.phase is Phase.SUBMITTING and (s.retry_at or 0) > now]
-        return [a.at for a in done if isinstance(a, RetryLater)] + [at for at in waiting if at is not None]
+        later = [s.retry_at for s in chain.live if s.phase is Phase.SUBMITTING and (s.retry_at or 0) > now]
+        return [a.at for a in done if isinstance(a, RetryLater)] + [at for at in later if at is not None]
+
+    def _place(
+        self,
+        cluster: _Cluster,
+        chain: Chain,
+        sub: Submit,
+        clusters: Mapping[tuple[str, str], _Cluster],
+        placed: dict[tuple[str, str], int],
+    ) -> Optional[_Cluster]:
+        """Where segment ``sub.n`` is submitted: a pool's new segment with no predecessor goes
+        to a host with a free slot (``place``), or nowhere yet (None); any other, where the
+        chain is (a successor queues behind its predecessor, on its host)."""
+        sched = chain.spec.scheduler
+        if not sched.hosts or sub.after is not None or any(s.n == sub.n for s in chain.segments):
+            return cluster
+        free = {
+            host: (sched.slots or 1) - _busy(clusters[key]) - placed[key]
+            for host, key in zip(sched.hosts, _pool_keys(chain))
+            if key in clusters
+        }
+        host = place(sched.hosts, chain.host if chain.segments else None, free)
+        if host is None:
+            return None
+        placed[(sched.kind, host)] += 1
+        return clusters[(sched.kind, host)]
 
     def _cancel(self, cluster: _Cluster, actions: Iterable[Cancel | Remove], warnings: list[str]) -> None:
         ids = [a.job_id for a in actions if a.job_id]
@@ -390,7 +461,8 @@ class Engine:
     def _submit(self, cluster: _Cluster, chain: Chain, sub: Submit) -> Action:
         """Journal, then submit: the job's id, or what its failure means."""
         now = self.clock()
-        attempts = self.store.journal_submit(chain.id, sub, now)
+        host = cluster.key[1] if chain.spec.scheduler.hosts else None
+        attempts = self.store.journal_submit(chain.id, sub, now, host)
         job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime, sub.after)
         try:
             trust_run_dir(cluster.transport, chain.spec, chain.id, create=True)
@@ -405,6 +477,30 @@ class Engine:
         return Adopt(
             n=sub.n, job_id=job_id, how="submitted" + (f" after job {sub.after}" if sub.after else "")
         )
+
+
+def _pool_keys(chain: Chain) -> list[tuple[str, str]]:
+    """The clusters of a pool chain's hosts, in the job file's order."""
+    return [(chain.spec.scheduler.kind, host) for host in chain.spec.scheduler.hosts]
+
+
+def _busy(cluster: _Cluster) -> int:
+    """A host's slots in use: its jobs running or ready to run (a job waiting for its
+    predecessor takes that one's slot, so it is not counted)."""
+    return sum(
+        1
+        for job in cluster.live.values()
+        if job.phase is Phase.RUNNING or (job.phase is Phase.PENDING and job.reason != "Dependency")
+    )
+
+
+def _waiting(chain: Chain, clusters: Mapping[tuple[str, str], _Cluster]) -> str:
+    """Why a pool's chain waits unsubmitted."""
+    hosts = chain.spec.scheduler.hosts
+    up = [h for h, key in zip(hosts, _pool_keys(chain)) if key in clusters]
+    down = [h for h in hosts if h not in up]
+    text = f"waiting for a free slot on hosts {', '.join(up)}" if up else "waiting for a host to answer"
+    return text + (f" ({', '.join(down)} not reached)" if down and up else "")
 
 
 def _log(chain_id: str, action: Action) -> None:

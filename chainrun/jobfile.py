@@ -87,7 +87,9 @@ TOP_KEYS = (
     "sweep",
     "tensorboard_dir",
 )
-SCHEDULER_KEYS = ("kind", "host", "queue", "options")
+SCHEDULER_KEYS = ("kind", "host", "queue", "options", "hosts", "slots", "gpus_per_slot")
+MAX_HOSTS = 1000  # hosts in a pool
+MAX_SLOTS = 1024  # runs per host at once
 
 
 def _repr(maxstring: int) -> reprlib.Repr:
@@ -410,7 +412,7 @@ def parse(
         )
 
     sched = _scheduler(path, f.get("scheduler", dict, "a table [scheduler]", default={}))
-    remote = sched.host is not None
+    remote = sched.remote
     workdir = _path(f, "workdir", ".", base, remote)
     checkpoint_dir = _path(f, "checkpoint_dir", "checkpoints", Path(workdir), remote)
     if not remote:
@@ -560,7 +562,7 @@ def _resolve(f: _Fields, key: str, raw: str, base: Path, remote: bool) -> str:
     if p.is_absolute():
         return str(p)
     if remote and key == "workdir":
-        raise f.error(key, "with scheduler.host set, give an absolute path on the cluster")
+        raise f.error(key, "with scheduler.host (or hosts) set, give an absolute path on the cluster")
     return os.path.normpath(base / p)
 
 
@@ -601,7 +603,40 @@ def _scheduler(path: str, table: dict[str, Any]) -> SchedulerSpec:
                 raise f.error(
                     key, 'only applies to kind = "slurm" or "sge"; the local runner has no queues or options'
                 )
-    return SchedulerSpec(kind=kind, host=host or None, queue=queue, options=options)
+    else:
+        for key in ("hosts", "slots", "gpus_per_slot"):
+            if key in table:
+                raise f.error(
+                    key, f'only applies to kind = "local" (a pool of machines); {kind} places jobs itself'
+                )
+    hosts = f.get("hosts", list, 'a list of ssh hosts or ~/.ssh/config aliases, e.g. ["gpu1", "gpu2"]')
+    if hosts is not None:
+        if host is not None:
+            raise f.error("hosts", "give either host (one machine) or hosts (a pool), not both")
+        if not hosts or len(hosts) > MAX_HOSTS:
+            raise f.error("hosts", f"give 1 to {MAX_HOSTS} hosts")
+        for one in hosts:
+            if not isinstance(one, str) or len(one) > 255 or not HOST_RE.fullmatch(one):
+                raise f.error("hosts", f"{_show(one)} is not a host name")
+        if len(set(hosts)) != len(hosts):
+            raise f.error("hosts", "names a host twice")
+    slots = f.get("slots", int, "a whole number of runs per host at once, e.g. 1 (one per GPU)")
+    f.checked("slots", slots, lambda v: 1 <= v <= MAX_SLOTS, f"must be 1 to {MAX_SLOTS}")
+    gpus = f.get("gpus_per_slot", int, "a whole number of GPUs per run, e.g. 1")
+    f.checked("gpus_per_slot", gpus, lambda v: 1 <= v <= MAX_SLOTS, f"must be 1 to {MAX_SLOTS}")
+    if hosts and slots is None:
+        slots = 1  # a pool runs one segment per host at a time unless told otherwise
+    if gpus is not None and slots is None:
+        raise f.error("gpus_per_slot", "needs slots (how many runs share the host's GPUs)")
+    return SchedulerSpec(
+        kind=kind,
+        host=host or None,
+        queue=queue,
+        options=options,
+        hosts=tuple(hosts or ()),
+        slots=slots,
+        gpus_per_slot=gpus,
+    )
 
 
 def _sweep(f: _Fields, name: str) -> tuple[tuple[sweep.Config, ...], int]:

@@ -409,7 +409,7 @@ def supervise(home: Path, store: Store, chain: Chain, interval: float) -> int:
     refresh the view) until the chain ends; with one running elsewhere, it only
     follows, every ``interval`` seconds.
     """
-    transport = transport_for(chain.spec.scheduler.host)
+    transport = transport_for(chain.host)
     follower = Follower(store, chain.id, transport)
     # A terminal that cannot move its cursor (TERM=dumb, as in an editor's shell) gets plain lines.
     view = View(tty=sys.stdout.isatty() and os.environ.get("TERM") not in ("dumb", "unknown"))
@@ -423,7 +423,7 @@ def supervise(home: Path, store: Store, chain: Chain, interval: float) -> int:
         if summary is not None:
             # The service ticks again after the interval, or sooner when the engine asks.
             retry_in = min(interval, summary.next_in if summary.next_in is not None else interval)
-            view.trouble(summary.unreachable.get(now_chain.spec.scheduler.cluster_key), retry_in, now)
+            view.trouble(summary.unreachable.get(now_chain.cluster_key), retry_in, now)
         view.show(now_chain, output, now)
 
     def interrupted() -> bool:

@@ -13,6 +13,17 @@ asked), ``supervisor.pid``, ``start.json``, ``end.json``, and a ``cancel``
 request file. A job's directory is made under ``new/`` and moved into
 ``jobs/`` once complete.
 
+``--slots N`` makes a job take one of the machine's N slots (one per GPU, say)
+before it starts: a job whose dependency is met waits until one is free, as a
+scheduler waits for resources, so no more than N such jobs ever run at once,
+whether the chainrun service runs or not. A slot is a ``flock`` on
+``slots/<s>``, held by the supervisor and the job, so it frees itself when
+they end, however they end. The job gets its slot as ``CHAINRUN_SLOT`` and,
+with ``--gpus-per-slot G``, ``CUDA_VISIBLE_DEVICES`` = GPUs s*G .. s*G+G-1.
+
+This file imports the standard library alone: on a remote workstation it is
+copied into place and run as ``python3 FILE``, with no chainrun installed.
+
 A full or read-only state directory costs a job nothing: the supervisor keeps
 enforcing the walltime whatever happens to its record writes, tries a failed
 one again every second, and once the job has ended keeps trying ``end.json``
@@ -33,20 +44,70 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
-from chainrun.errors import ChainrunError
-from chainrun.store import default_home, private_dir
-
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL, like Slurm's KillWait
 TICK = 0.2
 KEEP_ENDED = 7 * 86400
 RETRY = 1.0  # seconds between tries of a record that could not be written
 END_PATIENCE = 6 * 3600  # how long an ended job's supervisor keeps trying to write end.json
+
+
+class RunnerError(Exception):
+    """The state directory cannot be used; ``str(err)`` says why and what to do."""
+
+
+def default_home() -> Path:
+    """``$CHAINRUN_HOME``, else ``$XDG_STATE_HOME/chainrun``, else ``~/.local/state/chainrun``."""
+    home = os.environ.get("CHAINRUN_HOME")
+    if home:
+        return Path(home).expanduser()
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "chainrun"
+
+
+def short_path(path: Path) -> str:
+    """A path for a one-line message: a very long one is cut in the middle."""
+    text = str(path)
+    return text if len(text) <= 200 else f"{text[:100]}...{text[-60:]}"
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (mode 0700) if needed; state is private to the user.
+
+    An existing directory others can enter, or one that belongs to another user,
+    is refused, never chmod-ed: it may be a shared one (CHAINRUN_HOME=$HOME by
+    mistake) that must stay as it is, or a neighbour's, whose state is not ours.
+    """
+    try:
+        path.mkdir(mode=0o700, parents=True)
+        return path
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise RunnerError(f"cannot create the state directory {short_path(path)}: {exc.strerror}") from None
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise RunnerError(f"cannot use the state directory {short_path(path)}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise RunnerError(f"{path} is not a directory; set CHAINRUN_HOME to a directory of your own")
+    if st.st_uid != os.geteuid():
+        raise RunnerError(
+            f"{path} belongs to another user (uid {st.st_uid}); chainrun keeps its state private: "
+            "set CHAINRUN_HOME to a directory of your own"
+        )
+    if st.st_mode & 0o077:
+        raise RunnerError(
+            f"{path} is open to other users; chainrun keeps its state private: "
+            f"run `chmod 700 {path}` if it is chainrun's own, or set CHAINRUN_HOME to a new directory"
+        )
+    return path
 
 
 def home() -> Path:
@@ -133,7 +194,9 @@ def _create(root: Path, args: argparse.Namespace) -> int:
     try:
         with open(stage / "supervisor.log", "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "chainrun.localrunner", "supervise", str(jobdir)],
+                # This file itself, isolated (-I: no script directory, no PYTHON* variables on
+                # sys.path), so that it runs the same where chainrun is not installed.
+                [sys.executable, "-I", os.path.abspath(__file__), "supervise", str(jobdir)],
                 stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=log,
@@ -154,6 +217,8 @@ def _create(root: Path, args: argparse.Namespace) -> int:
                     "signal": args.signal,
                     "grace": args.grace,
                     "after": args.after,
+                    "slots": args.slots,
+                    "gpus_per_slot": args.gpus_per_slot,
                     "submitted_at": time.time(),
                 },
             )
@@ -264,10 +329,21 @@ def supervise(jobdir: Path) -> int:
     cancel = jobdir / "cancel"
     while not _ended(root, job["after"]) and not cancel.exists():
         time.sleep(TICK * 2)
+    slot: Optional[tuple[int, int]] = None  # (index, the fd that holds its lock)
+    while job.get("slots") and not cancel.exists():
+        slot = _take_slot(root, job["slots"])
+        if slot is not None:
+            break
+        time.sleep(TICK * 2)
     if cancel.exists():
         return records.end({"outcome": "cancelled", "exit_code": None, "ended_at": time.time()})
 
     env = dict(os.environ, CHAINRUN_LOCAL_JOB_ID=str(job["id"]))
+    if slot is not None:
+        env["CHAINRUN_SLOT"] = str(slot[0])
+        gpus = job.get("gpus_per_slot")
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(slot[0] * gpus + g) for g in range(gpus))
     with open(job["output"], "ab") as out:
         proc = subprocess.Popen(
             ["bash", job["script"]],
@@ -277,15 +353,19 @@ def supervise(jobdir: Path) -> int:
             cwd=os.path.dirname(job["script"]),
             env=env,
             start_new_session=True,
+            # The job holds its slot too: should the supervisor die, the slot stays taken
+            # while the job runs.
+            pass_fds=(slot[1],) if slot is not None else (),
         )
     started = time.time()
+    where = {} if slot is None else {"slot": slot[0]}
     warn_at = started + job["walltime"] - job["grace"]
     stop_at = started + job["walltime"]
     warned = False
     term_at: Optional[float] = None
     why = ""
     try:
-        records.write("start.json", {"pid": proc.pid, "started_at": started})
+        records.write("start.json", {"pid": proc.pid, "started_at": started, **where})
         while proc.poll() is None:
             now = time.time()
             if term_at is None and cancel.exists():
@@ -306,7 +386,23 @@ def supervise(jobdir: Path) -> int:
         _kill_session(proc.pid, signal.SIGKILL)
     rc = proc.returncode
     outcome = why or ("completed" if rc == 0 else "failed")
-    return records.end({"outcome": outcome, "exit_code": rc, "started_at": started, "ended_at": time.time()})
+    end = {"outcome": outcome, "exit_code": rc, "started_at": started, "ended_at": time.time()}
+    return records.end({**end, **where})
+
+
+def _take_slot(root: Path, slots: int) -> Optional[tuple[int, int]]:
+    """A free one of the machine's first ``slots`` slots, locked: (its index, the lock's fd)."""
+    directory = root / "slots"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    for index in range(slots):
+        fd = os.open(directory / str(index), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        return index, fd
+    return None
 
 
 def poll(args: argparse.Namespace) -> int:
@@ -322,13 +418,15 @@ def poll(args: argparse.Namespace) -> int:
         start = _read_json(jobdir / "start.json")
         if end is not None:
             line.update(state="ended", outcome=end["outcome"], exit_code=end.get("exit_code"))
-            line.update(started_at=end.get("started_at"), ended_at=end.get("ended_at"))
+            line.update(started_at=end.get("started_at"), ended_at=end.get("ended_at"), slot=end.get("slot"))
         elif not alive(_pid(jobdir / "supervisor.pid")):
             line.update(state="ended", outcome="node_fail", reason="the local supervisor died")
         elif start is not None:
-            line.update(state="running", started_at=start["started_at"])
-        else:
-            line.update(state="pending", reason="Dependency" if job["after"] else "Starting")
+            line.update(state="running", started_at=start["started_at"], slot=start.get("slot"))
+        elif job["after"] and not _ended(root, job["after"]):
+            line.update(state="pending", reason="Dependency")
+        else:  # ready to run: starting, or waiting for one of the machine's slots
+            line.update(state="pending", reason="Resources" if job.get("slots") else "Starting")
         print(json.dumps(line))
     return 0
 
@@ -361,7 +459,7 @@ def _prune(root: Path) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chainrun.localrunner")
+    parser = argparse.ArgumentParser(prog="chainrun local runner")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("submit")
     p.add_argument("--name", required=True)
@@ -370,6 +468,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--signal", default="USR1")
     p.add_argument("--grace", type=int, default=0)
     p.add_argument("--after")
+    p.add_argument("--slots", type=int, help="jobs with --slots that may run on this machine at once")
+    p.add_argument("--gpus-per-slot", type=int, help="CUDA_VISIBLE_DEVICES: GPUs s*G .. s*G+G-1 for slot s")
     p.add_argument("script")
     p.set_defaults(func=submit)
     p = sub.add_parser("poll")
@@ -383,7 +483,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except ChainrunError as exc:  # e.g. a state directory open to others: one line, exit 2
+    except RunnerError as exc:  # e.g. a state directory open to others: one line, exit 2
         print(f"chainrun local runner: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # e.g. a full or read-only disk: one line, exit 1 (try again later)

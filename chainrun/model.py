@@ -66,6 +66,10 @@ class ChainState(enum.Enum):
         return self not in (ChainState.ACTIVE, ChainState.STUCK)
 
 
+# How the reason of a pool's chain begins while it waits, unsubmitted, for a free slot.
+WAITING_FOR_A_SLOT = "waiting for a "
+
+
 @dataclass(frozen=True)
 class SchedulerSpec:
     """The `[scheduler]` table: which backend, where, and its pass-through options."""
@@ -74,11 +78,41 @@ class SchedulerSpec:
     host: Optional[str] = None
     queue: Optional[str] = None
     options: tuple[str, ...] = ()
+    # A pool (kind "local" only): the hosts a chain's segments may be placed on, the
+    # runs each host takes at once, and the GPUs each of those runs gets.
+    hosts: tuple[str, ...] = ()
+    slots: Optional[int] = None  # None: no limit (the local runner on one machine)
+    gpus_per_slot: Optional[int] = None
 
     @property
     def cluster_key(self) -> tuple[str, str]:
-        """Chains with the same key are polled together, once per tick."""
+        """Chains with the same key are polled together, once per tick (a pool's chains:
+        by the host of their segment, ``Chain.cluster_key``)."""
         return (self.kind, self.host or "")
+
+    @property
+    def remote(self) -> bool:
+        """Whether the chain runs on other machines, over SSH: paths there are absolute."""
+        return self.host is not None or bool(self.hosts)
+
+    @property
+    def where(self) -> str:
+        """Where the chain runs, in words: ``this machine``, the host, or the pool."""
+        if not self.hosts:
+            text = self.host or "this machine"
+        else:
+            runs = "1 run" if self.slots == 1 else f"{self.slots} runs"
+            text = f"a pool of {', '.join(self.hosts)}; {runs} at a time on each"
+        if self.gpus_per_slot:
+            text += f", {self.gpus_per_slot} GPU{'s' if self.gpus_per_slot > 1 else ''} per run"
+        elif self.slots and not self.hosts:
+            text += f", {self.slots} run{'s' if self.slots > 1 else ''} at a time"
+        return text
+
+    @property
+    def first_host(self) -> Optional[str]:
+        """Where the checkpoint is looked at before any segment ran: the host, or a pool's first."""
+        return self.host or (self.hosts[0] if self.hosts else None)
 
 
 # JobSpec fields JSON gives back as lists, made tuples again by from_json.
@@ -139,6 +173,9 @@ class JobSpec:
                 host=sched["host"],
                 queue=sched["queue"],
                 options=tuple(sched["options"]),
+                hosts=tuple(sched.get("hosts", ())),
+                slots=sched.get("slots"),
+                gpus_per_slot=sched.get("gpus_per_slot"),
             ),
             env=tuple((k, v) for k, v in data["env"]),
             inherit_env=tuple(data.get("inherit_env", ())),
@@ -221,6 +258,7 @@ class Segment:
     charged: bool = False
     reason: str = ""
     tail: tuple[str, ...] = ()  # the last lines of its output, when the command failed
+    host: Optional[str] = None  # where a pool placed it (None: the chain's scheduler.host)
 
 
 @dataclass(frozen=True)
@@ -244,6 +282,19 @@ class Chain:
     @property
     def live(self) -> tuple[Segment, ...]:
         return tuple(s for s in self.segments if s.phase.live)
+
+    @property
+    def host(self) -> Optional[str]:
+        """Where the chain runs, or ran last: a pool's chain on its newest segment's host."""
+        placed = next((s.host for s in reversed(self.segments) if s.host), None)
+        return placed or self.spec.scheduler.first_host
+
+    @property
+    def cluster_key(self) -> tuple[str, str]:
+        """The cluster whose poll serves the chain: a pool's, its live segment's host."""
+        if not self.spec.scheduler.hosts:
+            return self.spec.scheduler.cluster_key
+        return (self.spec.scheduler.kind, self.host or "")
 
     @property
     def next_n(self) -> int:

@@ -177,7 +177,7 @@ class Notifier:
         if not on_end and not webhook:
             return None
         # The workdir of a remote chain is on the cluster; the command runs here.
-        cwd = spec.workdir if not spec.scheduler.host else str(Path.home())
+        cwd = spec.workdir if not spec.scheduler.remote else str(Path.home())
         return Delivery(end_payload(chain), on_end, webhook, cwd)
 
     def start(self, leftovers: bool = False) -> None:

@@ -46,7 +46,7 @@ class Snapshot:
 
 def source_dir(spec: JobSpec) -> str:
     """The directory on this machine whose repository is captured."""
-    if spec.scheduler.host:
+    if spec.scheduler.remote:
         return os.path.dirname(spec.source) or "."
     return spec.workdir
 
@@ -71,7 +71,7 @@ def capture(spec: JobSpec) -> Snapshot:
     excluded = [
         p
         for p in (spec.checkpoint_dir, posixpath.join(spec.workdir, RUN_DIR_NAME))
-        if not spec.scheduler.host
+        if not spec.scheduler.remote
     ]
     pathspec = ["."] + [f":(top,exclude){os.path.relpath(p, top)}" for p in excluded if _inside(p, top)]
     with tempfile.TemporaryDirectory(prefix="chainrun-snapshot-") as tmp:

@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from chainrun.daemon import read_status
 from chainrun.localrunner import alive
-from chainrun.model import Chain, ChainState, Outcome, Phase, Segment
+from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Outcome, Phase, Segment
 from chainrun.store import DamagedChain
 
 WIDTH = 80  # the table's width when the terminal's is not known (a pipe, a file)
@@ -175,6 +175,8 @@ def state_cell(chain: Chain, now: float) -> str:
     if seg is not None:
         return "running" + (f" {short(now - seg.started_at)}" if seg.started_at is not None else "")
     seg = _upcoming(chain)
+    if seg is None and chain.spec.scheduler.hosts and chain.reason.startswith(WAITING_FOR_A_SLOT):
+        return "waiting for a slot"
     return _waiting(seg, now) if seg is not None else str(chain.state.value)
 
 
@@ -231,10 +233,11 @@ def details(chain: Chain, now: float) -> list[str]:
     seg = _running(chain)
     if seg is not None:
         since = f" for {short(now - seg.started_at)}" if seg.started_at is not None else ""
-        lines.append(f"segment {seg.n}: job {seg.job_id or '?'} running{since}")
+        on = f" on {seg.host}" if seg.host else ""
+        lines.append(f"segment {seg.n}: job {seg.job_id or '?'}{on} running{since}")
     nxt = None if chain.state.final else _upcoming(chain)
     if nxt is not None:
-        job = f"job {nxt.job_id} " if nxt.job_id else ""
+        job = (f"job {nxt.job_id} " if nxt.job_id else "") + (f"on {nxt.host} " if nxt.host else "")
         lines.append(f"next: segment {nxt.n}: {job}{_waiting(nxt, now)}")
     latest = chain.latest
     if latest.epoch is not None or latest.saved_at is not None:
@@ -250,14 +253,35 @@ def details(chain: Chain, now: float) -> list[str]:
         f"{segments_run(chain)} of at most {chain.max_segments} segments run; "
         f"failures {failures_cell(chain)}"
     )
-    where = chain.spec.scheduler.host or "this machine"
+    placed = _placed(chain)
+    if placed:
+        lines.append(f"hosts: {placed}")
     queue = f", queue {chain.spec.scheduler.queue}" if chain.spec.scheduler.queue else ""
-    lines.append(f"scheduler: {chain.spec.scheduler.kind} on {where}{queue}")
+    lines.append(f"scheduler: {chain.spec.scheduler.kind} on {chain.spec.scheduler.where}{queue}")
     started = f"submitted {when(chain.created_at, now)}"
     if chain.ended_at is not None:
         started += f", ended {when(chain.ended_at, now)}"
     lines.append(started)
     return lines
+
+
+def _placed(chain: Chain) -> str:
+    """Where a pool placed the chain's segments, a run of segments on one host at a time:
+    ``segments 1-2 on gpu1, 3 on gpu2``; "" when it placed none."""
+    runs: list[tuple[int, int, str]] = []
+    for seg in chain.segments:
+        if seg.host is None:
+            continue
+        if runs and runs[-1][2] == seg.host and runs[-1][1] == seg.n - 1:
+            runs[-1] = (runs[-1][0], seg.n, seg.host)
+        else:
+            runs.append((seg.n, seg.n, seg.host))
+    parts = [f"{a} on {h}" if a == b else f"{a}-{b} on {h}" for a, b, h in runs]
+    return (
+        ("segment " if len(runs) == 1 and runs[0][0] == runs[0][1] else "segments ") + ", ".join(parts)
+        if parts
+        else ""
+    )
 
 
 def _shown(text: str) -> str:
@@ -445,7 +469,7 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
         "segments_run": segments_run(c),
         "max_segments": c.max_segments,
         "scheduler": c.spec.scheduler.kind,
-        "host": c.spec.scheduler.host,
+        "host": c.host,
         "created_at": c.created_at,
         "ended_at": c.ended_at,
         "next": None
@@ -471,6 +495,7 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
                 "started_at": s.started_at,
                 "ended_at": s.ended_at,
                 "tail": list(s.tail),
+                "host": s.host,
             }
             for s in c.segments
         ],

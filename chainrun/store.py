@@ -40,7 +40,6 @@ import re
 import secrets
 import shlex
 import sqlite3
-import stat
 import time
 import typing
 from collections.abc import Callable, Iterator, Sequence
@@ -49,7 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from chainrun import localrunner
 from chainrun.errors import StoreError, StoreUnavailable, UsageError
+from chainrun.localrunner import default_home as default_home  # where chainrun keeps its state
 from chainrun.logs import get_logger
 from chainrun.model import (
     Action,
@@ -73,7 +74,7 @@ from chainrun.model import (
 
 log = get_logger(__name__)
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 BUSY_TIMEOUT = 10.0  # seconds a statement waits for another process's write lock
 READ_TIMEOUT = 1.0  # seconds a read-only command waits for a writer before saying it is busy
 MAX_REF = 200  # the longest chain reference (id, id prefix or name) a command accepts
@@ -152,6 +153,8 @@ MIGRATIONS: list[str] = [
         UPDATE chains SET version = version + 1 WHERE id = OLD.chain_id;
     END
     """,
+    # 5: the host a pool placed each segment on (NULL: the chain's scheduler.host).
+    "ALTER TABLE segments ADD COLUMN host TEXT",
 ]
 
 
@@ -167,57 +170,18 @@ def _statements(script: str) -> Iterator[str]:
             statement = ""
 
 
-def default_home() -> Path:
-    """``$CHAINRUN_HOME``, else ``$XDG_STATE_HOME/chainrun``, else ``~/.local/state/chainrun``."""
-    home = os.environ.get("CHAINRUN_HOME")
-    if home:
-        return Path(home).expanduser()
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "chainrun"
-
-
 def new_chain_id(name: str) -> str:
     """A fresh chain id: the chain's name and six random hex digits."""
     return f"{name}-{secrets.token_hex(3)}"
 
 
 def private_dir(path: Path) -> Path:
-    """Create ``path`` (mode 0700) if needed; state is private to the user.
-
-    An existing directory others can enter, or one that belongs to another user,
-    is refused, never chmod-ed: it may be a shared one (CHAINRUN_HOME=$HOME by
-    mistake) that must stay as it is, or a neighbour's, whose state is not ours.
-    """
+    """Create ``path`` (mode 0700) if needed; refuse one others may enter or that is not ours
+    (the local runner's rule, which keeps its own state with it)."""
     try:
-        path.mkdir(mode=0o700, parents=True)
-        return path
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise UsageError(f"cannot create the state directory {_short(path)}: {exc.strerror}") from None
-    try:
-        st = path.stat()
-    except OSError as exc:
-        raise UsageError(f"cannot use the state directory {_short(path)}: {exc.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise UsageError(f"{path} is not a directory; set CHAINRUN_HOME to a directory of your own")
-    if st.st_uid != os.geteuid():
-        raise UsageError(
-            f"{path} belongs to another user (uid {st.st_uid}); chainrun keeps its state private: "
-            "set CHAINRUN_HOME to a directory of your own"
-        )
-    if st.st_mode & 0o077:
-        raise UsageError(
-            f"{path} is open to other users; chainrun keeps its state private: "
-            f"run `chmod 700 {path}` if it is chainrun's own, or set CHAINRUN_HOME to a new directory"
-        )
-    return path
-
-
-def _short(path: Path) -> str:
-    """A path for a one-line message: a very long one is cut in the middle."""
-    text = str(path)
-    return text if len(text) <= 200 else f"{text[:100]}...{text[-60:]}"
+        return localrunner.private_dir(path)
+    except localrunner.RunnerError as exc:
+        raise UsageError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -300,7 +264,9 @@ class Store:
         try:
             exists = self.home.exists()  # a file there is refused below, as for writing
         except OSError as exc:  # a name too long, say
-            raise UsageError(f"cannot use the state directory {_short(self.home)}: {exc.strerror}") from None
+            raise UsageError(
+                f"cannot use the state directory {localrunner.short_path(self.home)}: {exc.strerror}"
+            ) from None
         if exists:
             private_dir(self.home)  # refused when open to others, as for writing (never created)
         try:
@@ -724,18 +690,19 @@ class Store:
 
     # -- segments -------------------------------------------------------------
 
-    def journal_submit(self, chain_id: str, sub: Submit, now: float) -> int:
-        """Write 'submitting segment n' before the scheduler is asked; returns the attempt's
-        number. A crash after this is resolved by adoption (decide), never a second job."""
+    def journal_submit(self, chain_id: str, sub: Submit, now: float, host: Optional[str] = None) -> int:
+        """Write 'submitting segment n' (on ``host``, for a pool) before the scheduler is asked;
+        returns the attempt's number. A crash after this is resolved by adoption (decide),
+        never a second job."""
         with self._tx() as db:
             row = db.execute(
                 "SELECT attempts FROM segments WHERE chain_id = ? AND n = ?", (chain_id, sub.n)
             ).fetchone()
             if row is None:
                 db.execute(
-                    "INSERT INTO segments (chain_id, n, walltime, phase, after, attempts, submitted_at) "
-                    "VALUES (?, ?, ?, ?, ?, 1, ?)",
-                    (chain_id, sub.n, sub.walltime, Phase.SUBMITTING.value, sub.after, now),
+                    "INSERT INTO segments (chain_id, n, walltime, phase, after, attempts, "
+                    "submitted_at, host) VALUES (?, ?, ?, ?, ?, 1, ?, ?)",
+                    (chain_id, sub.n, sub.walltime, Phase.SUBMITTING.value, sub.after, now, host),
                 )
                 return 1
             db.execute(
@@ -743,6 +710,17 @@ class Store:
                 (now, chain_id, sub.n),
             )
             return int(row["attempts"]) + 1
+
+    def set_waiting(self, chain_id: str, reason: str, now: float) -> None:
+        """Why an active chain waits unsubmitted (a pool with no free slot), as its reason and
+        an event; "" clears it once the chain goes on."""
+        with self._tx() as db:
+            changed = db.execute(
+                "UPDATE chains SET reason = ? WHERE id = ? AND reason != ? AND state IN (?, ?)",
+                (reason, chain_id, reason, *LIVE_STATES),
+            ).rowcount
+            if changed and reason:
+                self._event(db, chain_id, None, now, "waiting", reason)
 
     def set_stuck(self, chain_id: str, stuck: bool, reason: str, now: float) -> None:
         """Mark a chain whose ticks keep failing as stuck (with why), or active again."""
@@ -1055,6 +1033,7 @@ def _segment(row: sqlite3.Row) -> Segment:
             charged=bool(data["charged"]),
             reason=data["reason"],
             tail=_tail(data["tail"]),
+            host=data["host"],
         )
         _check(segment)
     except _Unreadable as exc:

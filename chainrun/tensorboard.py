@@ -169,7 +169,7 @@ def serve(
     echo: Callable[[str], None],
 ) -> int:
     """Serve ``chain``'s TensorBoard until Ctrl-C (0) or until TensorBoard ends by itself (1)."""
-    host = chain.spec.scheduler.host
+    host = chain.host
     command = program_for(host, program)
     transport = transport_for(host)
     directory = logdir_for(chain, logdir)

@@ -29,7 +29,7 @@ from chainrun.checkpoint._progress import encode_progress
 from chainrun.errors import SchedulerError, TransportError
 from chainrun.model import CommandResult, LiveJob, Outcome, Phase
 from chainrun.schedulers.segment import SegmentJob
-from chainrun.transport import FileInfo
+from chainrun.transport import FileInfo, Transport
 
 _STEM = re.compile(r"\.sh\Z")
 USER = 1000  # who the fake cluster's files belong to
@@ -205,6 +205,9 @@ class FakeScheduler:
 
     kind: ClassVar[str] = "fake"
     wrapper_signals: ClassVar[bool] = False
+
+    def prepare(self, transport: Transport) -> None:
+        pass  # its tools are the cluster's own
 
     def directives(self, job: SegmentJob) -> list[str]:
         return [f"# fake job {job.tag}"]

@@ -51,13 +51,16 @@ def _children(pid: int) -> list[int]:
 class PrivateSSHD:
     """One sshd on 127.0.0.1:``port``; ``config`` is the client config to point CHAINRUN_SSH_CONFIG at."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, alias: str = ALIAS, server: str = "") -> None:
+        """``alias``: the client config's name for it; ``server``: lines added to its sshd_config
+        (``SetEnv CHAINRUN_HOME=...`` gives its sessions a state directory of their own)."""
         need(
             "the test sshd's keys",
             os.geteuid() == 0 and (CLIENT_DIR / "id_ed25519").is_file() and os.path.exists("/usr/sbin/sshd"),
             "sudo scripts/start-sshd",
         )
         self.dir = directory
+        self.alias = alias
         self.port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         keys = [k for k in HOST_KEYS if os.path.exists(k)]
@@ -68,7 +71,7 @@ class PrivateSSHD:
             "PermitRootLogin prohibit-password\nPubkeyAuthentication yes\n"
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "AuthorizedKeysFile .ssh/authorized_keys\nUsePAM yes\nAllowTcpForwarding yes\n"
-            "MaxStartups 50:30:100\nMaxSessions 50\nSubsystem sftp /usr/lib/openssh/sftp-server\n"
+            "MaxStartups 50:30:100\nMaxSessions 50\nSubsystem sftp /usr/lib/openssh/sftp-server\n" + server
         )
         known = [
             f"[127.0.0.1]:{self.port} {' '.join(Path(k + '.pub').read_text().split()[:2])}" for k in keys
@@ -76,7 +79,7 @@ class PrivateSSHD:
         (directory / "known_hosts").write_text("\n".join(known) + "\n")
         self.config = directory / "ssh_config"
         self.config.write_text(
-            f"Host {ALIAS}\n    HostName 127.0.0.1\n    Port {self.port}\n    User root\n"
+            f"Host {alias}\n    HostName 127.0.0.1\n    Port {self.port}\n    User root\n"
             f"    IdentityFile {CLIENT_DIR}/id_ed25519\n    IdentitiesOnly yes\n"
             f"    UserKnownHostsFile {directory}/known_hosts\n    StrictHostKeyChecking yes\n"
             "    BatchMode yes\n    ServerAliveInterval 5\n"
@@ -85,7 +88,7 @@ class PrivateSSHD:
 
     def answers(self) -> bool:
         result = subprocess.run(
-            ["ssh", "-F", str(self.config), "-o", "ConnectTimeout=5", ALIAS, "true"],
+            ["ssh", "-F", str(self.config), "-o", "ConnectTimeout=5", self.alias, "true"],
             capture_output=True,
             timeout=30,
         )

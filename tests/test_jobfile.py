@@ -133,7 +133,7 @@ def test_progress_names_the_scripts_own_json_file_and_the_key_of_its_epoch(tmp_p
         (BASE + 'signal = "KILL"\n', "signal = 'KILL': allowed: USR1, USR2, TERM"),
         (BASE + '[scheduler]\nkind="pbs"\n', "scheduler.kind = 'pbs': allowed: local, slurm, sge"),
         (BASE + '[scheduler]\nkind="slurm"\noptions="--mem=1G"\n', "scheduler.options"),
-        (BASE + '[scheduler]\nkind="slurm"\nhost="login"\n', "workdir: with scheduler.host set"),
+        (BASE + '[scheduler]\nkind="slurm"\nhost="login"\n', "workdir: with scheduler.host (or hosts) set"),
         (BASE + '[env]\nCHAINRUN_X = "1"\n', "env.CHAINRUN_X"),
         (BASE + '[env]\n"BAD-NAME" = "1"\n', "env.BAD-NAME"),
         (BASE + 'progress = "state.json"\n', "progress = 'state.json': expected \"FILE.json:KEY\""),

@@ -311,3 +311,37 @@ def test_a_job_whose_supervisor_died_does_not_hold_its_name(local_home: Path, tm
     assert int(again.stdout) != first_id
     runner(home, "cancel", again.stdout.strip())
     assert ended(home, int(again.stdout))["outcome"] == "cancelled"
+
+
+def test_slots_let_no_more_jobs_run_than_the_machine_has_and_name_each_its_gpus(
+    local_home: Path, tmp_path: Path
+) -> None:
+    """With --slots 2, a third ready job waits ("Resources") until a slot frees; each job gets
+    its slot as CHAINRUN_SLOT and, with --gpus-per-slot 2, that slot's GPUs."""
+    home = local_home
+    ids = []
+    for name in ("a", "b", "c"):
+        script = tmp_path / f"{name}.sh"
+        script.write_text(
+            f"echo $$ >>{tmp_path}/pids\necho $CHAINRUN_SLOT $CUDA_VISIBLE_DEVICES >{tmp_path}/{name}.saw\n"
+            f"while [ ! -e {tmp_path}/{name}.go ]; do sleep 0.1; done\n"
+        )
+        options = ("--walltime", "120", "--slots", "2", "--gpus-per-slot", "2")
+        result = runner(home, *submit_argv(tmp_path, f"cr.{name}.1", script, *options))
+        assert result.returncode == 0, result.stderr
+        ids.append(int(result.stdout))
+        if name != "c":  # a and b take the two slots before c is queued
+            wait_for((tmp_path / f"{name}.saw").exists, 60, f"job {name} to start")
+    a, b, c = ids
+    assert {(tmp_path / n).read_text() for n in ("a.saw", "b.saw")} == {"0 0,1\n", "1 2,3\n"}
+    wait_for(lambda: poll(home)[c].get("reason") == "Resources", 60, "job c to wait for a slot")
+    assert not (tmp_path / "c.saw").exists() and poll(home)[c]["state"] == "pending"
+
+    (tmp_path / "a.go").touch()
+    assert ended(home, a)["outcome"] == "completed"
+    wait_for(lambda: (tmp_path / "c.saw").exists(), 60, "job c to start in a's slot")
+    assert (tmp_path / "c.saw").read_text() == (tmp_path / "a.saw").read_text()
+    assert poll(home)[b]["state"] == "running"
+    for name in ("b", "c"):
+        (tmp_path / f"{name}.go").touch()
+    assert ended(home, c)["slot"] == poll(home)[a]["slot"]

@@ -17,7 +17,7 @@ def scheduler_for(kind: str, host: Optional[str]) -> Scheduler:
     if kind == "local":
         from chainrun.schedulers.local import LocalScheduler
 
-        return LocalScheduler(python=None if not host else "python3")
+        return LocalScheduler(host=host or None)
     if kind == "slurm":
         from chainrun.schedulers.slurm import SlurmScheduler
 
@@ -34,7 +34,7 @@ def preflight(spec: JobSpec) -> tuple[str, list[str]]:
     backend refuses (a job name, a path SGE would rewrite) is a job file error before any chain
     exists; and, for a chain on this machine, refuse a run directory someone else could change.
     Returns the script and the submit command, for ``check --show-script``."""
-    scheduler = scheduler_for(spec.scheduler.kind, spec.scheduler.host)
+    scheduler = scheduler_for(spec.scheduler.kind, spec.scheduler.first_host)
     job = SegmentJob(new_chain_id(spec.name), 1, spec, spec.walltime)
     try:
         script = render_script(scheduler, job)
@@ -42,6 +42,6 @@ def preflight(spec: JobSpec) -> tuple[str, list[str]]:
         scheduler.submit_argv(SegmentJob(job.chain_id, 2, spec, spec.walltime, after="1"))
     except SchedulerError as exc:
         raise JobFileError(f"{spec.source}: {exc}") from None
-    if spec.scheduler.host is None:
+    if not spec.scheduler.remote:
         trust_run_dir(LocalTransport(), spec, None, create=False)
     return script, argv

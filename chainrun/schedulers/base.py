@@ -9,11 +9,14 @@ every backend (names, paths, the wrapper and its markers) is in ``segment``.
 from __future__ import annotations
 
 import re
-from typing import ClassVar, Optional, Protocol
+from typing import TYPE_CHECKING, ClassVar, Optional, Protocol
 
 from chainrun.errors import SchedulerError
 from chainrun.model import CommandResult, LiveJob
 from chainrun.schedulers.segment import SegmentJob
+
+if TYPE_CHECKING:
+    from chainrun.transport import Transport
 
 
 class Scheduler(Protocol):
@@ -23,6 +26,10 @@ class Scheduler(Protocol):
     # True when the scheduler cannot send the warning signal ``grace`` seconds
     # before its walltime kill; the wrapper then sends it to itself.
     wrapper_signals: ClassVar[bool]
+
+    def prepare(self, transport: Transport) -> None:
+        """Make this backend's commands runnable through ``transport``, before a tick runs
+        any: the local runner copies itself to a remote host. Raises TransportError."""
 
     def directives(self, job: SegmentJob) -> list[str]:
         """Header lines (``#SBATCH ...``) placed right after the shebang."""

@@ -3,17 +3,30 @@
 Builds ``python -m chainrun.localrunner`` commands and parses their output,
 exactly as the Slurm and SGE backends do with sbatch and squeue, so the engine
 treats a workstation like any other cluster (over SSH too).
+
+A workstation reached over SSH needs no chainrun: ``prepare`` copies the
+runner (one file, standard library only) to ``~/.chainrun/runner/``, named by
+its content's hash, once per host and chainrun version, and the commands run
+it with the host's ``python3``.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import sys
-from typing import ClassVar, Optional
+from importlib import resources
+from typing import TYPE_CHECKING, ClassVar, Optional
 
 from chainrun.errors import SchedulerError
 from chainrun.model import CommandResult, LiveJob, Outcome, Phase
 from chainrun.schedulers.segment import SegmentJob
+
+if TYPE_CHECKING:
+    from chainrun.transport import Transport
+
+RUNNER_DIR = ".chainrun/runner"  # on a remote host, relative to the login directory
 
 _PHASES = {"pending": Phase.PENDING, "running": Phase.RUNNING, "ended": Phase.ENDED}
 
@@ -22,13 +35,32 @@ class LocalScheduler:
     kind: ClassVar[str] = "local"
     wrapper_signals: ClassVar[bool] = False
 
-    def __init__(self, python: Optional[str] = None) -> None:
-        # On this machine, the interpreter chainrun runs under; on a remote
-        # workstation, whatever python3 its login shell finds.
-        self.python = python or sys.executable
+    def __init__(self, host: Optional[str] = None) -> None:
+        self.host = host
 
     def _argv(self, *args: str) -> list[str]:
-        return [self.python, "-m", "chainrun.localrunner", *args]
+        if self.host is None:  # this machine: the interpreter chainrun runs under
+            return [sys.executable, "-m", "chainrun.localrunner", *args]
+        # A remote workstation: its login shell's python3, running the copy ``prepare`` made.
+        return ["python3", runner_path(), *args]
+
+    def prepare(self, transport: Transport) -> None:
+        """On a remote host, copy the runner there unless it is there already (and ours)."""
+        if self.host is None:
+            return
+        path = "~/" + runner_path()
+        info = transport.stat(path)
+        source = runner_source()
+        if (
+            info is not None
+            and info.is_file
+            and info.size == len(source)
+            and info.uid == transport.user_id()
+            and not info.mode & 0o022
+        ):
+            return
+        transport.makedirs("~/" + RUNNER_DIR, mode=0o700)
+        transport.write_file(path, source, mode=0o600)  # whole or not at all
 
     def directives(self, job: SegmentJob) -> list[str]:
         return [f"# local runner job {job.tag}"]
@@ -49,6 +81,11 @@ class LocalScheduler:
         )
         if job.after:
             argv += ["--after", job.after]
+        sched = job.spec.scheduler
+        if sched.slots is not None:
+            argv += ["--slots", str(sched.slots)]
+        if sched.gpus_per_slot is not None:
+            argv += ["--gpus-per-slot", str(sched.gpus_per_slot)]
         return [*argv, job.script_path]
 
     def parse_submit(self, result: CommandResult) -> str:
@@ -93,3 +130,16 @@ class LocalScheduler:
 
     def parse_explain(self, result: CommandResult) -> str:
         return ""
+
+
+@functools.lru_cache(maxsize=1)
+def runner_source() -> bytes:
+    """The local runner's own source, as copied to remote hosts."""
+    return resources.files("chainrun").joinpath("localrunner.py").read_bytes()
+
+
+def runner_path() -> str:
+    """Where the runner's copy lives on a remote host (relative to the login directory):
+    named by its content, so that each chainrun version has its own and none is half new."""
+    digest = hashlib.sha256(runner_source()).hexdigest()[:16]
+    return f"{RUNNER_DIR}/localrunner-{digest}.py"

@@ -8,12 +8,15 @@ the tag, limits and signal, then the user's options verbatim.
 from __future__ import annotations
 
 import re
-from typing import ClassVar, Optional
+from typing import TYPE_CHECKING, ClassVar, Optional
 
 from chainrun.errors import SchedulerError
 from chainrun.model import CommandResult, LiveJob, Outcome, Phase
 from chainrun.schedulers.base import command_error, submitted_id
 from chainrun.schedulers.segment import SegmentJob
+
+if TYPE_CHECKING:
+    from chainrun.transport import Transport
 
 # Times as epoch seconds: Slurm prints local time without a zone otherwise, and
 # the service may run in another zone than the cluster (over SSH).
@@ -108,6 +111,9 @@ def _exit_code(text: str, outcome: Optional[Outcome]) -> Optional[int]:
 class SlurmScheduler:
     kind: ClassVar[str] = "slurm"
     wrapper_signals: ClassVar[bool] = False
+
+    def prepare(self, transport: Transport) -> None:
+        pass  # its tools are the cluster's own
 
     def directives(self, job: SegmentJob) -> list[str]:
         spec = job.spec
