@@ -10,7 +10,10 @@ that are due: at once, then after growing intervals, and always in the tick
 that would find one lost. **Decide** is ``decide()``: facts in, actions out.
 **Act and record**: a submission is journaled, then made; cancels go out in
 one command; then everything the tick learned and did for the chain is
-written in one transaction (nothing, when nothing changed).
+written in one transaction (nothing, when nothing changed). On a backend
+with job arrays, the first segments of a sweep's chains that a tick submits
+go out together after the cluster's chains have acted (``_submit_arrays``):
+one array job per set of chains whose scheduler directives are the same.
 
 A fault in one chain's tick is that chain's: it is logged, counted, retried
 next tick, and after ``STUCK_AFTER`` failing ticks the chain is marked stuck
@@ -50,12 +53,16 @@ from chainrun.model import (
     Track,
 )
 from chainrun.schedulers import scheduler_for
-from chainrun.schedulers.base import Scheduler
+from chainrun.schedulers.base import ArrayScheduler, Scheduler
 from chainrun.schedulers.segment import (
+    ARRAY_PREFIX,
     EndMarker,
     SegmentJob,
     StartMarker,
+    array_stem,
+    array_tag,
     final_path,
+    render_array_script,
     render_script,
     trust_run_dir,
     trust_script,
@@ -105,6 +112,7 @@ class _Cluster:
     transport: Transport
     live: dict[str, LiveJob]
     tagged: dict[str, dict[int, tuple[LiveJob, ...]]]  # live jobs tagged cr.CHAIN.N, by chain and N
+    tasks: dict[tuple[str, int], tuple[LiveJob, ...]]  # live array tasks, by array name and index
 
 
 class Engine:
@@ -153,7 +161,9 @@ class Engine:
         now = self.clock()
         groups: dict[tuple[str, str], list[Chain]] = defaultdict(list)
         retries: list[float] = []  # when submissions that failed want their next try
-        for chain in self.store.chains(active_only=True):
+        active = self.store.chains(active_only=True)
+        held = _held(active)
+        for chain in active:
             if (only is None or chain.id in only) and now >= self.stuck_until.get(chain.id, 0.0):
                 groups[chain.spec.scheduler.cluster_key].append(chain)
         for (kind, host), chains in groups.items():
@@ -168,13 +178,16 @@ class Engine:
             for chain in chains:
                 facts = self._guarded(chain, summary, self._observe, cluster, chain)
                 if facts is not None:
-                    gathered[chain.id] = facts
+                    gathered[chain.id] = replace(facts, may_start=False) if chain.id in held else facts
             gathered = self._account(cluster, chains, gathered, now)
+            arrays: list[tuple[Chain, Submit]] = []  # first segments to submit as array tasks
             for chain in chains:
                 if chain.id in gathered:
                     retries += (
-                        self._guarded(chain, summary, self._act, cluster, chain, gathered[chain.id]) or []
+                        self._guarded(chain, summary, self._act, cluster, chain, gathered[chain.id], arrays)
+                        or []
                     )
+            retries += self._submit_arrays(cluster, arrays)
         counts = self.store.summary()
         summary.running, summary.queued = counts["running"], counts["queued"]
         summary.active, summary.failed, summary.stuck = counts["active"], counts["failed"], counts["stuck"]
@@ -189,12 +202,19 @@ class Engine:
         result = transport.run(scheduler.poll_argv(), timeout=POLL_TIMEOUT)
         live = scheduler.parse_poll(result)
         tagged: dict[str, dict[int, tuple[LiveJob, ...]]] = defaultdict(dict)
+        tasks: dict[tuple[str, int], tuple[LiveJob, ...]] = {}
+        arrays = isinstance(scheduler, ArrayScheduler)
         for job in live.values():
+            if arrays and job.name.startswith(ARRAY_PREFIX):
+                index = typing.cast(ArrayScheduler, scheduler).task_index(job.job_id)
+                if index is not None:
+                    tasks[(job.name, index)] = (*tasks.get((job.name, index), ()), job)
+                continue
             chain_id, _, n = job.name[3:].rpartition(".") if job.name.startswith("cr.") else ("", "", "")
             if chain_id and n.isascii() and n.isdigit():
                 jobs, k = tagged[chain_id], int(n)
                 jobs[k] = (*jobs.get(k, ()), job)
-        return _Cluster(key, scheduler, transport, live, tagged)
+        return _Cluster(key, scheduler, transport, live, tagged, tasks)
 
     def _guarded(
         self, chain: Chain, summary: TickSummary, step: Callable[..., _T], *args: object
@@ -232,6 +252,12 @@ class Engine:
     def _observe(self, cluster: _Cluster, chain: Chain) -> Facts:
         jobs: dict[str, JobFacts] = {}
         tagged = cluster.tagged.get(chain.id, {})
+        first = chain.segments[0] if chain.segments else None
+        if first is not None and first.array is not None and first.task is not None:
+            # A first segment sent as an array task is found under the array's name and its index.
+            found_tasks = cluster.tasks.get((first.array, first.task), ())
+            if found_tasks:
+                tagged = {**tagged, first.n: (*tagged.get(first.n, ()), *found_tasks)}
         found = {}
         for seg in chain.live:
             if seg.phase is Phase.SUBMITTING and seg.n not in tagged:
@@ -333,8 +359,11 @@ class Engine:
 
     # -- act and record ------------------------------------------------------------
 
-    def _act(self, cluster: _Cluster, chain: Chain, facts: Facts) -> list[float]:
-        """Decide, carry out, record; returns when failed submissions want their next try."""
+    def _act(
+        self, cluster: _Cluster, chain: Chain, facts: Facts, arrays: list[tuple[Chain, Submit]]
+    ) -> list[float]:
+        """Decide, carry out, record; returns when failed submissions want their next try.
+        A sweep's first segment that can go out as an array task is left in ``arrays``."""
         now = self.clock()
         actions = decide(chain, facts, now)
         warnings: list[str] = []
@@ -347,7 +376,9 @@ class Engine:
         self._cancel(cluster, [a for a in actions if isinstance(a, (Cancel, Remove))], warnings)
         done: list[Action] = []
         for action in actions:
-            if isinstance(action, Submit):
+            if isinstance(action, Submit) and _arrayable(cluster, chain, action):
+                arrays.append((chain, action))
+            elif isinstance(action, Submit):
                 done.append(self._submit(cluster, chain, action))
             else:
                 done.append(action)
@@ -400,6 +431,117 @@ class Engine:
         return Adopt(
             n=sub.n, job_id=job_id, how="submitted" + (f" after job {sub.after}" if sub.after else "")
         )
+
+    def _submit_arrays(self, cluster: _Cluster, arrays: list[tuple[Chain, Submit]]) -> list[float]:
+        """Submit first segments of sweeps as array tasks: one array job per set of chains whose
+        directives and workdir are the same, each chain journaled as its task first; returns
+        when failed submissions want their next try.
+
+        A chain keeps the array name and task index it was first journaled with: when that
+        submission may have failed (or the service died around it), the same task is sent
+        again under the same name, so a job that landed anyway is one of two tasks of one
+        segment (decide removes the second), never a stranger."""
+        if not arrays:
+            return []
+        scheduler = typing.cast(ArrayScheduler, cluster.scheduler)
+        groups: dict[object, list[tuple[Chain, Submit, Optional[int]]]] = defaultdict(list)
+        fresh: dict[object, list[tuple[Chain, Submit]]] = defaultdict(list)
+        for chain, sub in sorted(arrays, key=lambda a: a[0].id):
+            first = chain.segments[0] if chain.segments else None
+            if first is not None and first.array is not None and first.task is not None:
+                groups[first.array].append((chain, sub, first.task))
+            else:
+                job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime)
+                fresh[(tuple(scheduler.array_directives(job, "")), chain.spec.workdir)].append((chain, sub))
+        for members in fresh.values():
+            for start in range(0, len(members), scheduler.max_tasks):
+                chunk = members[start : start + scheduler.max_tasks]
+                groups[array_tag(chunk[0][0].id)] = [(c, s, i) for i, (c, s) in enumerate(chunk)]
+        retries: list[float] = []
+        for name, group in groups.items():
+            assert isinstance(name, str)
+            for chain, action in self._submit_array(cluster, scheduler, name, group):
+                self.store.record(chain.id, [action], None, [], self.clock())
+                _log(chain.id, action)
+                if isinstance(action, RetryLater):
+                    retries.append(action.at)
+        return retries
+
+    def _submit_array(
+        self,
+        cluster: _Cluster,
+        scheduler: ArrayScheduler,
+        name: str,
+        group: list[tuple[Chain, Submit, Optional[int]]],
+    ) -> list[tuple[Chain, Action]]:
+        """Journal each chain as its task, write each chain's own segment script and the
+        array's script, submit the array once: each chain's Adopt, or what its failure means."""
+        now = self.clock()
+        outcome: list[tuple[Chain, Action]] = []
+        tasks: list[tuple[int, SegmentJob, Chain, int]] = []
+        for chain, sub, index in group:
+            assert index is not None
+            attempts = self.store.journal_submit(chain.id, sub, now, task=(name, index))
+            job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime)
+            try:
+                trust_run_dir(cluster.transport, chain.spec, chain.id, create=True)
+                cluster.transport.write_file(
+                    job.script_path, render_script(scheduler, job).encode(), mode=0o700
+                )
+                trust_script(cluster.transport, job.script_path)
+            except (TransportError, SchedulerError, UnsafePathError) as exc:
+                outcome.append((chain, after_submit(sub.n, attempts, exc, now)))  # that chain's alone
+                continue
+            tasks.append((index, job, chain, attempts))
+        if not tasks:
+            return outcome
+        spec = tasks[0][1].spec
+        stem = array_stem(spec, name)
+        try:
+            trust_run_dir(cluster.transport, spec, None, create=True)
+            script = render_array_script(scheduler, name, [(i, job) for i, job, _, _ in tasks])
+            cluster.transport.write_file(stem + ".sh", script.encode(), mode=0o700)
+            trust_script(cluster.transport, stem + ".sh")
+            argv = scheduler.array_submit_argv(
+                stem + ".sh", stem + ".log", spec.workdir, [i for i, _, _, _ in tasks], spec.max_concurrent
+            )
+            base = scheduler.parse_submit(cluster.transport.run(argv, timeout=SUBMIT_TIMEOUT))
+        except (TransportError, SchedulerError, UnsafePathError) as exc:
+            return outcome + [(chain, after_submit(job.n, tries, exc, now)) for _, job, chain, tries in tasks]
+        return outcome + [
+            (
+                chain,
+                Adopt(
+                    n=job.n, job_id=scheduler.task_id(base, i), how=f"submitted as task {i} of array {base}"
+                ),
+            )
+            for i, job, chain, _ in tasks
+        ]
+
+
+def _held(active: Iterable[Chain]) -> set[str]:
+    """The chains of sweeps with ``max_concurrent`` that wait to start: as many of a sweep's
+    chains are under way (a segment submitted, not ended) as it allows, the first ones
+    (by creation, then id) that have not started counted in."""
+    room: dict[str, int] = {}
+    waiting: dict[str, list[Chain]] = defaultdict(list)
+    for chain in active:
+        limit, sweep = chain.spec.max_concurrent, chain.spec.sweep_name
+        if limit is None:
+            continue
+        room[sweep] = room.get(sweep, limit) - bool(chain.segments)
+        if not chain.segments:
+            waiting[sweep].append(chain)
+    held: set[str] = set()
+    for sweep, chains in waiting.items():
+        chains.sort(key=lambda c: (c.created_at, c.id))
+        held.update(c.id for c in chains[max(0, room[sweep]) :])
+    return held
+
+
+def _arrayable(cluster: _Cluster, chain: Chain, sub: Submit) -> bool:
+    """A sweep's first segment, on a backend with job arrays, goes out as an array task."""
+    return sub.n == 1 and bool(chain.spec.sweep_name) and isinstance(cluster.scheduler, ArrayScheduler)
 
 
 def _log(chain_id: str, action: Action) -> None:

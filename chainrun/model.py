@@ -125,6 +125,7 @@ class JobSpec:
     sweep_name: str = ""
     params: tuple[tuple[str, str], ...] = ()
     rep: int = 0
+    max_concurrent: Optional[int] = None  # [sweep]: at most this many of its chains under way at once
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -221,6 +222,8 @@ class Segment:
     charged: bool = False
     reason: str = ""
     tail: tuple[str, ...] = ()  # the last lines of its output, when the command failed
+    array: Optional[str] = None  # a first segment sent as an array task: the array's name
+    task: Optional[int] = None  # and its task index there
 
 
 @dataclass(frozen=True)
