@@ -187,7 +187,7 @@ class Engine:
                         self._guarded(chain, summary, self._act, cluster, chain, gathered[chain.id], arrays)
                         or []
                     )
-            retries += self._submit_arrays(cluster, arrays)
+            retries += self._submit_arrays(cluster, arrays, summary)
         counts = self.store.summary()
         summary.running, summary.queued = counts["running"], counts["queued"]
         summary.active, summary.failed, summary.stuck = counts["active"], counts["failed"], counts["stuck"]
@@ -432,7 +432,9 @@ class Engine:
             n=sub.n, job_id=job_id, how="submitted" + (f" after job {sub.after}" if sub.after else "")
         )
 
-    def _submit_arrays(self, cluster: _Cluster, arrays: list[tuple[Chain, Submit]]) -> list[float]:
+    def _submit_arrays(
+        self, cluster: _Cluster, arrays: list[tuple[Chain, Submit]], summary: TickSummary
+    ) -> list[float]:
         """Submit first segments of sweeps as array tasks: one array job per set of chains whose
         directives and workdir are the same, each chain journaled as its task first; returns
         when failed submissions want their next try.
@@ -444,7 +446,7 @@ class Engine:
         if not arrays:
             return []
         scheduler = typing.cast(ArrayScheduler, cluster.scheduler)
-        groups: dict[object, list[tuple[Chain, Submit, Optional[int]]]] = defaultdict(list)
+        groups: dict[str, list[tuple[Chain, Submit, int]]] = defaultdict(list)
         fresh: dict[object, list[tuple[Chain, Submit]]] = defaultdict(list)
         for chain, sub in sorted(arrays, key=lambda a: a[0].id):
             first = chain.segments[0] if chain.segments else None
@@ -459,8 +461,17 @@ class Engine:
                 groups[array_tag(chunk[0][0].id)] = [(c, s, i) for i, (c, s) in enumerate(chunk)]
         retries: list[float] = []
         for name, group in groups.items():
-            assert isinstance(name, str)
-            for chain, action in self._submit_array(cluster, scheduler, name, group):
+            try:
+                submitted = self._submit_array(cluster, scheduler, name, group)
+            except StoreUnavailable:
+                raise
+            except Exception as exc:  # a bug: journaled, its chains are adopted or sent again next tick
+                log.warning(
+                    "array submission failed; retrying next tick", array=name, error=str(exc), exc_info=True
+                )
+                summary.errors.append(f"array {name}: {type(exc).__name__}: {exc}")
+                continue
+            for chain, action in submitted:
                 self.store.record(chain.id, [action], None, [], self.clock())
                 _log(chain.id, action)
                 if isinstance(action, RetryLater):
@@ -472,7 +483,7 @@ class Engine:
         cluster: _Cluster,
         scheduler: ArrayScheduler,
         name: str,
-        group: list[tuple[Chain, Submit, Optional[int]]],
+        group: list[tuple[Chain, Submit, int]],
     ) -> list[tuple[Chain, Action]]:
         """Journal each chain as its task, write each chain's own segment script and the
         array's script, submit the array once: each chain's Adopt, or what its failure means."""
@@ -480,7 +491,6 @@ class Engine:
         outcome: list[tuple[Chain, Action]] = []
         tasks: list[tuple[int, SegmentJob, Chain, int]] = []
         for chain, sub, index in group:
-            assert index is not None
             attempts = self.store.journal_submit(chain.id, sub, now, task=(name, index))
             job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime)
             try:

@@ -17,10 +17,12 @@ from typing import Callable
 
 import pytest
 from conftest import cli_env, have, need, wait_for
+from test_decide import NOW
 from test_decide import SPEC as DECIDE_SPEC
+from test_decide import chain as bare_chain
 
 from chainrun import jobfile
-from chainrun.decide import backoff
+from chainrun.decide import Facts, backoff, decide
 from chainrun.engine import Engine
 from chainrun.errors import JobFileError
 from chainrun.model import (
@@ -364,3 +366,10 @@ def test_a_bad_max_concurrent_is_one_line_naming_it(tmp_path: Path, value: str, 
     assert needle in str(err.value) and "\n" not in str(err.value)
     path.write_text(path.read_text().replace(f"max_concurrent = {value}", "max_concurrent = 3"))
     assert jobfile.load(path).max_concurrent == 3
+
+
+def test_decide_holds_a_sweeps_chain_that_may_not_start_yet() -> None:
+    """A chain with no segment waits while its sweep's max_concurrent chains are under way."""
+    fresh = bare_chain()
+    assert decide(fresh, Facts(may_start=False), NOW) == []
+    assert decide(fresh, Facts(), NOW) == [Submit(n=1, walltime=DECIDE_SPEC.walltime)]
