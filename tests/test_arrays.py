@@ -10,10 +10,11 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 from conftest import cli_env, have, need, wait_for
@@ -21,7 +22,7 @@ from test_decide import NOW
 from test_decide import SPEC as DECIDE_SPEC
 from test_decide import chain as bare_chain
 
-from chainrun import jobfile
+from chainrun import jobfile, sweep
 from chainrun.decide import Facts, backoff, decide
 from chainrun.engine import Engine
 from chainrun.errors import JobFileError
@@ -39,6 +40,7 @@ from chainrun.schedulers.segment import SegmentJob, array_tag, render_array_scri
 from chainrun.schedulers.slurm import SlurmScheduler
 from chainrun.store import Store
 from chainrun.testing import FakeClock, FakeCluster
+from chainrun.transport import LocalTransport
 
 DATA = Path(__file__).parent / "data"
 TRAINER = DATA / "trainer.py"
@@ -373,3 +375,84 @@ def test_decide_holds_a_sweeps_chain_that_may_not_start_yet() -> None:
     fresh = bare_chain()
     assert decide(fresh, Facts(may_start=False), NOW) == []
     assert decide(fresh, Facts(), NOW) == [Submit(n=1, walltime=DECIDE_SPEC.walltime)]
+
+
+class Died(Exception):
+    """The service dying at a chosen moment."""
+
+
+@pytest.mark.slurm
+def test_crashes_around_the_array_sbatch_on_the_real_slurm_neither_lose_nor_duplicate_tasks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service dies right before its sbatch runs, then (restarted) right after it ran but
+    before recording: the third service finds each chain's task in the real squeue under the
+    array's name and index and adopts it. One array reached Slurm, one task per chain."""
+    with open("/tmp/chainrun-tests-slurm.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        need(
+            "a running Slurm",
+            have("sbatch") and subprocess.run(["scontrol", "ping"], capture_output=True).returncode == 0,
+            "sudo scripts/start-slurm",
+        )
+        _crash_around_sbatch(tmp_path, monkeypatch)
+
+
+def _crash_around_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    spec = replace(
+        DECIDE_SPEC,
+        name="crash",
+        command="sleep 300",
+        workdir=str(work),
+        checkpoint_dir=str(work / "ckpt"),
+        walltime=600,
+        total_time=3600,
+        scheduler=SchedulerSpec(kind="slurm"),
+        sweep=((("lr", "1"),), (("lr", "2"),), (("lr", "3"),)),
+    )
+    store = Store(tmp_path / "home")
+    ids = sorted(store.add_chains([(s, NO_PROGRESS) for s in sweep.expand(spec)], time.time()))
+    sbatch: list[list[str]] = []
+    die_before_sbatch = [True]
+
+    class Transport(LocalTransport):
+        def run(self, argv: Sequence[str], **kw: Any) -> CommandResult:
+            if argv[0] == "sbatch":
+                if die_before_sbatch.pop() if die_before_sbatch else False:
+                    raise Died("before sbatch")
+                sbatch.append(list(argv))
+            return super().run(argv, **kw)
+
+    def engine() -> Engine:
+        return Engine(store, transports=lambda host: Transport())
+
+    engine().tick()  # died before its sbatch: the chains are journaled as tasks 0-2
+    assert sbatch == [] and [store.chain(c).segments[0].task for c in ids] == [0, 1, 2]
+    record = Store.record
+
+    def dying(self: Store, *args: Any, **kw: Any) -> None:
+        raise Died("after sbatch")
+
+    monkeypatch.setattr(Store, "record", dying)
+    try:
+        with pytest.raises(Died):
+            engine().tick()  # sends the same tasks, then dies before recording the ids
+        assert len(sbatch) == 1 and "--array=0-2" in sbatch[0]
+        monkeypatch.setattr(Store, "record", record)
+        engine().tick()
+        jobs = [store.chain(c).segments[0].job_id for c in ids]
+        assert len(sbatch) == 1, sbatch
+        base = (jobs[0] or "").split("_")[0]
+        assert jobs == [f"{base}_{i}" for i in range(3)]
+        assert f"segment 1 adopted after a restart as job {base}_0" in [
+            e.message for e in store.events(ids[0])
+        ]
+        live = SlurmScheduler().parse_poll(LocalTransport().run(SlurmScheduler().poll_argv()))
+        assert sorted(j for j, job in live.items() if job.name == array_tag(ids[0])) == [
+            f"{base}_{i}" for i in range(3)
+        ]
+    finally:
+        store.close()
+        subprocess.run(["scancel", f"--name={array_tag(ids[0])}"], check=False, timeout=60)
