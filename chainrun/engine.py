@@ -113,6 +113,7 @@ class _Cluster:
     live: dict[str, LiveJob]
     tagged: dict[str, dict[int, tuple[LiveJob, ...]]]  # live jobs tagged cr.CHAIN.N, by chain and N
     tasks: dict[tuple[str, int], tuple[LiveJob, ...]]  # live array tasks, by array name and index
+    arrays: Optional[ArrayScheduler]  # the scheduler, when it has job arrays
 
 
 class Engine:
@@ -203,10 +204,10 @@ class Engine:
         live = scheduler.parse_poll(result)
         tagged: dict[str, dict[int, tuple[LiveJob, ...]]] = defaultdict(dict)
         tasks: dict[tuple[str, int], tuple[LiveJob, ...]] = {}
-        arrays = isinstance(scheduler, ArrayScheduler)
+        arrays = scheduler if isinstance(scheduler, ArrayScheduler) else None
         for job in live.values():
-            if arrays and job.name.startswith(ARRAY_PREFIX):
-                index = typing.cast(ArrayScheduler, scheduler).task_index(job.job_id)
+            if arrays is not None and job.name.startswith(ARRAY_PREFIX):
+                index = arrays.task_index(job.job_id)
                 if index is not None:
                     tasks[(job.name, index)] = (*tasks.get((job.name, index), ()), job)
                 continue
@@ -214,7 +215,7 @@ class Engine:
             if chain_id and n.isascii() and n.isdigit():
                 jobs, k = tagged[chain_id], int(n)
                 jobs[k] = (*jobs.get(k, ()), job)
-        return _Cluster(key, scheduler, transport, live, tagged, tasks)
+        return _Cluster(key, scheduler, transport, live, tagged, tasks, arrays)
 
     def _guarded(
         self, chain: Chain, summary: TickSummary, step: Callable[..., _T], *args: object
@@ -443,9 +444,9 @@ class Engine:
         submission may have failed (or the service died around it), the same task is sent
         again under the same name, so a job that landed anyway is one of two tasks of one
         segment (decide removes the second), never a stranger."""
-        if not arrays:
+        scheduler = cluster.arrays
+        if not arrays or scheduler is None:
             return []
-        scheduler = typing.cast(ArrayScheduler, cluster.scheduler)
         groups: dict[str, list[tuple[Chain, Submit, int]]] = defaultdict(list)
         fresh: dict[object, list[tuple[Chain, Submit]]] = defaultdict(list)
         for chain, sub in sorted(arrays, key=lambda a: a[0].id):
@@ -551,7 +552,7 @@ def _held(active: Iterable[Chain]) -> set[str]:
 
 def _arrayable(cluster: _Cluster, chain: Chain, sub: Submit) -> bool:
     """A sweep's first segment, on a backend with job arrays, goes out as an array task."""
-    return sub.n == 1 and bool(chain.spec.sweep_name) and isinstance(cluster.scheduler, ArrayScheduler)
+    return sub.n == 1 and bool(chain.spec.sweep_name) and cluster.arrays is not None
 
 
 def _log(chain_id: str, action: Action) -> None:
