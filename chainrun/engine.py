@@ -487,10 +487,12 @@ class Engine:
         group: list[tuple[Chain, Submit, int]],
     ) -> list[tuple[Chain, Action]]:
         """Journal each chain as its task, write each chain's own segment script and the
-        array's script, submit the array once: each chain's Adopt, or what its failure means."""
+        array's script, submit the array once: each chain's Adopt, or what its failure means.
+        An array the scheduler refuses for good (a site's MaxArraySize below its size, say)
+        is sent again as single jobs, so each chain gets the scheduler's own verdict."""
         now = self.clock()
         outcome: list[tuple[Chain, Action]] = []
-        tasks: list[tuple[int, SegmentJob, Chain, int]] = []
+        tasks: list[tuple[int, SegmentJob, Chain, Submit, int]] = []
         for chain, sub, index in group:
             attempts = self.store.journal_submit(chain.id, sub, now, task=(name, index))
             job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime)
@@ -503,22 +505,29 @@ class Engine:
             except (TransportError, SchedulerError, UnsafePathError) as exc:
                 outcome.append((chain, after_submit(sub.n, attempts, exc, now)))  # that chain's alone
                 continue
-            tasks.append((index, job, chain, attempts))
+            tasks.append((index, job, chain, sub, attempts))
         if not tasks:
             return outcome
         spec = tasks[0][1].spec
         stem = array_stem(spec, name)
         try:
             trust_run_dir(cluster.transport, spec, None, create=True)
-            script = render_array_script(scheduler, name, [(i, job) for i, job, _, _ in tasks])
+            script = render_array_script(scheduler, name, [(t[0], t[1]) for t in tasks])
             cluster.transport.write_file(stem + ".sh", script.encode(), mode=0o700)
             trust_script(cluster.transport, stem + ".sh")
             argv = scheduler.array_submit_argv(
-                stem + ".sh", stem + ".log", spec.workdir, [i for i, _, _, _ in tasks], spec.max_concurrent
+                stem + ".sh", stem + ".log", spec.workdir, [t[0] for t in tasks], spec.max_concurrent
             )
             base = scheduler.parse_submit(cluster.transport.run(argv, timeout=SUBMIT_TIMEOUT))
-        except (TransportError, SchedulerError, UnsafePathError) as exc:
-            return outcome + [(chain, after_submit(job.n, tries, exc, now)) for _, job, chain, tries in tasks]
+        except SchedulerError as exc:
+            if exc.transient:
+                return outcome + [
+                    (chain, after_submit(1, tries, exc, now)) for _, _, chain, _, tries in tasks
+                ]
+            log.warning("array refused; submitting its chains one by one", array=name, error=str(exc))
+            return outcome + [(chain, self._submit(cluster, chain, sub)) for _, _, chain, sub, _ in tasks]
+        except (TransportError, UnsafePathError) as exc:
+            return outcome + [(chain, after_submit(1, tries, exc, now)) for _, _, chain, _, tries in tasks]
         return outcome + [
             (
                 chain,
@@ -526,7 +535,7 @@ class Engine:
                     n=job.n, job_id=scheduler.task_id(base, i), how=f"submitted as task {i} of array {base}"
                 ),
             )
-            for i, job, chain, _ in tasks
+            for i, job, chain, _, _ in tasks
         ]
 
 

@@ -216,10 +216,24 @@ def test_a_failed_array_submission_retries_each_chain_as_the_same_task(world: Wo
     assert world.store.chain(chains[0]).failures == 0
 
 
-def test_a_rejected_array_ends_each_chain_in_the_schedulers_words(world: World) -> None:
-    """A permanent refusal (an unknown partition) is every chain's Reject, then failed."""
+def test_a_refused_array_is_sent_again_as_single_jobs_each_with_its_own_verdict(world: World) -> None:
+    """An array refused for good (MaxArraySize, say) does not end the chains: each is submitted
+    on its own in the same tick, and keeps its journaled task for a crash."""
     chains = world.sweep(2)
-    world.cluster.fail_next_submit("invalid partition specified: nosuch", transient=False)
+    world.cluster.fail_next_submit("Invalid job array specification", transient=False)
+    world.tick()
+    assert world.verbs().count("fake-array") == 1 and world.verbs().count("fake-submit") == 2
+    assert [world.job(c) for c in chains] == ["1", "2"]
+    assert [world.store.chain(c).segments[0].task for c in chains] == [0, 1]
+    assert all(world.store.chain(c).state is ChainState.ACTIVE for c in chains)
+
+
+def test_a_rejected_array_ends_each_chain_in_the_schedulers_words(world: World) -> None:
+    """A permanent refusal (an unknown partition), of the array and then of each chain's own
+    job, is every chain's Reject, then failed."""
+    chains = world.sweep(2)
+    for _ in range(3):
+        world.cluster.fail_next_submit("invalid partition specified: nosuch", transient=False)
     world.tick()
     world.tick()
     for c in chains:
