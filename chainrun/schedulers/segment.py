@@ -7,6 +7,8 @@ script every backend runs (``segment.sh``, rendered here in one pass), and
 the markers the wrapper leaves: ``seg-NNNN.start`` and ``seg-NNNN.end``, each
 with the checkpoint as the segment found and left it, and ``final``, written
 when the chain ends so that a successor that starts anyway exits at once.
+A sweep's first segments may share one array job (``render_array_script``):
+its tasks run those same segment scripts, under the array's name ``cr@CHAIN``.
 """
 
 from __future__ import annotations
