@@ -175,6 +175,8 @@ def state_cell(chain: Chain, now: float) -> str:
     if seg is not None:
         return "running" + (f" {short(now - seg.started_at)}" if seg.started_at is not None else "")
     seg = _upcoming(chain)
+    if seg is None and not chain.segments and chain.spec.max_concurrent:
+        return f"waiting (max_concurrent {chain.spec.max_concurrent})"  # for a chain of its sweep to end
     return _waiting(seg, now) if seg is not None else str(chain.state.value)
 
 

@@ -38,6 +38,7 @@ from chainrun.model import (
 )
 from chainrun.schedulers.segment import SegmentJob, array_tag, render_array_script
 from chainrun.schedulers.slurm import SlurmScheduler
+from chainrun.status import state_cell
 from chainrun.store import Store
 from chainrun.testing import FakeClock, FakeCluster
 from chainrun.transport import LocalTransport
@@ -470,3 +471,10 @@ def _crash_around_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     finally:
         store.close()
         subprocess.run(["scancel", f"--name={array_tag(ids[0])}"], check=False, timeout=60)
+
+
+def test_status_says_a_chain_waits_for_its_sweeps_max_concurrent() -> None:
+    """A sweep's chain not started yet reads "waiting (max_concurrent N)", not "active"."""
+    held = bare_chain(spec=sweep_spec(0.1, 0, max_concurrent=2))
+    assert state_cell(held, NOW) == "waiting (max_concurrent 2)"
+    assert state_cell(bare_chain(), NOW) == "active"
