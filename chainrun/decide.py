@@ -75,6 +75,8 @@ class Facts:
     # Job ids the start markers of segments being submitted name.
     found: Mapping[int, str] = field(default_factory=dict)
     progress: Optional[Progress] = NO_PROGRESS  # the checkpoint now; None: unreadable
+    # False for a sweep's chain not under way yet while max_concurrent of its chains are.
+    may_start: bool = True
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,8 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
         return actions + _finish(chain, facts, still, ChainState.FAILED, reason)
 
     left = spec.total_time - used
+    if not chain.segments and not facts.may_start:
+        return actions  # it starts when one of its sweep's chains ends
     if not still:
         if left <= spec.grace:
             reason = (

@@ -11,7 +11,10 @@ that would find one lost) and for those whose marker says a signal killed
 the command (an OOM kill, which accounting names). **Decide** is ``decide()``: facts in, actions out.
 **Act and record**: a submission is journaled, then made; cancels go out in
 one command; then everything the tick learned and did for the chain is
-written in one transaction (nothing, when nothing changed).
+written in one transaction (nothing, when nothing changed). On a backend
+with job arrays, the first segments of a sweep's chains that a tick submits
+go out together after the cluster's chains have acted (``_submit_arrays``):
+one array job per set of chains whose scheduler directives are the same.
 
 A pool's chain (``scheduler.hosts``) is polled with the host of its live
 segment. One with none is observed where it ran last (else on the first host
@@ -57,12 +60,16 @@ from chainrun.model import (
     Track,
 )
 from chainrun.schedulers import scheduler_for
-from chainrun.schedulers.base import Scheduler
+from chainrun.schedulers.base import ArrayScheduler, Scheduler
 from chainrun.schedulers.segment import (
+    ARRAY_PREFIX,
     EndMarker,
     SegmentJob,
     StartMarker,
+    array_stem,
+    array_tag,
     final_path,
+    render_array_script,
     render_script,
     trust_run_dir,
     trust_script,
@@ -112,6 +119,8 @@ class _Cluster:
     transport: Transport
     live: dict[str, LiveJob]
     tagged: dict[str, dict[int, tuple[LiveJob, ...]]]  # live jobs tagged cr.CHAIN.N, by chain and N
+    tasks: dict[tuple[str, int], tuple[LiveJob, ...]]  # live array tasks, by array name and index
+    arrays: Optional[ArrayScheduler]  # the scheduler, when it has job arrays
 
 
 class Engine:
@@ -161,7 +170,9 @@ class Engine:
         groups: dict[tuple[str, str], list[Chain]] = defaultdict(list)
         floating: list[Chain] = []  # a pool's chains with no live segment: placed this tick
         retries: list[float] = []  # when submissions that failed want their next try
-        for chain in self.store.chains(active_only=True):
+        active = self.store.chains(active_only=True)
+        held = _held(active)
+        for chain in active:
             if (only is None or chain.id in only) and now >= self.stuck_until.get(chain.id, 0.0):
                 if chain.spec.scheduler.hosts and not chain.live:
                     floating.append(chain)
@@ -193,16 +204,26 @@ class Engine:
             for chain in chains:
                 facts = self._guarded(chain, summary, self._observe, cluster, chain)
                 if facts is not None:
-                    gathered[chain.id] = facts
+                    gathered[chain.id] = replace(facts, may_start=False) if chain.id in held else facts
             gathered = self._account(cluster, chains, gathered, now)
+            arrays: list[tuple[Chain, Submit]] = []  # first segments to submit as array tasks
             for chain in chains:
                 if chain.id in gathered:
                     retries += (
                         self._guarded(
-                            chain, summary, self._act, cluster, chain, gathered[chain.id], clusters, placed
+                            chain,
+                            summary,
+                            self._act,
+                            cluster,
+                            chain,
+                            gathered[chain.id],
+                            clusters,
+                            placed,
+                            arrays,
                         )
                         or []
                     )
+            retries += self._submit_arrays(cluster, arrays, summary)
         counts = self.store.summary()
         summary.running, summary.queued = counts["running"], counts["queued"]
         summary.active, summary.failed, summary.stuck = counts["active"], counts["failed"], counts["stuck"]
@@ -218,12 +239,19 @@ class Engine:
         result = transport.run(scheduler.poll_argv(), timeout=POLL_TIMEOUT)
         live = scheduler.parse_poll(result)
         tagged: dict[str, dict[int, tuple[LiveJob, ...]]] = defaultdict(dict)
+        tasks: dict[tuple[str, int], tuple[LiveJob, ...]] = {}
+        arrays = scheduler if isinstance(scheduler, ArrayScheduler) else None
         for job in live.values():
+            if arrays is not None and job.name.startswith(ARRAY_PREFIX):
+                index = arrays.task_index(job.job_id)
+                if index is not None:
+                    tasks[(job.name, index)] = (*tasks.get((job.name, index), ()), job)
+                continue
             chain_id, _, n = job.name[3:].rpartition(".") if job.name.startswith("cr.") else ("", "", "")
             if chain_id and n.isascii() and n.isdigit():
                 jobs, k = tagged[chain_id], int(n)
                 jobs[k] = (*jobs.get(k, ()), job)
-        return _Cluster(key, scheduler, transport, live, tagged)
+        return _Cluster(key, scheduler, transport, live, tagged, tasks, arrays)
 
     def _guarded(
         self, chain: Chain, summary: TickSummary, step: Callable[..., _T], *args: object
@@ -261,6 +289,12 @@ class Engine:
     def _observe(self, cluster: _Cluster, chain: Chain) -> Facts:
         jobs: dict[str, JobFacts] = {}
         tagged = cluster.tagged.get(chain.id, {})
+        first = chain.segments[0] if chain.segments else None
+        if first is not None and first.array is not None and first.task is not None:
+            # A first segment sent as an array task is found under the array's name and its index.
+            found_tasks = cluster.tasks.get((first.array, first.task), ())
+            if found_tasks:
+                tagged = {**tagged, first.n: (*tagged.get(first.n, ()), *found_tasks)}
         found = {}
         for seg in chain.live:
             if seg.phase is Phase.SUBMITTING and seg.n not in tagged:
@@ -373,8 +407,10 @@ class Engine:
         facts: Facts,
         clusters: Mapping[tuple[str, str], _Cluster],
         placed: dict[tuple[str, str], int],
+        arrays: list[tuple[Chain, Submit]],
     ) -> list[float]:
-        """Decide, carry out, record; returns when failed submissions want their next try."""
+        """Decide, carry out, record; returns when failed submissions want their next try.
+        A sweep's first segment that can go out as an array task is left in ``arrays``."""
         now = self.clock()
         actions = decide(chain, facts, now)
         warnings: list[str] = []
@@ -388,7 +424,9 @@ class Engine:
         done: list[Action] = []
         waiting = ""
         for action in actions:
-            if isinstance(action, Submit):
+            if isinstance(action, Submit) and _arrayable(cluster, chain, action):
+                arrays.append((chain, action))
+            elif isinstance(action, Submit):
                 target = self._place(cluster, chain, action, clusters, placed)
                 if target is None:  # a pool with no free slot: the chain waits, unsubmitted
                     waiting = _waiting(chain, clusters)
@@ -477,6 +515,136 @@ class Engine:
         return Adopt(
             n=sub.n, job_id=job_id, how="submitted" + (f" after job {sub.after}" if sub.after else "")
         )
+
+    def _submit_arrays(
+        self, cluster: _Cluster, arrays: list[tuple[Chain, Submit]], summary: TickSummary
+    ) -> list[float]:
+        """Submit first segments of sweeps as array tasks: one array job per set of chains whose
+        directives and workdir are the same, each chain journaled as its task first; returns
+        when failed submissions want their next try.
+
+        A chain keeps the array name and task index it was first journaled with: when that
+        submission may have failed (or the service died around it), the same task is sent
+        again under the same name, so a job that landed anyway is one of two tasks of one
+        segment (decide removes the second), never a stranger."""
+        scheduler = cluster.arrays
+        if not arrays or scheduler is None:
+            return []
+        groups: dict[str, list[tuple[Chain, Submit, int]]] = defaultdict(list)
+        fresh: dict[object, list[tuple[Chain, Submit]]] = defaultdict(list)
+        for chain, sub in sorted(arrays, key=lambda a: a[0].id):
+            first = chain.segments[0] if chain.segments else None
+            if first is not None and first.array is not None and first.task is not None:
+                groups[first.array].append((chain, sub, first.task))
+            else:
+                job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime)
+                fresh[(tuple(scheduler.array_directives(job, "")), chain.spec.workdir)].append((chain, sub))
+        for members in fresh.values():
+            for start in range(0, len(members), scheduler.max_tasks):
+                chunk = members[start : start + scheduler.max_tasks]
+                groups[array_tag(chunk[0][0].id)] = [(c, s, i) for i, (c, s) in enumerate(chunk)]
+        retries: list[float] = []
+        for name, group in groups.items():
+            try:
+                submitted = self._submit_array(cluster, scheduler, name, group)
+            except StoreUnavailable:
+                raise
+            except Exception as exc:  # a bug: journaled, its chains are adopted or sent again next tick
+                log.warning(
+                    "array submission failed; retrying next tick", array=name, error=str(exc), exc_info=True
+                )
+                summary.errors.append(f"array {name}: {type(exc).__name__}: {exc}")
+                continue
+            for chain, action in submitted:
+                self.store.record(chain.id, [action], None, [], self.clock())
+                _log(chain.id, action)
+                if isinstance(action, RetryLater):
+                    retries.append(action.at)
+        return retries
+
+    def _submit_array(
+        self,
+        cluster: _Cluster,
+        scheduler: ArrayScheduler,
+        name: str,
+        group: list[tuple[Chain, Submit, int]],
+    ) -> list[tuple[Chain, Action]]:
+        """Journal each chain as its task, write each chain's own segment script and the
+        array's script, submit the array once: each chain's Adopt, or what its failure means.
+        An array the scheduler refuses for good (a site's MaxArraySize below its size, say)
+        is sent again as single jobs, so each chain gets the scheduler's own verdict."""
+        now = self.clock()
+        outcome: list[tuple[Chain, Action]] = []
+        tasks: list[tuple[int, SegmentJob, Chain, Submit, int]] = []
+        for chain, sub, index in group:
+            attempts = self.store.journal_submit(chain.id, sub, now, task=(name, index))
+            job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime)
+            try:
+                trust_run_dir(cluster.transport, chain.spec, chain.id, create=True)
+                cluster.transport.write_file(
+                    job.script_path, render_script(scheduler, job).encode(), mode=0o700
+                )
+                trust_script(cluster.transport, job.script_path)
+            except (TransportError, SchedulerError, UnsafePathError) as exc:
+                outcome.append((chain, after_submit(sub.n, attempts, exc, now)))  # that chain's alone
+                continue
+            tasks.append((index, job, chain, sub, attempts))
+        if not tasks:
+            return outcome
+        spec = tasks[0][1].spec
+        stem = array_stem(spec, name)
+        try:
+            trust_run_dir(cluster.transport, spec, None, create=True)
+            script = render_array_script(scheduler, name, [(t[0], t[1]) for t in tasks])
+            cluster.transport.write_file(stem + ".sh", script.encode(), mode=0o700)
+            trust_script(cluster.transport, stem + ".sh")
+            argv = scheduler.array_submit_argv(
+                stem + ".sh", stem + ".log", spec.workdir, [t[0] for t in tasks], spec.max_concurrent
+            )
+            base = scheduler.parse_submit(cluster.transport.run(argv, timeout=SUBMIT_TIMEOUT))
+        except SchedulerError as exc:
+            if exc.transient:
+                return outcome + [
+                    (chain, after_submit(1, tries, exc, now)) for _, _, chain, _, tries in tasks
+                ]
+            log.warning("array refused; submitting its chains one by one", array=name, error=str(exc))
+            return outcome + [(chain, self._submit(cluster, chain, sub)) for _, _, chain, sub, _ in tasks]
+        except (TransportError, UnsafePathError) as exc:
+            return outcome + [(chain, after_submit(1, tries, exc, now)) for _, _, chain, _, tries in tasks]
+        return outcome + [
+            (
+                chain,
+                Adopt(
+                    n=job.n, job_id=scheduler.task_id(base, i), how=f"submitted as task {i} of array {base}"
+                ),
+            )
+            for i, job, chain, _, _ in tasks
+        ]
+
+
+def _held(active: Iterable[Chain]) -> set[str]:
+    """The chains of sweeps with ``max_concurrent`` that wait to start: as many of a sweep's
+    chains are under way (a segment submitted, not ended) as it allows, the first ones
+    (by creation, then id) that have not started counted in."""
+    room: dict[str, int] = {}
+    waiting: dict[str, list[Chain]] = defaultdict(list)
+    for chain in active:
+        limit, sweep = chain.spec.max_concurrent, chain.spec.sweep_name
+        if limit is None:
+            continue
+        room[sweep] = room.get(sweep, limit) - bool(chain.segments)
+        if not chain.segments:
+            waiting[sweep].append(chain)
+    held: set[str] = set()
+    for sweep, chains in waiting.items():
+        chains.sort(key=lambda c: (c.created_at, c.id))
+        held.update(c.id for c in chains[max(0, room[sweep]) :])
+    return held
+
+
+def _arrayable(cluster: _Cluster, chain: Chain, sub: Submit) -> bool:
+    """A sweep's first segment, on a backend with job arrays, goes out as an array task."""
+    return sub.n == 1 and bool(chain.spec.sweep_name) and cluster.arrays is not None
 
 
 def _pool_keys(chain: Chain) -> list[tuple[str, str]]:

@@ -422,7 +422,7 @@ def parse(
     tb = "tensorboard_dir"
     tensorboard_dir = _path(f, tb, ".", Path(workdir), remote) if tb in f.table else ""
     image, runtime, container_options = _container(f, base, remote, environ or {})
-    configs, reps = _sweep(f, name)
+    configs, reps, max_concurrent = _sweep(f, name)
     snap = f.get("snapshot", str, '"git" (run the code as it was at submit), or leave it out', max_bytes=16)
     f.checked("snapshot", snap, lambda v: v == "git", 'the only kind is "git"')
 
@@ -483,6 +483,7 @@ def parse(
         tensorboard_dir=tensorboard_dir,
         sweep=configs,
         reps=reps,
+        max_concurrent=max_concurrent,
         signal=signal,
         grace=grace,
         scheduler=sched,
@@ -639,19 +640,23 @@ def _scheduler(path: str, table: dict[str, Any]) -> SchedulerSpec:
     )
 
 
-def _sweep(f: _Fields, name: str) -> tuple[tuple[sweep.Config, ...], int]:
-    """``[sweep]``: its configurations (grid or points) and repetitions; ``((), 1)`` without."""
+def _sweep(f: _Fields, name: str) -> tuple[tuple[sweep.Config, ...], int, Optional[int]]:
+    """``[sweep]``: its configurations (grid or points), repetitions and ``max_concurrent``;
+    ``((), 1, None)`` without."""
     table = f.get("sweep", dict, "a table [sweep] with grid or points, and reps")
     if table is None:
-        return (), 1
+        return (), 1, None
     fs = _Fields(f.path, table, "sweep.")
-    fs.check_keys(("grid", "points", "reps"))
+    fs.check_keys(("grid", "points", "reps", "max_concurrent"))
     grid = fs.get("grid", dict, "a table [sweep.grid] of NAME = [values]", default={})
     points = fs.get("points", list, "a list of tables [[sweep.points]]", default=[])
     if bool(grid) == bool(points):
         raise f.error("sweep", "give either [sweep.grid] (NAME = [values], all combined) or [[sweep.points]]")
     reps = fs.get("reps", int, "a whole number of repetitions", default=1)
     fs.checked("reps", reps, lambda v: 1 <= v <= sweep.MAX_CHAINS, f"must be 1 to {sweep.MAX_CHAINS}")
+    limit = fs.get("max_concurrent", int, "a whole number of chains under way at once", default=None)
+    if limit is not None:
+        fs.checked("max_concurrent", limit, lambda v: v >= 1, "must be at least 1")
     fg = _Fields(f.path, grid, "sweep.grid.")
     for key, values in grid.items():
         fg.checked(key, key, sweep.PARAM_RE.fullmatch, "a parameter name is letters, digits and _")
@@ -680,7 +685,7 @@ def _sweep(f: _Fields, name: str) -> tuple[tuple[sweep.Config, ...], int]:
         first = seen.setdefault(sweep.digest(config), i)
         if first != i:
             raise fs.error("points", f"points {first} and {i} are the same configuration")
-    return configs, reps
+    return configs, reps, limit
 
 
 def _param_value(f: _Fields, key: str, value: Any) -> None:

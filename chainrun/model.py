@@ -159,6 +159,7 @@ class JobSpec:
     sweep_name: str = ""
     params: tuple[tuple[str, str], ...] = ()
     rep: int = 0
+    max_concurrent: Optional[int] = None  # [sweep]: at most this many of its chains under way at once
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -259,6 +260,8 @@ class Segment:
     reason: str = ""
     tail: tuple[str, ...] = ()  # the last lines of its output, when the command failed
     host: Optional[str] = None  # where a pool placed it (None: the chain's scheduler.host)
+    array: Optional[str] = None  # a first segment sent as an array task: the array's name
+    task: Optional[int] = None  # and its task index there
 
 
 @dataclass(frozen=True)

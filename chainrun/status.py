@@ -177,6 +177,8 @@ def state_cell(chain: Chain, now: float) -> str:
     seg = _upcoming(chain)
     if seg is None and chain.spec.scheduler.hosts and chain.reason.startswith(WAITING_FOR_A_SLOT):
         return "waiting for a slot"
+    if seg is None and not chain.segments and chain.spec.max_concurrent:
+        return f"waiting (max_concurrent {chain.spec.max_concurrent})"  # for a chain of its sweep to end
     return _waiting(seg, now) if seg is not None else str(chain.state.value)
 
 

@@ -74,7 +74,7 @@ from chainrun.model import (
 
 log = get_logger(__name__)
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 BUSY_TIMEOUT = 10.0  # seconds a statement waits for another process's write lock
 READ_TIMEOUT = 1.0  # seconds a read-only command waits for a writer before saying it is busy
 MAX_REF = 200  # the longest chain reference (id, id prefix or name) a command accepts
@@ -155,6 +155,12 @@ MIGRATIONS: list[str] = [
     """,
     # 5: the host a pool placed each segment on (NULL: the chain's scheduler.host).
     "ALTER TABLE segments ADD COLUMN host TEXT",
+    # 6: the array job (its name) and task a first segment was journaled as, so that a
+    # crash between journal and submission finds the task, or submits that task again.
+    """
+    ALTER TABLE segments ADD COLUMN array TEXT;
+    ALTER TABLE segments ADD COLUMN task INTEGER
+    """,
 ]
 
 
@@ -690,10 +696,19 @@ class Store:
 
     # -- segments -------------------------------------------------------------
 
-    def journal_submit(self, chain_id: str, sub: Submit, now: float, host: Optional[str] = None) -> int:
+    def journal_submit(
+        self,
+        chain_id: str,
+        sub: Submit,
+        now: float,
+        host: Optional[str] = None,
+        task: Optional[tuple[str, int]] = None,
+    ) -> int:
         """Write 'submitting segment n' (on ``host``, for a pool) before the scheduler is asked;
         returns the attempt's number. A crash after this is resolved by adoption (decide),
-        never a second job."""
+        never a second job. ``task``: the array job (name) and task the segment goes out as;
+        kept from the first attempt on, as every later one submits that task again."""
+        array, index = task or (None, None)
         with self._tx() as db:
             row = db.execute(
                 "SELECT attempts FROM segments WHERE chain_id = ? AND n = ?", (chain_id, sub.n)
@@ -701,13 +716,24 @@ class Store:
             if row is None:
                 db.execute(
                     "INSERT INTO segments (chain_id, n, walltime, phase, after, attempts, "
-                    "submitted_at, host) VALUES (?, ?, ?, ?, ?, 1, ?, ?)",
-                    (chain_id, sub.n, sub.walltime, Phase.SUBMITTING.value, sub.after, now, host),
+                    "submitted_at, host, array, task) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?)",
+                    (
+                        chain_id,
+                        sub.n,
+                        sub.walltime,
+                        Phase.SUBMITTING.value,
+                        sub.after,
+                        now,
+                        host,
+                        array,
+                        index,
+                    ),
                 )
                 return 1
             db.execute(
-                "UPDATE segments SET attempts = attempts + 1, submitted_at = ? WHERE chain_id = ? AND n = ?",
-                (now, chain_id, sub.n),
+                "UPDATE segments SET attempts = attempts + 1, submitted_at = ?, array = COALESCE(array, ?), "
+                "task = COALESCE(task, ?) WHERE chain_id = ? AND n = ?",
+                (now, array, index, chain_id, sub.n),
             )
             return int(row["attempts"]) + 1
 
@@ -1034,6 +1060,8 @@ def _segment(row: sqlite3.Row) -> Segment:
             reason=data["reason"],
             tail=_tail(data["tail"]),
             host=data["host"],
+            array=data["array"],
+            task=data["task"],
         )
         _check(segment)
     except _Unreadable as exc:

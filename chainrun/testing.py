@@ -13,6 +13,9 @@ stuck, fails the next submission, and moves the ``FakeClock``::
     engine.tick()                      # submits segment 1
     cluster.start("1")
     cluster.end("1", "timeout", epoch=3)
+
+``FakeCluster(arrays=True)`` gives a backend with job arrays (``FakeArrayScheduler``):
+a task's id is ``BASE_INDEX``, and its markers go where its chain's segment script's do.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from chainrun.schedulers.segment import SegmentJob
 from chainrun.transport import FileInfo, Transport
 
 _STEM = re.compile(r"\.sh\Z")
+_ARRAY_NAME = re.compile(r"^# fake array (\S+) ", re.MULTILINE)
+_TASK = re.compile(r"^(\d+)\) script=(\S+) ", re.MULTILINE)  # a line of an array script's case
 USER = 1000  # who the fake cluster's files belong to
 
 
@@ -63,8 +68,9 @@ class FakeJob:
 class FakeCluster:
     """Jobs and files of one pretend cluster, and every command run against it."""
 
-    def __init__(self, clock: Optional[FakeClock] = None) -> None:
+    def __init__(self, clock: Optional[FakeClock] = None, arrays: bool = False) -> None:
         self.clock = clock or FakeClock()
+        self.arrays = arrays
         self.jobs: dict[str, FakeJob] = {}
         self.files: dict[str, bytes] = {}
         self.commands: list[list[str]] = []
@@ -75,7 +81,7 @@ class FakeCluster:
     # -- the engine's side ---------------------------------------------------------
 
     def scheduler(self, kind: str = "fake", host: Optional[str] = None) -> FakeScheduler:
-        return FakeScheduler()
+        return FakeArrayScheduler() if self.arrays else FakeScheduler()
 
     def transport(self, host: Optional[str] = None) -> FakeTransport:
         return FakeTransport(self)
@@ -84,16 +90,25 @@ class FakeCluster:
 
     def submitted(self) -> list[FakeJob]:
         """Every job ever submitted, oldest first."""
-        return sorted(self.jobs.values(), key=lambda j: int(j.job_id))
+        return sorted(self.jobs.values(), key=lambda j: tuple(int(p) for p in j.job_id.split("_")))
 
-    def add_job(self, name: str, stem: str, after: Optional[str] = None) -> str:
-        """A job in the queue, as a submission (perhaps an interrupted one) leaves it."""
+    def add_job(self, name: str, stem: str, after: Optional[str] = None, task: Optional[int] = None) -> str:
+        """A job in the queue, as a submission (perhaps an interrupted one) leaves it; with
+        ``task``, that task of a new array job (add the others with ``add_task``)."""
         job_id = str(self.next_id)
         self.next_id += 1
+        if task is not None:
+            job_id = f"{job_id}_{task}"
         reason = "Dependency" if after else "Priority"
         self.jobs[job_id] = FakeJob(
             job_id, name, stem, after, LiveJob(job_id, name, Phase.PENDING, reason=reason)
         )
+        return job_id
+
+    def add_task(self, base: str, index: int, name: str, stem: str) -> str:
+        """Task ``index`` of the array job ``base``, pending."""
+        job_id = f"{base}_{index}"
+        self.jobs[job_id] = FakeJob(job_id, name, stem, None, LiveJob(job_id, name, Phase.PENDING))
         return job_id
 
     def start(self, job_id: str, **checkpoint: object) -> None:
@@ -169,17 +184,26 @@ class FakeCluster:
     def _run(self, argv: Sequence[str]) -> CommandResult:
         self.commands.append(list(argv))
         verb, args = argv[0], list(argv[1:])
-        if self.down and verb in ("fake-poll", "fake-submit"):
+        if self.down and verb in ("fake-poll", "fake-submit", "fake-array"):
             return CommandResult(tuple(argv), 1, "", "fake: controller not responding\n")
+        if verb in ("fake-submit", "fake-array") and self.submit_failures:
+            error = self.submit_failures.pop(0)
+            if isinstance(error, TransportError):
+                raise error
+            return CommandResult(tuple(argv), 75 if error.transient else 2, "", str(error) + "\n")
         if verb == "fake-submit":
-            if self.submit_failures:
-                error = self.submit_failures.pop(0)
-                if isinstance(error, TransportError):
-                    raise error
-                return CommandResult(tuple(argv), 75 if error.transient else 2, "", str(error) + "\n")
             name, after, script = args[0], args[1] or None, args[2]
             job_id = self.add_job(name, _STEM.sub("", script), after)
             return CommandResult(tuple(argv), 0, job_id + "\n", "")
+        if verb == "fake-array":  # indices, limit, array script: one task per index
+            indices, script = [int(i) for i in args[0].split(",")], self.files[args[2]].decode()
+            name = _ARRAY_NAME.search(script).group(1)  # type: ignore[union-attr]
+            stems = {int(i): _STEM.sub("", path) for i, path in _TASK.findall(script)}
+            base = str(self.next_id)
+            self.next_id += 1
+            for index in indices:
+                self.add_task(base, index, name, stems[index])
+            return CommandResult(tuple(argv), 0, base + "\n", "")
         if verb == "fake-poll":
             lines = [_line(j.live) for j in self.submitted() if j.in_view]
             return CommandResult(tuple(argv), 0, "".join(lines), "")
@@ -242,6 +266,28 @@ class FakeScheduler:
 
     def parse_explain(self, result: CommandResult) -> str:
         return result.stdout.strip()
+
+
+class FakeArrayScheduler(FakeScheduler):
+    """The fake backend with job arrays, as Slurm's: ``BASE_INDEX`` task ids."""
+
+    max_tasks: ClassVar[int] = 4  # small, so that tests see a sweep split over arrays
+    task_index_shell: ClassVar[str] = "${FAKE_TASK}"
+    task_id_shell: ClassVar[str] = "${FAKE_BASE}_${FAKE_TASK}"
+
+    def array_directives(self, job: SegmentJob, name: str) -> list[str]:
+        return [f"# fake array {name} walltime {job.walltime}"]
+
+    def array_submit_argv(
+        self, script_path: str, log_path: str, workdir: str, indices: Sequence[int], limit: Optional[int]
+    ) -> list[str]:
+        return ["fake-array", ",".join(map(str, indices)), str(limit or ""), script_path]
+
+    def task_id(self, base: str, index: int) -> str:
+        return f"{base}_{index}"
+
+    def task_index(self, job_id: str) -> Optional[int]:
+        return int(job_id.partition("_")[2]) if "_" in job_id else None
 
 
 class FakeTransport:

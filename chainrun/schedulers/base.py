@@ -9,7 +9,8 @@ every backend (names, paths, the wrapper and its markers) is in ``segment``.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, ClassVar, Optional, Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar, Optional, Protocol, runtime_checkable
 
 from chainrun.errors import SchedulerError
 from chainrun.model import CommandResult, LiveJob
@@ -60,6 +61,31 @@ class Scheduler(Protocol):
 
     def parse_explain(self, result: CommandResult) -> str:
         """The scheduler's reason from explain_argv's output; empty if none."""
+
+
+@runtime_checkable
+class ArrayScheduler(Scheduler, Protocol):
+    """An optional capability: a backend that queues many first segments as one array job
+    (Slurm's ``--array``). Each task runs one chain's own segment script (``segment``'s
+    ``render_array_script``); the live view lists each task under its own id."""
+
+    max_tasks: ClassVar[int]  # the most tasks one array holds (Slurm's MaxArraySize default: 1001)
+    task_index_shell: ClassVar[str]  # in a task's script: its index
+    task_id_shell: ClassVar[str]  # in a task's script: its id as the live view lists it
+
+    def array_directives(self, job: SegmentJob, name: str) -> list[str]:
+        """The array script's header: ``job``'s directives, under the array's name."""
+
+    def array_submit_argv(
+        self, script_path: str, log_path: str, workdir: str, indices: Sequence[int], limit: Optional[int]
+    ) -> list[str]:
+        """The command that queues the array script's ``indices``, at most ``limit`` at once."""
+
+    def task_id(self, base: str, index: int) -> str:
+        """Task ``index``'s id, from the id the array's submission printed."""
+
+    def task_index(self, job_id: str) -> Optional[int]:
+        """The index of a task in the live view, or None if ``job_id`` is no array task."""
 
 
 def command_error(

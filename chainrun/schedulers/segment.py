@@ -7,6 +7,8 @@ script every backend runs (``segment.sh``, rendered here in one pass), and
 the markers the wrapper leaves: ``seg-NNNN.start`` and ``seg-NNNN.end``, each
 with the checkpoint as the segment found and left it, and ``final``, written
 when the chain ends so that a successor that starts anyway exits at once.
+A sweep's first segments may share one array job (``render_array_script``):
+its tasks run those same segment scripts, under the array's name ``cr@CHAIN``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import re
 import shlex
 import signal as signals
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Optional
@@ -26,7 +29,7 @@ from chainrun.errors import UnsafePathError
 from chainrun.model import JobSpec, Outcome, Progress
 
 if TYPE_CHECKING:
-    from chainrun.schedulers.base import Scheduler
+    from chainrun.schedulers.base import ArrayScheduler, Scheduler
     from chainrun.transport import FileInfo, Transport
 
 RUN_DIR_NAME = ".chainrun"
@@ -68,6 +71,37 @@ class SegmentJob:
 
 def tag_for(chain_id: str, n: int) -> str:
     return f"cr.{chain_id}.{n}"
+
+
+ARRAY_PREFIX = "cr@"
+
+
+def array_tag(chain_id: str) -> str:
+    """The name of an array job of first segments: its first chain's id (each chain is
+    journaled into one array, ever), so that after a crash its tasks are found again."""
+    return ARRAY_PREFIX + chain_id
+
+
+def array_stem(spec: JobSpec, name: str) -> str:
+    """Where an array's script and its own (normally empty) log go."""
+    return posixpath.join(spec.workdir, RUN_DIR_NAME, "array-" + name[len(ARRAY_PREFIX) :])
+
+
+def render_array_script(scheduler: ArrayScheduler, name: str, tasks: Sequence[tuple[int, SegmentJob]]) -> str:
+    """An array job's script: each task runs its chain's own segment script (wrapper, markers
+    and signal handling as for any segment; ``exec``, so the scheduler's signal reaches the
+    wrapper) with its output in that segment's log, and tells it the id it runs as."""
+    lines = ["#!/bin/bash", *scheduler.array_directives(tasks[0][1], name)]
+    lines.append(f'case "{scheduler.task_index_shell}" in')
+    lines += [f"{i}) script={quote(job.script_path)} log={quote(job.log_path)} ;;" for i, job in tasks]
+    lines += [
+        f'*) echo "chainrun: array task {scheduler.task_index_shell} has no segment" >&2 && exit 1 ;;',
+        "esac",
+        f'export CHAINRUN_JOB_ID="{scheduler.task_id_shell}"',
+        'exec >>"$log" 2>&1',
+        'exec "$script"',
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def run_dir(spec: JobSpec, chain_id: str) -> str:

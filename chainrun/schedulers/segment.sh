@@ -16,7 +16,9 @@ export USER="${USER:-$(id -un)}" # not every scheduler sets it; ch-run refuses t
 @@ENV@@
 target=@@TARGET@@
 marker="$CHAINRUN_RUN_DIR/seg-@@SEGMENT_PADDED@@"
-job="${SLURM_JOB_ID:-${JOB_ID:-${CHAINRUN_LOCAL_JOB_ID:-}}}"
+# An array task's id as the scheduler lists it (its script exports it), not the job's own.
+job="${CHAINRUN_JOB_ID:-${SLURM_JOB_ID:-${JOB_ID:-${CHAINRUN_LOCAL_JOB_ID:-}}}}"
+unset CHAINRUN_JOB_ID
 
 # The end marker is how chainrun learns the real exit code and whether the
 # walltime signal came first; it is written atomically (temp + mv).

@@ -3,11 +3,17 @@
 Paths travel on sbatch's command line (quoted by the transport), so nothing
 from the job file needs quoting inside ``#SBATCH`` lines; the directives hold
 the tag, limits and signal, then the user's options verbatim.
+
+A sweep's first segments may go out as one job array (``ArrayScheduler``):
+``squeue --array`` lists each task on a line of its own as ``BASE_INDEX``
+(pending ones too), and ``--dependency=afterany:``, ``scancel`` and
+``sacct --jobs=`` all take that form, so a task is a job like any other here.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, Optional
 
 from chainrun.errors import SchedulerError
@@ -111,15 +117,21 @@ def _exit_code(text: str, outcome: Optional[Outcome]) -> Optional[int]:
 class SlurmScheduler:
     kind: ClassVar[str] = "slurm"
     wrapper_signals: ClassVar[bool] = False
+    max_tasks: ClassVar[int] = 1000
+    task_index_shell: ClassVar[str] = "${SLURM_ARRAY_TASK_ID:-}"
+    task_id_shell: ClassVar[str] = "${SLURM_ARRAY_JOB_ID:-}_${SLURM_ARRAY_TASK_ID:-}"
 
     def prepare(self, transport: Transport) -> None:
         pass  # its tools are the cluster's own
 
     def directives(self, job: SegmentJob) -> list[str]:
+        return self.array_directives(job, job.tag)
+
+    def array_directives(self, job: SegmentJob, name: str) -> list[str]:
         spec = job.spec
         lines = [
-            f"#SBATCH --job-name={job.tag}",
-            f"#SBATCH --comment={job.tag}",
+            f"#SBATCH --job-name={name}",
+            f"#SBATCH --comment={name}",
             f"#SBATCH --time={slurm_time(job.walltime)}",
             f"#SBATCH --signal=B:{spec.signal}@{spec.grace}",
             "#SBATCH --open-mode=append",
@@ -141,13 +153,44 @@ class SlurmScheduler:
             argv.append(f"--dependency=afterany:{job.after}")
         return [*argv, job.script_path]
 
+    def array_submit_argv(
+        self, script_path: str, log_path: str, workdir: str, indices: Sequence[int], limit: Optional[int]
+    ) -> list[str]:
+        tasks = ",".join(str(i) for i in indices)
+        if list(indices) == list(range(indices[0], indices[0] + len(indices))) and len(indices) > 1:
+            tasks = f"{indices[0]}-{indices[-1]}"
+        return [
+            "sbatch",
+            "--parsable",
+            f"--array={tasks}" + (f"%{limit}" if limit else ""),
+            f"--output={log_path}",
+            f"--chdir={workdir}",
+            script_path,
+        ]
+
+    def task_id(self, base: str, index: int) -> str:
+        return f"{base}_{index}"
+
+    def task_index(self, job_id: str) -> Optional[int]:
+        base, _, index = job_id.partition("_")
+        return int(index) if base.isdigit() and index.isascii() and index.isdigit() else None
+
     def parse_submit(self, result: CommandResult) -> str:
         if not result.ok:
             raise _error("sbatch", result)
         return submitted_id("sbatch", result, ";")  # --parsable: "jobid" or "jobid;cluster"
 
     def poll_argv(self) -> list[str]:
-        return [*EPOCH_ENV, "squeue", "--me", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}"]
+        # --array: one line per array task ("123_4"), pending ones too, never "123_[5-9%2]".
+        return [
+            *EPOCH_ENV,
+            "squeue",
+            "--me",
+            "--array",
+            "--noheader",
+            "--states=all",
+            f"--format={SQUEUE_FORMAT}",
+        ]
 
     def parse_poll(self, result: CommandResult) -> dict[str, LiveJob]:
         if not result.ok:

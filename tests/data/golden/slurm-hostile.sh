@@ -27,7 +27,9 @@ export NOTE='a'"'"'b"c $(id) `id` ${X}'$'\n''line two'
 export EMPTY=''
 target=30
 marker="$CHAINRUN_RUN_DIR/seg-0003"
-job="${SLURM_JOB_ID:-${JOB_ID:-${CHAINRUN_LOCAL_JOB_ID:-}}}"
+# An array task's id as the scheduler lists it (its script exports it), not the job's own.
+job="${CHAINRUN_JOB_ID:-${SLURM_JOB_ID:-${JOB_ID:-${CHAINRUN_LOCAL_JOB_ID:-}}}}"
+unset CHAINRUN_JOB_ID
 
 # The end marker is how chainrun learns the real exit code and whether the
 # walltime signal came first; it is written atomically (temp + mv).
