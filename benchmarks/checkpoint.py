@@ -6,9 +6,9 @@ measurement always follows the same other one):
 
 * ``torch.save`` to a path, no fsync (what most scripts do; not durable);
 * chainrun's synchronous ``Checkpointer.save`` (atomic write with sha256,
-  fsync of file and directory, companion, sidecar; retention of the previous
-  checkpoint runs after it returns, and is finished untimed before the next
-  measurement);
+  fsync of file and directory, sidecar; the ``.sha256`` companion and
+  retention of the previous checkpoint run after it returns, and are finished
+  untimed before the next measurement);
 * ``torch.save`` + fsync (durable, but not atomic and unverified);
 * a raw ``os.write`` + ``fsync`` of the same serialized bytes (the disk's limit),
   and a sha256 of those bytes alone (chainrun's sidecar records one);
@@ -97,7 +97,7 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, list[float]]
 
     def chainrun_sync(rep: int) -> None:
         results["atomic"].append(timed(functools.partial(sync_ckpt.save, rep + 1, 0)))
-        sync_ckpt.wait()  # the previous checkpoint's deletion, off the measured path
+        sync_ckpt.wait()  # the companion and the previous checkpoint's deletion, off the measured path
 
     def chainrun_async(rep: int) -> None:
         async_ckpt = Checkpointer(root / "async", model=model, keep=1, clock=clock, async_save=True)
@@ -220,7 +220,7 @@ def main() -> int:
         "the median of the ratios within each repetition, with their middle half (quartiles) in brackets.",
         "",
         "Synchronous saves (chainrun: torch.save into an atomic write with sha256 on the way, fsync of file "
-        "and directory, companion and sidecar written the same way; retention after it returns):",
+        "and directory, sidecar written the same way; companion and retention after it returns):",
         "",
         "| state | torch.save, no fsync | torch.save + fsync | raw write + fsync (disk limit) | "
         f"sha256 of the bytes alone | chainrun save | chainrun / raw (goal <= {GOAL_ATOMIC_VS_RAW}x) | "

@@ -2,9 +2,10 @@
 
 A reader sees either the old file or the complete new one, never a torn
 write, whatever moment the writer is killed at. The sha256 of what is written
-is computed on the way: a helper thread reads the bytes back from the page
-cache right behind the writer, so hashing overlaps the writing and the final
-fsync, and callers never read a large file twice. Temp files carry the
+is computed on the way: a helper thread hashes the bytes right behind the
+writer, straight from the page cache through a read-only mapping of the file
+(no copy), so hashing overlaps the writing and the final fsync, and callers
+never read a large file twice. Temp files carry the
 writer's host and pid in their name, so a later run can tell a dead writer's
 leftovers from a live writer's work in progress.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import mmap
 import os
 import re
 import threading
@@ -23,7 +25,8 @@ _TEMP_RE = re.compile(
     r"^\.(?P<base>.*)~(?P<host>[A-Za-z0-9.-]*)~(?P<pid>\d+)~[0-9a-f]+" + re.escape(TEMP_SUFFIX) + "$"
 )
 _HOST = re.sub(r"[^A-Za-z0-9.-]", "-", os.uname().nodename)[:64]
-_CHUNK = 1 << 20  # files are read back for hashing in pieces this size (they stay in the CPU cache)
+_CHUNK = 1 << 20  # where mmap fails, files are read back in pieces this size (they stay in the CPU cache)
+_MAP = 16 << 20  # files are mapped for hashing at most this much at a time
 _SMALL = 256 << 10  # writes below this are gathered before reaching the kernel
 _PARALLEL = 1 << 20  # a file that grows past this is hashed by a helper thread reading it back
 _PIECE = 4 << 20  # large writes go to the kernel in pieces this size, so hashing can follow closely
@@ -108,17 +111,44 @@ def fsync_file(path: Union[str, os.PathLike[str]]) -> None:
 
 
 def sha256_file(path: Union[str, os.PathLike[str]]) -> str:
-    """The sha256 hex digest of a file's content, read in large pieces."""
+    """The sha256 hex digest of a file's content, hashed from the page cache without a copy."""
     h = hashlib.sha256()
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            h.update(view[:n])
+        _hash_range(f.fileno(), h, 0, os.fstat(f.fileno()).st_size)
     return h.hexdigest()
+
+
+def _hash_range(fd: int, h: Any, offset: int, end: int) -> None:
+    """Add bytes ``offset`` to ``end`` of a file (which holds at least ``end`` bytes) to ``h``.
+
+    Mapped read-only, the page cache's pages are hashed where they are:
+    reading them into a buffer first (pread) costs a copy of every byte, which
+    made read-back hashing about 1.6x as costly on the benchmark machine
+    (benchmarks/README.md). A file system that cannot map files is read with
+    pread instead. hashlib releases the GIL on large buffers.
+    """
+    while offset < end:
+        stop = min(end, offset + _MAP)
+        base = offset - offset % mmap.ALLOCATIONGRANULARITY
+        try:
+            mapped = mmap.mmap(fd, stop - base, access=mmap.ACCESS_READ, offset=base)
+        except OSError:
+            _hash_read(fd, h, offset, end)
+            return
+        with mapped, memoryview(mapped) as view, view[offset - base :] as piece:
+            h.update(piece)
+        offset = stop
+
+
+def _hash_read(fd: int, h: Any, offset: int, end: int) -> None:
+    buf = bytearray(min(_CHUNK, end - offset))
+    view = memoryview(buf)
+    while offset < end:
+        n = _pread_into(fd, view[: min(len(buf), end - offset)], offset)
+        if n == 0:
+            raise OSError(errno.EIO, f"file ended at {offset} bytes while {end} were written")
+        h.update(view[:n])
+        offset += n
 
 
 def is_temp_file(name: str) -> bool:
@@ -277,9 +307,9 @@ class _Sink:
 class _Hasher:
     """A thread that hashes a file from ``start`` up to the offset the writer has reached.
 
-    It reads the bytes back with ``pread`` (the page cache still holds them)
-    into one small buffer, so it never touches the writer's buffers and never
-    holds the writer up; hashlib and pread release the GIL.
+    It hashes what the writer already handed to the kernel, from the page
+    cache (``_hash_range``), so it never touches the writer's buffers and
+    never holds the writer up.
     """
 
     def __init__(self, fd: int, h: Any, start: int, end: int) -> None:
@@ -314,8 +344,6 @@ class _Hasher:
         self._thread.join()
 
     def _run(self) -> None:
-        buf = bytearray(_CHUNK)
-        view = memoryview(buf)
         try:
             while True:
                 with self._cond:
@@ -324,14 +352,9 @@ class _Hasher:
                     if self._stopping:
                         return
                     offset, end = self._hashed, self._end
-                while offset < end:
-                    n = _pread_into(self._fd, view[: min(_CHUNK, end - offset)], offset)
-                    if n == 0:
-                        raise OSError(errno.EIO, f"file ended at {offset} bytes while {end} were written")
-                    self._hash.update(view[:n])
-                    offset += n
+                _hash_range(self._fd, self._hash, offset, end)
                 with self._cond:
-                    self._hashed = offset
+                    self._hashed = end
                     self._cond.notify_all()
         except BaseException as exc:  # re-raised in the writing thread by finish()
             with self._cond:

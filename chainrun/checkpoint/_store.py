@@ -5,14 +5,17 @@ Each save is an *entry*: a main file named ``<prefix>-<seq>-e<epoch>-s<step><suf
 file and names sort by age), a
 ``<main>.sha256`` companion in ``sha256sum`` format, and for TensorFlow the
 data files that share the stem. A save commits in this order, each step
-durable before the next: the files, the companion, the sidecar. Restore tries
-the file the sidecar names, then older entries that have a companion, newest
-first, verifying each sha256; a fallback warns, and no usable checkpoint is
-an error rather than a silent fresh start. Retention keeps the last ``keep``
-committed entries and never deletes the one the sidecar names; it runs after
-the commit in a helper thread, so deleting a large old file never holds up
-the caller, and a writer killed before it ran leaves one entry too many for
-the next writer's ``prepare`` to remove.
+durable before the next: the files, then the sidecar, which records their
+size and sha256. The companion repeats that sha256 for when the sidecar has
+moved on: a helper thread writes it after the commit, then applies
+retention, so neither a small file's fsync nor deleting a large old file holds
+up the caller. Restore tries the file the sidecar names, then older entries
+that have a companion, newest first, verifying each sha256; a fallback warns,
+and no usable checkpoint is an error rather than a silent fresh start.
+Retention keeps the last ``keep`` committed entries and never deletes the one
+the sidecar names. A writer killed before its helper thread ran leaves the
+committed entry without its companion and one entry too many: the next
+writer's ``prepare`` writes the companion from the sidecar and prunes.
 """
 
 from __future__ import annotations
@@ -186,10 +189,11 @@ class CheckpointDir:
         """Get ready to write a new entry: finish the previous save's retention, so that a new
         entry never joins one retention has yet to delete (at most ``keep`` + 1 entries ever exist).
 
-        The first time, also create the directory and remove what interrupted saves left: temp
-        files of dead writers, uncommitted checkpoints, and committed ones past ``keep`` whose
-        writer died before retention ran (left unchecked, writers killed between commit and prune
-        would pile them up one per segment).
+        The first time, also create the directory and finish what interrupted saves left: remove
+        temp files of dead writers and uncommitted checkpoints, write the companion of the committed
+        checkpoint when its writer died before it could, and remove committed checkpoints past
+        ``keep`` whose writer died before retention ran (left unchecked, writers killed between
+        commit and prune would pile them up one per segment).
 
         One process writes a checkpoint directory; restore() changes nothing.
         """
@@ -199,8 +203,27 @@ class CheckpointDir:
         os.makedirs(self.path, exist_ok=True)
         cleanup_temp_files(self.path)
         self._drop_uncommitted()
+        self._complete_committed()
         self.prune()
         self._prepared = True
+
+    def _complete_committed(self) -> None:
+        """Write the committed checkpoint's companion from the sidecar when it is missing."""
+        try:
+            progress = load_progress(self.path)
+        except ValueError:
+            return
+        if progress is None or self.parse(progress["file"]) is None:
+            return
+        name = progress["file"]
+        if os.path.exists(os.path.join(self.path, name + COMPANION_SUFFIX)):
+            return
+        if not os.path.exists(os.path.join(self.path, name)):
+            return  # nothing to vouch for; restore reports the missing file
+        self._write_companion(name, progress["sha256"])
+
+    def _write_companion(self, name: str, sha256: str) -> None:
+        atomic_write(os.path.join(self.path, name + COMPANION_SUFFIX), f"{sha256}  {name}\n".encode())
 
     def _drop_uncommitted(self) -> None:
         try:
@@ -296,17 +319,19 @@ class CheckpointDir:
         done: bool = False,
         metrics: Optional[Mapping[str, Any]] = None,
     ) -> Saved:
-        """Make a durable checkpoint file the latest: companion, then sidecar; retention follows.
+        """Make a durable checkpoint file the latest by writing the sidecar; companion and retention follow.
 
-        Retention runs in a helper thread once the sidecar is written (``wait()``
-        finishes it); the next save's ``prepare()``, ``prune()`` and ``restore()`` wait for it.
+        The companion and retention are written and applied by a helper thread once the sidecar
+        is written (``wait()`` finishes it); the next save's ``prepare()``, ``prune()`` and
+        ``restore()`` wait for it.
         """
         self.prepare()
-        atomic_write(os.path.join(self.path, name + COMPANION_SUFFIX), f"{sha256}  {name}\n".encode())
         write_progress(
             self.path, epoch=epoch, step=step, file=name, size=size, sha256=sha256, done=done, metrics=metrics
         )
-        self._retention = threading.Thread(target=self._retain, args=(name,), name="chainrun-retention")
+        self._retention = threading.Thread(
+            target=self._retain, args=(name, sha256), name="chainrun-retention"
+        )
         self._retention.start()
         return Saved(name, os.path.join(self.path, name), epoch, step, size, sha256, done)
 
@@ -316,13 +341,15 @@ class CheckpointDir:
         if thread is not None:
             thread.join()
 
-    def _retain(self, committed: str) -> None:
+    def _retain(self, committed: str, sha256: str) -> None:
         # Not a daemon thread: the interpreter finishes it before exiting.
         try:
+            self._write_companion(committed, sha256)
             self._prune(committed)
-        except OSError as exc:  # the checkpoint is committed; a file left over is the next prune's
+        except OSError as exc:  # the checkpoint is committed; what is left is the next prepare's
             warnings.warn(
-                f"chainrun: could not delete old checkpoints in {self.path}: {exc}",
+                f"chainrun: could not write the companion of {committed} or delete old checkpoints "
+                f"in {self.path}: {exc}",
                 CheckpointWarning,
                 stacklevel=1,
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -58,13 +59,13 @@ def test_atomic_write_digest_matches_the_file_for_any_write_pattern(
 ) -> None:
     """Small gathered writes, large ones cut in pieces and hashed in a thread add up to the file."""
     directory = tmp_path_factory.mktemp("pattern")
-    saved = (_atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE, _atomic._CHUNK)
-    # tiny limits: every path runs, and the hash thread reads back in odd-sized pieces
-    _atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE, _atomic._CHUNK = 64, 100, 97, 31
+    saved = (_atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE, _atomic._MAP)
+    # tiny limits: every path runs, and the hash thread maps the file in odd-sized pieces
+    _atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE, _atomic._MAP = 64, 100, 97, 31
     try:
         written = atomic_write(directory / "f", lambda f: [f.write(c) for c in chunks])
     finally:
-        _atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE, _atomic._CHUNK = saved
+        _atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE, _atomic._MAP = saved
     whole = b"".join(chunks)
     assert (directory / "f").read_bytes() == whole
     assert written.sha256 == hashlib.sha256(whole).hexdigest()
@@ -84,6 +85,31 @@ def test_atomic_write_hashes_the_bytes_written_even_when_the_writer_reuses_its_b
 
     written = atomic_write(tmp_path / "f", writer)
     assert written.sha256 == hashlib.sha256(whole).hexdigest() == sha256_file(tmp_path / "f")
+
+
+def test_hashing_reads_the_file_where_it_cannot_be_mapped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a file system without mmap (ENODEV) the read-back hash and sha256_file read with pread instead."""
+    calls = []
+
+    def no_mmap(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        raise OSError(errno.ENODEV, "No such device")
+
+    monkeypatch.setattr(_atomic.mmap, "mmap", no_mmap)
+    monkeypatch.setattr(_atomic, "_CHUNK", 1000)  # several pread pieces, the last one short
+    whole = os.urandom(3 << 20) + b"tail"
+    written = atomic_write(
+        tmp_path / "f", lambda f: [f.write(whole[i : i + (1 << 20)]) for i in range(0, len(whole), 1 << 20)]
+    )
+    assert calls, "the hash thread never tried to map the file"
+    assert written.sha256 == hashlib.sha256(whole).hexdigest() == sha256_file(tmp_path / "f")
+
+
+def test_sha256_file_of_an_empty_file(tmp_path: Path) -> None:
+    (tmp_path / "empty").write_bytes(b"")
+    assert sha256_file(tmp_path / "empty") == hashlib.sha256(b"").hexdigest()
 
 
 def test_atomic_write_stops_its_hash_thread_when_the_writer_fails(tmp_path: Path) -> None:

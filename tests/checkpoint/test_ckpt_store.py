@@ -35,11 +35,12 @@ def flip_a_byte(path: Path) -> None:
 
 
 def test_save_commits_file_companion_and_sidecar(tmp_path: Path) -> None:
-    """After save() the sidecar names the new file, with a sha256sum-style companion beside it."""
+    """After save() the sidecar names the new file; after wait() a sha256sum-style companion is beside it."""
     store = CheckpointDir(tmp_path, suffix=".bin")
     saved = store.save(b"weights", epoch=2, step=5, done=False, metrics={"loss": 1.5})
     assert saved.file == "ckpt-000001-e0002-s000005.bin"
     assert (tmp_path / saved.file).read_bytes() == b"weights"
+    store.wait()
     assert (tmp_path / (saved.file + ".sha256")).read_text() == f"{saved.sha256}  {saved.file}\n"
     progress = load_progress(tmp_path)
     assert progress is not None
@@ -104,6 +105,47 @@ def test_retention_deletes_after_save_returns_and_then_leaves_exactly_keep(
     release.set()
     store.wait()
     assert sorted(os.listdir(tmp_path)) == sorted([SIDECAR_NAME, second, second + ".sha256"])
+
+
+def test_save_returns_before_the_companion_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The companion's write and fsync happen after the commit, off the caller's path; wait() finishes them."""
+    store = CheckpointDir(tmp_path, suffix=".bin")
+    release = threading.Event()
+    write_companion = store._write_companion
+
+    def held(name: str, sha256: str) -> None:
+        release.wait(timeout=30)
+        write_companion(name, sha256)
+
+    monkeypatch.setattr(store, "_write_companion", held)
+    saved = store.save(b"weights", epoch=1, step=0)
+    assert load_progress(tmp_path)["file"] == saved.file  # type: ignore[index]
+    assert not (tmp_path / (saved.file + ".sha256")).exists()
+    release.set()
+    store.wait()
+    assert (tmp_path / (saved.file + ".sha256")).read_text() == f"{saved.sha256}  {saved.file}\n"
+
+
+def test_a_writer_killed_before_its_companion_leaves_it_to_the_next_writer(tmp_path: Path) -> None:
+    """Killed between the sidecar and the companion: the next writer writes the companion from the
+    sidecar, so the checkpoint stays a verified fallback once a newer one is committed."""
+    names = save_n(CheckpointDir(tmp_path, suffix=".bin", keep=2), 2)
+    os.unlink(tmp_path / (names[1] + ".sha256"))  # what a kill right after the sidecar's rename leaves
+    store = CheckpointDir(tmp_path, suffix=".bin", keep=2)
+    store.prepare()
+    sha256 = load_progress(tmp_path)["sha256"]  # type: ignore[index]
+    assert (tmp_path / (names[1] + ".sha256")).read_text() == f"{sha256}  {names[1]}\n"
+    newest = store.save(b"newest", epoch=3, step=0).file
+    store.wait()
+    assert sorted(n for n in os.listdir(tmp_path) if n != SIDECAR_NAME) == sorted(
+        [names[1], names[1] + ".sha256", newest, newest + ".sha256"]
+    )
+    flip_a_byte(tmp_path / newest)
+    with pytest.warns(CheckpointWarning, match="sha256"):
+        resume, value = store.restore(lambda p: Path(p).read_bytes())
+    assert (resume.file, value) == (names[1], b"payload 2")
 
 
 def test_a_new_writer_prunes_what_writers_killed_before_retention_left(tmp_path: Path) -> None:
