@@ -7,7 +7,10 @@ engine reads what it needs (the wrapper's markers of jobs that left the live
 view or ended, each kept once read; the checkpoint; why a stuck job is
 stuck) and asks accounting in one command for the jobs gone without a marker
 that are due: at once, then after growing intervals, and always in the tick
-that would find one lost. **Decide** is ``decide()``: facts in, actions out.
+that would find one lost. **Decide** is ``decide()``: facts in, actions out;
+a chain whose last answer was "nothing to do" is not asked again while its
+stored row and its facts stay the same, until ``quiet_until`` (the first clock
+rule due) says the answer could change.
 **Act and record**: a submission is journaled, then made; cancels go out in
 one command; then everything the tick learned and did for the chain is
 written in one transaction (nothing, when nothing changed).
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional, TypeVar
 
 from chainrun import watch
-from chainrun.decide import LOST_AFTER, Facts, JobFacts, after_submit, decide
+from chainrun.decide import LOST_AFTER, Facts, JobFacts, after_submit, decide, quiet_until
 from chainrun.errors import ChainrunError, SchedulerError, StoreUnavailable, TransportError, UnsafePathError
 from chainrun.logs import get_logger
 from chainrun.model import (
@@ -131,6 +134,9 @@ class Engine:
         # did not know: when to ask again, and the interval after that.
         self.unaccounted: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
         self.progress = watch.ProgressReader()  # re-reads a sidecar only when it changed
+        # Chains decide() last had nothing for: the chain as loaded, its facts, and until when
+        # that answer holds for them (see _decide).
+        self.quiet: dict[str, tuple[Chain, Facts, float]] = {}
 
     def tick(self, only: Optional[Collection[str]] = None) -> TickSummary:
         """Move every active chain (or only the chains with the ids in ``only``) forward once.
@@ -153,9 +159,13 @@ class Engine:
         now = self.clock()
         groups: dict[tuple[str, str], list[Chain]] = defaultdict(list)
         retries: list[float] = []  # when submissions that failed want their next try
-        for chain in self.store.chains(active_only=True):
+        loaded = self.store.chains(active_only=True)
+        for chain in loaded:
             if (only is None or chain.id in only) and now >= self.stuck_until.get(chain.id, 0.0):
                 groups[chain.spec.scheduler.cluster_key].append(chain)
+        if len(self.quiet) > len(loaded):  # chains that ended, or were removed, since
+            active = {c.id for c in loaded}
+            self.quiet = {k: v for k, v in self.quiet.items() if k in active}
         for (kind, host), chains in groups.items():
             try:
                 cluster = self._poll((kind, host))
@@ -336,7 +346,7 @@ class Engine:
     def _act(self, cluster: _Cluster, chain: Chain, facts: Facts) -> list[float]:
         """Decide, carry out, record; returns when failed submissions want their next try."""
         now = self.clock()
-        actions = decide(chain, facts, now)
+        actions = self._decide(chain, facts, now)
         warnings: list[str] = []
         if any(isinstance(a, Finish) for a in actions):
             # Written first: a successor that starts anyway exits at once.
@@ -368,6 +378,20 @@ class Engine:
             self.on_end(self.store.chain(chain.id))
         waiting = [s.retry_at for s in chain.live if s.phase is Phase.SUBMITTING and (s.retry_at or 0) > now]
         return [a.at for a in done if isinstance(a, RetryLater)] + [at for at in waiting if at is not None]
+
+    def _decide(self, chain: Chain, facts: Facts, now: float) -> list[Action]:
+        """``decide(chain, facts, now)``, or nothing without calling it when that is its answer:
+        it answered nothing before for this very chain (the store loads a chain again when its
+        rows change) and equal facts, and the first clock rule is not due yet."""
+        kept = self.quiet.get(chain.id)
+        if kept is not None and kept[0] is chain and now < kept[2] and kept[1] == facts:
+            return []
+        actions = decide(chain, facts, now)
+        if actions:
+            self.quiet.pop(chain.id, None)
+        else:
+            self.quiet[chain.id] = (chain, facts, quiet_until(chain, now))
+        return actions
 
     def _cancel(self, cluster: _Cluster, actions: Iterable[Cancel | Remove], warnings: list[str]) -> None:
         ids = [a.job_id for a in actions if a.job_id]
