@@ -135,7 +135,7 @@ class Engine:
         self.unaccounted: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
         self.progress = watch.ProgressReader()  # re-reads a sidecar only when it changed
         # Chains decide() last had nothing for: the chain as loaded, its facts, and until when
-        # that answer holds for them (see _decide).
+        # that answer holds for them (see _quiet).
         self.quiet: dict[str, tuple[Chain, Facts, float]] = {}
 
     def tick(self, only: Optional[Collection[str]] = None) -> TickSummary:
@@ -346,7 +346,17 @@ class Engine:
     def _act(self, cluster: _Cluster, chain: Chain, facts: Facts) -> list[float]:
         """Decide, carry out, record; returns when failed submissions want their next try."""
         now = self.clock()
-        actions = self._decide(chain, facts, now)
+        if self._quiet(chain, facts, now):
+            # decide() would answer nothing again, and the tick that asked it last wrote
+            # nothing (a write makes the store load the chain anew): nothing to do or record.
+            self.failing.pop(chain.id, None)
+            self.stuck_until.pop(chain.id, None)
+            return self._waiting(chain, now)
+        actions = decide(chain, facts, now)
+        if actions:
+            self.quiet.pop(chain.id, None)
+        else:
+            self.quiet[chain.id] = (chain, facts, quiet_until(chain, now))
         warnings: list[str] = []
         if any(isinstance(a, Finish) for a in actions):
             # Written first: a successor that starts anyway exits at once.
@@ -376,22 +386,22 @@ class Engine:
         self.stuck_until.pop(chain.id, None)
         if self.on_end is not None and any(isinstance(a, Finish) for a in done):
             self.on_end(self.store.chain(chain.id))
-        waiting = [s.retry_at for s in chain.live if s.phase is Phase.SUBMITTING and (s.retry_at or 0) > now]
-        return [a.at for a in done if isinstance(a, RetryLater)] + [at for at in waiting if at is not None]
+        return [a.at for a in done if isinstance(a, RetryLater)] + self._waiting(chain, now)
 
-    def _decide(self, chain: Chain, facts: Facts, now: float) -> list[Action]:
-        """``decide(chain, facts, now)``, or nothing without calling it when that is its answer:
-        it answered nothing before for this very chain (the store loads a chain again when its
-        rows change) and equal facts, and the first clock rule is not due yet."""
+    def _quiet(self, chain: Chain, facts: Facts, now: float) -> bool:
+        """Whether ``decide(chain, facts, now)`` would answer nothing, known without calling it:
+        it answered nothing for this very chain (the store loads a chain anew when its rows
+        change) and equal facts, and the first clock rule (``quiet_until``) is not due yet."""
         kept = self.quiet.get(chain.id)
-        if kept is not None and kept[0] is chain and now < kept[2] and kept[1] == facts:
-            return []
-        actions = decide(chain, facts, now)
-        if actions:
-            self.quiet.pop(chain.id, None)
-        else:
-            self.quiet[chain.id] = (chain, facts, quiet_until(chain, now))
-        return actions
+        return kept is not None and kept[0] is chain and now < kept[2] and kept[1] == facts
+
+    def _waiting(self, chain: Chain, now: float) -> list[float]:
+        """When the chain's failed submissions want their next try."""
+        return [
+            s.retry_at
+            for s in chain.live
+            if s.phase is Phase.SUBMITTING and s.retry_at is not None and s.retry_at > now
+        ]
 
     def _cancel(self, cluster: _Cluster, actions: Iterable[Cancel | Remove], warnings: list[str]) -> None:
         ids = [a.job_id for a in actions if a.job_id]
