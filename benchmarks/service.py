@@ -9,14 +9,15 @@ would take longer than the rest of the benchmark): each has segment 1 running
 (its start marker and a progress sidecar written as the wrapper and the helper
 write them) and segment 2 queued behind it, which is a service's steady state.
 
-Each case runs in a fresh interpreter (so its RSS is its own) and ticks the
-real ``Engine`` with a clock that moves 10 s per tick. Measured per case:
-scheduler commands per tick, CPU per tick (``time.process_time``, the
-service's own process: the fake tools' CPU is theirs), and RSS after the
-ticks; at 1,000 chains also with 100 running jobs gone from ``squeue``
-without an end marker (accounting does not know them yet), and with 10,000
-ended chains in the same database; then ``chainrun status`` and
-``chainrun --help`` in a subprocess. Usage: ``python benchmarks/service.py
+Each case creates its chains in one interpreter and ticks them in a fresh one
+(so its RSS is the service's own, as a service's is: the chains were
+submitted by other processes), with the real ``Engine`` and a clock that
+moves 10 s per tick. Measured per case: scheduler commands per tick, CPU per
+tick (``time.process_time``, the service's own process: the fake tools' CPU
+is theirs), and RSS after the ticks and at its peak; at 1,000 chains also
+with 100 running jobs gone from ``squeue`` without an end marker (accounting
+does not know them yet), and with 10,000 ended chains in the same database;
+then ``chainrun status`` and ``chainrun --help`` in a subprocess. Usage: ``python benchmarks/service.py
 [--sizes 10 100 1000 10000] [--ticks 5] [--out FILE]``.
 """
 
@@ -81,14 +82,13 @@ def _rss_mb() -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
-def one_case(root: Path, n: int, ticks: int, vanish: int, ended: int) -> dict[str, Any]:
-    """Create ``n`` active chains (and ``ended`` ended ones), tick, and measure."""
+def create(root: Path, n: int, ended: int) -> dict[str, Any]:
+    """Create ``n`` active chains (and ``ended`` ended ones), their markers, sidecars and the
+    fake ``squeue`` output, as a submitter and running jobs would have left them."""
     os.environ["FAKE_SLURM"] = str(root)
-    os.environ["PATH"] = f"{_tools(root)}:{os.environ['PATH']}"
-    os.environ["CHAINRUN_HOME"] = str(root / "home")
-    from chainrun import logs
+    root.mkdir(parents=True, exist_ok=True)
+    _tools(root)
     from chainrun.checkpoint._progress import encode_progress
-    from chainrun.engine import Engine
     from chainrun.model import (
         NO_PROGRESS,
         Adopt,
@@ -104,7 +104,6 @@ def one_case(root: Path, n: int, ticks: int, vanish: int, ended: int) -> dict[st
     from chainrun.schedulers.segment import SegmentJob
     from chainrun.store import Store
 
-    logs.setup("info", stream=sys.stderr, pretty=False)  # as the service logs under journald
     store = Store(root / "home")
     start = time.time()
     spec = JobSpec(
@@ -159,8 +158,26 @@ def one_case(root: Path, n: int, ticks: int, vanish: int, ended: int) -> dict[st
         lines[second] = f"{second}|cr.{chain.id}.2|PENDING|Dependency|N/A|N/A"
         running.append(first)
     (root / "squeue.txt").write_text("".join(line + "\n" for line in lines.values()))
-    created = time.time() - start
+    store.close()
+    meta = {"start": start, "lines": lines, "running": running, "created_s": time.time() - start}
+    (root / "meta.json").write_text(json.dumps(meta))
+    return meta
 
+
+def one_case(root: Path, ticks: int, vanish: int) -> dict[str, Any]:
+    """Tick the service over the chains ``create`` left in ``root``, and measure. A fresh
+    process, as a service is: the chains were submitted by other processes."""
+    os.environ["FAKE_SLURM"] = str(root)
+    os.environ["PATH"] = f"{root / 'bin'}:{os.environ['PATH']}"
+    os.environ["CHAINRUN_HOME"] = str(root / "home")
+    from chainrun import logs
+    from chainrun.engine import Engine
+    from chainrun.store import Store
+
+    logs.setup("info", stream=sys.stderr, pretty=False)  # as the service logs under journald
+    meta = json.loads((root / "meta.json").read_text())
+    start, lines, running = meta["start"], meta["lines"], meta["running"]
+    store = Store(root / "home")
     now = [start]
 
     def clock() -> float:
@@ -178,9 +195,8 @@ def one_case(root: Path, n: int, ticks: int, vanish: int, ended: int) -> dict[st
     tick()  # the first tick reads every start marker and sidecar once, and notes the start times
     steady = [tick() for _ in range(ticks)]
     result: dict[str, Any] = {
-        "n": n,
-        "ended": ended,
-        "created_s": created,
+        "n": len(running),
+        "created_s": meta["created_s"],
         "cpu_ms": 1000 * statistics.median(c for c, _ in steady),
         "commands": max(k for _, k in steady),
     }
@@ -208,10 +224,15 @@ def one_case(root: Path, n: int, ticks: int, vanish: int, ended: int) -> dict[st
 def _case(n: int, ticks: int, vanish: int = 0, ended: int = 0) -> dict[str, Any]:
     """One case in a fresh interpreter, so that its memory is its own."""
     with tempfile.TemporaryDirectory(prefix="chainrun-bench-") as tmp:
-        argv = [sys.executable, __file__, "--one", str(n), "--ticks", str(ticks), "--root", tmp]
-        argv += ["--vanish", str(vanish), "--ended", str(ended)]
-        out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-        return dict(json.loads(out.splitlines()[-1]))
+        _create(Path(tmp), n, ended)
+        argv = [sys.executable, __file__, "--one", "--ticks", str(ticks), "--root", tmp]
+        out = subprocess.run([*argv, "--vanish", str(vanish)], check=True, capture_output=True, text=True)
+        return dict(json.loads(out.stdout.splitlines()[-1]))
+
+
+def _create(root: Path, n: int, ended: int) -> None:
+    argv = [sys.executable, __file__, "--create", str(n), "--ended", str(ended), "--root", str(root)]
+    subprocess.run(argv, check=True, capture_output=True)
 
 
 def _timed(argv: list[str], env: dict[str, str], repeats: int = 5) -> tuple[float, float]:
@@ -232,8 +253,9 @@ def _timed(argv: list[str], env: dict[str, str], repeats: int = 5) -> tuple[floa
 def _status_case(active: int, ended: int) -> tuple[tuple[float, float], tuple[float, float]]:
     """``chainrun status`` and ``chainrun --help`` (wall, CPU) with that many chains stored."""
     with tempfile.TemporaryDirectory(prefix="chainrun-bench-") as tmp:
-        argv = [sys.executable, __file__, "--one", str(active), "--ticks", "1", "--root", tmp]
-        subprocess.run([*argv, "--ended", str(ended)], check=True, capture_output=True)
+        _create(Path(tmp), active, ended)
+        argv = [sys.executable, __file__, "--one", "--ticks", "1", "--root", tmp]
+        subprocess.run(argv, check=True, capture_output=True)
         env = {**os.environ, "CHAINRUN_HOME": str(Path(tmp) / "home")}
         chainrun = [sys.executable, "-m", "chainrun"]
         return _timed([*chainrun, "status"], env), _timed([*chainrun, "--help"], env)
@@ -258,13 +280,17 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000, 10_000])
     parser.add_argument("--ticks", type=int, default=5)
     parser.add_argument("--out", type=Path, help="also write the table to this file")
-    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--create", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--root", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--vanish", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--ended", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.one is not None:
-        print(json.dumps(one_case(args.root, args.one, args.ticks, args.vanish, args.ended)))
+    if args.create is not None:
+        create(args.root, args.create, args.ended)
+        return
+    if args.one:
+        print(json.dumps(one_case(args.root, args.ticks, args.vanish)))
         return
 
     rows = []
@@ -277,7 +303,8 @@ def main() -> None:
             (f"{n:,} active chains: commands per tick (steady)", f"{r['commands']}", "<= 2 per cluster")
         )
         rows.append((f"{n:,} active chains: CPU per tick", f"{r['cpu_ms']:.1f} ms", goal))
-        rows.append((f"{n:,} active chains: RSS after the ticks", f"{r['rss_mb']:.0f} MB", rss_goal))
+        rss = f"{r['rss_mb']:.0f} MB (peak {r['peak_mb']:.0f} MB)"
+        rows.append((f"{n:,} active chains: RSS after the ticks (peak)", rss, rss_goal))
         print(f"{n}: {r}", file=sys.stderr)
     v = _case(1000, args.ticks, vanish=VANISHED)
     print(f"vanished: {v}", file=sys.stderr)

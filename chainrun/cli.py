@@ -22,20 +22,20 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, NoReturn, Optional
 
 import click
 
-from chainrun import __version__, control, jobfile, snapshot, sweep
-from chainrun.daemon import DEFAULT_INTERVAL, InstanceLock, Service
+from chainrun import __version__
+from chainrun.constants import CONFIRM_ABOVE, DEFAULT_INTERVAL
 from chainrun.errors import ChainrunError, StoreUnavailable, UsageError
-from chainrun.jobfile import format_duration
-from chainrun.model import Chain, JobSpec
-from chainrun.schedulers import preflight
-from chainrun.schedulers.segment import SegmentJob, param_text
-from chainrun.service import parse_interval
-from chainrun.store import DamagedChain, Store, default_home
-from chainrun.transport import transport_for
+
+if TYPE_CHECKING:
+    from chainrun.model import Chain, JobSpec
+    from chainrun.store import DamagedChain, Store
+
+# Each command imports what it uses: `--help` formats them all, and `status` should
+# not pay for the service, the schedulers or the job file parser.
 
 
 def _interval(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[float]:
@@ -44,6 +44,8 @@ def _interval(ctx: click.Context, param: click.Parameter, value: Optional[str]) 
     A bad value is one line (chainrun's own usage error, exit 2), not click's usage block."""
     if value is None:
         return None
+    from chainrun.service import parse_interval
+
     try:
         return parse_interval(value)
     except ValueError as exc:
@@ -234,6 +236,7 @@ def main(ctx: click.Context, home: Optional[str], log_level: str, debug: bool) -
     130 Ctrl-C.
     """
     from chainrun import logs
+    from chainrun.store import default_home
 
     if home == "":  # click would make it ".": state in whatever directory this runs in
         raise UsageError("--home: an empty path; give the state directory, or leave --home out")
@@ -247,6 +250,8 @@ def main(ctx: click.Context, home: Optional[str], log_level: str, debug: bool) -
 def _store(ctx: click.Context, readonly: bool = False) -> Iterator[Store]:
     """The state database; ``readonly`` for commands that only look: they write nothing,
     never wait long on a writer, and read a missing database as one without chains."""
+    from chainrun.store import Store
+
     store = Store(ctx.obj, readonly=readonly)
     try:
         yield store
@@ -256,6 +261,8 @@ def _store(ctx: click.Context, readonly: bool = False) -> Iterator[Store]:
 
 def _submit(store: Store, spec: JobSpec, fresh: bool = False) -> Chain:
     """Store a new chain for ``spec`` (not a sweep); see ``control.submit_all``."""
+    from chainrun import control
+
     ((chain_id, _),) = control.submit_all(store, [spec], fresh)
     return store.chain(chain_id)
 
@@ -269,6 +276,10 @@ def _submit(store: Store, spec: JobSpec, fresh: bool = False) -> Chain:
 )
 def check(jobfile_path: str, show_script: bool) -> None:
     """Validate JOBFILE and print the plan: segments, walltimes, budget."""
+    from chainrun import jobfile, sweep
+    from chainrun.schedulers import preflight
+    from chainrun.schedulers.segment import param_text
+
     spec = jobfile.load(jobfile_path)
     chains = sweep.expand(spec)
     script, argv = preflight(chains[0])
@@ -324,6 +335,9 @@ def _uses_the_helper(spec: JobSpec) -> bool:
 
 
 def _plan(spec: JobSpec) -> list[tuple[str, str]]:
+    from chainrun import snapshot
+    from chainrun.jobfile import format_duration
+
     full, rest = divmod(spec.total_time, spec.walltime)
     wt = format_duration(spec.walltime)
     if rest == 0:
@@ -393,7 +407,7 @@ _fresh = click.option(
 @main.command()
 @click.argument("jobfile_paths", metavar="JOBFILE...", nargs=-1, required=True)
 @_fresh
-@click.option("--yes", is_flag=True, help=f"Submit even more than {sweep.CONFIRM_ABOVE:,} chains at once.")
+@click.option("--yes", is_flag=True, help=f"Submit even more than {CONFIRM_ABOVE:,} chains at once.")
 @click.pass_context
 def submit(ctx: click.Context, jobfile_paths: tuple[str, ...], fresh: bool, yes: bool) -> None:
     """Submit the chains in the job files; prints one chain id per line.
@@ -407,9 +421,12 @@ def submit(ctx: click.Context, jobfile_paths: tuple[str, ...], fresh: bool, yes:
     when they cannot be: a checkpoint is already complete (use --fresh to
     start over), or a cluster cannot be reached.
     """
+    from chainrun import control, jobfile
+    from chainrun.daemon import InstanceLock
+
     specs = [jobfile.load(path) for path in _job_files(jobfile_paths)]
     total = sum(len(spec.sweep) * spec.reps or 1 for spec in specs)
-    if total > sweep.CONFIRM_ABOVE and not yes:
+    if total > CONFIRM_ABOVE and not yes:
         raise UsageError(f"that is {total:,} chains; add --yes to submit them all")
     with _store(ctx) as store:
         new = control.submit_all(store, specs, fresh=fresh)
@@ -465,7 +482,7 @@ def run(ctx: click.Context, jobfile_path: str, interval: Optional[float], fresh:
     time, cancelled); 130 when you stop watching and the chain goes on, as a
     shell reports a command stopped by Ctrl-C; 2 for a bad job file or option.
     """
-    from chainrun import live
+    from chainrun import jobfile, live
 
     spec = jobfile.load(jobfile_path)
     if spec.sweep:
@@ -496,6 +513,8 @@ def daemon(ctx: click.Context, interval: Optional[float]) -> None:
     SIGHUP re-reads the service config and re-opens the log file; SIGTERM
     stops it, leaving queued jobs running.
     """
+    from chainrun.daemon import Service
+
     Service(ctx.obj, interval=interval).run()
 
 
@@ -510,6 +529,8 @@ def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
     CHAIN is damaged, the cluster cannot be reached, or a sweep's cancel was
     not confirmed.
     """
+    from chainrun import control
+
     with _store(ctx) as store:
         members = store.sweep(chain_ref)
         targets = members or [store.find(chain_ref)]
@@ -654,6 +675,9 @@ def logs(ctx: click.Context, chain_ref: str, segment: Optional[int], follow: boo
     Exits 0; 2 for an unknown CHAIN or segment, or a bad option; 1 when the
     cluster cannot be reached.
     """
+    from chainrun.schedulers.segment import SegmentJob
+    from chainrun.transport import transport_for
+
     with _store(ctx, readonly=True) as store:
         chain = store.find(chain_ref)
         transport = transport_for(chain.host)

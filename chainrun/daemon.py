@@ -43,24 +43,24 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from chainrun import logs
+from chainrun.constants import DEFAULT_INTERVAL
 from chainrun.engine import Engine, TickSummary
 from chainrun.errors import AlreadyRunning, ChainrunError, StoreUnavailable
 from chainrun.notify import Hooks, Notifier
 from chainrun.service import MIN_INTERVAL, SdNotify, ServiceConfig, load_config
+from chainrun.status import STATUS_FILE, read_status
 from chainrun.store import Store, private_dir
 
 log = logs.get_logger(__name__)
 
-DEFAULT_INTERVAL = 10.0
 MIN_DELAY = MIN_INTERVAL  # the soonest a tick may follow the previous one, whatever the engine asks
 STOP_WAIT = 15.0  # seconds a tick in flight gets to finish on stop
 NOTIFY_WAIT = 10.0  # seconds queued end-of-chain notifications get on stop
 DB_FILE = "chainrun.db"  # the file Store opens; its lock is the service's
 PID_FILE = "service.pid"
-STATUS_FILE = "service.status"
 LOCK_TRIES = 5  # a command checking for a service holds the lock for an instant
 LOCK_RETRY = 0.1
 _WAKE = b"\0"  # written by stop() from a tick; signals arrive as their numbers
@@ -223,15 +223,6 @@ class InstanceLock:
             self.pidfile.write_text(f"{os.getpid()}\n")
         except OSError as exc:  # the lock is what counts; the pid only names the holder
             log.warning("cannot write the pid file", path=str(self.pidfile), error=str(exc))
-
-
-def read_status(home: Path) -> Optional[dict[str, Any]]:
-    """What the running service last said about itself (pid, time, summary), if anything."""
-    try:
-        data = json.loads((Path(home) / STATUS_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 class Service:

@@ -14,6 +14,7 @@ clock, so every rule of DESIGN.md "Chain rules" is pinned by table tests.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
@@ -218,6 +219,20 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
     return actions
 
 
+def quiet_until(chain: Chain, now: float) -> float:
+    """Until when ``decide(chain, facts, t)`` still returns no action, for the same chain and
+    facts, given that it returned none at ``now``: the first clock rule due (inf: none is).
+
+    While nothing happens, only two rules read the clock: a job gone without a trace is
+    lost at ``_lost_at``, and a failed submission is tried again at its ``retry_at``.
+    Every other rule reads the chain and the facts alone (an answer with actions holds
+    ``now`` itself: this is only for an empty one). The engine skips ``decide`` for a
+    chain whose stored row and facts did not change until then."""
+    times = [_lost_at(s.missing_since) for s in chain.live if s.missing_since is not None]
+    times += [s.retry_at for s in chain.live if s.phase is Phase.SUBMITTING and s.retry_at is not None]
+    return min(times, default=math.inf)
+
+
 def after_submit(
     n: int, attempts: int, error: SchedulerError | TransportError | UnsafePathError, now: float
 ) -> Action:
@@ -271,7 +286,7 @@ def _ending(job: JobFacts) -> Optional[_Ending]:
 
 def _lost(seg: Segment, job: JobFacts, now: float) -> Optional[_Ending]:
     """A job gone from the scheduler with no record of its end, for long enough."""
-    if job.live is not None or seg.missing_since is None or now - seg.missing_since < LOST_AFTER:
+    if job.live is not None or seg.missing_since is None or now < _lost_at(seg.missing_since):
         return None
     return _Ending(
         Outcome.LOST,
@@ -280,6 +295,11 @@ def _lost(seg: Segment, job: JobFacts, now: float) -> Optional[_Ending]:
         None,
         f"gone from the scheduler for {now - seg.missing_since:.0f}s with no record of how it ended",
     )
+
+
+def _lost_at(missing_since: float) -> float:
+    """When a job gone from the scheduler since ``missing_since`` (and not back) is lost."""
+    return missing_since + LOST_AFTER
 
 
 def _track(seg: Segment, job: JobFacts, now: float) -> list[Action]:

@@ -8,7 +8,10 @@ view or ended, each kept once read; the checkpoint; why a stuck job is
 stuck) and asks accounting in one command for the jobs gone without a marker
 that are due (at once, then after growing intervals, and always in the tick
 that would find one lost) and for those whose marker says a signal killed
-the command (an OOM kill, which accounting names). **Decide** is ``decide()``: facts in, actions out.
+the command (an OOM kill, which accounting names). **Decide** is ``decide()``:
+facts in, actions out; a chain whose last answer was "nothing to do" is not
+asked again while its stored row and its facts stay the same, until
+``quiet_until`` (the first clock rule due) says the answer could change.
 **Act and record**: a submission is journaled, then made; cancels go out in
 one command; then everything the tick learned and did for the chain is
 written in one transaction (nothing, when nothing changed). On a backend
@@ -39,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional, TypeVar
 
 from chainrun import watch
-from chainrun.decide import LOST_AFTER, Facts, JobFacts, after_submit, decide, place
+from chainrun.decide import LOST_AFTER, Facts, JobFacts, after_submit, decide, place, quiet_until
 from chainrun.errors import ChainrunError, SchedulerError, StoreUnavailable, TransportError, UnsafePathError
 from chainrun.logs import get_logger
 from chainrun.model import (
@@ -147,6 +150,9 @@ class Engine:
         # did not know: when to ask again, and the interval after that.
         self.unaccounted: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
         self.progress = watch.ProgressReader()  # re-reads a sidecar only when it changed
+        # Chains decide() last had nothing for: the chain as loaded, its facts, and until when
+        # that answer holds for them (see _quiet).
+        self.quiet: dict[str, tuple[Chain, Facts, float]] = {}
 
     def tick(self, only: Optional[Collection[str]] = None) -> TickSummary:
         """Move every active chain (or only the chains with the ids in ``only``) forward once.
@@ -170,14 +176,17 @@ class Engine:
         groups: dict[tuple[str, str], list[Chain]] = defaultdict(list)
         floating: list[Chain] = []  # a pool's chains with no live segment: placed this tick
         retries: list[float] = []  # when submissions that failed want their next try
-        active = self.store.chains(active_only=True)
-        held = _held(active)
-        for chain in active:
+        loaded = self.store.chains(active_only=True)
+        held = _held(loaded)
+        for chain in loaded:
             if (only is None or chain.id in only) and now >= self.stuck_until.get(chain.id, 0.0):
                 if chain.spec.scheduler.hosts and not chain.live:
                     floating.append(chain)
                 else:
                     groups[chain.cluster_key].append(chain)
+        if len(self.quiet) > len(loaded):  # chains that ended, or were removed, since
+            ids = {c.id for c in loaded}
+            self.quiet = {k: v for k, v in self.quiet.items() if k in ids}
         # One poll per cluster: every cluster a chain lives on, and every host of a pool
         # that has a chain to place (its free slots are counted from the poll).
         wanted = dict.fromkeys([*groups, *(k for c in floating for k in _pool_keys(c))])
@@ -412,7 +421,17 @@ class Engine:
         """Decide, carry out, record; returns when failed submissions want their next try.
         A sweep's first segment that can go out as an array task is left in ``arrays``."""
         now = self.clock()
+        if self._quiet(chain, facts, now):
+            # decide() would answer nothing again, and the tick that asked it last wrote
+            # nothing (a write makes the store load the chain anew): nothing to do or record.
+            self.failing.pop(chain.id, None)
+            self.stuck_until.pop(chain.id, None)
+            return self._retries(chain, now)
         actions = decide(chain, facts, now)
+        if actions:
+            self.quiet.pop(chain.id, None)
+        else:
+            self.quiet[chain.id] = (chain, facts, quiet_until(chain, now))
         warnings: list[str] = []
         if any(isinstance(a, Finish) for a in actions):
             # Written first: a successor that starts anyway exits at once.
@@ -455,8 +474,7 @@ class Engine:
         self.stuck_until.pop(chain.id, None)
         if self.on_end is not None and any(isinstance(a, Finish) for a in done):
             self.on_end(self.store.chain(chain.id))
-        later = [s.retry_at for s in chain.live if s.phase is Phase.SUBMITTING and (s.retry_at or 0) > now]
-        return [a.at for a in done if isinstance(a, RetryLater)] + [at for at in later if at is not None]
+        return [a.at for a in done if isinstance(a, RetryLater)] + self._retries(chain, now)
 
     def _place(
         self,
@@ -482,6 +500,21 @@ class Engine:
             return None
         placed[(sched.kind, host)] += 1
         return clusters[(sched.kind, host)]
+
+    def _quiet(self, chain: Chain, facts: Facts, now: float) -> bool:
+        """Whether ``decide(chain, facts, now)`` would answer nothing, known without calling it:
+        it answered nothing for this very chain (the store loads a chain anew when its rows
+        change) and equal facts, and the first clock rule (``quiet_until``) is not due yet."""
+        kept = self.quiet.get(chain.id)
+        return kept is not None and kept[0] is chain and now < kept[2] and kept[1] == facts
+
+    def _retries(self, chain: Chain, now: float) -> list[float]:
+        """When the chain's failed submissions want their next try."""
+        return [
+            s.retry_at
+            for s in chain.live
+            if s.phase is Phase.SUBMITTING and s.retry_at is not None and s.retry_at > now
+        ]
 
     def _cancel(self, cluster: _Cluster, actions: Iterable[Cancel | Remove], warnings: list[str]) -> None:
         ids = [a.job_id for a in actions if a.job_id]

@@ -11,6 +11,7 @@ import enum
 import posixpath
 import time
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any, Optional, Union
 
 
@@ -282,9 +283,10 @@ class Chain:
     reason: str = ""
     ended_at: Optional[float] = None
 
-    @property
+    @cached_property
     def live(self) -> tuple[Segment, ...]:
-        return tuple(s for s in self.segments if s.phase.live)
+        # Cached: a tick reads it several times per chain, and a chain never changes.
+        return tuple(s for s in self.segments if s.phase is not Phase.ENDED)
 
     @property
     def host(self) -> Optional[str]:

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from chainrun.daemon import read_status
 from chainrun.localrunner import alive
 from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Outcome, Phase, Segment
 from chainrun.store import DamagedChain
@@ -35,6 +34,7 @@ BAR_WIDTH = 10
 CHAIN_MAX = 24  # the chain column's widest at 80 columns; a wider terminal allows more
 STATE_MAX = 26
 TAIL_LINES = 5  # of a failed segment's output, under its chain's reason
+STATUS_FILE = "service.status"  # in the state directory: the running service's pid and last tick
 
 # The columns in the order shown, each with its rank: when the table is too wide,
 # the column of the highest rank goes first. CHAIN and STATE always stay.
@@ -428,6 +428,17 @@ def sweep_line(name: str, chains: Sequence[Chain], width: int = WIDTH) -> str:
         (low, low_id), (high, high_id) = min(values), max(values)
         lines.append(_clip(f"  {key}: lowest {low:.4g} ({low_id}), highest {high:.4g} ({high_id})", width))
     return "\n".join(lines)
+
+
+def read_status(home: Path) -> Optional[dict[str, Any]]:
+    """What the running service last said about itself (pid, time, summary), if anything.
+    The service writes it (``daemon``); it is read here so that `status` need not import
+    the service."""
+    try:
+        data = json.loads((Path(home) / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def service_line(home: Path, now: float) -> str:

@@ -572,21 +572,21 @@ class Store:
                 LIVE_STATES,
             )
             changed = [r["rowid"] for r in versions if self._kept.get(r["rowid"], (None,))[0] != tuple(r)]
-            rows: dict[int, sqlite3.Row] = {}
-            segs: dict[int, list[sqlite3.Row]] = {}
+            read: dict[int, Union[Chain, DamagedChain]] = {}
             for i in range(0, len(changed), 500):  # SQLite binds at most 999 values by default
                 part = tuple(changed[i : i + 500])
                 where = f"chains.rowid IN ({', '.join('?' * len(part))})"
                 sql = f"SELECT rowid AS rowid_, * FROM chains WHERE {where}"
-                rows.update((r["rowid_"], r) for r in self._rows(sql, part))
-                segs.update(self._segments(where, part))
+                segs = self._segments(where, part)
+                # Decoded part by part: the raw rows (JSON text) of every chain at once
+                # would add to the memory peak of a service's first tick.
+                read.update(
+                    (r["rowid_"], self._read(r, segs.get(r["rowid_"], []))) for r in self._rows(sql, part)
+                )
         kept: dict[int, tuple[tuple[Any, ...], Union[Chain, DamagedChain]]] = {}
         for r in versions:
             rowid = r["rowid"]
-            if rowid in rows:
-                kept[rowid] = (tuple(r), self._read(rows[rowid], segs.get(rowid, [])))
-            else:
-                kept[rowid] = self._kept[rowid]
+            kept[rowid] = (tuple(r), read[rowid]) if rowid in read else self._kept[rowid]
         self._kept = kept  # only the chains active now are kept
         return [item for _, item in kept.values()]
 
@@ -1096,9 +1096,17 @@ def _event(row: sqlite3.Row) -> Event:
     )
 
 
-# By dataclass: a getter of all its fields' values at once, and for each field its name,
-# type hint, fit test, and whether it may hold a dataclass.
-_FIELDS: dict[type, tuple[Callable[[Any], Any], list[tuple[str, Any, Callable[[Any], bool], bool]]]] = {}
+# By dataclass: a getter of all its fields' values at once, for each field the types
+# that fit it at a glance (see _plain), and its name, type hint, fit test, and whether
+# it may hold a dataclass.
+_FIELDS: dict[
+    type,
+    tuple[
+        Callable[[Any], Any],
+        tuple[frozenset[type], ...],
+        list[tuple[str, Any, Callable[[Any], bool], bool]],
+    ],
+] = {}
 
 
 def _check(obj: Any, prefix: str = "") -> None:
@@ -1110,15 +1118,39 @@ def _check(obj: Any, prefix: str = "") -> None:
         names = [f.name for f in dataclasses.fields(obj)]
         known = _FIELDS[type(obj)] = (
             operator.attrgetter(*names),  # every dataclass read here has several fields
+            tuple(_plain(hints[n]) for n in names),
             [(n, hints[n], _fitter(hints[n]), _holds_dataclass(hints[n])) for n in names],
         )
-    values, fields = known
-    for value, (name, hint, fits, nested) in zip(values(obj), fields):
+    values, plain, fields = known
+    for value, types, (name, hint, fits, nested) in zip(values(obj), plain, fields):
+        if type(value) in types:  # most fields: a str, a number, None, an Enum
+            continue
         if not fits(value):
             what = "not valid UTF-8" if isinstance(value, _Garbled) else f"{_brief(value)}, not {_kind(hint)}"
             raise _Unreadable(f"{prefix}{name} is {what}")
         if nested and dataclasses.is_dataclass(value):
             _check(value, f"{prefix}{name}.")
+
+
+# The exact types a value of these hints may have: JSON and SQLite give no subclasses.
+_PLAIN: dict[Any, frozenset[type]] = {
+    str: frozenset({str}),
+    int: frozenset({int}),
+    float: frozenset({int, float}),
+    bool: frozenset({bool}),
+    type(None): frozenset({type(None)}),
+}
+
+
+def _plain(hint: Any) -> frozenset[type]:
+    """The types whose values fit ``hint`` with no closer look (a str for ``str``, a Phase
+    for ``Phase``); none for hints that need one (tuples, dataclasses): ``_fitter`` then."""
+    if typing.get_origin(hint) is Union:
+        parts = [_plain(arg) for arg in typing.get_args(hint)]
+        return frozenset().union(*parts) if all(parts) else frozenset()
+    if isinstance(hint, type) and issubclass(hint, (ChainState, Phase, Outcome)):
+        return frozenset({hint})
+    return _PLAIN.get(hint, frozenset())
 
 
 def _holds_dataclass(hint: Any) -> bool:

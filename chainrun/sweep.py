@@ -28,7 +28,6 @@ from chainrun.schedulers.segment import param_text, quote
 
 PARAM_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_CHAINS = 100_000  # refused beyond this: a typo in a grid, not a sweep anyone can run
-CONFIRM_ABOVE = 10_000  # submit asks for --yes beyond this
 _PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")  # {lr}, never bash's ${lr}
 _HASH_DIGITS = 8
 _SUFFIX_RESERVE = 1 + _HASH_DIGITS + 2  # "-" hash "-r", then the rep's digits

@@ -8,6 +8,7 @@ exactly what a user sees.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import logging
@@ -835,6 +836,43 @@ def test_commands_that_only_look_import_no_service_ssh_or_logging_libraries(
         [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60
     )
     assert "LOADED []" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "allowed"),
+    [
+        (["--help"], {"chainrun.cli", "chainrun.constants", "chainrun.errors"}),
+        (
+            ["submit", "--help"],  # the group's own option (--home) is handled first
+            {"chainrun.cli", "chainrun.constants", "chainrun.errors", "chainrun.logs", "chainrun.model"}
+            | {"chainrun.store", "chainrun.localrunner"},  # the store's home is the runner's too
+        ),
+        (
+            ["status"],
+            {"chainrun.cli", "chainrun.constants", "chainrun.errors", "chainrun.logs", "chainrun.model"}
+            | {"chainrun.status", "chainrun.store", "chainrun.localrunner"},
+        ),
+    ],
+)
+def test_help_and_status_import_only_the_modules_they_use(
+    tmp_path: Path, args: list[str], allowed: set[str]
+) -> None:
+    """`--help` imports no chainrun module beyond the command line's own (the numbers its help
+    shows are in chainrun.constants); a command's help and `status` add only the store (and
+    `status` its table), never the service, the engine, the schedulers or the job file parser."""
+    probe = (
+        "import sys\n"
+        "from chainrun.cli import main\n"
+        f"sys.argv = ['chainrun', *{args!r}]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('LOADED', sorted(m for m in sys.modules if m.startswith('chainrun.')), file=sys.stderr)\n"
+    )
+    env = {**os.environ, "CHAINRUN_HOME": str(tmp_path / "home")}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60
+    )
+    loaded = set(ast.literal_eval(result.stderr.rsplit("LOADED", 1)[1].strip()))
+    assert loaded <= allowed, sorted(loaded - allowed)
 
 
 def test_check_does_not_warn_of_a_missing_epoch_when_the_script_uses_the_helper(tmp_path: Path) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 from typing import Optional
 
 import pytest
 
-from chainrun.decide import LOST_AFTER, Facts, JobFacts, decide
+from chainrun.decide import LOST_AFTER, Facts, JobFacts, decide, quiet_until
 from chainrun.model import (
     NO_PROGRESS,
     Cancel,
@@ -390,3 +391,54 @@ def test_with_a_target_exit_0_on_its_own_completes_only_when_no_epoch_can_be_rea
         fin = actions[-1]
         assert isinstance(fin, Finish) and fin.state is ChainState.COMPLETED
         assert "cannot read an epoch to compare with target_epoch 10" in fin.reason
+
+
+# Chains and facts decide() has nothing for at NOW, with the time from which it has something.
+_GONE = seg(1, missing_since=NOW - 100)
+_RETRYING = replace(seg(2, Phase.SUBMITTING), job_id=None, retry_at=NOW + 40)
+QUIET = [
+    (
+        "running, successor queued",
+        chain(seg(1), seg(2, Phase.PENDING, reason="Dependency")),
+        {"j1": shown("j1", Phase.RUNNING), "j2": shown("j2", Phase.PENDING, "Dependency")},
+        math.inf,
+    ),
+    (
+        "gone from the view, not lost yet",
+        chain(_GONE, seg(2, Phase.PENDING)),
+        {"j1": JobFacts(), "j2": shown("j2", Phase.PENDING)},
+        NOW - 100 + LOST_AFTER,
+    ),
+    (
+        "successor's submission waits for its retry",
+        chain(seg(1), _RETRYING),
+        {"j1": shown("j1", Phase.RUNNING)},
+        NOW + 40,
+    ),
+    ("both: the first timer counts", chain(_GONE, _RETRYING), {"j1": JobFacts()}, NOW + 40),
+    ("first submission waits for its retry", chain(replace(_RETRYING, n=1)), {}, NOW + 40),
+    ("ended chain", replace(chain(seg(1)), state=ChainState.COMPLETED), {}, math.inf),
+    (
+        "no time budget left for a successor",
+        chain(seg(1), used=895.0),
+        {"j1": shown("j1", Phase.RUNNING)},
+        math.inf,
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "c", "jobs", "changes_at"), QUIET, ids=[q[0] for q in QUIET])
+def test_nothing_to_do_holds_for_unchanged_facts_until_quiet_until_says(
+    case: str, c: Chain, jobs: dict[str, JobFacts], changes_at: float
+) -> None:
+    """quiet_until is exact: at every second from NOW until it, decide() on the same chain
+    and facts still has nothing to do (the engine skips it then), and at it, it has."""
+    facts = Facts(jobs=jobs, progress=AFTER)
+    assert decide(c, facts, NOW) == []
+    until = quiet_until(c, NOW)
+    assert until == changes_at
+    horizon = NOW + 3 * LOST_AFTER if math.isinf(until) else until
+    for t in itertools.chain(range(int(NOW), int(horizon)), [horizon - 0.001]):
+        assert decide(c, facts, t) == [], f"{case}: at NOW + {t - NOW}"
+    if not math.isinf(until):
+        assert decide(c, facts, until) != []

@@ -10,9 +10,19 @@ from pathlib import Path
 import pytest
 from test_decide import SPEC as DECIDE_SPEC
 
-from chainrun.decide import LOST_AFTER, backoff
+from chainrun.decide import LOST_AFTER, Facts, backoff, decide
 from chainrun.engine import ACCOUNTING_FIRST, Engine
-from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, Outcome, Phase, SchedulerSpec, Submit
+from chainrun.model import (
+    NO_PROGRESS,
+    Action,
+    Chain,
+    ChainState,
+    JobSpec,
+    Outcome,
+    Phase,
+    SchedulerSpec,
+    Submit,
+)
 from chainrun.store import Store
 from chainrun.testing import FakeClock, FakeCluster
 
@@ -381,3 +391,67 @@ def test_a_cluster_that_cannot_be_polled_costs_nothing(world: World) -> None:
     world.cluster.down = False
     world.tick()
     assert world.phases(chain_id) == [(1, "1", "pending"), (2, "2", "pending")]
+
+
+def test_a_chain_decide_is_skipped_for_is_one_that_decide_and_the_tick_leave_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine skips decide() (and the rest of the chain's tick) for a chain whose row and
+    facts have not changed, until a clock rule is due (lost, a submission's retry). Over a
+    whole life of chains on the fake cluster, ticked every 7 s (so ticks fall on both sides
+    of each timer), every chain skipped is one for which decide() answers nothing at that
+    moment and the tick has nothing to record (no new progress, not stuck)."""
+    calls: list[str] = []
+
+    def counted(chain: Chain, facts: Facts, now: float) -> list[Action]:
+        calls.append(chain.id)
+        return decide(chain, facts, now)
+
+    monkeypatch.setattr("chainrun.engine.decide", counted)
+    skipped: list[str] = []
+    wrong: list[tuple[str, float, list[Action]]] = []  # (a failed assert here would be the chain's fault)
+
+    class Checked(Engine):
+        def _quiet(self, chain: Chain, facts: Facts, now: float) -> bool:
+            quiet = super()._quiet(chain, facts, now)
+            if quiet:
+                skipped.append(chain.id)
+                answer = decide(chain, facts, now)
+                news = facts.progress is not None and facts.progress != chain.latest
+                if answer or news or chain.state is ChainState.STUCK:
+                    wrong.append((chain.id, now, answer))
+            return quiet
+
+    world = World(tmp_path / "home")
+    world.engine = Checked(
+        world.store, clock=world.clock, transports=world.cluster.transport, schedulers=world.cluster.scheduler
+    )
+    cluster = world.cluster
+    lost, retried, done = world.add(), world.add(), world.add()
+    for _ in range(3):
+        world.tick(7)
+    jobs = {c: world.phases(c)[0][1] for c in (lost, retried, done)}
+    for job in jobs.values():
+        cluster.start(job, epoch=0)
+    for _ in range(5):
+        world.tick(7)
+    cluster.vanish(jobs[lost])  # lost LOST_AFTER later; its successor goes on
+    cluster.end(jobs[retried], "timeout", epoch=4, saved=world.clock())
+    cluster.fail_next_submit()  # the successor's successor waits for its backoff
+    for _ in range(int(LOST_AFTER // 7) + 5):
+        world.tick(7)
+    cluster.checkpoint("/w/ckpt", epoch=10)  # the target: all three chains read this directory
+    for _ in range(5):
+        world.tick(7)
+    for job in cluster.submitted():
+        if job.live.phase is Phase.RUNNING:
+            cluster.end(job.job_id, "completed", epoch=10, saved=world.clock())
+    for _ in range(3):
+        world.tick(7)
+    assert wrong == []
+    assert len(skipped) > len(calls) and len(calls) > 10, (len(skipped), len(calls))
+    seg = world.store.chain(lost).segments[0]
+    assert (seg.outcome, seg.charged) == (Outcome.LOST, True)
+    assert "retrying in 5s" in world.history(retried)
+    assert all(world.store.chain(c).state is ChainState.COMPLETED for c in (lost, retried, done))
+    world.store.close()
