@@ -22,12 +22,20 @@ import sys
 import time
 from typing import Any
 
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from chainrun.checkpoint import SegmentClock
 
-from chainrun.checkpoint.torch import Checkpointer
+# Made before torch is imported, as examples/quickstart does: on a busy machine that
+# import can outlast the time before the walltime signal, which then only asks the loop
+# to stop (after its first step, so the segment still makes progress) instead of
+# killing the process unsaved.
+CLOCK = SegmentClock()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
+
+from chainrun.checkpoint.torch import Checkpointer  # noqa: E402
 
 
 def _die_in_save(nth: int) -> None:
@@ -91,7 +99,7 @@ def main() -> int:
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     torch.manual_seed(100 + rank)  # each rank's own dropout and noise
-    ckpt = Checkpointer(args.dir, model=model, optimizer=optimizer)
+    ckpt = Checkpointer(args.dir, model=model, optimizer=optimizer, clock=CLOCK)
     start = ckpt.restore()
     print(f"rank {rank}: {start.describe()}", flush=True)
     signal_at = tuple(int(v) for v in args.signal_at.split(":")) if args.signal_at else None

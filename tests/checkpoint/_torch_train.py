@@ -18,11 +18,19 @@ import signal
 import sys
 import time
 
-import numpy as np
-import torch
-from torch.utils.data import DataLoader, TensorDataset
+from chainrun.checkpoint import SegmentClock
 
-from chainrun.checkpoint.torch import Checkpointer, ResumableSampler
+# Made before torch is imported, as examples/quickstart does: on a busy machine that
+# import can outlast the time before the walltime signal, which then only asks the loop
+# to stop (after its first step, so the segment still makes progress) instead of
+# killing the process unsaved.
+CLOCK = SegmentClock()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from chainrun.checkpoint.torch import Checkpointer, ResumableSampler  # noqa: E402
 
 
 def main() -> int:
@@ -62,6 +70,7 @@ def main() -> int:
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=5)
     ckpt = Checkpointer(
         args.dir,
+        clock=CLOCK,
         model=model,
         optimizer=optimizer,
         scheduler=scheduler,
