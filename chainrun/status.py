@@ -96,7 +96,10 @@ def epoch_rate(chain: Shown, now: float) -> Optional[float]:
     checkpoint did not train its first epochs in this chain's time).
     """
     g = _glance(chain)
-    elapsed = trained(g, now)
+    return _rate(g, trained(g, now))
+
+
+def _rate(g: Glance, elapsed: float) -> Optional[float]:
     if g.epoch is None or elapsed <= 0:
         return None
     gained = g.epoch - (g.baseline_epoch or 0)
@@ -106,12 +109,16 @@ def epoch_rate(chain: Shown, now: float) -> Optional[float]:
 def eta(chain: Shown, now: float) -> Optional[float]:
     """Training seconds until the target epoch at the current rate; None when unknown."""
     g = _glance(chain)
+    return _eta(g, trained(g, now))
+
+
+def _eta(g: Glance, elapsed: float) -> Optional[float]:
     target, epoch = g.target_epoch, g.epoch
     if g.state.final or target is None or epoch is None:
         return None
     if epoch >= target:
         return 0.0
-    rate = epoch_rate(g, now)
+    rate = _rate(g, elapsed)
     return (target - epoch) / rate if rate else None
 
 
@@ -136,14 +143,13 @@ def failures_cell(chain: Shown) -> str:
     return f"{used} of {budget}" if used <= budget else f"{used} (budget {budget})"
 
 
-def _eta_cell(chain: Glance, now: float) -> str:
+def _eta_cell(chain: Glance, elapsed: float) -> str:
     if chain.state is ChainState.COMPLETED:
         return "done"
-    left = eta(chain, now)
+    left = _eta(chain, elapsed)
     if left is None:
         return "-"
-    budget_left = chain.total_time - trained(chain, now)
-    return short(left) + (" > budget" if left > budget_left else "")
+    return short(left) + (" > budget" if left > chain.total_time - elapsed else "")
 
 
 def _running(chain: Glance) -> Optional[Live]:
@@ -184,14 +190,15 @@ def state_cell(chain: Shown, now: float) -> str:
 def row(chain: Shown, now: float) -> tuple[str, ...]:
     """Every column's cell for ``chain``, in ``HEADER`` order, before any is dropped."""
     chain = _glance(chain)
+    elapsed = trained(chain, now)
     return (
         chain.id,
         state_cell(chain, now),
         bar(chain.epoch, chain.target_epoch),
-        _eta_cell(chain, now),
+        _eta_cell(chain, elapsed),
         failures_cell(chain),
         f"{chain.ran} of ≤{chain.max_segments}",
-        f"{short(trained(chain, now))} of {short(chain.total_time)}",
+        f"{short(elapsed)} of {short(chain.total_time)}",
         ",".join(s.job_id for s in chain.live if s.job_id) or "-",
     )
 
@@ -326,15 +333,11 @@ def _columns(rows: list[tuple[str, ...]], width: int) -> list[str]:
     keep = list(range(len(HEADER)))
     chain_max = max(CHAIN_MAX, width * 3 // 10)
     rows = [(_clip_id(r[0], chain_max), _clip(r[1], STATE_MAX), *r[2:]) for r in rows]
-
-    def total(columns: list[int]) -> int:
-        return sum(max(len(r[i]) for r in rows) for i in columns) + 2 * (len(columns) - 1)
-
+    widths = [max(map(len, column)) for column in zip(*rows)]
     for _, i in sorted(((rank, i) for i, (_, rank) in enumerate(COLUMNS) if rank), reverse=True):
-        if total(keep) <= width:
+        if sum(widths[k] for k in keep) + 2 * (len(keep) - 1) <= width:
             break
         keep.remove(i)
-    widths = {i: max(len(r[i]) for r in rows) for i in keep}
     lines = ["  ".join(r[i].ljust(widths[i]) for i in keep).rstrip() for r in rows]
     return [_clip(line, width) for line in lines]  # a terminal narrower than CHAIN and STATE
 
