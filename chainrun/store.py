@@ -21,7 +21,9 @@ The tick's load (``chains(active_only=True)``) reads the active chains only,
 and of those decodes again only the ones whose ``version`` moved: triggers
 count every change to a chain's row or its segments, made by chainrun or by
 hand. ``status`` selects in SQL what it shows (``shown``); the indexes on
-state and name keep ended chains out of both.
+state and name keep ended chains out of both. Its table reads only the few
+columns it shows (``glance``), and decodes in full only a row that is not as
+chainrun writes it, to say what is wrong with it.
 
 ``Store(home, readonly=True)`` is for the commands that only look (status,
 history, logs): it never writes, never waits on a writer for more than
