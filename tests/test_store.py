@@ -614,11 +614,12 @@ def varied(store: Store, now: float) -> dict[str, str]:
 
 @pytest.mark.parametrize("damage", [None, *DAMAGE])
 def test_the_status_table_reads_of_each_chain_what_a_full_read_gives(
-    tmp_path: Path, damage: Optional[str]
+    tmp_path: Path, damage: Optional[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`status` reads only the few columns its table shows (``glance``); for every kind of chain,
     and for a row damaged in each way a full read finds, that gives what reading each chain
-    whole gives: the same values, the same damaged chains, and the same table."""
+    whole gives: the same values, the same damaged chains, and the same table. Only the
+    damaged chains are read whole."""
     from chainrun import status as view
 
     now = 1_000_000.0
@@ -627,15 +628,20 @@ def test_the_status_table_reads_of_each_chain_what_a_full_read_gives(
     if damage is not None:
         for chain_id in (ids["running"], ids["failed2"]):  # live segments; ended ones only
             store.db.execute(DAMAGE[damage][0], (chain_id,))
+    read_whole: list[str] = []
+    read = store._read
     for since in (None, now - 86400):
         full, damaged = store.shown(since)
-        glances, glanced_damaged = store.glance(since)
+        with monkeypatch.context() as patch:
+            patch.setattr(store, "_read", lambda row, segs: read_whole.append(row["id"]) or read(row, segs))
+            glances, glanced_damaged = store.glance(since)
         assert glances == [Glance.of(c) for c in full]
         assert glanced_damaged == damaged
         assert len(damaged) == (0 if damage is None else 2)
         for width in (80, 200):
             drawn = view.frame(tmp_path, glances, now, glanced_damaged, width=width)
             assert drawn == view.frame(tmp_path, full, now, damaged, width=width)
+    assert len(read_whole) == (0 if damage is None else 4)  # twice each: with and without the cut-off
     assert len(store.glance(None)[0]) == 12 - len(damaged)
     assert len(store.glance(now - 86400)[0]) == 11 - len(damaged)
     store.close()
