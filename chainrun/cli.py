@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, NoReturn, Optional, cast
 
 import click
 
@@ -32,6 +32,7 @@ from chainrun.errors import ChainrunError, StoreUnavailable, UsageError
 
 if TYPE_CHECKING:
     from chainrun.model import Chain, JobSpec
+    from chainrun.status import Shown
     from chainrun.store import DamagedChain, Store
 
 # Each command imports what it uses: `--help` formats them all, and `status` should
@@ -599,7 +600,7 @@ def status(
 
     group = [False]  # CHAIN named a sweep
 
-    def draw(shown: list[Chain], damaged: list[DamagedChain]) -> str:
+    def draw(shown: Sequence[Shown], damaged: list[DamagedChain]) -> str:
         # Measured at each frame: a terminal resized under --watch gets the new width.
         width = shutil.get_terminal_size((view.WIDTH, 24)).columns if tty else view.WIDTH
         one = chain_ref is not None and not group[0]
@@ -607,7 +608,10 @@ def status(
         text = view.frame(
             ctx.obj, shown, time.time(), damaged, width=width, verbose=verbose or one, tails=one
         )
-        return f"{view.sweep_line(chain_ref or '', shown, width)}\n{text}" if group[0] else text
+        if not group[0]:
+            return text
+        members = cast("Sequence[Chain]", shown)  # a sweep's chains are read in full
+        return f"{view.sweep_line(chain_ref or '', members, width)}\n{text}"
 
     with _store(ctx, readonly=True) as store:
 
@@ -620,6 +624,13 @@ def status(
                 return members or [store.find(chain_ref)], []
             return store.shown(None if show_all else time.time() - 86400)
 
+        def table() -> tuple[Sequence[Shown], list[DamagedChain]]:
+            """The same for the table alone (no CHAIN, no --verbose): what it shows of each
+            chain, read without decoding the chains (that was most of the time `status` took)."""
+            if chain_ref is None and not verbose:
+                return store.glance(None if show_all else time.time() - 86400)
+            return chains()
+
         if as_json:
             now = time.time()
             good, damaged = chains()
@@ -627,12 +638,12 @@ def status(
             click.echo(json.dumps(data, indent=2))
             return
         if watch is None:
-            click.echo(draw(*chains()))
+            click.echo(draw(*table()))
             return
         try:
             while True:
                 try:
-                    shown, damaged = chains()
+                    shown, damaged = table()
                     frame = draw(shown, damaged)
                 except StoreUnavailable as exc:  # busy for a moment: say so, and look again
                     shown, frame = [], f"chainrun: {exc}"

@@ -23,11 +23,11 @@ import json
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from chainrun.localrunner import alive
-from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Outcome, Phase, Segment
-from chainrun.store import DamagedChain
+from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Phase
+from chainrun.store import DamagedChain, Glance, Live, ran
 
 WIDTH = 80  # the table's width when the terminal's is not known (a pipe, a file)
 BAR_WIDTH = 10
@@ -50,8 +50,13 @@ COLUMNS: tuple[tuple[str, int], ...] = (
 )
 HEADER = tuple(name for name, _ in COLUMNS)
 
-# A segment ended so, and never started: it did not run (a queued successor cancelled).
-_NOT_RUN = frozenset({Outcome.CANCELLED, Outcome.REJECTED, Outcome.LOST})
+# The table is drawn from what it shows of each chain (``Glance``: what ``Store.glance``
+# reads without decoding chains); a chain read in full is shown through its glance.
+Shown = Union[Chain, Glance]
+
+
+def _glance(chain: Shown) -> Glance:
+    return chain if isinstance(chain, Glance) else Glance.of(chain)
 
 
 def short(seconds: float) -> str:
@@ -75,38 +80,45 @@ def when(at: float, now: float) -> str:
     return f"{short(now - at)} ago" if at < now else f"in {short(at - now)}"
 
 
-def trained(chain: Chain, now: float) -> float:
+def trained(chain: Shown, now: float) -> float:
     """Training time so far: ended segments plus the running one up to now."""
     total = chain.used
-    for seg in chain.live:
+    for seg in _glance(chain).live:
         if seg.phase is Phase.RUNNING and seg.started_at is not None:
             total += max(0.0, min(now - seg.started_at, float(seg.walltime)))
     return total
 
 
-def epoch_rate(chain: Chain, now: float) -> Optional[float]:
+def epoch_rate(chain: Shown, now: float) -> Optional[float]:
     """Epochs per second of training time over the chain so far; None when unknown.
 
     Counts from the epoch the chain started at (a run resumed from an existing
     checkpoint did not train its first epochs in this chain's time).
     """
-    epoch = chain.latest.epoch
-    elapsed = trained(chain, now)
-    if epoch is None or elapsed <= 0:
+    g = _glance(chain)
+    return _rate(g, trained(g, now))
+
+
+def _rate(g: Glance, elapsed: float) -> Optional[float]:
+    if g.epoch is None or elapsed <= 0:
         return None
-    gained = epoch - (chain.baseline.epoch or 0)
+    gained = g.epoch - (g.baseline_epoch or 0)
     return gained / elapsed if gained > 0 else None
 
 
-def eta(chain: Chain, now: float) -> Optional[float]:
+def eta(chain: Shown, now: float) -> Optional[float]:
     """Training seconds until the target epoch at the current rate; None when unknown."""
-    target = chain.spec.target_epoch
-    epoch = chain.latest.epoch
-    if chain.state.final or target is None or epoch is None:
+    g = _glance(chain)
+    return _eta(g, trained(g, now))
+
+
+def _eta(g: Glance, elapsed: float) -> Optional[float]:
+    target, epoch = g.target_epoch, g.epoch
+    if g.state.final or target is None or epoch is None:
         return None
     if epoch >= target:
         return 0.0
-    rate = epoch_rate(chain, now)
+    rate = _rate(g, elapsed)
     return (target - epoch) / rate if rate else None
 
 
@@ -120,44 +132,36 @@ def bar(done: Optional[int], total: Optional[int], width: int = BAR_WIDTH) -> st
     return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
 
 
-def ran(seg: Segment) -> bool:
-    """Whether the segment's job ran: a successor cancelled while queued did not."""
-    if seg.started_at is not None or seg.phase is Phase.RUNNING:
-        return True
-    return seg.phase is Phase.ENDED and seg.outcome not in _NOT_RUN
+def segments_run(chain: Shown) -> int:
+    return _glance(chain).ran
 
 
-def segments_run(chain: Chain) -> int:
-    return sum(1 for s in chain.segments if ran(s))
-
-
-def failures_cell(chain: Chain) -> str:
+def failures_cell(chain: Shown) -> str:
     """``1 of 3``: failures used of the budget. The chain fails at the failure after the
     budget, which reads ``4 (budget 3)``: never as if 4 of 3 could be allowed."""
-    used, budget = chain.failures, chain.spec.max_failures
+    used, budget = chain.failures, _glance(chain).max_failures
     return f"{used} of {budget}" if used <= budget else f"{used} (budget {budget})"
 
 
-def _eta_cell(chain: Chain, now: float) -> str:
+def _eta_cell(chain: Glance, elapsed: float) -> str:
     if chain.state is ChainState.COMPLETED:
         return "done"
-    left = eta(chain, now)
+    left = _eta(chain, elapsed)
     if left is None:
         return "-"
-    budget_left = chain.spec.total_time - trained(chain, now)
-    return short(left) + (" > budget" if left > budget_left else "")
+    return short(left) + (" > budget" if left > chain.total_time - elapsed else "")
 
 
-def _running(chain: Chain) -> Optional[Segment]:
+def _running(chain: Glance) -> Optional[Live]:
     return next((s for s in chain.live if s.phase is Phase.RUNNING), None)
 
 
-def _upcoming(chain: Chain) -> Optional[Segment]:
+def _upcoming(chain: Glance) -> Optional[Live]:
     waiting = [s for s in chain.live if s.phase is not Phase.RUNNING]
     return min(waiting, key=lambda s: s.n) if waiting else None
 
 
-def _waiting(seg: Segment, now: float) -> str:
+def _waiting(seg: Live, now: float) -> str:
     """A segment not yet running: queued with its pending reason, being submitted, or retrying."""
     if seg.phase is Phase.SUBMITTING:
         if seg.retry_at is None:
@@ -166,32 +170,35 @@ def _waiting(seg: Segment, now: float) -> str:
     return "queued" + (f" ({seg.reason})" if seg.reason else "")
 
 
-def state_cell(chain: Chain, now: float) -> str:
+def state_cell(chain: Shown, now: float) -> str:
     """What the chain is doing: ``running 10m``, ``queued (Priority)``, ``retry in 40s``;
     once it ended (or is stuck), its state."""
+    chain = _glance(chain)
     if chain.state is not ChainState.ACTIVE:
         return str(chain.state.value)
     seg = _running(chain)
     if seg is not None:
         return "running" + (f" {short(now - seg.started_at)}" if seg.started_at is not None else "")
     seg = _upcoming(chain)
-    if seg is None and chain.spec.scheduler.hosts and chain.reason.startswith(WAITING_FOR_A_SLOT):
+    if seg is None and chain.pool and chain.reason.startswith(WAITING_FOR_A_SLOT):
         return "waiting for a slot"
-    if seg is None and not chain.segments and chain.spec.max_concurrent:
-        return f"waiting (max_concurrent {chain.spec.max_concurrent})"  # for a chain of its sweep to end
+    if seg is None and not chain.segments and chain.max_concurrent:
+        return f"waiting (max_concurrent {chain.max_concurrent})"  # for a chain of its sweep to end
     return _waiting(seg, now) if seg is not None else str(chain.state.value)
 
 
-def row(chain: Chain, now: float) -> tuple[str, ...]:
+def row(chain: Shown, now: float) -> tuple[str, ...]:
     """Every column's cell for ``chain``, in ``HEADER`` order, before any is dropped."""
+    chain = _glance(chain)
+    elapsed = trained(chain, now)
     return (
         chain.id,
         state_cell(chain, now),
-        bar(chain.latest.epoch, chain.spec.target_epoch),
-        _eta_cell(chain, now),
+        bar(chain.epoch, chain.target_epoch),
+        _eta_cell(chain, elapsed),
         failures_cell(chain),
-        f"{segments_run(chain)} of ≤{chain.max_segments}",
-        f"{short(trained(chain, now))} of {short(chain.spec.total_time)}",
+        f"{chain.ran} of ≤{chain.max_segments}",
+        f"{short(elapsed)} of {short(chain.total_time)}",
         ",".join(s.job_id for s in chain.live if s.job_id) or "-",
     )
 
@@ -201,7 +208,7 @@ def damaged_row(chain: DamagedChain) -> tuple[str, ...]:
     return (chain.id, "damaged", *("-" for _ in HEADER[2:]))
 
 
-def _held(chain: Chain, seg: Segment) -> bool:
+def _held(chain: Glance, seg: Live) -> bool:
     """A job the scheduler holds for a reason other than the dependency chainrun gave it:
     a user or admin hold (Slurm's JobHeldUser, JobHeldAdmin), or SGE's hold with no
     predecessor left to wait for. It will not start by itself."""
@@ -211,9 +218,10 @@ def _held(chain: Chain, seg: Segment) -> bool:
     return seg.reason.startswith("JobHeld") or not predecessor
 
 
-def attention(chain: Chain, now: float) -> str:
+def attention(chain: Shown, now: float) -> str:
     """Why a person should look at the chain, or "" when it needs nobody: failed, stuck,
     retrying a submission, or held by the scheduler."""
+    chain = _glance(chain)
     if chain.state in (ChainState.FAILED, ChainState.STUCK):
         return chain.reason or chain.state.value
     for seg in chain.live:
@@ -232,12 +240,13 @@ def details(chain: Chain, now: float) -> list[str]:
     lines = []
     if chain.reason:
         lines.append(f"reason: {chain.reason}")
-    seg = _running(chain)
+    glance = Glance.of(chain)
+    seg = _running(glance)
     if seg is not None:
         since = f" for {short(now - seg.started_at)}" if seg.started_at is not None else ""
         on = f" on {seg.host}" if seg.host else ""
         lines.append(f"segment {seg.n}: job {seg.job_id or '?'}{on} running{since}")
-    nxt = None if chain.state.final else _upcoming(chain)
+    nxt = None if chain.state.final else _upcoming(glance)
     if nxt is not None:
         job = (f"job {nxt.job_id} " if nxt.job_id else "") + (f"on {nxt.host} " if nxt.host else "")
         lines.append(f"next: segment {nxt.n}: {job}{_waiting(nxt, now)}")
@@ -251,9 +260,9 @@ def details(chain: Chain, now: float) -> list[str]:
     else:
         lines.append("progress: no checkpoint yet")
     lines.append(
-        f"budget: trained {short(trained(chain, now))} of {short(chain.spec.total_time)}; "
-        f"{segments_run(chain)} of at most {chain.max_segments} segments run; "
-        f"failures {failures_cell(chain)}"
+        f"budget: trained {short(trained(glance, now))} of {short(chain.spec.total_time)}; "
+        f"{glance.ran} of at most {chain.max_segments} segments run; "
+        f"failures {failures_cell(glance)}"
     )
     placed = _placed(chain)
     if placed:
@@ -324,21 +333,17 @@ def _columns(rows: list[tuple[str, ...]], width: int) -> list[str]:
     keep = list(range(len(HEADER)))
     chain_max = max(CHAIN_MAX, width * 3 // 10)
     rows = [(_clip_id(r[0], chain_max), _clip(r[1], STATE_MAX), *r[2:]) for r in rows]
-
-    def total(columns: list[int]) -> int:
-        return sum(max(len(r[i]) for r in rows) for i in columns) + 2 * (len(columns) - 1)
-
+    widths = [max(map(len, column)) for column in zip(*rows)]
     for _, i in sorted(((rank, i) for i, (_, rank) in enumerate(COLUMNS) if rank), reverse=True):
-        if total(keep) <= width:
+        if sum(widths[k] for k in keep) + 2 * (len(keep) - 1) <= width:
             break
         keep.remove(i)
-    widths = {i: max(len(r[i]) for r in rows) for i in keep}
     lines = ["  ".join(r[i].ljust(widths[i]) for i in keep).rstrip() for r in rows]
     return [_clip(line, width) for line in lines]  # a terminal narrower than CHAIN and STATE
 
 
 def table(
-    chains: Sequence[Chain],
+    chains: Sequence[Shown],
     now: float,
     damaged: Sequence[DamagedChain] = (),
     *,
@@ -349,20 +354,25 @@ def table(
     """The chains as a table of one line each, at most ``width`` columns, then the lines
     about them: those needing attention (every chain's details when ``verbose``), and
     what is wrong with each damaged chain. ``tails``: a failed chain's last output
-    lines and the command that shows the rest."""
-    rows = [HEADER, *(row(c, now) for c in chains), *(damaged_row(d) for d in damaged)]
+    lines and the command that shows the rest. ``verbose`` and ``tails`` need the
+    chains read in full; the table alone, their glances."""
+    glances = [_glance(c) for c in chains]
+    rows = [HEADER, *(row(g, now) for g in glances), *(damaged_row(d) for d in damaged)]
     lines = _columns(rows, width)
-    for c in chains:
-        if verbose:
+    for c, g in zip(chains, glances):
+        full = c if isinstance(c, Chain) else None
+        if (verbose or tails) and full is None:
+            raise TypeError(f"verbose or tails: chain {c.id} must be read in full (Store.shown)")
+        if verbose and full is not None:
             lines.append(f"{_clip_id(c.id, width - 1)}:")
-            for fact in details(c, now):
+            for fact in details(full, now):
                 lines += _wrap(fact, width, "  ")
         else:
-            why = attention(c, now)
+            why = attention(g, now)
             if why:
                 lines += _wrap(f"{c.id}: {why}", width)
-        if tails and c.state is ChainState.FAILED:
-            lines += _tail(c, width)
+        if tails and full is not None and full.state is ChainState.FAILED:
+            lines += _tail(full, width)
     for d in damaged:
         lines += _wrap(f"{d.id}: damaged: {d.problem}; the service skips it", width)
         if d.jobs:
@@ -391,7 +401,7 @@ def _tail(chain: Chain, width: int) -> list[str]:
 
 def frame(
     home: Path,
-    chains: Sequence[Chain],
+    chains: Sequence[Shown],
     now: float,
     damaged: Sequence[DamagedChain] = (),
     *,
@@ -458,8 +468,9 @@ def service_line(home: Path, now: float) -> str:
 
 def to_json(c: Chain, now: float) -> dict[str, Any]:
     """One chain for scripts: everything in the table, unrounded, plus the segments."""
-    upcoming = None if c.state.final else _upcoming(c)
-    rate = epoch_rate(c, now)
+    g = Glance.of(c)
+    upcoming = None if c.state.final else _upcoming(g)
+    rate = epoch_rate(g, now)
     return {
         "id": c.id,
         "name": c.spec.name,
@@ -468,18 +479,18 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
         "rep": c.spec.rep if c.spec.sweep_name else None,
         "state": c.state.value,
         "reason": c.reason,
-        "attention": attention(c, now) or None,
+        "attention": attention(g, now) or None,
         "epoch": c.latest.epoch,
         "target_epoch": c.spec.target_epoch,
         "progress": c.latest.to_json(),
         "epochs_per_hour": None if rate is None else rate * 3600,
-        "eta_seconds": eta(c, now),
+        "eta_seconds": eta(g, now),
         "failures": c.failures,
         "max_failures": c.spec.max_failures,
         "used_seconds": c.used,
-        "trained_seconds": trained(c, now),
+        "trained_seconds": trained(g, now),
         "total_seconds": c.spec.total_time,
-        "segments_run": segments_run(c),
+        "segments_run": g.ran,
         "max_segments": c.max_segments,
         "scheduler": c.spec.scheduler.kind,
         "host": c.host,

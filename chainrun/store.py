@@ -21,7 +21,9 @@ The tick's load (``chains(active_only=True)``) reads the active chains only,
 and of those decodes again only the ones whose ``version`` moved: triggers
 count every change to a chain's row or its segments, made by chainrun or by
 hand. ``status`` selects in SQL what it shows (``shown``); the indexes on
-state and name keep ended chains out of both.
+state and name keep ended chains out of both. Its table reads only the few
+columns it shows (``glance``), and decodes in full only a row that is not as
+chainrun writes it, to say what is wrong with it.
 
 ``Store(home, readonly=True)`` is for the commands that only look (status,
 history, logs): it never writes, never waits on a writer for more than
@@ -32,12 +34,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import functools
 import json
 import operator
 import os
 import re
-import secrets
 import shlex
 import sqlite3
 import time
@@ -46,7 +48,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 from chainrun import localrunner
 from chainrun.errors import StoreError, StoreUnavailable, UsageError
@@ -178,6 +180,8 @@ def _statements(script: str) -> Iterator[str]:
 
 def new_chain_id(name: str) -> str:
     """A fresh chain id: the chain's name and six random hex digits."""
+    import secrets  # here: the commands that only read (`status`) need not import it (6 ms)
+
     return f"{name}-{secrets.token_hex(3)}"
 
 
@@ -223,6 +227,85 @@ class DamagedChain:
         return (
             f"damaged: {self.problem}; the service skips it and `chainrun cancel` cannot act on it"
             f"{jobs}; remove it with: {self.removal}"
+        )
+
+
+# A segment ended so, and never started: it did not run (a queued successor cancelled).
+_NOT_RUN = frozenset({Outcome.CANCELLED, Outcome.REJECTED, Outcome.LOST})
+
+
+def ran(seg: Segment) -> bool:
+    """Whether the segment's job ran: a successor cancelled while queued did not."""
+    if seg.started_at is not None or seg.phase is Phase.RUNNING:
+        return True
+    return seg.phase is Phase.ENDED and seg.outcome not in _NOT_RUN
+
+
+class Live(NamedTuple):
+    """What ``chainrun status`` reads of a segment that has not ended."""
+
+    n: int
+    phase: Phase
+    job_id: Optional[str]
+    after: Optional[str]
+    walltime: int
+    started_at: Optional[float]
+    retry_at: Optional[float]
+    reason: str
+    host: Optional[str]
+
+
+class Glance(NamedTuple):
+    """What the status table shows of a chain: a few columns of its row, four fields of
+    its spec, its progress's epochs, counts of its segments, and its live segments."""
+
+    id: str
+    state: ChainState
+    reason: str
+    failures: int
+    used: float
+    epoch: Optional[int]  # the latest progress's
+    baseline_epoch: Optional[int]  # the epoch checkpoint_dir held at submission
+    target_epoch: Optional[int]
+    max_failures: int
+    total_time: int
+    walltime: int
+    max_concurrent: Optional[int]
+    pool: bool  # the spec names a pool of hosts
+    segments: int  # how many it has
+    ran: int  # how many of them ran (``ran``)
+    live: tuple[Live, ...]
+
+    @property
+    def max_segments(self) -> int:
+        """Segments the time budget allows if every one uses its whole walltime."""
+        return -(-self.total_time // self.walltime)
+
+    @classmethod
+    def of(cls, chain: Chain) -> Glance:
+        """The same, from a chain read in full."""
+        spec = chain.spec
+        live = tuple(
+            Live(s.n, s.phase, s.job_id, s.after, s.walltime, s.started_at, s.retry_at, s.reason, s.host)
+            for s in chain.live
+        )
+        return cls(
+            chain.id,
+            chain.state,
+            chain.reason,
+            chain.failures,
+            chain.used,
+            chain.latest.epoch,
+            chain.baseline.epoch,
+            spec.target_epoch,
+            spec.max_failures,
+            spec.total_time,
+            spec.walltime,
+            spec.max_concurrent,
+            bool(spec.scheduler.hosts),
+            len(chain.segments),
+            sum(1 for s in chain.segments if ran(s)),
+            live,
         )
 
 
@@ -535,14 +618,7 @@ class Store:
         """What ``chainrun status`` lists, oldest first: the chains that have not ended and
         those that ended after ``ended_since`` (every chain when None), and apart, the
         damaged ones among them. Selected in SQL: older ended chains are never read."""
-        if ended_since is None:
-            items = self._load("1")
-        else:
-            finals = tuple(s.value for s in ChainState if s.final)
-            marks = ", ".join("?" * len(finals))
-            items = self._load(
-                f"(chains.state NOT IN ({marks}) OR chains.ended_at > ?)", (*finals, ended_since)
-            )
+        items = self._load(*_shown_where(ended_since))
         return (
             [c for c in items if isinstance(c, Chain)],
             [c for c in items if isinstance(c, DamagedChain)],
@@ -551,6 +627,48 @@ class Store:
     def damaged(self) -> list[DamagedChain]:
         """The chains whose rows cannot be read back, oldest first, whatever their state."""
         return self.shown(None)[1]
+
+    def glance(self, ended_since: Optional[float]) -> tuple[list[Glance], list[DamagedChain]]:
+        """What the status table shows of the chains ``shown`` selects, in its order, read
+        from the few columns it uses (no chain is decoded whole: at a thousand chains that
+        was most of `status`'s time). A row whose columns, or whose segments' columns, are
+        not as chainrun writes them is read in full instead, so a damaged chain is listed
+        as ``shown`` lists it; the checks here cover what the table reads, every column of
+        the segments, and whether each JSON column parses, not every field of the spec."""
+        where, args = _shown_where(ended_since)
+        picked = f"c.rowid IN (SELECT rowid FROM chains WHERE {where})"  # the index on state alone
+        glances: dict[int, Glance] = {}
+        unread: list[int] = []
+        with self._snapshot():
+            live: dict[int, list[Optional[Live]]] = {}
+            for r in self._rows(_LIVE_SQL.format(picked=picked), args):
+                live.setdefault(r[0], []).append(_live(r))
+            order = []
+            for r in self._rows(_GLANCE_SQL.format(picked=picked), args):
+                order.append(r[0])
+                glanced = _glance(r, live.get(r[0], []))
+                if glanced is None:
+                    unread.append(r[0])
+                else:
+                    glances[r[0]] = glanced
+            full: dict[int, Union[Chain, DamagedChain]] = {}
+            for i in range(0, len(unread), 500):  # SQLite binds at most 999 values by default
+                part = tuple(unread[i : i + 500])
+                cond = f"chains.rowid IN ({', '.join('?' * len(part))})"
+                segs = self._segments(cond, part)
+                sql = f"SELECT rowid AS rowid_, * FROM chains WHERE {cond}"
+                full.update(
+                    (r["rowid_"], self._read(r, segs.get(r["rowid_"], []))) for r in self._rows(sql, part)
+                )
+        shown: list[Glance] = []
+        damaged: list[DamagedChain] = []
+        for rowid in order:
+            item: Union[Glance, Chain, DamagedChain] = glances.get(rowid) or full[rowid]
+            if isinstance(item, DamagedChain):
+                damaged.append(item)
+            else:
+                shown.append(item if isinstance(item, Glance) else Glance.of(item))
+        return shown, damaged
 
     def _load(self, where: str, args: tuple[Any, ...] = ()) -> list[Union[Chain, DamagedChain]]:
         """The chains ``where`` (an SQL condition on ``chains``) selects, oldest first, each
@@ -903,6 +1021,131 @@ class Store:
             "INSERT INTO events (chain_id, segment, at, kind, message) VALUES (?, ?, ?, ?, ?)",
             (chain_id, segment, at, kind, message),
         )
+
+
+def _shown_where(ended_since: Optional[float]) -> tuple[str, tuple[Any, ...]]:
+    """The SQL condition on ``chains`` of what `status` shows: the chains that have not
+    ended and those that ended after ``ended_since`` (every chain when None)."""
+    if ended_since is None:
+        return "1", ()
+    finals = tuple(s.value for s in ChainState if s.final)
+    marks = ", ".join("?" * len(finals))
+    return f"(chains.state NOT IN ({marks}) OR chains.ended_at > ?)", (*finals, ended_since)
+
+
+def _sql_words(kind: type[enum.Enum]) -> str:
+    return ", ".join(f"'{m.value}'" for m in kind)
+
+
+# A JSON column of progress: NULL, or an object whose epoch is a whole number or null.
+_PROGRESS_OK = """CASE WHEN c.{0} IS NULL THEN 1
+    WHEN typeof(c.{0}) = 'text' AND json_valid(c.{0}) THEN json_type(c.{0}) = 'object'
+        AND coalesce(json_type(c.{0}, '$.epoch'), 'null') IN ('integer', 'null')
+    ELSE 0 END"""
+# The spec's fields the table reads, and a check that the spec is a JSON object in which
+# they are of their types.
+_SPEC_FIELDS = ("target_epoch", "max_failures", "total_time", "walltime", "max_concurrent")
+_SPEC_OK = """CASE WHEN typeof(c.spec) = 'text' AND json_valid(c.spec) THEN json_type(c.spec) = 'object'
+        AND json_type(c.spec, '$.target_epoch') IN ('integer', 'null')
+        AND json_type(c.spec, '$.max_failures') = 'integer'
+        AND json_type(c.spec, '$.total_time') = 'integer' AND json_extract(c.spec, '$.total_time') > 0
+        AND json_type(c.spec, '$.walltime') = 'integer' AND json_extract(c.spec, '$.walltime') > 0
+        AND coalesce(json_type(c.spec, '$.max_concurrent'), 'null') IN ('integer', 'null')
+        AND json_type(c.spec, '$.scheduler') = 'object'
+        AND coalesce(json_type(c.spec, '$.scheduler.hosts'), 'array') = 'array'
+    ELSE 0 END"""
+# Every column of a segment as ``_segment`` reads it back.
+_SEGMENT_OK = f"""typeof(s.n) = 'integer' AND typeof(s.walltime) = 'integer'
+    AND s.phase IN ({_sql_words(Phase)}) AND (s.outcome IS NULL OR s.outcome IN ({_sql_words(Outcome)}))
+    AND typeof(s.attempts) = 'integer' AND typeof(s.reason) = 'text'
+    AND typeof(s.exit_code) IN ('null', 'integer') AND typeof(s.task) IN ('null', 'integer')
+    AND typeof(s.job_id) IN ('null', 'text') AND typeof(s.after) IN ('null', 'text')
+    AND typeof(s.host) IN ('null', 'text') AND typeof(s.array) IN ('null', 'text')
+    AND typeof(s.retry_at) IN ('null', 'integer', 'real')
+    AND typeof(s.submitted_at) IN ('null', 'integer', 'real')
+    AND typeof(s.started_at) IN ('null', 'integer', 'real')
+    AND typeof(s.ended_at) IN ('null', 'integer', 'real')
+    AND typeof(s.missing_since) IN ('null', 'integer', 'real')"""
+_RAN = (
+    f"s.started_at IS NOT NULL OR s.phase = '{Phase.RUNNING.value}' OR (s.phase = '{Phase.ENDED.value}'"
+    f" AND (s.outcome IS NULL OR s.outcome NOT IN ({', '.join(repr(o.value) for o in _NOT_RUN)})))"
+)
+_OK = " AND ".join(
+    f"({check})"
+    for check in (_SPEC_OK, *(_PROGRESS_OK.format(c) for c in ("progress", "latest", "baseline")))
+)
+
+
+def _field(column: str, path: str) -> str:
+    """A field of a JSON column; NULL where the column does not parse (the chain is then
+    read in full: ``_OK`` is false)."""
+    return f"CASE WHEN json_valid({column}) THEN json_extract({column}, '{path}') END"
+
+
+_GLANCE_SQL = f"""SELECT c.rowid, c.id, c.state, c.reason, c.failures, c.used, c.created_at, c.ended_at,
+    CASE WHEN {_OK} THEN 1 ELSE 0 END AS ok,
+    {_field("coalesce(c.latest, c.progress)", "$.epoch")}, {_field("c.baseline", "$.epoch")},
+    {", ".join(_field("c.spec", f"$.{name}") for name in _SPEC_FIELDS)},
+    CASE WHEN json_valid(c.spec) THEN coalesce(json_array_length(c.spec, '$.scheduler.hosts'), 0) END,
+    count(s.rowid), sum(CASE WHEN s.rowid IS NOT NULL AND ({_RAN}) THEN 1 ELSE 0 END),
+    sum(CASE WHEN s.rowid IS NULL OR ({_SEGMENT_OK}) THEN 0 ELSE 1 END)
+FROM chains c LEFT JOIN segments s ON s.chain_id = c.id
+WHERE {{picked}} GROUP BY c.rowid ORDER BY c.created_at, c.rowid"""
+_LIVE_SQL = f"""SELECT c.rowid,
+    s.n, s.phase, s.job_id, s.after, s.walltime, s.started_at, s.retry_at, s.reason, s.host
+FROM chains c JOIN segments s ON s.chain_id = c.id
+WHERE {{picked}} AND s.phase != '{Phase.ENDED.value}' ORDER BY c.rowid, s.n"""
+
+_STATES = {m.value: m for m in ChainState}
+_PHASES = {m.value: m for m in Phase}
+_NUMBER = frozenset({int, float})
+_MAYBE_NUMBER = frozenset({int, float, type(None)})
+_MAYBE_TEXT = frozenset({str, type(None)})
+
+
+def _glance(r: sqlite3.Row, live: list[Optional[Live]]) -> Optional[Glance]:
+    """A row of ``_GLANCE_SQL`` with its live segments as the table shows them; None when
+    any of it is not as chainrun writes it (the chain is then read in full)."""
+    (_, id_, state, reason, failures, used, created, ended, ok) = r[:9]
+    segments_ok = not r[19] and None not in live
+    row_ok = type(id_) is str and id_.isprintable() and id_ != "" and type(reason) is str
+    numbers_ok = type(failures) is int and type(used) in _NUMBER and type(created) in _NUMBER
+    if not (ok and segments_ok and row_ok and numbers_ok and type(ended) in _MAYBE_NUMBER):
+        return None
+    if state not in _STATES:
+        return None
+    epoch, base, target, max_failures, total, walltime, concurrent, hosts, count, ran = r[9:19]
+    segs = tuple(s for s in live if s is not None)
+    return Glance(
+        id_,
+        _STATES[state],
+        reason,
+        failures,
+        used,
+        epoch,
+        base,
+        target,
+        max_failures,
+        total,
+        walltime,
+        concurrent,
+        hosts > 0,
+        count,
+        ran,
+        segs,
+    )
+
+
+def _live(r: sqlite3.Row) -> Optional[Live]:
+    """A row of ``_LIVE_SQL``; None when it is not as chainrun writes it."""
+    (_, n, phase, job_id, after, walltime, started, retry, reason, host) = r
+    if type(n) is not int or type(walltime) is not int or phase not in _PHASES or type(reason) is not str:
+        return None
+    if type(job_id) not in _MAYBE_TEXT or type(after) not in _MAYBE_TEXT or type(host) not in _MAYBE_TEXT:
+        return None
+    if type(started) not in _MAYBE_NUMBER or type(retry) not in _MAYBE_NUMBER:
+        return None
+    return Live(n, _PHASES[phase], job_id, after, walltime, started, retry, reason, host)
 
 
 def _paren(text: str) -> str:

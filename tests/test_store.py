@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import pytest
 from conftest import have
@@ -21,8 +21,23 @@ from test_engine import World
 
 from chainrun import store as store_module
 from chainrun.errors import StoreError, StoreUnavailable, UsageError
-from chainrun.model import NO_PROGRESS, ChainState, Finish, JobSpec, Phase, Progress, Track
-from chainrun.store import MIGRATIONS, SCHEMA_VERSION, Store
+from chainrun.model import (
+    NO_PROGRESS,
+    Action,
+    Adopt,
+    Cancel,
+    ChainState,
+    EndSegment,
+    Finish,
+    JobSpec,
+    Outcome,
+    Phase,
+    Progress,
+    RetryLater,
+    Submit,
+    Track,
+)
+from chainrun.store import MIGRATIONS, SCHEMA_VERSION, Glance, Store
 
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -534,3 +549,99 @@ def test_a_state_directory_of_another_user_is_refused_and_left_as_it_is(tmp_path
     with pytest.raises(UsageError, match="belongs to another user"):
         Store(theirs)
     assert list(theirs.iterdir()) == []
+
+
+# -- what `status` shows of each chain, read without decoding the chains ---------------------
+
+
+def varied(store: Store, now: float) -> dict[str, str]:
+    """Chains as a table meets them: running with a successor queued, a submission being
+    retried, a job held, a pool's chain waiting for a slot, a sweep's chain waiting for its
+    turn, stuck, completed, exhausted, failed (one segment that ran, one cancelled while
+    queued), cancelled, one ended long ago, and a chain resumed from a checkpoint. Their ids
+    by what they are."""
+    pool = replace(SPEC, scheduler=replace(SPEC.scheduler, hosts=("gpu1", "gpu2"), slots=1))
+    sweep = replace(SPEC, name="lr-1a2b3c-r0", sweep_name="lr", params=(("lr", "0.1"),), max_concurrent=2)
+
+    def add(spec: JobSpec = SPEC, progress: Progress = NO_PROGRESS, at: float = now - 7200) -> str:
+        return store.add_chain(spec, progress, at).id
+
+    def run(chain_id: str, n: int, job: str, after: Optional[str] = None, host: Optional[str] = None) -> None:
+        store.journal_submit(chain_id, Submit(n, SPEC.walltime, after=after), now - 3600, host=host)
+        store.record(chain_id, [Adopt(n, job, "submitted")], None, [], now - 3600)
+
+    running = add(progress=Progress(epoch=20))
+    run(running, 1, "11")
+    store.record(running, [Track(1, Phase.RUNNING, "", now - 1800, None)], Progress(epoch=31), [], now)
+    run(running, 2, "12", after="11")
+    store.record(running, [Track(2, Phase.PENDING, "Dependency", None, None)], None, [], now)
+    retrying = add()
+    store.journal_submit(retrying, Submit(1, SPEC.walltime), now - 60)
+    store.record(retrying, [RetryLater(1, now + 40, "sbatch: timed out")], None, [], now - 60)
+    held = add()
+    run(held, 1, "21")
+    store.record(held, [Track(1, Phase.PENDING, "JobHeldUser", None, None)], None, [], now)
+    waiting = add(pool)
+    store.set_waiting(waiting, "waiting for a free slot on gpu1, gpu2", now)
+    placed = add(pool)
+    run(placed, 1, "31", host="gpu2")
+    add(sweep)
+    stuck = add()
+    run(stuck, 1, "41")
+    store.set_stuck(stuck, True, "ticks keep failing: disk full", now)
+    ends = (
+        (ChainState.COMPLETED, Outcome.COMPLETED, False, now - 600),
+        (ChainState.EXHAUSTED, Outcome.TIMEOUT, False, now - 500),
+        (ChainState.FAILED, Outcome.FAILED, True, now - 400),
+        (ChainState.CANCELLED, Outcome.CANCELLED, True, now - 300),
+        (ChainState.COMPLETED, Outcome.COMPLETED, False, now - 5 * 86400),
+    )
+    ids = {"running": running, "retrying": retrying, "held": held, "waiting": waiting, "stuck": stuck}
+    for i, (state, outcome, charged, at) in enumerate(ends):
+        chain_id = ids[f"{state.value}{i}"] = add(at=at - 7200)
+        run(chain_id, 1, str(50 + i))
+        store.record(chain_id, [Track(1, Phase.RUNNING, "", at - 3000, None)], None, [], at - 3000)
+        ended = EndSegment(
+            1, outcome, 1 if charged else 0, charged, 3000, at, outcome.value, Progress(epoch=9)
+        )
+        actions: list[Action] = [ended]
+        if state is ChainState.FAILED:  # its successor, queued behind it, was cancelled: it never ran
+            store.journal_submit(chain_id, Submit(2, SPEC.walltime, after=str(50 + i)), at - 3000)
+            actions += [Adopt(2, str(60 + i), "submitted"), Cancel(2, str(60 + i), "its predecessor failed")]
+        store.record(chain_id, [*actions, Finish(state, f"{state.value} for a reason")], None, [], at)
+    return ids
+
+
+@pytest.mark.parametrize("damage", [None, *DAMAGE])
+def test_the_status_table_reads_of_each_chain_what_a_full_read_gives(
+    tmp_path: Path, damage: Optional[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`status` reads only the few columns its table shows (``glance``); for every kind of chain,
+    and for a row damaged in each way a full read finds, that gives what reading each chain
+    whole gives: the same values, the same damaged chains, and the same table. Only the
+    damaged chains are read whole."""
+    from chainrun import status as view
+
+    now = 1_000_000.0
+    store = Store(tmp_path / "home")
+    ids = varied(store, now)
+    if damage is not None:
+        for chain_id in (ids["running"], ids["failed2"]):  # live segments; ended ones only
+            store.db.execute(DAMAGE[damage][0], (chain_id,))
+    read_whole: list[str] = []
+    read = store._read
+    for since in (None, now - 86400):
+        full, damaged = store.shown(since)
+        with monkeypatch.context() as patch:
+            patch.setattr(store, "_read", lambda row, segs: read_whole.append(row["id"]) or read(row, segs))
+            glances, glanced_damaged = store.glance(since)
+        assert glances == [Glance.of(c) for c in full]
+        assert glanced_damaged == damaged
+        assert len(damaged) == (0 if damage is None else 2)
+        for width in (80, 200):
+            drawn = view.frame(tmp_path, glances, now, glanced_damaged, width=width)
+            assert drawn == view.frame(tmp_path, full, now, damaged, width=width)
+    assert len(read_whole) == (0 if damage is None else 4)  # twice each: with and without the cut-off
+    assert len(store.glance(None)[0]) == 12 - len(damaged)
+    assert len(store.glance(now - 86400)[0]) == 11 - len(damaged)
+    store.close()
