@@ -311,7 +311,8 @@ def test_ctrl_c_then_c_cancels_the_chain_and_leaves_no_job(
     assert term.exit_code() == 1, term.out.text
     assert f"chain {chain_id} cancelled: cancelled by user" in term.out.text
     assert state(chainrun, chain_id)["state"] == "cancelled"
-    assert live_jobs(chain_id) == []
+    # The runner's supervisor ends the cancelled job (TERM, then KILL after KILL_WAIT).
+    wait_for(lambda: live_jobs(chain_id) == [], 60, "the cancelled job to end")
 
 
 def test_ctrl_c_then_enter_stops_watching_and_the_chain_goes_on(
