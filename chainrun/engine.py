@@ -126,6 +126,18 @@ class _Cluster:
     arrays: Optional[ArrayScheduler]  # the scheduler, when it has job arrays
 
 
+@dataclass
+class _Round:
+    """The clusters one tick polled, and the slots its placements have taken on each."""
+
+    clusters: dict[tuple[str, str], _Cluster]
+    placed: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+
+    def free(self, key: tuple[str, str], slots: int) -> int:
+        """A pool host's slots not in use by its jobs (running or ready) nor taken this tick."""
+        return slots - _busy(self.clusters[key]) - self.placed[key]
+
+
 class Engine:
     """Moves every active chain forward by one tick."""
 
@@ -190,7 +202,8 @@ class Engine:
         # One poll per cluster: every cluster a chain lives on, and every host of a pool
         # that has a chain to place (its free slots are counted from the poll).
         wanted = dict.fromkeys([*groups, *(k for c in floating for k in _pool_keys(c))])
-        clusters: dict[tuple[str, str], _Cluster] = {}
+        tick = _Round({})
+        clusters = tick.clusters
         for kind, host in wanted:
             try:
                 clusters[(kind, host)] = self._poll((kind, host))
@@ -204,7 +217,6 @@ class Engine:
             home = next((k for k in [chain.cluster_key, *_pool_keys(chain)] if k in clusters), None)
             if home is not None:
                 groups[home].append(chain)
-        placed: dict[tuple[str, str], int] = defaultdict(int)  # slots taken by this tick's placements
         for key, chains in groups.items():
             cluster = clusters.get(key)
             if cluster is None:
@@ -220,15 +232,7 @@ class Engine:
                 if chain.id in gathered:
                     retries += (
                         self._guarded(
-                            chain,
-                            summary,
-                            self._act,
-                            cluster,
-                            chain,
-                            gathered[chain.id],
-                            clusters,
-                            placed,
-                            arrays,
+                            chain, summary, self._act, cluster, chain, gathered[chain.id], tick, arrays
                         )
                         or []
                     )
@@ -414,8 +418,7 @@ class Engine:
         cluster: _Cluster,
         chain: Chain,
         facts: Facts,
-        clusters: Mapping[tuple[str, str], _Cluster],
-        placed: dict[tuple[str, str], int],
+        tick: _Round,
         arrays: list[tuple[Chain, Submit]],
     ) -> list[float]:
         """Decide, carry out, record; returns when failed submissions want their next try.
@@ -446,9 +449,9 @@ class Engine:
             if isinstance(action, Submit) and _arrayable(cluster, chain, action):
                 arrays.append((chain, action))
             elif isinstance(action, Submit):
-                target = self._place(cluster, chain, action, clusters, placed)
+                target = self._place(cluster, chain, action, tick)
                 if target is None:  # a pool with no free slot: the chain waits, unsubmitted
-                    waiting = _waiting(chain, clusters)
+                    waiting = _waiting(chain, tick.clusters)
                     continue
                 done.append(self._submit(target, chain, action))
             else:
@@ -481,8 +484,7 @@ class Engine:
         cluster: _Cluster,
         chain: Chain,
         sub: Submit,
-        clusters: Mapping[tuple[str, str], _Cluster],
-        placed: dict[tuple[str, str], int],
+        tick: _Round,
     ) -> Optional[_Cluster]:
         """Where segment ``sub.n`` is submitted: a pool's new segment with no predecessor goes
         to a host with a free slot (``place``), or nowhere yet (None); any other, where the
@@ -491,15 +493,15 @@ class Engine:
         if not sched.hosts or sub.after is not None or any(s.n == sub.n for s in chain.segments):
             return cluster
         free = {
-            host: (sched.slots or 1) - _busy(clusters[key]) - placed[key]
+            host: tick.free(key, sched.slots or 1)
             for host, key in zip(sched.hosts, _pool_keys(chain))
-            if key in clusters
+            if key in tick.clusters
         }
         host = place(sched.hosts, chain.host if chain.segments else None, free)
         if host is None:
             return None
-        placed[(sched.kind, host)] += 1
-        return clusters[(sched.kind, host)]
+        tick.placed[(sched.kind, host)] += 1
+        return tick.clusters[(sched.kind, host)]
 
     def _quiet(self, chain: Chain, facts: Facts, now: float) -> bool:
         """Whether ``decide(chain, facts, now)`` would answer nothing, known without calling it:

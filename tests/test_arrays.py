@@ -21,6 +21,7 @@ from conftest import cli_env, have, need, wait_for
 from test_decide import NOW
 from test_decide import SPEC as DECIDE_SPEC
 from test_decide import chain as bare_chain
+from test_engine import World as EngineWorld
 
 from chainrun import jobfile, sweep
 from chainrun.decide import Facts, backoff, decide
@@ -40,7 +41,6 @@ from chainrun.schedulers.segment import SegmentJob, array_tag, render_array_scri
 from chainrun.schedulers.slurm import SlurmScheduler
 from chainrun.status import state_cell
 from chainrun.store import Store
-from chainrun.testing import FakeClock, FakeCluster
 from chainrun.transport import LocalTransport
 
 DATA = Path(__file__).parent / "data"
@@ -63,30 +63,17 @@ def sweep_spec(lr: float, rep: int, **changes: object) -> JobSpec:
     )
 
 
-class World:
-    """A store, a fake cluster with job arrays and clock, and an engine over them."""
+class World(EngineWorld):
+    """test_engine's world, its fake cluster with job arrays; chains added as a sweep's."""
 
     def __init__(self, home: Path) -> None:
-        self.clock = FakeClock()
-        self.cluster = FakeCluster(self.clock, arrays=True)
-        self.store = Store(home)
-        self.engine = self.new_engine()
+        super().__init__(home, arrays=True)
 
-    def new_engine(self) -> Engine:
-        """A fresh engine over the same store and cluster: the service after a restart."""
-        return Engine(
-            self.store, clock=self.clock, transports=self.cluster.transport, schedulers=self.cluster.scheduler
-        )
-
-    def add(self, *specs: JobSpec) -> list[str]:
+    def add(self, *specs: JobSpec) -> list[str]:  # type: ignore[override]
         return self.store.add_chains([(s, NO_PROGRESS) for s in specs], self.clock())
 
     def sweep(self, count: int = 6, **changes: object) -> list[str]:
         return sorted(self.add(*[sweep_spec(0.1 * (i // 2 + 1), i % 2, **changes) for i in range(count)]))
-
-    def tick(self, seconds: float = 10.0) -> None:
-        self.clock.advance(seconds)
-        self.engine.tick()
 
     def verbs(self) -> list[str]:
         return [c[0] for c in self.cluster.commands]
@@ -95,9 +82,6 @@ class World:
         job_id = self.store.chain(chain_id).segments[n - 1].job_id
         assert job_id is not None
         return job_id
-
-    def history(self, chain_id: str) -> str:
-        return "\n".join(e.message for e in self.store.events(chain_id))
 
 
 @pytest.fixture

@@ -32,15 +32,18 @@ SPEC = replace(DECIDE_SPEC, scheduler=SchedulerSpec(kind="fake"))
 class World:
     """A store, a fake cluster and clock, and an engine over them."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, arrays: bool = False) -> None:
         self.clock = FakeClock()
-        self.cluster = FakeCluster(self.clock)
+        self.cluster = FakeCluster(self.clock, arrays=arrays)
         self.store = Store(home)
-        self.engine = Engine(
+        self.engine = self.new_engine()
+        self.ticks = 0
+
+    def new_engine(self) -> Engine:
+        """A fresh engine over the same store and cluster: the service after a restart."""
+        return Engine(
             self.store, clock=self.clock, transports=self.cluster.transport, schedulers=self.cluster.scheduler
         )
-
-        self.ticks = 0
 
     def add(self, spec: JobSpec = SPEC) -> str:
         return self.store.add_chain(spec, NO_PROGRESS, self.clock()).id

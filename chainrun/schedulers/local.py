@@ -138,6 +138,7 @@ def runner_source() -> bytes:
     return resources.files("chainrun").joinpath("localrunner.py").read_bytes()
 
 
+@functools.lru_cache(maxsize=1)
 def runner_path() -> str:
     """Where the runner's copy lives on a remote host (relative to the login directory):
     named by its content, so that each chainrun version has its own and none is half new."""
