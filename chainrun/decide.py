@@ -114,7 +114,7 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
     failures, used = chain.failures, chain.used
     ended: set[int] = set()
     charged_last = ""
-    unrunnable = ""  # the first segment could not even start the command: no use going on
+    unrunnable, unrunnable_n = "", 0  # the first segment could not even start the command: no use going on
     finished_segment: Optional[int] = None  # without a target: the first that exited 0 on its own
     goal_met = bool(_done_reason(chain, mark, None))  # a successor that starts after the goal skips: free
     for i, seg in enumerate(live):
@@ -146,7 +146,15 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
             and ending.exit_code == 0
             and (spec.target_epoch is None or end_progress.epoch is None)
         )
-        charged, why = _charge(ending, advanced, finished, goal_met)
+        if unrunnable and _cannot_start(ending):
+            # Queued behind the first segment, it started and failed alike before the
+            # service saw that segment end: one fault, charged once.
+            charged, why = (
+                False,
+                f"{ending.outcome.value} (exit {ending.exit_code}): the same as segment {unrunnable_n}",
+            )
+        else:
+            charged, why = _charge(ending, advanced, finished, goal_met)
         elapsed = _elapsed(seg, job, ending, now)
         if advanced and end_progress.key > mark.key:
             mark = end_progress
@@ -166,7 +174,8 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
         failures += charged
         used += elapsed
         ended.add(seg.n)
-        unrunnable = unrunnable or _unrunnable(chain, seg, job, ending)
+        if not unrunnable:
+            unrunnable, unrunnable_n = _unrunnable(chain, seg, job, ending), seg.n
         if charged:
             charged_last = f"segment {seg.n} {why}"
         if finished:
@@ -354,10 +363,14 @@ def _charge(ending: _Ending, advanced: bool, finished: bool, goal_met: bool) -> 
     return False, f"{outcome.value}{code} with progress{detail}"
 
 
+def _cannot_start(ending: _Ending) -> bool:
+    return ending.outcome is Outcome.FAILED and ending.exit_code in (126, 127)
+
+
 def _unrunnable(chain: Chain, seg: Segment, job: JobFacts, ending: _Ending) -> str:
     """Why the chain's first run of the command could not start it (exit 126 or 127), if so:
     every later segment would fail the same way, so the chain ends at once."""
-    if ending.outcome is not Outcome.FAILED or ending.exit_code not in (126, 127):
+    if not _cannot_start(ending):
         return ""
     earlier = [s for s in chain.segments if s.n < seg.n]
     if any(s.outcome not in (Outcome.CANCELLED, Outcome.REJECTED) for s in earlier):

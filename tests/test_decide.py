@@ -366,6 +366,25 @@ def test_a_first_segment_that_cannot_start_its_command_ends_the_chain_at_once(co
     assert kinds(goes_on)[0] == "EndSegment" and "Finish" not in kinds(goes_on)  # it ran before: a crash
 
 
+def test_a_successor_that_failed_to_start_the_command_before_the_service_looked_costs_nothing() -> None:
+    """The queued successor started at once behind an exit-127 first segment and hit the same
+    127 before the service's next look (a busy machine, a slow tick): the chain still fails with
+    the one failure charged that the README promises; the successor is recorded, not charged."""
+    marker = EndMarker(127, 127, "", False, NOW - 1, path="/usr/bin:/bin")
+    jobs = {
+        j: JobFacts(live=LiveJob(j, j, Phase.ENDED, Outcome.FAILED, 127, NOW - 5, NOW - 1), end=marker)
+        for j in ("j1", "j2")
+    }
+    actions = decide(chain(seg(1), seg(2)), Facts(jobs=jobs, progress=BEFORE), NOW)
+    assert kinds(actions) == ["EndSegment", "EndSegment", "Finish"]
+    first, second, fin = actions
+    assert isinstance(first, EndSegment) and first.charged
+    assert isinstance(second, EndSegment) and not second.charged
+    assert "the same as segment 1" in second.reason
+    assert isinstance(fin, Finish) and fin.state is ChainState.FAILED
+    assert fin.reason.startswith("command not found or not executable (exit 127)")
+
+
 def test_a_failed_segment_carries_its_output_tail() -> None:
     """The end marker's last output lines go with the segment's end."""
     crash = EndMarker(1, 1, "", False, NOW - 1, tail=("Traceback", "ValueError: bad"))
