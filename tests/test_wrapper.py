@@ -145,6 +145,33 @@ def test_walltime_signal_that_comes_early_is_passed_on_at_walltime_minus_grace(w
     assert marker(job).signal == "USR1" and marker(job).outcome().value == "timeout"
 
 
+def test_a_walltime_signal_in_the_wrappers_first_seconds_is_held_too(work: Path, tmp_path: Path) -> None:
+    """Slurm's --signal may come before the wrapper has even started the command (a one-minute
+    job with grace 40 s got it in its first seconds): it must not kill the wrapper, whose
+    default for SIGUSR1 is to die, unrecorded and charged as a crash. Here it lands while
+    the wrapper writes its start marker (a slow `hostname`, as on a loaded node)."""
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "hostname").write_text(f"#!/bin/sh\ntouch {tmp_path}/in-preamble\nsleep 2\necho node1\n")
+    (shims / "hostname").chmod(0o755)
+    spec = replace(
+        hostile_spec(str(work)),
+        grace=3,
+        command="trap 'date +%s > got; exit 0' USR1; touch started; while :; do sleep 0.1; done",
+    )
+    job = SegmentJob("hostile-1a2b3c", 1, spec, 15)
+    os.makedirs(job.run_dir)
+    Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
+    env = {**wrapper_env(), "PATH": f"{shims}:{os.environ['PATH']}"}
+    proc = subprocess.Popen(["bash", job.script_path], env=env, stdout=subprocess.PIPE, text=True)
+    wait_for((tmp_path / "in-preamble").exists, 30, "the wrapper to write its start marker")
+    proc.send_signal(signal.SIGUSR1)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert (work / "started").exists() and (work / "got").exists(), out
+    assert marker(job).signal == "USR1" and marker(job).outcome().value == "timeout"
+
+
 def _sidecar(epoch: int, saved_at: float) -> str:
     return json.dumps({"done": False, "epoch": epoch, "saved_at": saved_at, "step": 0, "version": 1}) + "\n"
 

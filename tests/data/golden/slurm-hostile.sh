@@ -21,6 +21,76 @@ export CHAINRUN_SIGNAL=USR1
 export CHAINRUN_RUN_DIR='/scratch/my run'"'"'s dir $x/.chainrun/hostile-1a2b3c'
 export CHAINRUN_DEADLINE=$(( $(date +%s) + 10801 ))
 export USER="${USER:-$(id -un)}" # not every scheduler sets it; ch-run refuses to start without it
+# The signals are caught from here on: Slurm may send --signal in the job's first
+# seconds (when walltime - grace is under its 60 s check interval), and bash's own
+# answer to SIGUSR1 is to die, before the command ran or any marker was written.
+got=""
+child=""
+signalled=""
+timer=""
+signal_at=$((CHAINRUN_DEADLINE - 300))
+# Sends the walltime signal to ourselves (and so on to the command) at
+# walltime minus grace; a background loop, so a trap can start it too.
+start_timer() {
+    [ -n "$timer" ] && return
+    (
+        while [ "$(date +%s)" -lt "$signal_at" ]; do
+            sleep 1
+            kill -0 "$$" 2>/dev/null || exit 0
+        done
+        kill -s "$CHAINRUN_SIGNAL" "$$"
+    ) &
+    timer=$!
+}
+forward() {
+    # Slurm may send --signal up to 60 s early (its limit checks are that
+    # coarse), even before the command has set its handler: hold it until
+    # the time asked for (a second or two early is clock granularity: passed
+    # on). TERM is never held: it may be a preemption or scancel.
+    if [ "$1" = "$CHAINRUN_SIGNAL" ] && [ "$1" != TERM ] && [ "$(date +%s)" -lt $((signal_at - 2)) ]; then
+        echo "chainrun: SIG$1 came $((signal_at - $(date +%s)))s early; passing it on at walltime - grace"
+        start_timer
+        return
+    fi
+    got=$1
+    if [ -n "$child" ]; then
+        local pids
+        pids=$(command_pids)
+        signalled="$signalled ${pids//$'\n'/ }"
+        kill -s "$1" -- "-$child" $pids 2>/dev/null || true
+    fi
+}
+# The command's processes that have not ended (a zombie has: ranks orphaned
+# by a launcher the signal killed are reaped by whoever adopts them, maybe
+# never): its process group, and the descendants of the command and of every
+# process signalled before, in whatever group or session.
+command_pids() {
+    local stat line pid up hops fields
+    local -A parent=() group=()
+    for stat in /proc/[0-9]*/stat; do
+        { read -r line <"$stat"; } 2>/dev/null || continue # it may end as we look
+        pid=${line%% *}
+        read -r -a fields <<<"${line##*) }" # state ppid pgrp ...
+        [ "${fields[0]}" = Z ] && continue
+        parent[$pid]=${fields[1]}
+        group[$pid]=${fields[2]}
+    done
+    for pid in "${!parent[@]}"; do
+        up=$pid
+        hops=0
+        while [ -n "$up" ] && [ "$up" != 0 ] && [ "$hops" -lt 64 ]; do
+            if [ "$up" = "$child" ] || [ "${group[$up]:-}" = "$child" ] || [[ "$signalled " == *" $up "* ]]; then
+                echo "$pid"
+                break
+            fi
+            up=${parent[$up]:-}
+            hops=$((hops + 1))
+        done
+    done
+}
+trap 'forward USR1' USR1
+trap 'forward USR2' USR2
+trap 'forward TERM' TERM
 # What the submitting shell had (inherit_env), then [env], which wins.
 
 export NOTE='a'"'"'b"c $(id) `id` ${X}'$'\n''line two'
@@ -98,7 +168,6 @@ snapshot() {
             sort -n | tail -n 1)"
 }
 
-got=""
 (umask 077 && {
     printf 'job=%s\nhost=%s\nat=%s\n' "$job" "$(hostname)" "$(date +%s)"
     snapshot
@@ -146,72 +215,6 @@ fi
 # session (torchrun starts each rank in a session of its own and dies of
 # SIGUSR1 without passing it on), and the program behind a shell
 # (`python train.py; echo done`).
-child=""
-signalled=""
-timer=""
-signal_at=$((CHAINRUN_DEADLINE - 300))
-# Sends the walltime signal to ourselves (and so on to the command) at
-# walltime minus grace; a background loop, so a trap can start it too.
-start_timer() {
-    [ -n "$timer" ] && return
-    (
-        while [ "$(date +%s)" -lt "$signal_at" ]; do
-            sleep 1
-            kill -0 "$$" 2>/dev/null || exit 0
-        done
-        kill -s "$CHAINRUN_SIGNAL" "$$"
-    ) &
-    timer=$!
-}
-forward() {
-    # Slurm may send --signal up to 60 s early (its limit checks are that
-    # coarse), even before the command has set its handler: hold it until
-    # the time asked for (a second or two early is clock granularity: passed
-    # on). TERM is never held: it may be a preemption or scancel.
-    if [ "$1" = "$CHAINRUN_SIGNAL" ] && [ "$1" != TERM ] && [ "$(date +%s)" -lt $((signal_at - 2)) ]; then
-        echo "chainrun: SIG$1 came $((signal_at - $(date +%s)))s early; passing it on at walltime - grace"
-        start_timer
-        return
-    fi
-    got=$1
-    if [ -n "$child" ]; then
-        local pids
-        pids=$(command_pids)
-        signalled="$signalled ${pids//$'\n'/ }"
-        kill -s "$1" -- "-$child" $pids 2>/dev/null || true
-    fi
-}
-# The command's processes that have not ended (a zombie has: ranks orphaned
-# by a launcher the signal killed are reaped by whoever adopts them, maybe
-# never): its process group, and the descendants of the command and of every
-# process signalled before, in whatever group or session.
-command_pids() {
-    local stat line pid up hops fields
-    local -A parent=() group=()
-    for stat in /proc/[0-9]*/stat; do
-        { read -r line <"$stat"; } 2>/dev/null || continue # it may end as we look
-        pid=${line%% *}
-        read -r -a fields <<<"${line##*) }" # state ppid pgrp ...
-        [ "${fields[0]}" = Z ] && continue
-        parent[$pid]=${fields[1]}
-        group[$pid]=${fields[2]}
-    done
-    for pid in "${!parent[@]}"; do
-        up=$pid
-        hops=0
-        while [ -n "$up" ] && [ "$up" != 0 ] && [ "$hops" -lt 64 ]; do
-            if [ "$up" = "$child" ] || [ "${group[$up]:-}" = "$child" ] || [[ "$signalled " == *" $up "* ]]; then
-                echo "$pid"
-                break
-            fi
-            up=${parent[$up]:-}
-            hops=$((hops + 1))
-        done
-    done
-}
-trap 'forward USR1' USR1
-trap 'forward USR2' USR2
-trap 'forward TERM' TERM
 echo "chainrun: segment 3 of chain $CHAINRUN_CHAIN starting on $(hostname) as job ${job:-?}"
 set -m
 bash -c 'python3 train.py --note "it'"'"'s $(rm -rf ~) `id` ${HOME}" \'$'\n''  --lr 1e-3; echo '"'"'done'"'"' # end' &
