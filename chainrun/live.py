@@ -3,7 +3,7 @@
 The chain's events print as lines. Under them a progress area shows how far
 the chain is (epochs of the target, or time used of the budget), the ETA,
 the current segment and its job's state, and the last line of the training
-output, read from the segment's log through the chain's transport (only its
+output, read from the segment's log on the host it runs on (only its
 end, and only when its size changed). On a terminal the area is redrawn in
 place by ``rich``, imported only then; elsewhere each change of progress is
 one plain line (``plain_line``), never a redraw. The first Ctrl-C on a
@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import click
 
@@ -199,13 +199,18 @@ class Follower:
     cannot be read (a dropped connection) keeps the line shown before.
     """
 
-    def __init__(self, store: Store, chain_id: str, transport: Transport) -> None:
+    def __init__(
+        self,
+        store: Store,
+        chain_id: str,
+        transports: Callable[[Optional[str]], Transport] = transport_for,
+    ) -> None:
         self.store = store
         self.chain_id = chain_id
-        self.transport = transport
+        self.transports = transports
         self._lock = threading.Lock()
         self._seen = 0  # the last event id printed
-        self._log: tuple[str, int, float] = ("", -1, 0.0)  # path, size and mtime last read
+        self._log: tuple[Optional[str], str, int, float] = (None, "", -1, 0.0)  # host, path, size, mtime read
         self._output = ""
 
     def poll(self) -> tuple[list[str], Chain, str]:
@@ -217,7 +222,10 @@ class Follower:
             chain = self.store.chain(self.chain_id)
             seg = current(chain)
             if seg is not None and seg.phase in (Phase.RUNNING, Phase.ENDED):
-                self._read_output(SegmentJob(chain.id, seg.n, chain.spec, 0).log_path)
+                # A pool's chain is read on the host its segment was placed on, which may
+                # not be the one it had (or lacked) when watching began.
+                host = seg.host or chain.spec.scheduler.first_host or None
+                self._read_output(host, SegmentJob(chain.id, seg.n, chain.spec, 0).log_path)
             return [f"{_clock(ev.at)}  {ev.message}" for ev in events], chain, self._output
 
     def ended(self) -> bool:
@@ -228,15 +236,16 @@ class Follower:
         with self._lock:
             self.store.request_cancel(self.chain_id, time.time())
 
-    def _read_output(self, path: str) -> None:
+    def _read_output(self, host: Optional[str], path: str) -> None:
+        transport = self.transports(host)
         try:
-            info = self.transport.stat(path)
-            if info is None or not info.is_file or (path, info.size, info.mtime) == self._log:
+            info = transport.stat(path)
+            if info is None or not info.is_file or (host, path, info.size, info.mtime) == self._log:
                 return
-            lines = last_lines(read_tail(self.transport, path, info.size), 1)
+            lines = last_lines(read_tail(transport, path, info.size), 1)
         except TransportError:
             return
-        self._log = (path, info.size, info.mtime)
+        self._log = (host, path, info.size, info.mtime)
         if lines:  # a new segment's empty log keeps the line its predecessor left
             self._output = lines[-1]
 
@@ -409,8 +418,7 @@ def supervise(home: Path, store: Store, chain: Chain, interval: float) -> int:
     refresh the view) until the chain ends; with one running elsewhere, it only
     follows, every ``interval`` seconds.
     """
-    transport = transport_for(chain.host)
-    follower = Follower(store, chain.id, transport)
+    follower = Follower(store, chain.id)
     # A terminal that cannot move its cursor (TERM=dumb, as in an editor's shell) gets plain lines.
     view = View(tty=sys.stdout.isatty() and os.environ.get("TERM") not in ("dumb", "unknown"))
     elsewhere = InstanceLock(home).held_elsewhere()

@@ -114,7 +114,7 @@ def test_plain_view_prints_each_event_and_a_line_per_change_of_progress(
     output changed; time passing alone prints nothing."""
     world = World(tmp_path / "home")
     chain_id = world.add()
-    follower = Follower(world.store, chain_id, world.cluster.transport())
+    follower = Follower(world.store, chain_id, world.cluster.transport)
     view = View(tty=False)
     log = SegmentJob(chain_id, 1, SPEC, 0).log_path
 
@@ -428,7 +428,7 @@ def test_the_log_is_read_again_only_when_it_changed(tmp_path: Path) -> None:
     mtime changed: a log rewritten behind the same size and mtime is not read again."""
     world = World(tmp_path / "home")
     chain_id = world.add()
-    follower = Follower(world.store, chain_id, world.cluster.transport())
+    follower = Follower(world.store, chain_id, world.cluster.transport)
     log = SegmentJob(chain_id, 1, SPEC, 0).log_path
     world.tick()
     world.cluster.start("1", epoch=0)

@@ -28,8 +28,10 @@ from chainrun.decide import place
 from chainrun.engine import Engine
 from chainrun.errors import JobFileError
 from chainrun.jobfile import parse, tomllib
+from chainrun.live import Follower
 from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, SchedulerSpec
 from chainrun.schedulers.local import LocalScheduler, runner_path, runner_source
+from chainrun.schedulers.segment import SegmentJob
 from chainrun.status import state_cell
 from chainrun.store import Store
 from chainrun.testing import FakeClock, FakeCluster
@@ -185,6 +187,21 @@ def test_first_segments_go_to_free_hosts_and_a_chain_waits_for_a_slot_with_a_rea
     assert pool.placed(three)[0] == (1, "a", "3")
     assert pool.chain(three).reason == ""
     assert "waiting for a free slot on hosts a, b" in [e.message for e in pool.store.events(three)]
+
+
+def test_chainrun_run_follows_a_pool_chain_on_the_host_its_segment_was_placed_on(pool: Pool) -> None:
+    """Watching began before the chain had a host (its pool's first, a, was busy): the output
+    line comes from the segment's log on b, where it was placed, not from a."""
+    chain_id = pool.add()
+    follower = Follower(pool.store, chain_id, lambda host: pool.hosts[host or ""].transport(host))
+    pool.hosts["a"].add_job("someone else's", "/x/job")
+    pool.tick()
+    assert pool.placed(chain_id) == [(1, "b", "100")]
+    log = SegmentJob(chain_id, 1, POOL, 0).log_path
+    pool.hosts["b"].files[log] = b"epoch 1 on b\n"
+    pool.hosts["b"].start("100")
+    pool.tick()
+    assert follower.poll()[2] == "epoch 1 on b"
 
 
 def test_a_chain_goes_back_to_the_host_it_ran_on_when_that_one_is_free(pool: Pool) -> None:
