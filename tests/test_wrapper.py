@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from conftest import wait_for
+from conftest import need, wait_for
 from test_slurm_backend import hostile_spec
 
 from chainrun.model import Progress
@@ -379,3 +379,57 @@ def test_processes_ending_while_the_wrapper_looks_for_leftovers_leave_no_trace_i
     finally:
         churn.kill()
         churn.wait()
+
+
+LEFTOVER = """\
+import pathlib, signal, subprocess, sys, time
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a saver that outlives the command
+victim = subprocess.Popen(["sleep", "300"], preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_DFL))
+pathlib.Path("victim.pid").write_text(str(victim.pid))
+victim.wait()  # it dies of the walltime signal and is reaped here: its PID is free again
+pathlib.Path("victim.reaped").write_text("")
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def take_pid(pid: int) -> subprocess.Popen[bytes]:
+    """A new process, not the segment's, with ``pid``: the kernel's next PID is set (root)
+    and a process started, again until no other process on the machine took it first."""
+    for _ in range(200):
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        proc = subprocess.Popen(["sleep", "120"])
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    raise AssertionError(f"PID {pid} could not be taken in 200 tries")
+
+
+def test_a_pid_the_kernel_gave_again_is_not_taken_for_the_commands(work: Path) -> None:
+    """A process the walltime signal reached ends, and the kernel gives its PID to someone
+    else's new process (pid_max is 32768 on many nodes) while the wrapper waits for the
+    command's saver: the wrapper ends when the saver does, not when the stranger does, and
+    never signals it."""
+    need("root (to choose the next PID)", os.geteuid() == 0, "sudo")
+    (work / "leftover.py").write_text(LEFTOVER)
+    command = (
+        "python3 leftover.py 10 & trap 'exit 0' USR1; while [ ! -e victim.pid ]; do sleep 0.1; done; "
+        "touch started; while :; do sleep 0.1; done"
+    )
+    spec = replace(hostile_spec(str(work)), command=command, grace=59)  # the signal is due at once
+    job = SegmentJob("hostile-1a2b3c", 1, spec, 60)
+    proc = start_logged(job)
+    stranger = None
+    try:
+        wait_for((work / "started").exists, 60, "the command to start")
+        proc.send_signal(signal.SIGUSR1)
+        wait_for((work / "victim.reaped").exists, 60, "the signalled process to end")
+        stranger = take_pid(int((work / "victim.pid").read_text()))
+        assert proc.wait(timeout=90) == 0, Path(job.log_path).read_text()  # the stranger sleeps 120 s
+        assert stranger.poll() is None  # never signalled
+        assert "waiting for the rest of the command" in Path(job.log_path).read_text()
+    finally:
+        proc.kill()
+        if stranger is not None:
+            stranger.kill()
+            stranger.wait()

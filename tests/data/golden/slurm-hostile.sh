@@ -26,7 +26,8 @@ export USER="${USER:-$(id -un)}" # not every scheduler sets it; ch-run refuses t
 # answer to SIGUSR1 is to die, before the command ran or any marker was written.
 got=""
 child=""
-signalled=""
+child_started="" # the command's start (clock ticks after boot): with its PID, its identity
+signalled=""     # every process signalled, as PID:START
 timer=""
 signal_at=$((CHAINRUN_DEADLINE - 300))
 # Sends the walltime signal to ourselves (and so on to the command) at
@@ -54,19 +55,40 @@ forward() {
     fi
     got=$1
     if [ -n "$child" ]; then
-        local pids
+        local pids group=""
         pids=$(command_pids)
         signalled="$signalled ${pids//$'\n'/ }"
-        kill -s "$1" -- "-$child" $pids 2>/dev/null || true
+        if own_group; then group="-$child"; fi
+        kill -s "$1" -- $group $(pids_of "$pids") 2>/dev/null || true
     fi
+}
+# When a process started (clock ticks after boot; empty once it is gone). The kernel
+# gives a PID again once its process is gone (within seconds where pid_max is 32768):
+# a PID names one of ours only with the start it had then.
+started_at() {
+    local line fields
+    { read -r line <"/proc/$1/stat"; } 2>/dev/null || return 0
+    read -r -a fields <<<"${line##*) }" # state ppid pgrp ... starttime is the 20th
+    printf '%s' "${fields[19]}"
+}
+# The command's process group is still its own: the kernel keeps a group's number
+# from new processes while any member lives, but not once the group is empty.
+own_group() {
+    local now
+    now=$(started_at "$child")
+    [ -z "$now" ] || [ "$now" = "$child_started" ]
+}
+pids_of() { # the PIDs of PID:START words
+    local p
+    for p in $1; do printf '%s ' "${p%%:*}"; done
 }
 # The command's processes that have not ended (a zombie has: ranks orphaned
 # by a launcher the signal killed are reaped by whoever adopts them, maybe
 # never): its process group, and the descendants of the command and of every
-# process signalled before, in whatever group or session.
+# process signalled before, in whatever group or session; as PID:START lines.
 command_pids() {
-    local stat line pid up hops fields
-    local -A parent=() group=()
+    local stat line pid up hops fields mine
+    local -A parent=() group=() started=()
     for stat in /proc/[0-9]*/stat; do
         { read -r line <"$stat"; } 2>/dev/null || continue # it may end as we look
         pid=${line%% *}
@@ -74,13 +96,18 @@ command_pids() {
         [ "${fields[0]}" = Z ] && continue
         parent[$pid]=${fields[1]}
         group[$pid]=${fields[2]}
+        started[$pid]=${fields[19]}
     done
+    # The command's group counts while no other process has taken the command's PID.
+    mine=$child
+    if [ -n "${started[$child]:-}" ] && [ "${started[$child]}" != "$child_started" ]; then mine=""; fi
     for pid in "${!parent[@]}"; do
         up=$pid
         hops=0
         while [ -n "$up" ] && [ "$up" != 0 ] && [ "$hops" -lt 64 ]; do
-            if [ "$up" = "$child" ] || [ "${group[$up]:-}" = "$child" ] || [[ "$signalled " == *" $up "* ]]; then
-                echo "$pid"
+            if [ "$up" = "$mine" ] || { [ -n "$mine" ] && [ "${group[$up]:-}" = "$mine" ]; } ||
+                [[ "$signalled " == *" $up:${started[$up]:-} "* ]]; then
+                echo "$pid:${started[$pid]}"
                 break
             fi
             up=${parent[$up]:-}
@@ -219,6 +246,7 @@ echo "chainrun: segment 3 of chain $CHAINRUN_CHAIN starting on $(hostname) as jo
 set -m
 bash -c 'python3 train.py --note "it'"'"'s $(rm -rf ~) `id` ${HOME}" \'$'\n''  --lr 1e-3; echo '"'"'done'"'"' # end' &
 child=$!
+child_started=$(started_at "$child")
 set +m
 if [ -n "$got" ]; then forward "$got"; fi # it came before the command
 # A scheduler that sends no warning before its walltime kill (SGE) gets ours.
@@ -234,13 +262,13 @@ rc=$?
 # left running is ended, as a scheduler would at the job's end.
 left=$(command_pids)
 if [ -n "$left" ]; then
-    if [ -z "$got" ]; then kill -s TERM $left 2>/dev/null || true; fi
+    if [ -z "$got" ]; then kill -s TERM $(pids_of "$left") 2>/dev/null || true; fi
     echo "chainrun: segment 3 waiting for the rest of the command's processes to end"
     waited=0
     while left=$(command_pids) && [ -n "$left" ]; do
         sleep 1
         waited=$((waited + 1))
-        if [ -z "$got" ] && [ "$waited" = 30 ]; then kill -s KILL $left 2>/dev/null || true; fi
+        if [ -z "$got" ] && [ "$waited" = 30 ]; then kill -s KILL $(pids_of "$left") 2>/dev/null || true; fi
     done
 fi
 if [ -n "$timer" ]; then kill "$timer" 2>/dev/null || true; fi
