@@ -976,10 +976,20 @@ class Store:
                 f"segment {action.n} ended: {action.reason}; {cost}; progress: {action.progress.describe()}",
             )
         elif isinstance(action, Cancel):
+            # The job may be one found under the segment's tag, whose submission an
+            # interrupted service never recorded: the segment keeps it.
             db.execute(
-                "UPDATE segments SET phase = ?, outcome = ?, ended_at = ?, reason = ? "
-                "WHERE chain_id = ? AND n = ? AND phase != ?",
-                (Phase.ENDED.value, Outcome.CANCELLED.value, now, action.reason, *seg, Phase.ENDED.value),
+                "UPDATE segments SET phase = ?, outcome = ?, ended_at = ?, reason = ?, "
+                "job_id = COALESCE(job_id, ?) WHERE chain_id = ? AND n = ? AND phase != ?",
+                (
+                    Phase.ENDED.value,
+                    Outcome.CANCELLED.value,
+                    now,
+                    action.reason,
+                    action.job_id,
+                    *seg,
+                    Phase.ENDED.value,
+                ),
             )
             job = f"job {action.job_id}" if action.job_id else "not yet submitted"
             self._event(

@@ -645,3 +645,16 @@ def test_the_status_table_reads_of_each_chain_what_a_full_read_gives(
     assert len(store.glance(None)[0]) == 12 - len(damaged)
     assert len(store.glance(now - 86400)[0]) == 11 - len(damaged)
     store.close()
+
+
+def test_a_cancel_records_the_job_of_a_segment_whose_submission_was_never_recorded(tmp_path: Path) -> None:
+    """A service killed mid-submission leaves the segment 'submitting' with no job id; if the
+    chain ends in the next one's first tick, the segment's job (found under its tag) is cancelled,
+    and its record keeps that job, not nothing (seen under load in the contract test)."""
+    store = Store(tmp_path / "home")
+    chain = store.add_chain(SPEC, NO_PROGRESS, 1.0)
+    store.journal_submit(chain.id, Submit(1, SPEC.walltime), 2.0)
+    store.record(chain.id, [Cancel(n=1, job_id="3", reason="chain completed")], None, [], 3.0)
+    (seg,) = store.chain(chain.id).segments
+    assert (seg.job_id, seg.phase, seg.outcome) == ("3", Phase.ENDED, Outcome.CANCELLED)
+    store.close()
