@@ -88,9 +88,8 @@ command_pids() {
         group[$pid]=${fields[2]}
         started[$pid]=${fields[19]}
     done
-    # The command's group counts while no other process has taken the command's PID.
-    mine=$child
-    if [ -n "${started[$child]:-}" ] && [ "${started[$child]}" != "$child_started" ]; then mine=""; fi
+    mine=""
+    if own_group; then mine=$child; fi
     for pid in "${!parent[@]}"; do
         up=$pid
         hops=0
