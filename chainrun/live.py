@@ -237,8 +237,8 @@ class Follower:
             self.store.request_cancel(self.chain_id, time.time())
 
     def _read_output(self, host: Optional[str], path: str) -> None:
-        transport = self.transports(host)
         try:
+            transport = self.transports(host)
             info = transport.stat(path)
             if info is None or not info.is_file or (host, path, info.size, info.mtime) == self._log:
                 return
