@@ -538,7 +538,7 @@ class Engine:
         attempts = self.store.journal_submit(chain.id, sub, now, host)
         job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime, sub.after)
         try:
-            trust_run_dir(cluster.transport, chain.spec, chain.id, create=True)
+            trust_run_dir(cluster.transport, chain.spec, chain.id, ran_there=chain.ran_on(host))
             cluster.transport.write_file(
                 job.script_path, render_script(cluster.scheduler, job).encode(), mode=0o700
             )
@@ -615,7 +615,7 @@ class Engine:
             attempts = self.store.journal_submit(chain.id, sub, now, task=(name, index))
             job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime)
             try:
-                trust_run_dir(cluster.transport, chain.spec, chain.id, create=True)
+                trust_run_dir(cluster.transport, chain.spec, chain.id)
                 cluster.transport.write_file(
                     job.script_path, render_script(scheduler, job).encode(), mode=0o700
                 )
@@ -629,7 +629,7 @@ class Engine:
         spec = tasks[0][1].spec
         stem = array_stem(spec, name)
         try:
-            trust_run_dir(cluster.transport, spec, None, create=True)
+            trust_run_dir(cluster.transport, spec, None)
             script = render_array_script(scheduler, name, [(t[0], t[1]) for t in tasks])
             cluster.transport.write_file(stem + ".sh", script.encode(), mode=0o700)
             trust_script(cluster.transport, stem + ".sh")

@@ -49,7 +49,7 @@ class SchedulerError(ChainrunError):
 class UnsafePathError(ChainrunError):
     """A file or directory chainrun would trust (the run directory and the scripts in
     it) can be changed by someone else: owned by another user, writable by others, or
-    a symlink. Nothing is submitted from it."""
+    a symlink; or the workdir a chain ran in is gone. Nothing is submitted from it."""
 
     exit_code = 2
 

@@ -344,21 +344,27 @@ def supervise(jobdir: Path) -> int:
         gpus = job.get("gpus_per_slot")
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(slot[0] * gpus + g) for g in range(gpus))
-    with open(job["output"], "ab") as out:
-        proc = subprocess.Popen(
-            ["bash", job["script"]],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=os.path.dirname(job["script"]),
-            env=env,
-            start_new_session=True,
-            # The job holds its slot too: should the supervisor die, the slot stays taken
-            # while the job runs.
-            pass_fds=(slot[1],) if slot is not None else (),
+    where = {} if slot is None else {"slot": slot[0]}
+    try:
+        with open(job["output"], "ab") as out:
+            proc = subprocess.Popen(
+                ["bash", job["script"]],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=os.path.dirname(job["script"]),
+                env=env,
+                start_new_session=True,
+                # The job holds its slot too: should the supervisor die, the slot stays taken
+                # while the job runs.
+                pass_fds=(slot[1],) if slot is not None else (),
+            )
+    except OSError as exc:  # its directory is gone (a scheduler says "can't chdir" too)
+        reason = f"could not start the job: {exc.strerror}: {exc.filename}"
+        return records.end(
+            {"outcome": "failed", "exit_code": None, "ended_at": time.time(), "reason": reason}
         )
     started = time.time()
-    where = {} if slot is None else {"slot": slot[0]}
     warn_at = started + job["walltime"] - job["grace"]
     stop_at = started + job["walltime"]
     warned = False
@@ -418,6 +424,7 @@ def poll(args: argparse.Namespace) -> int:
         start = _read_json(jobdir / "start.json")
         if end is not None:
             line.update(state="ended", outcome=end["outcome"], exit_code=end.get("exit_code"))
+            line.update(reason=end.get("reason", ""))
             line.update(started_at=end.get("started_at"), ended_at=end.get("ended_at"), slot=end.get("slot"))
         elif not alive(_pid(jobdir / "supervisor.pid")):
             line.update(state="ended", outcome="node_fail", reason="the local supervisor died")

@@ -289,10 +289,18 @@ class Chain:
         return tuple(s for s in self.segments if s.phase is not Phase.ENDED)
 
     @property
+    def placed(self) -> Optional[str]:
+        """A pool's chain: its newest segment's host (None before it has one, and for others)."""
+        return next((s.host for s in reversed(self.segments) if s.host), None)
+
+    @property
     def host(self) -> Optional[str]:
         """Where the chain runs, or ran last: a pool's chain on its newest segment's host."""
-        placed = next((s.host for s in reversed(self.segments) if s.host), None)
-        return placed or self.spec.scheduler.first_host
+        return self.placed or self.spec.scheduler.first_host
+
+    def ran_on(self, placed: Optional[str]) -> bool:
+        """A segment was submitted to the pool host ``placed`` (None: a chain not in a pool)."""
+        return any(s.job_id is not None and s.host == placed for s in self.segments)
 
     @property
     def cluster_key(self) -> tuple[str, str]:

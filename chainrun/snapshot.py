@@ -99,7 +99,7 @@ def prepare(transport: Transport, spec: JobSpec) -> tuple[JobSpec, Optional[Snap
         return spec, None
     snap = capture(spec)
     spec = replace(spec, snapshot_commit=snap.commit, snapshot_subdir=snap.subdir)
-    trust_run_dir(transport, spec, None, create=True)
+    trust_run_dir(transport, spec, None)
     deliver(transport, spec, snap)
     return spec, snap
 

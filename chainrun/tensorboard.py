@@ -174,7 +174,7 @@ def serve(
     transport = transport_for(host)
     directory = logdir_for(chain, logdir)
     where = host or "localhost"
-    trust_run_dir(transport, chain.spec, chain.id, create=True)
+    trust_run_dir(transport, chain.spec, chain.id, ran_there=chain.ran_on(chain.placed))
     log = posixpath.join(run_dir(chain.spec, chain.id), LOG_NAME)
     if transport.stat(directory) is None:
         echo(

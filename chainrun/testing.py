@@ -73,6 +73,7 @@ class FakeCluster:
         self.arrays = arrays
         self.jobs: dict[str, FakeJob] = {}
         self.files: dict[str, bytes] = {}
+        self.dirs: set[str] = set()  # what makedirs made (files need none)
         self.commands: list[list[str]] = []
         self.next_id = 1
         self.submit_failures: list[SchedulerError | TransportError] = []
@@ -316,9 +317,13 @@ class FakeTransport:
 
     def stat(self, path: str) -> Optional[FileInfo]:
         data = self.cluster.files.get(path)
-        if data is None:
-            return None
-        return FileInfo(posixpath.basename(path), len(data), self.cluster.clock(), True, 0o100700, USER)
+        if data is not None:
+            return FileInfo(posixpath.basename(path), len(data), self.cluster.clock(), True, 0o100700, USER)
+        if path.rstrip("/") in self.cluster.dirs:
+            return FileInfo(
+                posixpath.basename(path.rstrip("/")), 0, self.cluster.clock(), False, 0o040700, USER
+            )
+        return None
 
     def listdir(self, path: str) -> Optional[list[FileInfo]]:
         prefix = path.rstrip("/") + "/"
@@ -333,7 +338,10 @@ class FakeTransport:
         ]
 
     def makedirs(self, path: str, mode: int = 0o700) -> None:
-        pass
+        path = path.rstrip("/")
+        while path and path not in self.cluster.dirs:
+            self.cluster.dirs.add(path)
+            path = posixpath.dirname(path).rstrip("/")
 
     def remove(self, path: str) -> None:
         self.cluster.files.pop(path, None)
@@ -343,6 +351,9 @@ class FakeTransport:
         prefix = path.rstrip("/")
         for name in [p for p in self.cluster.files if p == prefix or p.startswith(prefix + "/")]:
             self.cluster.files[new_path.rstrip("/") + name[len(prefix) :]] = self.cluster.files.pop(name)
+        for name in [d for d in self.cluster.dirs if d == prefix or d.startswith(prefix + "/")]:
+            self.cluster.dirs.remove(name)
+            self.cluster.dirs.add(new_path.rstrip("/") + name[len(prefix) :])
 
     def user_id(self) -> int:
         return USER

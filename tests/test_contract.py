@@ -65,11 +65,15 @@ class Cluster:
             return have("qsub") and _answers("qstat")
         return True
 
-    def live_jobs(self, chain_id: str) -> list[LiveJob]:
-        """The chain's jobs the scheduler still holds (pending or running), as it reports them."""
+    def jobs(self, chain_id: str) -> list[LiveJob]:
+        """The chain's jobs the scheduler still lists, as it reports them."""
         scheduler = scheduler_for(self.kind, self.host or None)
         jobs = scheduler.parse_poll(LocalTransport().run(scheduler.poll_argv(), timeout=60))
-        return [j for j in jobs.values() if j.name.startswith(f"cr.{chain_id}.") and j.phase.value != "ended"]
+        return [j for j in jobs.values() if j.name.startswith(f"cr.{chain_id}.")]
+
+    def live_jobs(self, chain_id: str) -> list[LiveJob]:
+        """The chain's jobs the scheduler still holds (pending or running)."""
+        return [j for j in self.jobs(chain_id) if j.phase.value != "ended"]
 
     def stop_controller(self) -> None:
         subprocess.run(["pkill", "-KILL", "-x", self.controller], check=True)
@@ -597,27 +601,41 @@ def test_exit_99_is_a_crash_not_a_reschedule_and_hostile_values_arrive_intact(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cluster", CLUSTERS_ONLY[1:], indirect=True)
-def test_job_in_error_state_is_explained_removed_and_charged(
+def test_a_job_in_error_state_is_explained_and_a_vanished_workdir_never_made_again(
     cluster: Cluster, work: Path, chainrun: CLI, service: Service
 ) -> None:
-    """The run directory vanishes under a queued successor: SGE puts it in Eqw; the chain says why and moves on."""
+    """The workdir vanishes (a scratch purge, a user's mv) under a queued successor while the
+    service is away: SGE puts the successor in Eqw. Back, the service says why, removes and
+    charges it, and fails the chain at once rather than make the workdir again and run the
+    next segment in an empty one (which spent the whole failure budget)."""
     path = write_job(work, cluster, "python3 trainer.py --epochs 1000 --epoch-time 1", max_failures=3)
     chain_id = chainrun("submit", str(path), check=True).stdout.strip()
-    service(interval=0.5)
+    proc = service(interval=0.5)
 
     def successor_queued() -> bool:
         segs = status(chainrun, chain_id)["segments"]
         return len(segs) == 2 and segs[0]["phase"] == "running" and segs[1]["job_id"] is not None
 
     wait_for(successor_queued, 60, "a successor queued behind a running segment")
-    work.rename(work.with_name("moved away"))  # a scratch purge, a user's mv
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    work.rename(work.with_name("moved away"))
+    wait_for(
+        lambda: any(j.stuck for j in cluster.jobs(chain_id)),
+        4 * cluster.walltime + 180,
+        "SGE to hold the successor in error state",
+    )
+    service(interval=0.5)
     wait_for(lambda: status(chainrun, chain_id)["state"] != "active", 180, "the chain to end")
     st = status(chainrun, chain_id)
-    assert st["state"] == "failed" and "failure budget spent" in st["reason"], st
+    assert st["state"] == "failed" and f"workdir {work} is gone" in st["reason"], st
     stuck = [s for s in st["segments"] if "error" in (s["reason"] or "").lower()]
     assert stuck and stuck[0]["outcome"] == "failed" and stuck[0]["charged"], st["segments"]
     assert "can't" in stuck[0]["reason"] or "cannot" in stuck[0]["reason"], stuck[0]["reason"]
-    assert cluster.live_jobs(chain_id) == []
+    # Charged: the successor, and the segment running at the move if its checkpoint went with it.
+    assert st["failures"] <= 2 and st["segments"][-1]["outcome"] == "rejected", st["segments"]
+    assert not work.exists()
+    assert cluster.jobs(chain_id) == []
 
 
 @pytest.mark.slow

@@ -73,6 +73,39 @@ def test_without_target_a_command_that_finished_on_its_own_never_runs_again(
     assert st["failures"] == 0 and "exited 0 before its walltime" in st["reason"]
 
 
+def test_a_workdir_moved_away_mid_chain_ends_it_and_is_never_made_again(
+    tmp_path: Path, chainrun: CLI, service: Service, home: Path
+) -> None:
+    """The workdir is moved away (a scratch purge, a user's mv) while a segment runs: the chain
+    fails saying so, and chainrun never makes the workdir again. It did, with `mkdir -p`, and
+    the next segments ran in that empty directory, each charged, until the budget was spent."""
+    work = tmp_path / "work"
+    path = write_job(
+        work,
+        "moved",
+        "python3 trainer.py --epochs 100 --epoch-time 1",
+        "5s",
+        "target_epoch = 100\nmax_failures = 4\n",
+    )
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    service(0.5)
+    wait_for(lambda: (work / "checkpoints" / "chainrun-progress.json").exists(), 120, "a first epoch")
+    work.rename(tmp_path / "moved away")
+    wait_for(lambda: status(chainrun, chain_id)["state"] != "active", 120, "the chain to end")
+    st = status(chainrun, chain_id)
+    assert st["state"] == "failed" and f"workdir {work} is gone" in st["reason"], st
+    assert not work.exists()
+    segs = st["segments"]
+    assert segs[-1]["outcome"] == "rejected" and segs[-1]["job_id"] is None, segs
+    # Charged at most: the segment running at the move (its checkpoint directory went), and
+    # the one queued ahead, which could not start and says so. None ran in an empty directory.
+    assert st["failures"] <= 2, segs
+    assert not [s for s in segs if "can't open file" in "".join(s["tail"])], segs
+    unstarted = [s for s in segs if "could not start" in (s["reason"] or "")]
+    assert all("No such file or directory" in s["reason"] for s in unstarted), unstarted
+    wait_for(lambda: all(j["end"] for j in local_jobs(home)), 60, "every job to end")
+
+
 def test_a_fifo_planted_as_one_chains_sidecar_never_freezes_the_others(
     tmp_path: Path, chainrun: CLI, service: Service, home: Path
 ) -> None:

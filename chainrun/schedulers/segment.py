@@ -122,11 +122,25 @@ def final_path(spec: JobSpec, chain_id: str) -> str:
     return posixpath.join(run_dir(spec, chain_id), FINAL_NAME)
 
 
-def trust_run_dir(transport: Transport, spec: JobSpec, chain_id: Optional[str], create: bool) -> None:
+def trust_run_dir(
+    transport: Transport,
+    spec: JobSpec,
+    chain_id: Optional[str],
+    create: bool = True,
+    ran_there: bool = False,
+) -> None:
     """Make sure ``WORKDIR/.chainrun`` (and the chain's directory in it, given ``chain_id``) is a
     directory only this user can change, creating what is missing (mode 0700) when ``create``.
     A workdir is often shared (a sticky scratch directory): an existing one that another user
-    owns, that others may write, or that is a symlink is refused, and nothing is run from it."""
+    owns, that others may write, or that is a symlink is refused, and nothing is run from it.
+
+    Once the chain has run there (``ran_there``) the workdir itself is never made again: a
+    missing one was moved or purged, and the next segment would start over in an empty one."""
+    if ran_there and transport.stat(spec.workdir) is None:
+        raise UnsafePathError(
+            f"workdir {spec.workdir} is gone (moved, removed or purged since the chain ran there); "
+            "chainrun will not start over in an empty one: put it back and submit the job file again"
+        )
     me = transport.user_id()
     paths = [posixpath.join(spec.workdir, RUN_DIR_NAME)]
     if chain_id is not None:
