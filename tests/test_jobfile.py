@@ -170,23 +170,30 @@ class _TimedOut(BaseException):
     """Raised by the alarm: a BaseException, so no ``except Exception`` in the code under test eats it."""
 
 
+HANG_S = 30.0  # past this, in wall time, a call is hung (blocked on a FIFO), however busy the machine
+
+
 def within(seconds: float, fn: Callable[[], Any]) -> Any:
-    """``fn()``, interrupted (a failure, not a hang) if it takes longer than ``seconds``."""
+    """``fn()``, interrupted (a failure, not a hang) once it has used ``seconds`` of CPU time,
+    which a busy machine does not stretch, or after HANG_S, in which a blocked call uses none."""
 
     def alarm(signum: int, frame: object) -> None:
-        raise _TimedOut(f"still running after {seconds} s")
+        raise _TimedOut(f"still running after {seconds} s of CPU time or {HANG_S:g} s")
 
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    old = {sig: signal.signal(sig, alarm) for sig in (signal.SIGALRM, signal.SIGPROF)}
+    signal.setitimer(signal.ITIMER_PROF, seconds)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, HANG_S))
     try:
         return fn()
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def refused(path: Path | str, *needles: str) -> str:
-    """The one-line JobFileError ``load(path)`` raises, within 5 s, holding every needle."""
+    """The one-line JobFileError ``load(path)`` raises, within 5 s of CPU time, holding every needle."""
     try:
         within(5, lambda: jobfile.load(path))
     except JobFileError as err:

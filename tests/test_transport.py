@@ -184,6 +184,9 @@ def workdir(transport: Transport, tmp_path: Path) -> Iterator[str]:
     transport.run(["rm", "-rf", path])
 
 
+HANG_S = 30.0  # past this a read is hung (blocked on a FIFO), however busy the machine
+
+
 def call_within(seconds: float, fn: Callable[[], T]) -> T:
     """``fn()``, run in a daemon thread so that a hang fails the test instead of stalling the suite."""
     outcome: list[T] = []
@@ -238,7 +241,7 @@ def make_special(t: Transport, kind: str, path: str) -> None:
     assert result.ok, result.describe()
 
 
-def refusal(read: Callable[[], object], seconds: float = 5) -> FileRefused:
+def refusal(read: Callable[[], object], seconds: float = HANG_S) -> FileRefused:
     """The FileRefused that ``read`` raises, within ``seconds``."""
     with pytest.raises(FileRefused) as excinfo:
         call_within(seconds, read)
