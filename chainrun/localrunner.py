@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import fcntl
 import json
 import os
@@ -52,6 +53,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL, like Slurm's KillWait
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 TICK = 0.2
 KEEP_ENDED = 7 * 86400
 RETRY = 1.0  # seconds between tries of a record that could not be written
@@ -275,10 +277,60 @@ def _session_pids(sid: int) -> list[int]:
     return pids
 
 
-def _kill_session(sid: int, sig: int) -> None:
-    for pid in _session_pids(sid):
+def _become_subreaper() -> None:
+    """What the job leaves orphaned, in whatever session, is re-parented to the supervisor
+    (not init), so it can still be found and ended, as a cgroup keeps it for Slurm."""
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the job's session only
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """Every process: its parent and its state (``Z`` for a zombie)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    state, ppid = f.read().rsplit(") ", 1)[1].split()[:2]
+            except (OSError, IndexError, ValueError):
+                continue  # it ended as we looked
+            found[int(entry)] = (int(ppid), state)
+    return found
+
+
+def _below(root: int, processes: dict[int, tuple[int, str]]) -> set[int]:
+    """The processes under ``root``, zombies too."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in processes.items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _kill_job(job: subprocess.Popen[bytes]) -> None:
+    """SIGKILL all the job started: its session, and what it orphaned in any session, which
+    the supervisor (a subreaper) inherits; then wait, up to KILL_WAIT, until they are gone,
+    reaping the orphans. The job's own exit status is left for ``job.poll`` to collect."""
+    me = os.getpid()
+    killed = set(_session_pids(job.pid)) | _below(me, _processes())
+    for pid in killed:
         with contextlib.suppress(OSError):
-            os.kill(pid, sig)
+            os.kill(pid, signal.SIGKILL)
+    give_up = time.monotonic() + KILL_WAIT
+    while killed and time.monotonic() < give_up:
+        processes = _processes()
+        for pid in _below(me, processes) - {job.pid}:
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, os.WNOHANG)
+        killed = {pid for pid in killed if processes.get(pid, (0, "Z"))[1] != "Z"}
+        if killed:
+            time.sleep(TICK)
 
 
 class _Records:
@@ -338,6 +390,7 @@ def supervise(jobdir: Path) -> int:
     if cancel.exists():
         return records.end({"outcome": "cancelled", "exit_code": None, "ended_at": time.time()})
 
+    _become_subreaper()
     env = dict(os.environ, CHAINRUN_LOCAL_JOB_ID=str(job["id"]))
     if slot is not None:
         env["CHAINRUN_SLOT"] = str(slot[0])
@@ -384,12 +437,12 @@ def supervise(jobdir: Path) -> int:
                 why, term_at = "timeout", now
                 proc.send_signal(signal.SIGTERM)
             if term_at is not None and now >= term_at + KILL_WAIT:
-                _kill_session(proc.pid, signal.SIGKILL)
+                _kill_job(proc)
             records.flush()
             time.sleep(TICK)
     finally:
         # Like a scheduler: nothing outlives the job, nor a supervisor that failed.
-        _kill_session(proc.pid, signal.SIGKILL)
+        _kill_job(proc)
     rc = proc.returncode
     outcome = why or ("completed" if rc == 0 else "failed")
     end = {"outcome": outcome, "exit_code": rc, "started_at": started, "ended_at": time.time()}

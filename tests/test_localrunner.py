@@ -345,3 +345,36 @@ def test_slots_let_no_more_jobs_run_than_the_machine_has_and_name_each_its_gpus(
     for name in ("b", "c"):
         (tmp_path / f"{name}.go").touch()
     assert ended(home, c)["slot"] == poll(home)[a]["slot"]
+
+
+def test_nothing_the_job_started_outlives_it_not_even_what_left_its_session(
+    local_home: Path, tmp_path: Path
+) -> None:
+    """The command leaves behind a process in a session of its own, deaf to TERM and orphaned
+    (as torchrun's ranks are when the walltime signal kills torchrun during their rendezvous):
+    once the job has ended, that process is gone, as a scheduler's cgroup would see to. It
+    lived on, outside the session the runner killed."""
+    stray = tmp_path / "stray.pid"
+    body = (
+        f"setsid bash -c 'trap \"\" TERM HUP USR1; echo $$ >{stray}; exec sleep 600' </dev/null >/dev/null 2>&1 &\n"
+        f"while [ ! -s {stray} ]; do sleep 0.1; done"
+    )
+    result = runner(
+        local_home, *submit_argv(tmp_path, "cr.s.1", make_script(tmp_path, body), "--walltime", "60")
+    )
+    assert result.returncode == 0, result.stderr
+    assert ended(local_home, int(result.stdout))["outcome"] == "completed"
+    pid = int(stray.read_text())
+    try:
+        wait_for(lambda: _gone(pid), 30, "the stray process to be gone")
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _gone(pid: int) -> bool:
+    """The process has ended (a zombie has too)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].startswith("Z")
+    except FileNotFoundError:
+        return True
