@@ -25,7 +25,7 @@ cluster = test_contract.cluster  # the contract's fixtures: the scheduler, share
 work = test_contract.work
 
 DDP_TRAINER = Path(__file__).parent / "checkpoint" / "_ddp_train.py"
-ARGS = "--out final.pt --epochs 4"  # 8 steps an epoch per rank
+ARGS = "--out final.pt"  # and --epochs: 8 steps an epoch per rank
 
 
 def ended(pid: int) -> bool:
@@ -72,7 +72,7 @@ class RankWatch:
         self.check()
 
 
-def reference(tmp_path: Path) -> Path:
+def reference(tmp_path: Path, epochs: int) -> Path:
     """One uninterrupted 2-process run, started by torchrun as a user would."""
     ref = tmp_path / "reference"
     ref.mkdir()
@@ -86,6 +86,8 @@ def reference(tmp_path: Path) -> Path:
             "--dir",
             "checkpoints",
             *ARGS.split(),
+            "--epochs",
+            str(epochs),
         ],
         cwd=ref,
         check=True,
@@ -120,18 +122,22 @@ def test_ddp_chain_stops_as_one_and_ends_bit_equal_to_one_run(
 ) -> None:
     import torch
 
-    expected = torch.load(reference(tmp_path))
+    # Local: the signal at 40 s of each 60 s segment, well after torch's import and the
+    # rendezvous (9 s of a segment beside a 6-worker suite here, 18 s at load average 8;
+    # a segment stopped before its first step is charged); Slurm: held until 20 s into a
+    # one-minute job (grace 40 s), it may come as late as 50 s. Either way the training
+    # lasts three segments or more.
+    epochs, sleep, walltime, grace = (
+        (6, 1.5, 60, 20) if cluster.kind == "local" else (4, 4.0, cluster.walltime, 40)
+    )
+    expected = torch.load(reference(tmp_path, epochs))
     (work / "ddp_train.py").write_text(DDP_TRAINER.read_text())
-    # Local: the signal at 20 s of each 30 s segment, after torch's import on a busy
-    # machine; Slurm: held until 20 s into a one-minute job (grace 40 s), it may come
-    # as late as 50 s; the training lasts several segments either way.
-    sleep, walltime, grace = (1.5, 30, 10) if cluster.kind == "local" else (4.0, cluster.walltime, 40)
-    command = f"{launcher} {ARGS} --step-sleep {sleep} --pids pids/$CHAINRUN_SEGMENT"
+    command = f"{launcher} {ARGS} --epochs {epochs} --step-sleep {sleep} --pids pids/$CHAINRUN_SEGMENT"
     path = write_job(
         work,
         cluster,
         command,
-        target_epoch=4,
+        target_epoch=epochs,
         walltime=walltime,
         grace=grace,
         env={"OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())},
