@@ -76,7 +76,12 @@ class Cluster:
         return [j for j in self.jobs(chain_id) if j.phase.value != "ended"]
 
     def stop_controller(self) -> None:
-        subprocess.run(["pkill", "-KILL", "-x", self.controller], check=True)
+        """The controller goes down. slurmctld is stopped (SIGTERM, its state saved): SIGKILLed,
+        it forgets the job ids it gave out since its last save, gives one again while slurmd
+        still runs that job, and drains the node ("Duplicate jobid") for every test after."""
+        how = "-TERM" if self.kind == "slurm" else "-KILL"
+        subprocess.run(["pkill", how, "-x", self.controller], check=True)
+        wait_for(lambda: not _answers("pgrep", "-x", self.controller), 120, f"{self.controller} to stop")
 
     def start_controller(self) -> None:
         subprocess.run([str(REPO / "scripts" / self.start_script)], check=True, timeout=300)
