@@ -204,6 +204,21 @@ def write_job(
     return path
 
 
+def chain_processes(chain_id: str) -> list[int]:
+    """The processes on this machine that run for ``chain_id`` (by their environment), zombies aside."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if f"CHAINRUN_CHAIN={chain_id}".encode() not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            if (proc / "stat").read_text().rsplit(") ", 1)[1].startswith("Z"):
+                continue
+        except OSError:
+            continue  # it ended as we looked
+        found.append(int(proc.name))
+    return found
+
+
 def status(chainrun: CLI, ref: str) -> dict[str, Any]:
     return json.loads(chainrun("status", ref, "--json", check=True).stdout)[0]  # type: ignore[no-any-return]
 
@@ -315,6 +330,9 @@ def test_walltime_kill_is_a_timeout_free_only_with_progress(
 
     wait_for(lambda: first_ended("saving") and first_ended("stalled"), 240, "both first segments to end")
     ok, bad = status(chainrun, "saving"), status(chainrun, "stalled")
+    # Nothing outlives its job: on SGE, whose h_rt kill reaches the job's process group
+    # alone, the stalled trainer (deaf to the signal and TERM) ran on after its job.
+    wait_for(lambda: not chain_processes(bad["id"]), 60, "the stalled command to be gone")
     assert ok["segments"][0]["outcome"] == "timeout" and not ok["segments"][0]["charged"], ok
     assert ok["failures"] == 0
     wait_for(lambda: status(chainrun, "stalled")["state"] != "active", 60, "the stalled chain to end")

@@ -30,17 +30,32 @@ signalled=""     # every process signalled, as PID:START
 timer=""
 signal_at=$((CHAINRUN_DEADLINE - 300))
 # Sends the walltime signal to ourselves (and so on to the command) at
-# walltime minus grace; a background loop, so a trap can start it too.
+# walltime minus grace; a background loop, so a trap can start it too. Where
+# we send the warning (SGE), the scheduler's walltime kill reaches only our
+# process group, not the command's: SIGALRM a second before it ends the command.
 start_timer() {
     [ -n "$timer" ] && return
     (
-        while [ "$(date +%s)" -lt "$signal_at" ]; do
-            sleep 1
-            kill -0 "$$" 2>/dev/null || exit 0
-        done
+        until_then() {
+            while [ "$(date +%s)" -lt "$1" ]; do
+                sleep 1
+                kill -0 "$$" 2>/dev/null || exit 0
+            done
+        }
+        until_then "$signal_at"
         kill -s "$CHAINRUN_SIGNAL" "$$"
+        [ -n "1" ] || exit 0
+        until_then $((CHAINRUN_DEADLINE - 1))
+        kill -s ALRM "$$"
     ) &
     timer=$!
+}
+end_command() { # the walltime kill, as the scheduler's would be: SIGKILL every process of the command
+    local group=""
+    [ -n "$child" ] || return 0
+    got=KILL # in the end marker: the command ended at its walltime (exit 137 after SIGKILL)
+    if own_group; then group="-$child"; fi
+    kill -s KILL -- $group $(pids_of "$(command_pids)") 2>/dev/null || true
 }
 forward() {
     # Slurm may send --signal up to 60 s early (its limit checks are that
@@ -116,6 +131,7 @@ command_pids() {
 trap 'forward USR1' USR1
 trap 'forward USR2' USR2
 trap 'forward TERM' TERM
+trap 'end_command' ALRM
 # What the submitting shell had (inherit_env), then [env], which wins.
 
 export MSG='it'"'"'s "$(rm -rf /)" `x`'$'\n''line2 $HOME'
