@@ -50,13 +50,6 @@ start_timer() {
     ) &
     timer=$!
 }
-end_command() { # the walltime kill, as the scheduler's would be: SIGKILL every process of the command
-    local group=""
-    [ -n "$child" ] || return 0
-    got=KILL # in the end marker: the command ended at its walltime (exit 137 after SIGKILL)
-    if own_group; then group="-$child"; fi
-    kill -s KILL -- $group $(pids_of "$(command_pids)") 2>/dev/null || true
-}
 forward() {
     # Slurm may send --signal up to 60 s early (its limit checks are that
     # coarse), even before the command has set its handler: hold it until
@@ -131,7 +124,9 @@ command_pids() {
 trap 'forward USR1' USR1
 trap 'forward USR2' USR2
 trap 'forward TERM' TERM
-trap 'end_command' ALRM
+# The timer's walltime kill where the scheduler's misses the command's group (SGE):
+# in the end marker, exit 137 after SIGKILL, a timeout.
+trap 'forward KILL' ALRM
 # What the submitting shell had (inherit_env), then [env], which wins.
 
 export MSG='it'"'"'s "$(rm -rf /)" `x`'$'\n''line2 $HOME'
