@@ -308,11 +308,12 @@ def _real_slurm_sweep(tmp_path: Path, home: Path, chainrun: CLI, service: Callab
     shutil.copy(TRAINER, work / "trainer.py")
     record = 'echo "{lr} $CHAINRUN_PARAM_LR $CHAINRUN_REP" >> "$CHAINRUN_CHECKPOINT_DIR/seen.txt"'
     # Slurm's limits are whole minutes, checked every 30 s: the signal comes 10-40 s into a
-    # one-minute job, so 48 s of training takes two segments or more.
+    # one-minute job, and later while its controller is away (another test stops it). 96 s of
+    # training is more than one job holds, and a 4 s epoch ends before the earliest signal.
     (work / "sweep.toml").write_text(
         'name = "arrs"\n'
-        f"command = {json.dumps(record + '; exec python3 trainer.py --epochs 6 --epoch-time 8')}\n"
-        'total_time = "30m"\nwalltime = "60s"\ngrace = "50s"\ntarget_epoch = 6\n'
+        f"command = {json.dumps(record + '; exec python3 trainer.py --epochs 24 --epoch-time 4')}\n"
+        'total_time = "30m"\nwalltime = "60s"\ngrace = "50s"\ntarget_epoch = 24\n'
         '[scheduler]\nkind = "slurm"\n'
         "[sweep]\nreps = 2\n[sweep.grid]\nlr = [0.1, 0.01, 0.001]\n"
     )

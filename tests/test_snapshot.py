@@ -54,8 +54,9 @@ def repo_state(repo: Path) -> tuple[str, bytes, str, str]:
 
 
 def write_job(repo: Path, host: str = "", workdir: Path | None = None) -> Path:
-    # Slurm (over SSH) signals 10-40 s into a one-minute job: 45 epochs span two segments or more.
-    epochs, walltime, grace = (45, "1m", "50s") if host else (6, "5s", "2s")
+    # Slurm (over SSH) signals 10-40 s into a one-minute job, and later while its controller is
+    # away (another test stops it): 90 s of training is more than one job holds, whenever it comes.
+    epochs, walltime, grace = (90, "1m", "50s") if host else (6, "5s", "2s")
     command = (
         'cat version.txt >> "$CHAINRUN_CHECKPOINT_DIR/versions.txt"; '
         f"exec python3 trainer.py --epochs {epochs} --epoch-time 1"
@@ -121,7 +122,8 @@ def check_chain(repo: Path, chainrun: CLI, service: Callable[..., object], path:
     ran = [s for s in st["segments"] if s["started_at"] is not None]
     assert len(ran) >= 2, "the chain should span segments"
     versions = (ckpt / "versions.txt").read_text().splitlines()
-    assert versions == ["v2"] * len(versions) and len(versions) >= 2
+    told = [(s["n"], s["outcome"], s["ran"], s["reason"]) for s in st["segments"]]
+    assert versions == ["v2"] * len(versions) and len(versions) >= 2, (versions, told)
 
 
 def test_a_local_snapshot_chain_runs_the_submitted_code_and_leaves_the_repository_as_it_was(
