@@ -56,6 +56,14 @@ def _die_in_save(nth: int) -> None:
     dist.all_gather_object = gather
 
 
+def leave() -> None:
+    """Tear the process group down once every rank is past its last collective: a rank whose
+    peer had already exited aborted once in gloo's teardown here ("terminate called without an
+    active exception", SIGABRT), after its checkpoint was saved."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", default=None)
@@ -119,13 +127,13 @@ def main() -> int:
             if ckpt.should_stop():
                 ckpt.save(epoch, step + 1)
                 print(f"rank {rank}: stopped at epoch {epoch} step {step + 1}", flush=True)
-                dist.destroy_process_group()
+                leave()
                 return 0
         ckpt.save(epoch + 1, 0, done=epoch + 1 == args.epochs)
 
     if rank == 0:
         torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}, args.out)
-    dist.destroy_process_group()
+    leave()
     print(f"rank {rank}: finished", flush=True)
     return 0
 
