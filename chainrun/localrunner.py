@@ -265,18 +265,6 @@ def _pid(path: Path) -> Optional[int]:
         return None
 
 
-def _session_pids(sid: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getsid(int(entry)) == sid:
-                    pids.append(int(entry))
-            except OSError:
-                pass
-    return pids
-
-
 def _become_subreaper() -> None:
     """What the job leaves orphaned, in whatever session, is re-parented to the supervisor
     (not init), so it can still be found and ended, as a cgroup keeps it for Slurm."""
@@ -284,24 +272,24 @@ def _become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def _processes() -> dict[int, tuple[int, str]]:
-    """Every process: its parent and its state (``Z`` for a zombie)."""
+def _processes() -> dict[int, tuple[int, int, str]]:
+    """Every process: its parent, its session and its state (``Z`` for a zombie)."""
     found = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat") as f:
-                    state, ppid = f.read().rsplit(") ", 1)[1].split()[:2]
+                    state, ppid, _, sid = f.read().rsplit(") ", 1)[1].split()[:4]
             except (OSError, IndexError, ValueError):
                 continue  # it ended as we looked
-            found[int(entry)] = (int(ppid), state)
+            found[int(entry)] = (int(ppid), int(sid), state)
     return found
 
 
-def _below(root: int, processes: dict[int, tuple[int, str]]) -> set[int]:
+def _below(root: int, processes: dict[int, tuple[int, int, str]]) -> set[int]:
     """The processes under ``root``, zombies too."""
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in processes.items():
+    for pid, (ppid, _, _) in processes.items():
         children.setdefault(ppid, []).append(pid)
     found: set[int] = set()
     todo = [root]
@@ -318,7 +306,8 @@ def _kill_job(job: subprocess.Popen[bytes]) -> None:
     the supervisor (a subreaper) inherits; then wait, up to KILL_WAIT, until they are gone,
     reaping the orphans. The job's own exit status is left for ``job.poll`` to collect."""
     me = os.getpid()
-    killed = set(_session_pids(job.pid)) | _below(me, _processes())
+    processes = _processes()
+    killed = {pid for pid, (_, sid, _) in processes.items() if sid == job.pid} | _below(me, processes)
     for pid in killed:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
@@ -328,7 +317,7 @@ def _kill_job(job: subprocess.Popen[bytes]) -> None:
         for pid in _below(me, processes) - {job.pid}:
             with contextlib.suppress(OSError):
                 os.waitpid(pid, os.WNOHANG)
-        killed = {pid for pid in killed if processes.get(pid, (0, "Z"))[1] != "Z"}
+        killed = {pid for pid in killed if processes.get(pid, (0, 0, "Z"))[2] != "Z"}
         if killed:
             time.sleep(TICK)
 
