@@ -12,12 +12,10 @@ import glob
 import json
 import math
 import os
-import shlex
 import shutil
 import sys
 import time
 import traceback
-import unicodedata
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -45,7 +43,7 @@ def _interval(ctx: click.Context, param: click.Parameter, value: Optional[str]) 
     A bad value is one line (chainrun's own usage error, exit 2), not click's usage block."""
     if value is None:
         return None
-    from chainrun.service import parse_interval
+    from chainrun.config import parse_interval
 
     try:
         return parse_interval(value)
@@ -68,31 +66,17 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command killed by C
 _NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
-_LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+def _one_line(text: str) -> str:
+    """A message as one readable line (``text`` is imported only when there is one to show)."""
+    from chainrun.text import one_line
 
-
-def _printable(text: str) -> str:
-    """``text`` as one line a terminal only shows: line breaks become spaces, and
-    control and format characters (escape sequences, bidi overrides) their escapes."""
-    out = []
-    for ch in text:
-        if ch in _LINE_BREAKS:
-            out.append(" ")
-        elif ch.isprintable() or unicodedata.category(ch) == "Zs":
-            out.append(ch)
-        else:
-            out.append(ch.encode("unicode_escape").decode("ascii"))
-    return "".join(out).strip()
-
-
-def _one_line(text: str, limit: int = MESSAGE_LIMIT) -> str:
-    """``text`` printable, each run of whitespace one space, at most ``limit`` characters."""
-    line = " ".join(_printable(text).split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+    return one_line(text, MESSAGE_LIMIT)
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"chainrun: {_printable(message)}", err=True)
+    from chainrun.text import printable
+
+    click.echo(f"chainrun: {printable(message)}", err=True)
     sys.exit(code)
 
 
@@ -237,7 +221,7 @@ def main(ctx: click.Context, home: Optional[str], log_level: str, debug: bool) -
     130 Ctrl-C.
     """
     from chainrun import logs
-    from chainrun.store import default_home
+    from chainrun.localrunner import default_home
 
     if home == "":  # click would make it ".": state in whatever directory this runs in
         raise UsageError("--home: an empty path; give the state directory, or leave --home out")
@@ -277,125 +261,17 @@ def _submit(store: Store, spec: JobSpec, fresh: bool = False) -> Chain:
 )
 def check(jobfile_path: str, show_script: bool) -> None:
     """Validate JOBFILE and print the plan: segments, walltimes, budget."""
-    from chainrun import jobfile, sweep
-    from chainrun.schedulers import preflight
-    from chainrun.schedulers.segment import param_text
+    from chainrun import jobfile, plan, sweep
 
     spec = jobfile.load(jobfile_path)
     chains = sweep.expand(spec)
-    script, argv = preflight(chains[0])
-    if spec.sweep:
-        click.echo(f"{jobfile_path}: valid job file for a sweep of {len(chains)} chains named {spec.name!r}")
-    else:
-        click.echo(f"{jobfile_path}: valid job file for chain {spec.name!r}")
-    for label, value in _plan(spec):
-        click.echo(f"  {label:<11} {value}")
-    if spec.sweep:
-        shown = SWEEP_SHOWN if len(chains) > SWEEP_SHOWN + 1 else len(chains)
-        for one in chains[:shown]:
-            values = " ".join(f"{k}={param_text(v)}" for k, v in one.params)
-            click.echo(f"    {one.name}  {_one_line(values, 200)}")
-        if len(chains) > shown:
-            click.echo(f"    ... and {len(chains) - shown} more")
-    if spec.target_epoch is not None and not spec.progress_file and not _uses_the_helper(spec):
-        click.echo(
-            "warning: target_epoch needs an epoch: if the command does not save with chainrun.checkpoint, "
-            'set progress = "FILE.json:KEY" (its own JSON file and the key of the epoch); without an '
-            "epoch, the chain completes when the command exits 0 on its own",
-            err=True,
-        )
+    script, argv = plan.preflight(chains[0])
+    for line in plan.summary(jobfile_path, spec, chains):
+        click.echo(line)
+    for line in plan.warnings(spec):
+        click.echo(line, err=True)
     if show_script:
-        where = f" on {spec.scheduler.host}" if spec.scheduler.host else ""
-        click.echo(f"\nsubmitted{where} with (the chain id is made at submit):\n  {shlex.join(argv)}")
-        click.echo(f"\nthe first segment's script:\n{script}", nl=False)
-
-
-SWEEP_SHOWN = 5  # chains of a sweep `check` lists
-
-
-def _uses_the_helper(spec: JobSpec) -> bool:
-    """Whether a Python script the command names (in the workdir, on this machine) uses
-    chainrun's checkpoint helper, which writes the epoch chainrun reads."""
-    if spec.scheduler.host:
-        return False
-    try:
-        words = shlex.split(spec.command)
-    except ValueError:
-        return False
-    for word in words:
-        path = os.path.join(spec.workdir, word)
-        if word.endswith(".py") and os.path.isfile(path):
-            try:
-                with open(path, "rb") as f:
-                    text = f.read(1 << 20)
-            except OSError:
-                continue
-            if b"chainrun.checkpoint" in text or b"from chainrun import checkpoint" in text:
-                return True
-    return False
-
-
-def _plan(spec: JobSpec) -> list[tuple[str, str]]:
-    from chainrun import snapshot
-    from chainrun.jobfile import format_duration
-
-    full, rest = divmod(spec.total_time, spec.walltime)
-    wt = format_duration(spec.walltime)
-    if rest == 0:
-        segments = f"{full} x {wt}"
-    elif rest <= spec.grace:
-        segments = f"{full} x {wt} (the {format_duration(rest)} left over is shorter than grace)"
-    else:
-        segments = f"{full} x {wt} + 1 x {format_duration(rest)} (the last one clamped to the budget)"
-    sched = f"{spec.scheduler.kind} on {spec.scheduler.where}"
-    if spec.scheduler.queue:
-        sched += f", queue {spec.scheduler.queue}"
-    if spec.scheduler.options:
-        sched += ", options " + " ".join(spec.scheduler.options)
-    plan = [
-        ("command", spec.command),
-        ("workdir", spec.workdir),
-        ("scheduler", sched),
-        ("time", f"total_time {format_duration(spec.total_time)}, walltime {wt} per segment"),
-        ("segments", f"at most {segments}"),
-        (
-            "target",
-            f"epoch {spec.target_epoch}" if spec.target_epoch else "until the command exits 0 on its own",
-        ),
-        ("failures", f"budget {spec.max_failures}: the chain fails at failure {spec.max_failures + 1}"),
-        ("signal", f"SIG{spec.signal} {format_duration(spec.grace)} before each walltime"),
-        ("environment", _environment(spec)),
-        ("progress", _progress_source(spec)),
-    ]
-    if spec.container:
-        plan.append(("container", f"{spec.container} ({spec.container_runtime})"))
-    if spec.sweep:
-        configs = f"{len(spec.sweep)} configurations x {spec.reps} repetitions"
-        plan.append(("sweep", f"{configs}: one chain each, with its own checkpoint_dir"))
-    if spec.snapshot:
-        plan.append(("code", f"a git snapshot of {snapshot.source_dir(spec)}'s repository, taken at submit"))
-    return plan
-
-
-def _progress_source(spec: JobSpec) -> str:
-    if spec.progress_file:
-        return f"the epoch is {spec.progress_key} in {spec.progress_file}"
-    return (
-        f"chainrun.checkpoint's sidecar in {spec.checkpoint_dir}, "
-        "else the time of the newest file there (no epoch)"
-    )
-
-
-def _environment(spec: JobSpec) -> str:
-    """Which variables the job takes from this shell (inherit_env) and from [env]."""
-    taken = ", ".join(k for k, _ in spec.inherited) or "nothing"
-    text = f"{taken} from this shell (inherit_env)"
-    missing = [k for k in spec.inherit_env if k not in dict(spec.inherited)]
-    if missing:
-        text += f"; not set here: {', '.join(missing)}"
-    if spec.env:
-        text += "; [env] " + ", ".join(k for k, _ in spec.env)
-    return text
+        click.echo(plan.script_text(spec, script, argv), nl=False)
 
 
 _fresh = click.option(
@@ -423,7 +299,7 @@ def submit(ctx: click.Context, jobfile_paths: tuple[str, ...], fresh: bool, yes:
     start over), or a cluster cannot be reached.
     """
     from chainrun import control, jobfile
-    from chainrun.daemon import InstanceLock
+    from chainrun.lock import InstanceLock
 
     specs = [jobfile.load(path) for path in _job_files(jobfile_paths)]
     total = sum(len(spec.sweep) * spec.reps or 1 for spec in specs)
@@ -514,7 +390,7 @@ def daemon(ctx: click.Context, interval: Optional[float]) -> None:
     SIGHUP re-reads the service config and re-opens the log file; SIGTERM
     stops it, leaving queued jobs running.
     """
-    from chainrun.daemon import Service
+    from chainrun.service import Service
 
     Service(ctx.obj, interval=interval).run()
 
@@ -771,7 +647,7 @@ def service() -> None:
 @click.option("--now", is_flag=True, help="Also start the service.")
 def service_install(now: bool) -> None:
     """Write the user unit for this chainrun and enable it."""
-    from chainrun import service as unit
+    from chainrun import systemd as unit
 
     for line in unit.install(now=now):
         click.echo(line)
@@ -780,7 +656,7 @@ def service_install(now: bool) -> None:
 @service.command("uninstall")
 def service_uninstall() -> None:
     """Stop and disable the service and remove its unit."""
-    from chainrun import service as unit
+    from chainrun import systemd as unit
 
     for line in unit.uninstall():
         click.echo(line)
@@ -790,8 +666,8 @@ def service_uninstall() -> None:
 @click.pass_context
 def service_status(ctx: click.Context) -> None:
     """Show the unit, what systemd says of it, lingering, the config and the process."""
-    from chainrun import service as unit
     from chainrun import status as view
+    from chainrun import systemd as unit
 
     for line in unit.status():
         click.echo(line)

@@ -9,15 +9,13 @@ and the command starts in the workdir; the job's environment (the
 runtimes pass the host's environment by default. Both also exec the command
 in place of themselves (``ch-run``) or forward signals to it (Apptainer), so
 the walltime signal the wrapper sends reaches the command inside.
+
+This is what the job file allows and the words that run the command; what a
+machine has (a runtime on PATH, an image that can hold the binds) is looked
+up by ``jobfile``.
 """
 
 from __future__ import annotations
-
-import os
-import posixpath
-import shutil
-from collections.abc import Mapping
-from typing import Optional
 
 from chainrun.model import JobSpec
 
@@ -25,17 +23,11 @@ from chainrun.model import JobSpec
 RUNTIMES = {"charliecloud": "ch-run", "apptainer": "apptainer", "singularity": "singularity"}
 
 
-def detect(environ: Mapping[str, str]) -> Optional[str]:
-    """The first runtime found on ``environ``'s PATH (Charliecloud first), or None."""
-    path = environ.get("PATH", os.defpath)
-    return next((name for name, program in RUNTIMES.items() if shutil.which(program, path=path)), None)
-
-
 def binds(spec: JobSpec) -> list[str]:
     """The directories bound into the container at their own paths: the workdir, and the
     checkpoint directory when it lies outside it."""
     dirs = [spec.workdir]
-    if not _within(spec.checkpoint_dir, spec.workdir):
+    if not within(spec.checkpoint_dir, spec.workdir):
         dirs.append(spec.checkpoint_dir)
     return dirs
 
@@ -52,29 +44,5 @@ def argv(spec: JobSpec, cwd: str) -> list[str]:
     return [program, "exec", *mounts, "--pwd", cwd, *spec.container_options, spec.container]
 
 
-def image_problem(spec: JobSpec) -> Optional[str]:
-    """What stops a Charliecloud image directory on this machine from holding the bind mounts:
-    ch-run mounts only at paths the image has (or under its /tmp, which is the host's), unless
-    it may write the image (``-w``). None when nothing does, or it cannot be known here."""
-    image = spec.container
-    if spec.container_runtime != "charliecloud" or not image or not os.path.isdir(image):
-        return None
-    options = set(spec.container_options)
-    if options & {"-w", "--write"}:
-        return None
-    host_tmp = not options & {"-t", "--private-tmp"}
-    for directory in binds(spec):
-        if os.path.isdir(os.path.join(image, directory.lstrip("/"))):
-            continue
-        if host_tmp and _within(directory, "/tmp"):
-            continue
-        return (
-            f"the image has no {directory} to bind it at: make it there "
-            f"(mkdir -p {posixpath.join(image, directory.lstrip('/'))}), "
-            'or let ch-run make it with container_options = ["-w"]'
-        )
-    return None
-
-
-def _within(path: str, directory: str) -> bool:
+def within(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")

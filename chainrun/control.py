@@ -17,18 +17,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
-from chainrun import snapshot, sweep, watch
-from chainrun.daemon import NOTIFY_WAIT, InstanceLock
+from chainrun import progress, snapshot, sweep
 from chainrun.engine import Engine
 from chainrun.errors import ChainrunError, TransportError, UsageError
+from chainrun.lock import InstanceLock
 from chainrun.model import NO_PROGRESS, Chain, JobSpec, Progress
 from chainrun.notify import Hooks, Notifier
-from chainrun.schedulers import preflight
+from chainrun.plan import preflight
+from chainrun.service import NOTIFY_WAIT
 from chainrun.store import Store
 from chainrun.transport import Transport, transport_for
 
 # One lock object per state directory for the life of the process: its descriptor
-# is never closed (see daemon._lock_fds), so a program that cancels often opens it once.
+# is never closed (see lock._lock_fds), so a program that cancels often opens it once.
 _locks: dict[Path, InstanceLock] = {}
 
 
@@ -70,7 +71,7 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
                     continue
                 if fresh:
                     _move_aside(transport, one)
-                baseline = watch.progress(transport, one) or NO_PROGRESS
+                baseline = progress.read(transport, one) or NO_PROGRESS
                 why = _complete(one, baseline)
                 if why:
                     again = "; to start over, add --fresh (it moves the directory aside, deleting nothing)"
@@ -150,7 +151,7 @@ def cancel(home: Path, store: Store, chains: Sequence[Chain]) -> bool:
 
 def _hooks() -> Hooks:
     """The config's hooks; a broken config must not stand between a user and a cancel."""
-    from chainrun.service import load_config
+    from chainrun.config import load_config
 
     try:
         config = load_config()

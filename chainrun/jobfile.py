@@ -1,269 +1,26 @@
-"""Parse and validate a job file (TOML) into a frozen ``JobSpec``.
+"""Job files on this machine: read one, validate it (``schema``), and check it against this
+machine, which only it can tell: the workdir is a directory, the checkpoint directory is one
+or can be made, the container image is there and a runtime on PATH runs it, and the code of
+a snapshot chain is in a git repository.
 
-Validation is written out by hand rather than delegated to a schema library
-so that every error reads the same way: the file, the field, the bad value,
-and what is allowed. Unknown keys are errors: a typo must never be ignored.
+A chain on another host (``scheduler.host`` or ``hosts``) is not checked against this
+machine's directories: its paths are the cluster's.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import json
-import math
 import os
-import re
-import reprlib
+import shutil
 import stat
-import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
-from urllib.parse import urlsplit
 
-from chainrun import container, snapshot, sweep
+from chainrun import container, schema, snapshot
 from chainrun.errors import JobFileError
-from chainrun.model import JobSpec, SchedulerSpec
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on old Pythons only
-    import tomli as tomllib
-
-SCHEDULER_KINDS = ("local", "slurm", "sge")
-# INT is left out: bash starts background commands with SIGINT ignored.
-SIGNALS = ("USR1", "USR2", "TERM")
-# Every pattern is matched with fullmatch and spells its classes out in ASCII:
-# ``$`` matches before a trailing newline, and ``\d``/``\w`` accept any script's
-# digits and letters.
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-KEY_PATH_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")  # progress = "FILE:a.b.c"
-# No leading '-': a host or queue must never read as an option of ssh or sbatch.
-HOST_RE = re.compile(r"[A-Za-z0-9_.@:\[\]][A-Za-z0-9_.@:\[\]-]*")
-QUEUE_RE = re.compile(r"[A-Za-z0-9_.@,][A-Za-z0-9_.@,-]*")
-DURATION_HELP = "a duration such as 90s, 45m, 4h, 2d, 1h30m, HH:MM:SS or D-HH:MM:SS"
-
-_N = "([0-9]{1,20})"  # ASCII digits only, and few enough that any sum of them fits a float
-_UNITS_RE = re.compile(f"(?:{_N}d)?(?:{_N}h)?(?:{_N}m)?(?:{_N}s)?")
-_CLOCK_RE = re.compile(f"(?:{_N}-)?(?:{_N}:)?{_N}:{_N}")
-_DNS_RE = re.compile(
-    r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\.?"
-)
-
-# Bounds that keep a valid job file workable for its whole life: a duration
-# past a year overflows the clock arithmetic of every tick; a command or
-# variable past 128 KiB (Linux's MAX_ARG_STRLEN) makes every segment exit 126.
-MAX_FILE_BYTES = 1 << 20
-MAX_DURATION = 365 * 86400
-MAX_STRING_BYTES = 64 << 10
-MAX_PATH_BYTES = 4096
-MAX_OPTION_BYTES = 4096
-MAX_OPTIONS = 256
-MAX_URL_BYTES = 8192
-MAX_TARGET_EPOCH = 10**9
-MAX_FAILURES = 10**6
-
-TOP_KEYS = (
-    "name",
-    "command",
-    "workdir",
-    "total_time",
-    "walltime",
-    "target_epoch",
-    "max_failures",
-    "checkpoint_dir",
-    "signal",
-    "grace",
-    "on_end",
-    "webhook",
-    "scheduler",
-    "env",
-    "inherit_env",
-    "progress",
-    "container",
-    "container_runtime",
-    "container_options",
-    "snapshot",
-    "sweep",
-    "tensorboard_dir",
-)
-SCHEDULER_KEYS = ("kind", "host", "queue", "options", "hosts", "slots", "gpus_per_slot")
-MAX_HOSTS = 1000  # hosts in a pool
-MAX_SLOTS = 1024  # runs per host at once
-
-
-def _repr(maxstring: int) -> reprlib.Repr:
-    r = reprlib.Repr()
-    r.maxstring = maxstring
-    r.maxother = 60
-    r.maxlong = 40
-    r.maxlevel = 2
-    r.maxlist = r.maxtuple = r.maxdict = 4
-    return r
-
-
-# Values in error lines: escaped (one line), cut short, and safe at any depth.
-_shown = _repr(240)
-_shown_inner = _repr(40)
-
-
-def _show(value: Any) -> str:
-    return (_shown_inner if isinstance(value, (dict, list)) else _shown).repr(value)
-
-
-def parse_duration(text: str) -> int:
-    """Seconds in ``text``; raises ValueError when it is not a duration.
-
-    Only ASCII digits count (Python's ``int`` takes any script's digits), and
-    spaces around it are the only thing ignored: a trailing newline is not."""
-    s = text.strip(" ").lower()
-    if not s.isascii():
-        raise ValueError(text)
-    m = _UNITS_RE.fullmatch(s)
-    if s and m and any(m.groups()):
-        d, h, mi, se = (int(g or 0) for g in m.groups())
-        return ((d * 24 + h) * 60 + mi) * 60 + se
-    m = _CLOCK_RE.fullmatch(s)
-    if m:
-        d, h, mi, se = (int(g or 0) for g in m.groups())
-        if mi < 60 and se < 60:
-            return ((d * 24 + h) * 60 + mi) * 60 + se
-    raise ValueError(text)
-
-
-def format_duration(seconds: float) -> str:
-    """``5400`` -> ``1h30m``: the inverse of parse_duration for display."""
-    s = round(seconds)
-    if s <= 0:
-        return "0s"
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if s >= size:
-            parts.append(f"{s // size}{unit}")
-            s %= size
-    return "".join(parts)
-
-
-def _file(path: str | os.PathLike[str]) -> str:
-    """A path for an error line: as given, or quoted when it holds a newline or such."""
-    text = os.fspath(path)
-    return text if text.isprintable() else repr(text)
-
-
-def _key(key: str) -> str:
-    """A TOML key for an error line: bare keys as they are, any other one quoted and cut short."""
-    return key if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", key) else _shown.repr(key)
-
-
-def _size(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
-
-
-def _kib(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n >> 10} KiB"
-
-
-def _file_kind(mode: int) -> str:
-    for test, kind in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISREG, "a regular file"),
-    ):
-        if test(mode):
-            return kind
-    return "not a regular file"
-
-
-def _why(exc: OSError) -> str:
-    return (exc.strerror or str(exc)).lower()
-
-
-class _Fields:
-    """Reads fields out of one TOML table, raising errors that name them."""
-
-    def __init__(self, path: str, table: dict[str, Any], prefix: str = "") -> None:
-        self.path = path
-        self.table = table
-        self.prefix = prefix
-
-    def error(self, key: str, problem: str) -> JobFileError:
-        name = self.prefix + _key(key)
-        if key in self.table:
-            shown = _show(self.table[key])
-            return JobFileError(f"{_file(self.path)}: {name} = {shown}: {problem}")
-        return JobFileError(f"{_file(self.path)}: {name}: {problem}")
-
-    def check_keys(self, allowed: tuple[str, ...]) -> None:
-        for key in self.table:
-            if key not in allowed:
-                known = ", ".join(allowed)
-                raise JobFileError(
-                    f"{_file(self.path)}: unknown key {self.prefix}{_key(key)}; allowed here: {known}"
-                )
-
-    def get(
-        self,
-        key: str,
-        kind: type,
-        what: str,
-        default: Any = None,
-        required: bool = False,
-        max_bytes: int = MAX_STRING_BYTES,
-    ) -> Any:
-        """The value of ``key`` if it is a ``kind``; a string also free of NUL and at most
-        ``max_bytes`` long (NUL would be dropped on the way to the job, silently)."""
-        if key not in self.table:
-            if required:
-                raise self.error(key, f"missing; give {what}")
-            return default
-        value = self.table[key]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise self.error(key, f"expected {what}")
-        if isinstance(value, str):
-            self.text(key, value, max_bytes)
-        return value
-
-    def text(self, key: str, value: str, max_bytes: int = MAX_STRING_BYTES) -> None:
-        if "\0" in value:
-            raise self.error(key, "must not contain NUL bytes")
-        if _size(value) > max_bytes:
-            raise self.error(key, f"{_size(value)} bytes long; at most {_kib(max_bytes)} is allowed")
-
-    def duration(self, key: str, default: Optional[int] = None, required: bool = False) -> Any:
-        raw = self.get(key, str, DURATION_HELP + ' (quoted, e.g. "4h")', required=required, max_bytes=128)
-        if raw is None:
-            return default
-        try:
-            seconds = parse_duration(raw)
-        except ValueError:
-            raise self.error(key, f"not a duration; use {DURATION_HELP}") from None
-        if seconds <= 0:
-            raise self.error(key, "must be longer than zero")
-        if seconds > MAX_DURATION:
-            raise self.error(key, "longer than 365 days, the longest a duration may be")
-        return seconds
-
-    def checked(self, key: str, value: Any, ok: Callable[[Any], object], problem: str) -> Any:
-        if value is not None and not ok(value):
-            raise self.error(key, problem)
-        return value
-
-
-# What makes the command findable and runnable as it is in the shell that submits:
-# the chain takes these along, so the service's own environment does not decide.
-INHERITED_BY_DEFAULT = (
-    "PATH",
-    "VIRTUAL_ENV",
-    "CONDA_PREFIX",
-    "CONDA_DEFAULT_ENV",
-    "PYTHONPATH",
-    "LD_LIBRARY_PATH",
-    "MODULEPATH",
-    "LOADEDMODULES",
-)
+from chainrun.fields import Fields, file_kind, path_shown, read_toml, why
+from chainrun.model import JobSpec
 
 
 def load(
@@ -278,298 +35,94 @@ def load(
     try:
         data = read_toml(p, "a job file")
     except FileNotFoundError:
-        raise JobFileError(f"{_file(p)}: no such job file") from None
+        raise JobFileError(f"{path_shown(p)}: no such job file") from None
     if edit is not None:
         data = edit(data)
     try:
         base = p.resolve().parent
     except (OSError, RuntimeError) as exc:  # it changed under us since it was read
-        raise JobFileError(f"{_file(p)}: cannot resolve the job file's directory: {exc}") from None
+        raise JobFileError(f"{path_shown(p)}: cannot resolve the job file's directory: {exc}") from None
     return parse(data, str(p), base=base, environ=os.environ if environ is None else environ)
-
-
-def read_toml(path: Path, what: str) -> dict[str, Any]:
-    """``what`` (a job file, the service config) as TOML: FileNotFoundError passes
-    through; any other trouble is one JobFileError line naming the file.
-
-    Only a regular file (or a symlink to one) is read, and at most
-    MAX_FILE_BYTES of it: a FIFO never blocks, a device is never opened."""
-    raw = _read_regular(path, what)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise JobFileError(f"{_file(path)}: not UTF-8 text; {what} is TOML") from None
-    try:
-        data: dict[str, Any] = tomllib.loads(text)
-    except RecursionError:
-        raise JobFileError(f"{_file(path)}: not valid TOML: nested too deeply") from None
-    except ValueError as exc:  # TOMLDecodeError, and ints past Python's digit limit
-        problem = " ".join(str(exc).split())
-        if len(problem) > 200:
-            problem = problem[:200] + "..."
-        raise JobFileError(f"{_file(path)}: not valid TOML: {problem}") from None
-    return data
-
-
-def _read_regular(path: Path, what: str) -> bytes:
-    shown = _file(path)
-
-    def refuse(problem: str) -> JobFileError:
-        return JobFileError(f"{shown}: cannot read {what}: {problem}")
-
-    def check(st: os.stat_result) -> None:
-        if not stat.S_ISREG(st.st_mode):
-            raise refuse(f"it is {_file_kind(st.st_mode)}; {what} must be a regular file")
-        if st.st_size > MAX_FILE_BYTES:
-            raise refuse(f"{st.st_size} bytes; {what} is at most {_kib(MAX_FILE_BYTES)}")
-
-    # stat first, so a device is never even opened; fstat after, in case the
-    # path was swapped in between. O_NONBLOCK: opening a FIFO never waits.
-    try:
-        check(os.stat(path))
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise refuse(_why(exc)) from None
-    except ValueError:  # a NUL in the path
-        raise refuse("the path holds a NUL byte") from None
-    try:
-        check(os.fstat(fd))
-        chunks: list[bytes] = []
-        total = 0
-        while total <= MAX_FILE_BYTES:  # it may grow while read: never past the cap
-            chunk = os.read(fd, MAX_FILE_BYTES + 1 - total)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-    except OSError as exc:
-        raise refuse(_why(exc)) from None
-    finally:
-        os.close(fd)
-    if total > MAX_FILE_BYTES:
-        raise refuse(f"longer than {_kib(MAX_FILE_BYTES)}; {what} is at most that")
-    return b"".join(chunks)
-
-
-def _arg_budget() -> int:
-    """Bytes the command and [env] may take: a quarter of the kernel's limit on a
-    command's arguments and environment together, the rest left to the environment
-    the job inherits and to the wrapper's own."""
-    try:
-        arg_max = os.sysconf("SC_ARG_MAX")
-    except (ValueError, OSError):
-        arg_max = -1
-    return max(arg_max, 128 << 10) // 4
 
 
 def parse(
     data: dict[str, Any], path: str, base: Path, environ: Optional[Mapping[str, str]] = None
 ) -> JobSpec:
-    """Validate an already-parsed TOML document; relative paths start at ``base``.
-
-    Paths on this machine (no ``scheduler.host``) are checked here: the workdir
-    must be a directory; the checkpoint directory may be missing (the wrapper
-    makes it) but not something else."""
-    f = _Fields(path, data)
-    f.check_keys(TOP_KEYS)
-
-    name = f.get("name", str, "a name of letters, digits, . _ -", required=True)
-    f.checked(
-        "name",
-        name,
-        NAME_RE.fullmatch,
-        "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
-    )
-    command = f.get("command", str, "the shell command that trains", required=True)
-    f.checked("command", command, lambda c: c.strip(), "must not be empty")
-
-    total_time = f.duration("total_time", required=True)
-    walltime = f.duration("walltime", required=True)
-    if walltime > total_time:
-        raise f.error(
-            "walltime",
-            f"longer than total_time ({format_duration(total_time)}); make walltime at most total_time",
-        )
-    target_epoch = f.get("target_epoch", int, "a whole number of epochs")
-    f.checked("target_epoch", target_epoch, lambda v: v >= 1, "must be 1 or more")
-    f.checked("target_epoch", target_epoch, lambda v: v <= MAX_TARGET_EPOCH, f"at most {MAX_TARGET_EPOCH}")
-    max_failures = f.get("max_failures", int, "a whole number", default=3)
-    f.checked("max_failures", max_failures, lambda v: v >= 0, "must be 0 or more")
-    f.checked("max_failures", max_failures, lambda v: v <= MAX_FAILURES, f"at most {MAX_FAILURES}")
-
-    signal = f.get("signal", str, "a signal name: " + ", ".join(SIGNALS), default="USR1", max_bytes=64)
-    signal = signal.upper().removeprefix("SIG")
-    if signal not in SIGNALS:
-        raise f.error("signal", "allowed: " + ", ".join(SIGNALS))
-    grace = f.duration("grace", default=min(300, walltime // 4))
-    if grace >= walltime:
-        raise f.error(
-            "grace",
-            f"must be shorter than walltime ({format_duration(walltime)}): "
-            "it is how long before the walltime the signal is sent",
-        )
-
-    sched = _scheduler(path, f.get("scheduler", dict, "a table [scheduler]", default={}))
-    remote = sched.remote
-    workdir = _path(f, "workdir", ".", base, remote)
-    checkpoint_dir = _path(f, "checkpoint_dir", "checkpoints", Path(workdir), remote)
+    """Validate an already-parsed TOML document (``schema.parse``) and check it against this
+    machine. Paths on this machine (no ``scheduler.host``) must be usable: the workdir a
+    directory; the checkpoint directory missing (the wrapper makes it) or a directory."""
+    spec = schema.parse(data, path, base, environ)
+    spec = replace(spec, source=str(Path(path).resolve()) if path else "")
+    f = Fields(path, data)
+    remote = spec.scheduler.remote
     if not remote:
-        _local_dir(f, "workdir", workdir, must_exist=True)
-        _local_dir(f, "checkpoint_dir", checkpoint_dir, must_exist=False)
-    progress_file, progress_key = _progress(f, workdir, remote)
-    tb = "tensorboard_dir"
-    tensorboard_dir = _path(f, tb, ".", Path(workdir), remote) if tb in f.table else ""
-    image, runtime, container_options = _container(f, base, remote, environ or {})
-    configs, reps, max_concurrent = _sweep(f, name)
-    snap = f.get("snapshot", str, '"git" (run the code as it was at submit), or leave it out', max_bytes=16)
-    f.checked("snapshot", snap, lambda v: v == "git", 'the only kind is "git"')
-
-    env_table = f.get("env", dict, "a table [env] of NAME = value", default={})
-    env = []
-    fe = _Fields(path, env_table, "env.")
-    for key, value in env_table.items():
-        fe.checked(key, key, ENV_RE.fullmatch, "not a valid environment variable name")
-        fe.checked(
-            key,
-            key,
-            lambda k: not k.startswith("CHAINRUN_"),
-            "names starting with CHAINRUN_ are set by chainrun",
-        )
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise fe.error(key, "expected a string or number")
-        if isinstance(value, str):
-            fe.text(key, value)
-        env.append((key, str(value)))
-    default = () if remote else INHERITED_BY_DEFAULT  # a remote cluster's PATH is not this shell's
-    names = f.get("inherit_env", list, "a list of environment variable names", default=list(default))
-    for name_ in names:
-        f.checked("inherit_env", name_, lambda n: isinstance(n, str) and ENV_RE.fullmatch(n), "not a name")
-        f.checked("inherit_env", name_, lambda n: not n.startswith("CHAINRUN_"), "set by chainrun")
-    environ = environ or {}
-    inherited = tuple((n, environ[n]) for n in dict.fromkeys(names) if n in environ)
-    # The command is one argument of `bash -c` and each variable one string of
-    # the job's environment: together they must fit the kernel's limit.
-    used = _size(command) + sum(_size(k) + _size(v) + 2 for k, v in (*env, *inherited))
-    budget = _arg_budget()
-    if used > budget:
-        raise f.error(
-            "env" if env else "command",
-            f"the command and [env] come to {used} bytes; at most {budget} fit the "
-            "kernel's limit on a command's arguments and environment, with room to spare",
-        )
-
-    on_end = f.get("on_end", str, "a shell command run when the chain ends")
-    f.checked("on_end", on_end, lambda c: c.strip(), "must be a non-empty command")
-    webhook = f.get("webhook", str, "an http:// or https:// URL", max_bytes=MAX_URL_BYTES)
-    f.checked("webhook", webhook, web_url, "must be an http:// or https:// URL with a valid host")
-
-    spec = JobSpec(
-        name=name,
-        command=command,
-        workdir=workdir,
-        total_time=total_time,
-        walltime=walltime,
-        target_epoch=target_epoch,
-        max_failures=max_failures,
-        checkpoint_dir=checkpoint_dir,
-        progress_file=progress_file,
-        progress_key=progress_key,
-        container=image,
-        container_runtime=runtime,
-        container_options=container_options,
-        snapshot=snap or "",
-        tensorboard_dir=tensorboard_dir,
-        sweep=configs,
-        reps=reps,
-        max_concurrent=max_concurrent,
-        signal=signal,
-        grace=grace,
-        scheduler=sched,
-        env=tuple(env),
-        inherit_env=tuple(dict.fromkeys(names)),
-        inherited=inherited,
-        on_end=on_end,
-        webhook=webhook,
-        source=str(Path(path).resolve()) if path else "",
-    )
-    problem = None if remote else container.image_problem(spec)
-    if problem:
-        raise f.error("container", problem)
+        _local_dir(f, "workdir", spec.workdir, must_exist=True)
+        _local_dir(f, "checkpoint_dir", spec.checkpoint_dir, must_exist=False)
+        spec = _container(f, spec, environ or {})
     if spec.snapshot and snapshot.repository(snapshot.source_dir(spec)) is None:
         where = "the job file's directory" if remote else "workdir"
         raise f.error("snapshot", f"{where} {snapshot.source_dir(spec)} is not inside a git repository")
     return spec
 
 
-def web_url(url: str) -> bool:
-    """An http(s) URL whose host is a DNS name, an IPv4 or a bracketed IPv6 address."""
-    if any(c.isspace() or not c.isprintable() for c in url):
-        return False
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a port that is not one
-        host = parts.hostname
-    except ValueError:
-        return False
-    if parts.scheme not in ("http", "https") or not host:
-        return False
-    if parts.netloc.rpartition("@")[2].startswith("["):
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            return False
-        return True
-    try:
-        ascii_host = host.encode("idna").decode("ascii")
-    except UnicodeError:
-        return False
-    return _DNS_RE.fullmatch(ascii_host) is not None
-
-
-def _path(f: _Fields, key: str, default: str, base: Path, remote: bool) -> str:
-    raw = f.get(key, str, "a directory path", default=default, max_bytes=MAX_PATH_BYTES)
-    f.checked(key, raw, lambda v: v.strip(), "must be a non-empty path")
-    return _resolve(f, key, raw, base, remote)
-
-
-def _progress(f: _Fields, workdir: str, remote: bool) -> tuple[Optional[str], str]:
-    """``progress = "FILE:KEY"``: the script's own JSON file (relative to the workdir) and
-    the dotted key of its epoch; ``(None, "")`` when the job file has none."""
-    raw = f.get(
-        "progress", str, 'a JSON file and the key of its epoch, "FILE.json:KEY"', max_bytes=MAX_PATH_BYTES
+def detect_runtime(environ: Mapping[str, str]) -> Optional[str]:
+    """The first container runtime found on ``environ``'s PATH (Charliecloud first), or None."""
+    path = environ.get("PATH", os.defpath)
+    return next(
+        (name for name, program in container.RUNTIMES.items() if shutil.which(program, path=path)), None
     )
-    if raw is None:
-        return None, ""
-    file, colon, key = raw.rpartition(":")
-    if not colon or not file.strip() or not KEY_PATH_RE.fullmatch(key):
-        raise f.error(
-            "progress",
-            'expected "FILE.json:KEY": the JSON file your script writes, a colon, and the key that '
-            'holds the epoch (dotted for a nested one, as in "state.json:meta.epoch")',
+
+
+def image_problem(spec: JobSpec) -> Optional[str]:
+    """What stops a Charliecloud image directory on this machine from holding the bind mounts:
+    ch-run mounts only at paths the image has (or under its /tmp, which is the host's), unless
+    it may write the image (``-w``). None when nothing does, or it cannot be known here."""
+    image = spec.container
+    if spec.container_runtime != "charliecloud" or not image or not os.path.isdir(image):
+        return None
+    options = set(spec.container_options)
+    if options & {"-w", "--write"}:
+        return None
+    host_tmp = not options & {"-t", "--private-tmp"}
+    for directory in container.binds(spec):
+        if os.path.isdir(os.path.join(image, directory.lstrip("/"))):
+            continue
+        if host_tmp and container.within(directory, "/tmp"):
+            continue
+        return (
+            f"the image has no {directory} to bind it at: make it there "
+            f"(mkdir -p {os.path.join(image, directory.lstrip('/'))}), "
+            'or let ch-run make it with container_options = ["-w"]'
         )
-    return _resolve(f, "progress", file, Path(workdir), remote), key
+    return None
 
 
-def _resolve(f: _Fields, key: str, raw: str, base: Path, remote: bool) -> str:
-    """``raw`` as an absolute path: ``~`` expanded on this machine, a relative one from ``base``."""
-    try:
-        p = Path(raw).expanduser() if not remote else Path(raw)
-    except RuntimeError:  # ~nosuchuser, or ~ with no home directory known
-        raise f.error(
-            key, "cannot expand '~': no such user or home directory; give an absolute path"
-        ) from None
-    if p.is_absolute():
-        return str(p)
-    if remote and key == "workdir":
-        raise f.error(key, "with scheduler.host (or hosts) set, give an absolute path on the cluster")
-    return os.path.normpath(base / p)
+def _container(f: Fields, spec: JobSpec, environ: Mapping[str, str]) -> JobSpec:
+    """A container image on this machine is there, and a runtime runs it: the one the job
+    file names, else the first found on PATH."""
+    image = spec.container
+    if image is None:
+        return spec
+    if "://" not in image and not os.path.exists(image):
+        raise f.error("container", f"{path_shown(image)}: no such image; give the image's path")
+    if not spec.container_runtime:
+        runtime = detect_runtime(environ)
+        if runtime is None:
+            raise f.error(
+                "container",
+                "no container runtime on PATH (ch-run, apptainer or singularity): load or install one "
+                "(module load charliecloud?), or set container_runtime",
+            )
+        spec = replace(spec, container_runtime=runtime)
+    problem = image_problem(spec)
+    if problem:
+        raise f.error("container", problem)
+    return spec
 
 
-def _local_dir(f: _Fields, key: str, path: str, must_exist: bool) -> None:
+def _local_dir(f: Fields, key: str, path: str, must_exist: bool) -> None:
     """``path`` on this machine is a directory; or, unless ``must_exist``, nothing yet."""
-    at = f"{_file(path)}: " if path != f.table.get(key) else ""
+    at = f"{path_shown(path)}: " if path != f.table.get(key) else ""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -581,175 +134,8 @@ def _local_dir(f: _Fields, key: str, path: str, must_exist: bool) -> None:
     except NotADirectoryError:
         raise f.error(key, f"{at}part of the path is a file, not a directory") from None
     except OSError as exc:  # a symlink loop, a name too long, no permission
-        raise f.error(key, f"{at}cannot be used: {_why(exc)}") from None
+        raise f.error(key, f"{at}cannot be used: {why(exc)}") from None
     if not stat.S_ISDIR(st.st_mode):
-        raise f.error(key, f"{at}{_file_kind(st.st_mode)}, not a directory")
+        raise f.error(key, f"{at}{file_kind(st.st_mode)}, not a directory")
     if must_exist and not os.access(path, os.X_OK):
         raise f.error(key, f"{at}a directory this user may not enter")
-
-
-def _scheduler(path: str, table: dict[str, Any]) -> SchedulerSpec:
-    f = _Fields(path, table, "scheduler.")
-    f.check_keys(SCHEDULER_KEYS)
-    kind = f.get("kind", str, "one of " + ", ".join(SCHEDULER_KINDS), default="local", max_bytes=64)
-    f.checked("kind", kind, SCHEDULER_KINDS.__contains__, "allowed: " + ", ".join(SCHEDULER_KINDS))
-    host = f.get("host", str, "an ssh host or ~/.ssh/config alias", max_bytes=255)
-    f.checked("host", host, HOST_RE.fullmatch, "not a host name")
-    queue = f.get("queue", str, "a partition or queue name", max_bytes=255)
-    f.checked("queue", queue, QUEUE_RE.fullmatch, "not a queue name")
-    options = _options(f, "options", '["--mem=16G"]')
-    if kind == "local":
-        for key in ("queue", "options"):
-            if key in table:
-                raise f.error(
-                    key, 'only applies to kind = "slurm" or "sge"; the local runner has no queues or options'
-                )
-    else:
-        for key in ("hosts", "slots", "gpus_per_slot"):
-            if key in table:
-                raise f.error(
-                    key, f'only applies to kind = "local" (a pool of machines); {kind} places jobs itself'
-                )
-    hosts = f.get("hosts", list, 'a list of ssh hosts or ~/.ssh/config aliases, e.g. ["gpu1", "gpu2"]')
-    if hosts is not None:
-        if host is not None:
-            raise f.error("hosts", "give either host (one machine) or hosts (a pool), not both")
-        if not hosts or len(hosts) > MAX_HOSTS:
-            raise f.error("hosts", f"give 1 to {MAX_HOSTS} hosts")
-        for one in hosts:
-            if not isinstance(one, str) or len(one) > 255 or not HOST_RE.fullmatch(one):
-                raise f.error("hosts", f"{_show(one)} is not a host name")
-        if len(set(hosts)) != len(hosts):
-            raise f.error("hosts", "names a host twice")
-    slots = f.get("slots", int, "a whole number of runs per host at once, e.g. 1 (one per GPU)")
-    f.checked("slots", slots, lambda v: 1 <= v <= MAX_SLOTS, f"must be 1 to {MAX_SLOTS}")
-    gpus = f.get("gpus_per_slot", int, "a whole number of GPUs per run, e.g. 1")
-    f.checked("gpus_per_slot", gpus, lambda v: 1 <= v <= MAX_SLOTS, f"must be 1 to {MAX_SLOTS}")
-    if hosts and slots is None:
-        slots = 1  # a pool runs one segment per host at a time unless told otherwise
-    if gpus is not None and slots is None:
-        raise f.error("gpus_per_slot", "needs slots (how many runs share the host's GPUs)")
-    return SchedulerSpec(
-        kind=kind,
-        host=host or None,
-        queue=queue,
-        options=options,
-        hosts=tuple(hosts or ()),
-        slots=slots,
-        gpus_per_slot=gpus,
-    )
-
-
-def _sweep(f: _Fields, name: str) -> tuple[tuple[sweep.Config, ...], int, Optional[int]]:
-    """``[sweep]``: its configurations (grid or points), repetitions and ``max_concurrent``;
-    ``((), 1, None)`` without."""
-    table = f.get("sweep", dict, "a table [sweep] with grid or points, and reps")
-    if table is None:
-        return (), 1, None
-    fs = _Fields(f.path, table, "sweep.")
-    fs.check_keys(("grid", "points", "reps", "max_concurrent"))
-    grid = fs.get("grid", dict, "a table [sweep.grid] of NAME = [values]", default={})
-    points = fs.get("points", list, "a list of tables [[sweep.points]]", default=[])
-    if bool(grid) == bool(points):
-        raise f.error("sweep", "give either [sweep.grid] (NAME = [values], all combined) or [[sweep.points]]")
-    reps = fs.get("reps", int, "a whole number of repetitions", default=1)
-    fs.checked("reps", reps, lambda v: 1 <= v <= sweep.MAX_CHAINS, f"must be 1 to {sweep.MAX_CHAINS}")
-    limit = fs.get("max_concurrent", int, "a whole number of chains under way at once", default=None)
-    if limit is not None:
-        fs.checked("max_concurrent", limit, lambda v: v >= 1, "must be at least 1")
-    fg = _Fields(f.path, grid, "sweep.grid.")
-    for key, values in grid.items():
-        fg.checked(key, key, sweep.PARAM_RE.fullmatch, "a parameter name is letters, digits and _")
-        if not isinstance(values, list) or not values:
-            raise fg.error(key, "expected a non-empty list of values")
-        for value in values:
-            _param_value(fg, key, value)
-        if len({json.dumps(v) for v in values}) != len(values):
-            raise fg.error(key, "a value is listed twice")
-    for i, point in enumerate(points, 1):
-        if not isinstance(point, dict) or not point:
-            raise fs.error("points", f"point {i} is not a table of NAME = value")
-        fp = _Fields(f.path, point, f"sweep.points[{i}].")
-        for key, value in point.items():
-            fp.checked(key, key, sweep.PARAM_RE.fullmatch, "a parameter name is letters, digits and _")
-            _param_value(fp, key, value)
-    total = sweep.count(grid, points, reps)
-    if total > sweep.MAX_CHAINS:
-        raise f.error("sweep", f"{total} chains; at most {sweep.MAX_CHAINS} (is a grid larger than meant?)")
-    longest = sweep.max_base_name(reps)
-    if len(name) > longest:
-        raise f.error("name", f"a sweep's name is at most {longest} characters: its chains add -HASH-rN")
-    configs = tuple(sweep.configurations(grid, points))
-    seen: dict[str, int] = {}
-    for i, config in enumerate(configs, 1):
-        first = seen.setdefault(sweep.digest(config), i)
-        if first != i:
-            raise fs.error("points", f"points {first} and {i} are the same configuration")
-    return configs, reps, limit
-
-
-def _param_value(f: _Fields, key: str, value: Any) -> None:
-    """A sweep value: a string, a whole number, a finite float or a boolean."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise f.error(key, "not a finite number")
-    if not isinstance(value, (str, int, float, bool)):
-        raise f.error(key, "a value is a string, number or boolean")
-    if isinstance(value, str):
-        f.text(key, value, MAX_OPTION_BYTES)
-
-
-def _options(f: _Fields, key: str, example: str) -> tuple[str, ...]:
-    """A list of command-line options, each one printable line."""
-    options = f.get(key, list, f"a list of strings, e.g. {example}", default=[])
-    if len(options) > MAX_OPTIONS:
-        raise f.error(key, f"{len(options)} options; at most {MAX_OPTIONS}")
-    for opt in options:
-        if isinstance(opt, str) and "\0" in opt:
-            raise f.error(key, "must not contain NUL bytes")
-        if not isinstance(opt, str) or not opt.strip() or not opt.isprintable():
-            raise f.error(key, "each option must be a one-line string, free of control characters")
-        if _size(opt) > MAX_OPTION_BYTES:
-            raise f.error(key, f"each option must be at most {_kib(MAX_OPTION_BYTES)}")
-    return tuple(options)
-
-
-def _container(
-    f: _Fields, base: Path, remote: bool, environ: Mapping[str, str]
-) -> tuple[Optional[str], str, tuple[str, ...]]:
-    """``container``, its runtime (found on PATH when not given) and its options."""
-    image = f.get(
-        "container", str, "an image: a directory, a .sif or .sqfs file, or a URI", max_bytes=MAX_PATH_BYTES
-    )
-    runtime = f.get("container_runtime", str, "one of " + ", ".join(container.RUNTIMES), max_bytes=64)
-    f.checked(
-        "container_runtime",
-        runtime,
-        container.RUNTIMES.__contains__,
-        "allowed: " + ", ".join(container.RUNTIMES),
-    )
-    options = _options(f, "container_options", '["--private-tmp"]')
-    if image is None:
-        for key in ("container_runtime", "container_options"):
-            if key in f.table:
-                raise f.error(key, "only applies with container = IMAGE")
-        return None, "", ()
-    f.checked("container", image, lambda v: v.strip(), "must name an image")
-    if "://" not in image:  # a path; a URI (docker://, oras://, library://) the runtime pulls
-        image = _resolve(f, "container", image, base, remote)
-        if not remote and not os.path.exists(image):
-            raise f.error("container", f"{_file(image)}: no such image; give the image's path")
-    if runtime is None:
-        if remote:
-            raise f.error(
-                "container",
-                "with scheduler.host set, say which runtime: "
-                'container_runtime = "charliecloud", "apptainer" or "singularity"',
-            )
-        runtime = container.detect(environ)
-        if runtime is None:
-            raise f.error(
-                "container",
-                "no container runtime on PATH (ch-run, apptainer or singularity): load or install one "
-                "(module load charliecloud?), or set container_runtime",
-            )
-    return image, runtime, options

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import select
 import signal
 import sys
@@ -33,13 +32,15 @@ from typing import Any, Callable, Optional
 
 import click
 
-from chainrun.daemon import InstanceLock, Service
 from chainrun.engine import TickSummary
 from chainrun.errors import ChainrunError, TransportError
+from chainrun.lock import InstanceLock
 from chainrun.model import Chain, ChainState, Phase, Segment
 from chainrun.schedulers.segment import SegmentJob
+from chainrun.service import Service
 from chainrun.status import eta, short, trained
 from chainrun.store import Store
+from chainrun.text import clip, visible
 from chainrun.transport import Transport, transport_for
 
 EXIT_COMPLETED = 0
@@ -54,9 +55,6 @@ OUTPUT_WIDTH = 160  # characters of the output line in plain mode
 REFRESH_PER_SECOND = 2
 PROMPT_STEP = 0.2  # seconds between looks for a Ctrl-C while the question waits
 BAR_WIDTH = 30
-# CSI (colours, cursor moves), OSC (titles, links) and two-character escapes.
-_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-_])")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 # -- what is shown: pure functions of a chain, its output and now -------------------
@@ -121,7 +119,7 @@ def plain_line(chain: Chain, output: str, now: float) -> str:
     left = eta_text(chain, now)
     parts = [f"{head}, {left}" if left else head, segment_text(chain)]
     if output:
-        parts.append(f"output: {_clip(output, OUTPUT_WIDTH)}")
+        parts.append(f"output: {clip(output, OUTPUT_WIDTH, '...')}")
     return "; ".join(parts)
 
 
@@ -163,16 +161,6 @@ def last_lines(text: str, n: int) -> list[str]:
     """The last ``n`` non-blank lines of output, each as a terminal shows it."""
     shown = [visible(raw) for raw in text.split("\n")]
     return [line for line in shown if line.strip()][-n:]
-
-
-def visible(raw: str) -> str:
-    """One line of output as a terminal shows it: after a carriage return only what follows
-    it (a progress bar redrawn), escape sequences and control characters gone."""
-    return _CONTROL.sub("", _ESCAPE.sub("", raw.rsplit("\r", 1)[-1].replace("\t", "    "))).rstrip()
-
-
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _clock(at: float) -> str:

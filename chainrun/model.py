@@ -1,4 +1,5 @@
-"""The words of chainrun as data: job spec, chain, segment, progress, actions, a command's result.
+"""The words of chainrun as data: job spec, chain, segment, progress, the wrapper's markers,
+actions, a command's result.
 
 Everything here is a plain value: frozen dataclasses and Enums with no I/O,
 so the decision logic can be tested exhaustively and the store can round-trip
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import posixpath
+import signal as signals
 import time
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -65,6 +67,13 @@ class ChainState(enum.Enum):
     @property
     def final(self) -> bool:
         return self not in (ChainState.ACTIVE, ChainState.STUCK)
+
+
+def new_chain_id(name: str) -> str:
+    """A fresh chain id: the chain's name and six random hex digits."""
+    import secrets  # here: the commands that only read (`status`) need not import it (6 ms)
+
+    return f"{name}-{secrets.token_hex(3)}"
 
 
 # How the reason of a pool's chain begins while it waits, unsubmitted, for a free slot.
@@ -237,6 +246,54 @@ class Progress:
 
 
 NO_PROGRESS = Progress()
+
+
+@dataclass(frozen=True)
+class StartMarker:
+    """The wrapper's record of a segment's start: its job, time and checkpoint."""
+
+    job_id: str
+    at: Optional[float]
+    progress: Optional[Progress]
+
+
+@dataclass(frozen=True)
+class EndMarker:
+    """The wrapper's record of how the command ended, and the checkpoint it left."""
+
+    exit_code: int
+    original: int
+    signal: str
+    skipped: bool
+    at: Optional[float]
+    progress: Optional[Progress] = None
+    path: str = ""  # the PATH the command ran with
+    tail: tuple[str, ...] = ()  # the last lines of the command's output, when it failed
+
+    @property
+    def stopped_by_signal(self) -> bool:
+        """The walltime (or preemption) signal came and the command then stopped cleanly."""
+        if not self.signal:
+            return False
+        signum = getattr(signals, "SIG" + self.signal, None)
+        return self.original == 0 or (signum is not None and self.original == 128 + signum)
+
+    @property
+    def killed(self) -> bool:
+        """The command died of a signal that was not the walltime one (a SIGKILL from the
+        kernel's OOM killer, say): accounting may know better than "failed"."""
+        return self.original > 128 and not self.stopped_by_signal
+
+    def outcome(self) -> Outcome:
+        if self.stopped_by_signal:
+            return Outcome.TIMEOUT
+        return Outcome.COMPLETED if self.original == 0 else Outcome.FAILED
+
+    def describe(self) -> str:
+        if self.skipped:
+            return "skipped: the goal was already reached"
+        how = f"after SIG{self.signal}" if self.signal else "on its own"
+        return f"the command exited {self.original} {how}"
 
 
 @dataclass(frozen=True)
@@ -431,7 +488,30 @@ class Finish:
     reason: str
 
 
-Action = Union[Submit, Adopt, RetryLater, Reject, Cancel, Remove, Track, EndSegment, Finish]
+@dataclass(frozen=True)
+class Wait:
+    """A pool's chain waits, unsubmitted, for a free slot, and says why; "" once it goes on."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class MarkStuck:
+    """The chain's ticks keep failing: it is stuck, and tried again now and then."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Unstick:
+    """A stuck chain's tick worked again: it is active again."""
+
+    reason: str
+
+
+Action = Union[
+    Submit, Adopt, RetryLater, Reject, Cancel, Remove, Track, EndSegment, Finish, Wait, MarkStuck, Unstick
+]
 
 
 @dataclass(frozen=True)

@@ -1,458 +1,369 @@
-"""Running chainrun as a systemd user service: the unit, its config, sd_notify.
+"""The service: APScheduler ticks the engine until told to stop.
 
-``install`` writes the user unit with the absolute path of the running
-chainrun (a virtualenv's included) and enables it through ``systemctl
---user`` when a user manager answers, or says exactly what to run when none
-does; it also checks lingering, without which the service stops at logout.
-The service config (``$XDG_CONFIG_HOME/chainrun/config.toml``) holds the
-defaults a job file may override. ``SdNotify`` speaks the sd_notify protocol:
-one datagram per message to ``$NOTIFY_SOCKET``, abstract namespace included.
+One service per ``CHAINRUN_HOME`` (``lock``): before every tick it checks
+that the database it locked is still the one at that path; a service whose
+database was deleted or replaced stops, so two services never tick the same
+chains.
+
+APScheduler is the only clock. Each tick is a one-off job that, when done,
+schedules the next one an interval later, or sooner when the engine asks
+(a submission's backoff that ends before the interval). Ticks run one at a
+time in APScheduler's single worker thread; the main thread only waits for
+signals, which reach it through a wakeup socket, so all work happens outside
+signal handlers. SIGTERM and SIGINT stop the service: queued jobs keep
+running in the scheduler and are picked up on the next start. (With an
+``on_interrupt``, a SIGINT first asks it, in the main thread while the ticks
+go on, whether to stop: ``chainrun run``'s prompt.) SIGHUP re-reads the
+service config and re-opens the log file without stopping the ticks.
+
+A database that cannot be used for a while (its disk full, read-only, or
+locked by another process) is an outage, not a failure: it is logged when
+it begins and when it ends, every tick retries, and the service goes on
+reporting to systemd.
+
+Under systemd (``Type=notify``) the service reports READY=1 once the first
+tick has loaded every chain and adopted any interrupted submission, STATUS=
+after each tick, RELOADING=1/READY=1 around a reload and STOPPING=1 on the
+way out. WATCHDOG=1 comes from a job of its own at half the watchdog
+timeout, in the same single worker thread as the ticks, so a tick that hangs
+stops the pings and systemd restarts the service.
 """
 
 from __future__ import annotations
 
-import getpass
+import contextlib
+import faulthandler
 import os
-import shutil
+import signal
 import socket
-import sys
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-import chainrun
-from chainrun.errors import ChainrunError
-from chainrun.jobfile import _Fields, parse_duration, read_toml, web_url
-from chainrun.logs import get_logger
-from chainrun.transport import LocalTransport, Transport
+from chainrun import heartbeat, logs
+from chainrun.config import MIN_INTERVAL, ServiceConfig, load_config
+from chainrun.constants import DEFAULT_INTERVAL
+from chainrun.engine import Engine, TickSummary
+from chainrun.errors import ChainrunError, StoreUnavailable
+from chainrun.lock import InstanceLock, LockLost
+from chainrun.notify import Hooks, Notifier
+from chainrun.sdnotify import SdNotify
+from chainrun.store import Store
 
-log = get_logger(__name__)
+log = logs.get_logger(__name__)
 
-UNIT_NAME = "chainrun.service"
-# What the shipped unit (systemd/chainrun.service) starts: `pip install --user`
-# and pipx both put the command there. `install` writes the real path instead.
-DEFAULT_EXEC = "%h/.local/bin/chainrun"
-CONFIG_KEYS = ("on_end", "webhook", "interval")
-SYSTEMCTL_TIMEOUT = 60.0
-# Seconds between ticks: faster would only load the scheduler, slower would
-# leave a segment's end unnoticed for too long (and 1e300 overflows the clock).
-MIN_INTERVAL = 0.2
-MAX_INTERVAL = 3600.0
-INTERVAL_HELP = f"{MIN_INTERVAL:g} to {MAX_INTERVAL:g} seconds, or a duration up to 1h such as 30s or 5m"
-
-UNIT_TEMPLATE = """\
-# chainrun keeps long training runs alive by chaining walltime-limited jobs.
-# `chainrun service install` writes this unit with the real path of chainrun
-# in ExecStart; the README section "Running chainrun as a service" explains
-# the settings and the fallbacks.
-[Unit]
-Description=chainrun: keeps long training runs alive across walltime-limited jobs
-StartLimitIntervalSec=10min
-StartLimitBurst=5
-
-[Service]
-Type=notify
-ExecStart={exec_start}
-{environment}ExecReload=/bin/kill -HUP $MAINPID
-# READY=1 comes after the first tick has loaded the chains and adopted the
-# jobs of an interrupted submission; a poll may take a minute on a slow cluster.
-TimeoutStartSec=10min
-# Pinged from the tick loop: a tick stuck for this long gets the service
-# restarted. Longer than the slowest honest tick (a 60 s poll and 120 s
-# submissions through a struggling scheduler).
-WatchdogSec=10min
-Restart=on-failure
-RestartSec=30s
-# Queued and running jobs belong to the scheduler and keep going; stopping only
-# waits for a tick in flight and for end-of-chain notifications, both bounded.
-TimeoutStopSec=30s
-# Stop the service alone: segments of the local backend run in this unit's
-# control group and must outlive it, as jobs on a cluster do.
-KillMode=process
-SyslogIdentifier=chainrun
-
-[Install]
-WantedBy=default.target
-"""
+MIN_DELAY = MIN_INTERVAL  # the soonest a tick may follow the previous one, whatever the engine asks
+STOP_WAIT = 15.0  # seconds a tick in flight gets to finish on stop
+NOTIFY_WAIT = 10.0  # seconds queued end-of-chain notifications get on stop
+_WAKE = b"\0"  # written by stop() from a tick; signals arrive as their numbers
 
 
-# -- config -----------------------------------------------------------------
+def _job_lookup_error() -> type[Exception]:
+    """APScheduler's "no such job", imported where a service runs."""
+    from apscheduler.jobstores.base import JobLookupError
+
+    return JobLookupError  # type: ignore[no-any-return]
 
 
-@dataclass(frozen=True)
-class ServiceConfig:
-    """The service config; a job file's own ``on_end``/``webhook`` win over these."""
+class Service:
+    """Ticks the engine every ``interval`` seconds, or sooner when it asks, until stopped."""
 
-    on_end: Optional[str] = None
-    webhook: Optional[str] = None
-    interval: Optional[float] = None  # seconds between ticks
-    path: str = ""
+    def __init__(
+        self,
+        home: Path,
+        interval: Optional[float] = None,
+        on_tick: Optional[Callable[[TickSummary], None]] = None,
+        stop_when: Optional[Callable[[], bool]] = None,
+        config_path: Optional[Path] = None,
+        notify: Optional[SdNotify] = None,
+        on_interrupt: Optional[Callable[[], bool]] = None,
+    ) -> None:
+        self.home = Path(home)
+        self.fixed_interval = interval  # from the command line: wins over the config
+        self.on_tick = on_tick
+        self.stop_when = stop_when
+        # Asked in the main thread on SIGINT, while the ticks go on: True stops the
+        # service; False keeps it, and the next tick comes at once (`run`'s prompt).
+        self.on_interrupt = on_interrupt
+        self.config_path = config_path
+        self.config = load_config(config_path)  # a broken config stops the start, loudly
+        self.sd = notify or SdNotify.from_environ()
+        self.lock = InstanceLock(self.home)
+        self.store: Optional[Store] = None
+        self.engine: Optional[Engine] = None
+        self.notifier: Optional[Notifier] = None
+        self.stopping = threading.Event()
+        self.idle = threading.Event()
+        self.idle.set()
+        self.ready = False
+        self.status_line = "starting"
+        self.failure: Optional[ChainrunError] = None  # why the service stopped by itself
+        self.outage_since: Optional[float] = None  # monotonic time the database became unusable
+        self._status_failed = False
+        self._clock = threading.Lock()  # a tick scheduling the next one, against a reload
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
+        # APScheduler (a tenth of a second to import) only for a service that runs.
+        from apscheduler.executors.pool import ThreadPoolExecutor
+        from apscheduler.schedulers.background import BackgroundScheduler
 
-
-def config_path() -> Path:
-    """``$XDG_CONFIG_HOME/chainrun/config.toml``, else ``~/.config/chainrun/config.toml``."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "chainrun" / "config.toml"
-
-
-def load_config(path: Optional[Path] = None) -> ServiceConfig:
-    """Read and validate the service config; a missing file means all defaults."""
-    p = path or config_path()
-    try:
-        data = read_toml(p, "the service config")
-    except FileNotFoundError:
-        return ServiceConfig(path=str(p))
-    return parse_config(data, str(p))
-
-
-def parse_config(data: dict[str, Any], path: str) -> ServiceConfig:
-    """Validate an already-parsed config document, with the job file's error style."""
-    f = _Fields(path, data)
-    f.check_keys(CONFIG_KEYS)
-    on_end = f.get("on_end", str, "a shell command run when a chain ends")
-    f.checked("on_end", on_end, lambda c: c.strip() and "\0" not in c, "must be a non-empty command")
-    webhook = f.get("webhook", str, "an http:// or https:// URL")
-    f.checked("webhook", webhook, web_url, "must be an http:// or https:// URL with a valid host")
-    interval: Optional[float] = None
-    if "interval" in data:
-        value = data["interval"]
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise f.error("interval", 'expected seconds between ticks, e.g. 10 or "30s"')
-        try:
-            interval = parse_interval(value)
-        except ValueError as exc:
-            raise f.error("interval", str(exc)) from None
-    return ServiceConfig(on_end=on_end, webhook=webhook, interval=interval, path=path)
-
-
-def parse_interval(value: str | float) -> float:
-    """Seconds between ticks from a number or a duration (``"30s"``), within the bounds.
-
-    Raises ValueError with what is wrong and what is allowed (nan, inf, zero,
-    negative, too long, or not a number at all)."""
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            seconds = float(text)
-        except ValueError:
-            try:
-                seconds = float(parse_duration(text))
-            except ValueError:
-                raise ValueError(f"not seconds or a duration; use {INTERVAL_HELP}") from None
-    else:
-        seconds = float(value)
-    # Written so that nan fails too: every comparison with nan is false.
-    if not MIN_INTERVAL <= seconds <= MAX_INTERVAL:
-        raise ValueError(f"must be {INTERVAL_HELP}")
-    return seconds
-
-
-# -- sd_notify --------------------------------------------------------------
-
-
-class SdNotify:
-    """The service side of sd_notify; every call is a no-op outside systemd."""
-
-    def __init__(self, address: Optional[str] = None, watchdog_usec: Optional[int] = None) -> None:
-        self.address = address or None
-        self.watchdog_usec = watchdog_usec if watchdog_usec and watchdog_usec > 0 else None
-        self._sock: Optional[socket.socket] = None
-        self._warned = False
-
-    @classmethod
-    def from_environ(cls, unset: bool = True) -> SdNotify:
-        """Read ``$NOTIFY_SOCKET`` and the watchdog; ``unset`` hides them from children.
-
-        Jobs and hooks started later must not inherit them: a training script
-        that speaks sd_notify would otherwise talk on the service's behalf.
-        """
-        address = os.environ.get("NOTIFY_SOCKET")
-        usec: Optional[int] = None
-        pid = os.environ.get("WATCHDOG_PID")
-        if pid is None or pid == str(os.getpid()):
-            try:
-                usec = int(os.environ.get("WATCHDOG_USEC", ""))
-            except ValueError:
-                usec = None
-        if unset:
-            for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
-                os.environ.pop(name, None)
-        return cls(address, usec)
+        logs.configure_now()  # its log records go where chainrun's go
+        self.scheduler = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(1)}, timezone=timezone.utc
+        )
 
     @property
-    def enabled(self) -> bool:
-        return self.address is not None
+    def interval(self) -> float:
+        return self.fixed_interval or self.config.interval or DEFAULT_INTERVAL
 
-    @property
-    def watchdog_period(self) -> Optional[float]:
-        """Seconds between WATCHDOG=1 pings: half the watchdog timeout, as systemd advises."""
-        return self.watchdog_usec / 2e6 if self.watchdog_usec else None
-
-    def send(self, *fields: str) -> bool:
-        """Send ``fields`` (``READY=1``, ``STATUS=...``) as one datagram; True if sent."""
-        if self.address is None or not fields:
-            return False
-        target = self.address
-        if target.startswith("@"):
-            target = "\0" + target[1:]  # the abstract namespace
-        elif not target.startswith("/"):
-            self._warn(f"NOTIFY_SOCKET={self.address!r} is not a unix socket path; not notifying")
-            return False
-        data = "\n".join(f.replace("\n", " ") for f in fields).encode()
+    def run(self) -> None:
+        self.lock.acquire()
+        restore = self._catch_signals()
         try:
-            if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            self._sock.sendto(data, target)
-        except OSError as exc:
-            self._warn(f"cannot notify systemd at {self.address}: {exc.strerror or exc}")
+            try:
+                logs.open_file(self.home)
+            except OSError as exc:  # a read-only or full home: log to stderr alone
+                log.warning("cannot open the log file; logging to stderr only", error=str(exc))
+            self.notifier = Notifier(self.home, self._hooks(self.config))
+            self.notifier.start(leftovers=True)
+            try:
+                self._engine()
+            except StoreUnavailable as exc:  # the ticks retry
+                self._outage(exc)
+                self.sd.send(f"STATUS={self.status_line}")
+            self._schedule_tick(None, delay=0.0)
+            period = self.sd.watchdog_period
+            if period:
+                # In the ticks' single thread: while a tick hangs, no ping goes out.
+                self.scheduler.add_job(
+                    self._ping,
+                    "interval",
+                    seconds=period,
+                    next_run_time=datetime.now(timezone.utc),
+                    max_instances=1,
+                    coalesce=True,
+                    id="watchdog",
+                    misfire_grace_time=None,
+                )
+            log.info(
+                "service started",
+                home=str(self.home),
+                interval=self.interval,
+                watchdog=period,
+                config=self.config.path,
+            )
+            self.scheduler.start()
+            self._wait_for_signals()
+        finally:
+            self.stopping.set()
+            self.sd.send("STOPPING=1", "STATUS=stopping")
+            if self.scheduler.running:
+                self.scheduler.shutdown(wait=False)
+            hung = not self.idle.wait(STOP_WAIT)
+            if self.notifier is not None:
+                self.notifier.close(NOTIFY_WAIT)
+            restore()
+            if hung:
+                # Closing the store under a tick that still uses it would be worse
+                # than leaving: every step is journaled and resumes at the next start.
+                log.error("a tick did not finish; exiting without it", waited=STOP_WAIT)
+                logs.flush()
+                os._exit(1)
+            if self.store is not None:
+                self.store.close()
+            if not isinstance(self.failure, LockLost):  # else the home may be another service's now
+                heartbeat.clear(self.home)
+            self.lock.release()
+            self.sd.close()
+            self._wake_r.close()
+            self._wake_w.close()
+            log.info("service stopped")
+            logs.close_file()
+        if self.failure is not None:
+            raise self.failure
+
+    def stop(self) -> None:
+        """Ask the service to stop; safe from a tick and from any thread."""
+        if not self.stopping.is_set():
+            self.stopping.set()
+            with contextlib.suppress(OSError):  # the buffer is full of wake-ups already
+                self._wake_w.send(_WAKE)
+
+    def reload(self) -> None:
+        """Re-read the service config and re-open the log file; the ticks go on."""
+        self.sd.send("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}", "STATUS=reloading")
+        logs.reopen_file()
+        try:
+            config = load_config(self.config_path)
+        except ChainrunError as exc:
+            log.error("configuration not reloaded; keeping the previous one", error=str(exc))
+        else:
+            with self._clock:
+                self.config = config
+                if self.notifier is not None:
+                    self.notifier.defaults = self._hooks(config)
+                # A shorter interval brings the next tick forward; a tick running now
+                # schedules its successor with the new interval when it ends.
+                job = self.scheduler.get_job("tick")
+                sooner = datetime.now(timezone.utc) + timedelta(seconds=self.interval)
+                if job is not None and job.next_run_time is not None and sooner < job.next_run_time:
+                    with contextlib.suppress(_job_lookup_error()):  # it has just started: see above
+                        job.modify(next_run_time=sooner)
+            log.info("configuration reloaded", config=config.path, interval=self.interval)
+        self.sd.send("READY=1", f"STATUS={self.status_line}")
+
+    # -- signals ------------------------------------------------------------------
+
+    def _catch_signals(self) -> Callable[[], None]:
+        """Route SIGTERM, SIGINT and SIGHUP to the wakeup socket; returns the undo."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        faulthandler.enable()  # a watchdog's SIGABRT leaves every thread's traceback in the log
+        previous_fd = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+        previous = {
+            s: signal.signal(s, lambda signum, frame: None)
+            for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        }
+
+        def restore() -> None:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            signal.set_wakeup_fd(previous_fd)
+
+        return restore
+
+    def _wait_for_signals(self) -> None:
+        while not self.stopping.is_set():
+            data = self._wake_r.recv(64)
+            for number in data:
+                if number == signal.SIGINT and self._interrupt_kept():
+                    continue
+                if number in (signal.SIGTERM, signal.SIGINT):
+                    log.info("stopping", signal=signal.Signals(number).name)
+                    self.stopping.set()
+                elif number == signal.SIGHUP and not self.stopping.is_set():
+                    log.info("reloading", signal="SIGHUP")
+                    self.reload()
+
+    def _interrupt_kept(self) -> bool:
+        """Whether ``on_interrupt`` keeps the service running after a SIGINT; if so, tick at once."""
+        if self.on_interrupt is None or self.stopping.is_set() or self.on_interrupt():
             return False
+        # Bring the next tick forward; a tick running now schedules its own successor.
+        with self._clock:
+            job = self.scheduler.get_job("tick")
+            if job is not None:
+                with contextlib.suppress(_job_lookup_error()):  # it has just started
+                    job.modify(next_run_time=datetime.now(timezone.utc))
         return True
 
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+    # -- the ticks ----------------------------------------------------------------
 
-    def _warn(self, message: str) -> None:
-        if not self._warned:  # once: the service keeps working without it
-            self._warned = True
-            log.warning(message)
-
-
-# -- the unit -----------------------------------------------------------------
-
-
-def unit_dir() -> Path:
-    """Where systemd looks for user units: ``$XDG_CONFIG_HOME/systemd/user``."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "systemd" / "user"
-
-
-def unit_path() -> Path:
-    return unit_dir() / UNIT_NAME
-
-
-def systemd_quote(arg: str) -> str:
-    """One word of an ExecStart= or Environment= line, quoted for systemd."""
-    text = arg.replace("%", "%%").replace("$", "$$")
-    if text and not any(c in text for c in " \t\"'\\;"):
-        return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def render_unit(exec_argv: list[str], environment: Optional[dict[str, str]] = None) -> str:
-    """The unit text for ``exec_argv`` (the command before ``daemon``)."""
-    exec_start = " ".join(systemd_quote(a) for a in [*exec_argv, "daemon"])
-    env = "".join(
-        f"Environment={systemd_quote(f'{k}={v}')}\n" for k, v in sorted((environment or {}).items())
-    )
-    return UNIT_TEMPLATE.format(exec_start=exec_start, environment=env)
-
-
-def shipped_unit() -> str:
-    """The unit as shipped in systemd/chainrun.service (``%h`` left for systemd to expand)."""
-    return UNIT_TEMPLATE.format(exec_start=f"{DEFAULT_EXEC} daemon", environment="")
-
-
-def current_command(transport: Optional[Transport] = None) -> tuple[list[str], dict[str, str]]:
-    """The absolute command that runs this chainrun, and the environment it needs.
-
-    Prefers the installed console script (``sys.argv[0]``, or the one beside
-    the interpreter); else ``python -m chainrun``. The interpreter's path is
-    kept as it is, never resolved: a virtualenv's python is a symlink, and
-    following it would leave the virtualenv. When chainrun is importable only
-    through ``PYTHONPATH`` or the current directory (a source checkout), the
-    unit gets that directory in its environment.
-    """
-    argv0 = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    beside = os.path.join(os.path.dirname(sys.executable), "chainrun")
-    if os.path.basename(argv0) == "chainrun" and _executable(argv0):
-        command = [argv0]
-    elif _executable(beside):
-        command = [beside]
-    else:
-        command = [sys.executable, "-m", "chainrun"]
-    package_root = str(Path(chainrun.__file__).resolve().parent.parent)
-    env = {} if _importable_alone(package_root, transport) else {"PYTHONPATH": package_root}
-    return command, env
-
-
-def _executable(path: str) -> bool:
-    return os.path.isfile(path) and os.access(path, os.X_OK)
-
-
-def _importable_alone(package_root: str, transport: Optional[Transport]) -> bool:
-    """True when a fresh interpreter finds this chainrun without PYTHONPATH or the cwd."""
-    probe = (
-        "import sys; sys.path = [p for p in sys.path if p not in ('', '.')]; "
-        "import os, chainrun; print(os.path.dirname(os.path.dirname(os.path.realpath(chainrun.__file__))))"
-    )
-    t = transport or LocalTransport()
-    result = t.run([sys.executable, "-E", "-c", probe], timeout=60.0)
-    return result.ok and result.stdout.strip() == package_root
-
-
-@dataclass
-class Systemd:
-    """``systemctl --user`` and ``loginctl`` through the transport."""
-
-    transport: Transport
-
-    def available(self) -> tuple[bool, str]:
-        """Whether a user manager answers, and if not, why."""
-        if shutil.which("systemctl") is None:
-            return False, "systemctl is not installed"
-        result = self.transport.run(["systemctl", "--user", "show-environment"], timeout=SYSTEMCTL_TIMEOUT)
-        if result.ok:
-            return True, ""
-        return False, result.describe()
-
-    def systemctl(self, *args: str) -> str:
-        result = self.transport.run(["systemctl", "--user", *args], timeout=SYSTEMCTL_TIMEOUT)
-        if not result.ok:
-            raise ChainrunError(f"systemctl --user {' '.join(args)} failed: {result.describe()}")
-        return result.stdout.strip()
-
-    def state(self, verb: str) -> str:
-        """``is-enabled`` / ``is-active`` answer (their non-zero exits are answers too)."""
-        result = self.transport.run(["systemctl", "--user", verb, UNIT_NAME], timeout=SYSTEMCTL_TIMEOUT)
-        return (result.stdout.strip() or result.stderr.strip() or "unknown").splitlines()[0]
-
-    def linger(self, user: str) -> Optional[bool]:
-        """Whether ``user`` lingers; None when it cannot be found out."""
-        if shutil.which("loginctl") is not None:
-            result = self.transport.run(
-                ["loginctl", "show-user", user, "-p", "Linger"], timeout=SYSTEMCTL_TIMEOUT
-            )
-            for line in result.stdout.splitlines():
-                if result.ok and line.startswith("Linger="):
-                    return line.split("=", 1)[1].strip() == "yes"
-        # logind keeps one marker file per lingering user.
-        marker = Path("/var/lib/systemd/linger") / user
-        return True if marker.exists() else None
-
-
-def _user() -> str:
-    return os.environ.get("USER") or getpass.getuser()
-
-
-def linger_advice(systemd: Systemd) -> list[str]:
-    user = _user()
-    lingering = systemd.linger(user)
-    if lingering:
-        return [f"lingering is on for {user}: the service keeps running after you log out"]
-    head = (
-        f"lingering is off for {user}"
-        if lingering is False
-        else f"could not find out whether {user} lingers (loginctl did not answer)"
-    )
-    return [
-        f"{head}: without it the user manager, and the service, stop when you log out.",
-        f"  turn it on with: loginctl enable-linger {user}",
-        "  where the site does not allow lingering, run the service under tmux, nohup or",
-        "  scrontab instead: the README section 'Running chainrun as a service' has the commands",
-    ]
-
-
-def install(now: bool = False, transport: Optional[Transport] = None) -> list[str]:
-    """Write the unit and enable it; returns what to tell the user, line by line."""
-    t = transport or LocalTransport()
-    command, env = current_command(t)
-    path = unit_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render_unit(command, env))
-    os.replace(tmp, path)
-    lines = [f"wrote {path}", f"  ExecStart={' '.join([*command, 'daemon'])}"]
-    if env:
-        lines.append("  with " + " ".join(f"{k}={v}" for k, v in env.items()))
-    systemd = Systemd(t)
-    enable = ["enable", "--now", UNIT_NAME] if now else ["enable", UNIT_NAME]
-    ok, why = systemd.available()
-    if ok:
-        systemd.systemctl("daemon-reload")
-        systemd.systemctl(*enable)
-        lines.append(f"enabled {UNIT_NAME}" + (" and started it" if now else "; start it with:"))
-        if not now:
-            lines.append(f"  systemctl --user start {UNIT_NAME}")
-    else:
-        lines += [
-            f"systemd --user does not answer here ({why}); where it does, run:",
-            "  systemctl --user daemon-reload",
-            f"  systemctl --user {' '.join(enable)}",
-        ]
-    lines += linger_advice(systemd)
-    lines.append(f"logs: journalctl --user -u {UNIT_NAME} -f")
-    return lines
-
-
-def uninstall(transport: Optional[Transport] = None) -> list[str]:
-    """Stop and disable the service, and remove the unit file."""
-    t = transport or LocalTransport()
-    path = unit_path()
-    systemd = Systemd(t)
-    ok, why = systemd.available()
-    lines = []
-    if ok and path.exists():
-        # Disabling a unit that is not loaded fails; the file goes anyway.
-        result = t.run(["systemctl", "--user", "disable", "--now", UNIT_NAME], timeout=SYSTEMCTL_TIMEOUT)
-        lines.append(
-            f"stopped and disabled {UNIT_NAME}"
-            if result.ok
-            else f"systemctl --user disable --now {UNIT_NAME}: {result.describe()}"
-        )
-    if path.exists():
-        path.unlink()
-        lines.append(f"removed {path}")
-    else:
-        lines.append(f"no unit at {path}; nothing to remove")
-    if ok:
-        systemd.systemctl("daemon-reload")
-    else:
-        lines += [
-            f"systemd --user does not answer here ({why}); if a user manager runs the unit, run:",
-            f"  systemctl --user disable --now {UNIT_NAME} && systemctl --user daemon-reload",
-        ]
-    return lines
-
-
-def unit_exec_start(text: str) -> Optional[str]:
-    for line in text.splitlines():
-        if line.startswith("ExecStart="):
-            return line[len("ExecStart=") :]
-    return None
-
-
-def status(transport: Optional[Transport] = None) -> list[str]:
-    """Where the unit is, whether systemd runs it, lingering, and the config."""
-    t = transport or LocalTransport()
-    path = unit_path()
-    lines = []
-    if path.exists():
-        written = unit_exec_start(path.read_text())
-        command, env = current_command(t)
-        lines.append(f"unit: {path}")
-        lines.append(f"  ExecStart={written}")
-        if written != unit_exec_start(render_unit(command, env)):
-            lines.append("  this is not the chainrun running now; `chainrun service install` rewrites it")
-    else:
-        lines.append(f"unit: not installed ({path}); `chainrun service install --now` installs it")
-    systemd = Systemd(t)
-    ok, why = systemd.available()
-    if ok:
-        lines.append(f"systemd: {systemd.state('is-enabled')}, {systemd.state('is-active')}")
-    else:
-        lines.append(f"systemd: --user does not answer here ({why})")
-    lines += linger_advice(systemd)
-    cfg = config_path()
-    if cfg.exists():
+    def _schedule_tick(self, wanted: Optional[float], delay: Optional[float] = None) -> None:
+        """Schedule the next tick: after ``delay``, else after the interval or what the engine wants."""
         try:
-            config = load_config(cfg)
-        except ChainrunError as exc:
-            lines.append(f"config: BROKEN, the service will not start or reload with it: {exc}")
+            with self._clock:
+                if delay is None:
+                    delay = max(MIN_DELAY, min(self.interval, self.interval if wanted is None else wanted))
+                self.scheduler.add_job(
+                    self._tick,
+                    "date",
+                    run_date=datetime.now(timezone.utc) + timedelta(seconds=delay),
+                    id="tick",
+                    replace_existing=True,
+                    max_instances=1,
+                    misfire_grace_time=None,  # late is better than never
+                )
+        except Exception as exc:  # no next tick: stop, loudly, rather than ping on while idle
+            log.exception("cannot schedule the next tick; stopping")
+            self.failure = ChainrunError(f"cannot schedule the next tick: {exc}")
+            self.stop()
+
+    def _tick(self) -> None:
+        self.idle.clear()  # before the check: stop() waits for idle after setting stopping
+        again, wanted = True, None
+        try:
+            if self.stopping.is_set():
+                return
+            again, wanted = self._engine_tick()
+        finally:
+            # Even after a bug in the tick: a service that stopped ticking but went on
+            # pinging the watchdog would stall unseen.
+            if again and not self.stopping.is_set():
+                self._schedule_tick(wanted)
+            self.idle.set()
+
+    def _ping(self) -> None:
+        if not self.stopping.is_set():
+            self.sd.send("WATCHDOG=1")
+
+    def _engine(self) -> Engine:
+        """The engine, opening the store first if an outage kept it closed so far."""
+        if self.engine is None:
+            self.store = Store(self.home)
+            self.engine = Engine(self.store, on_end=self.notifier)
+        return self.engine
+
+    def _engine_tick(self) -> tuple[bool, Optional[float]]:
+        """One tick of the engine: whether to tick again, and how soon the engine wants it."""
+        summary: Optional[TickSummary] = None
+        done = False
+        try:
+            self.lock.check()  # never tick a home another service may have taken
+            summary = self._engine().tick()
+            if self.on_tick is not None:
+                self.on_tick(summary)
+            done = self.stop_when is not None and self.stop_when()
+        except LockLost as exc:
+            log.error("stopping: the state database is not the one this service locked", error=str(exc))
+            self.failure = exc
+            self.stop()
+            return False, None
+        except StoreUnavailable as exc:
+            self._outage(exc)
+            summary = None  # (the outage may have come after the engine's tick, in on_tick)
+        except Exception:  # a bug must not kill the service; the next tick retries
+            log.exception("tick failed")
+            summary = None
+        if summary is not None:
+            if self.outage_since is not None:
+                log.warning("database available again", after=round(time.monotonic() - self.outage_since, 1))
+                self.outage_since = None
+            self.status_line = summary.line()
+        if summary is not None or self.outage_since is not None:
+            self._write_status()
+        fields = [f"STATUS={self.status_line}"]
+        if summary is not None and not self.ready:
+            self.ready = True
+            fields.insert(0, "READY=1")
+            log.info("service ready", status=self.status_line)
+        self.sd.send(*fields)
+        if done:
+            self.stop()
+            return False, None
+        return True, summary.next_in if summary is not None else None
+
+    def _outage(self, exc: StoreUnavailable) -> None:
+        """The database cannot be used now: say so once per outage; every tick retries."""
+        if self.outage_since is None:
+            self.outage_since = time.monotonic()
+            log.warning("database unavailable; retrying every tick", error=str(exc))
+        self.status_line = f"database unavailable, retrying: {exc}"
+
+    def _write_status(self) -> None:
+        try:
+            heartbeat.write(self.home, self.status_line)
+        except OSError as exc:
+            if not self._status_failed:  # once until it works again: a full disk fails every tick
+                path = str(self.home / heartbeat.STATUS_FILE)
+                log.warning("cannot write the service status file", path=path, error=str(exc))
+            self._status_failed = True
         else:
-            values = ", ".join(f"{k}={v!r}" for k in CONFIG_KEYS if (v := getattr(config, k)) is not None)
-            lines.append(f"config: {cfg}" + (f" ({values})" if values else " (empty)"))
-    else:
-        lines.append(f"config: none at {cfg} (optional: on_end, webhook, interval)")
-    return lines
+            self._status_failed = False
+
+    @staticmethod
+    def _hooks(config: ServiceConfig) -> Hooks:
+        return Hooks(on_end=config.on_end, webhook=config.webhook)

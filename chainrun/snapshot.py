@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import os
 import posixpath
-import subprocess
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from chainrun.errors import ChainrunError, TransportError
 from chainrun.model import JobSpec
-from chainrun.schedulers.segment import CODE_DIR, RUN_DIR_NAME, trust_run_dir
-
-if TYPE_CHECKING:
-    from chainrun.transport import Transport
+from chainrun.rundir import trust_run_dir
+from chainrun.schedulers.segment import CODE_DIR, RUN_DIR_NAME
+from chainrun.transport import LocalTransport, Transport
 
 DONE = ".chainrun-unpacked"  # written last: a partly unpacked snapshot is unpacked again
 REF_PREFIX = "refs/chainrun/"
@@ -152,16 +150,10 @@ def _inside(path: str, top: str) -> bool:
 
 def _git(repo: str, *args: str, env: Optional[dict[str, str]] = None) -> str:
     try:
-        result = subprocess.run(
-            ["git", "-C", repo, *args],
-            capture_output=True,
-            text=True,
-            env={**os.environ, **(env or {})},
-            timeout=GIT_TIMEOUT,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        result = LocalTransport().run(["git", "-C", repo, *args], env=env, timeout=GIT_TIMEOUT)
+    except TransportError as exc:  # it did not answer in time
         raise SnapshotError(f"git {args[0]} in {repo}: {exc}") from None
-    if result.returncode != 0:
+    if not result.ok:
         problem = " ".join((result.stderr or result.stdout).split()) or f"exit {result.returncode}"
         raise SnapshotError(f"git {args[0]} in {repo} failed: {problem}")
     return result.stdout

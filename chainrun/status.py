@@ -14,7 +14,7 @@ get a line: failed, stuck, damaged, a submission being retried, or a job the
 scheduler holds. ``verbose`` adds every chain's reason and details. Times
 are relative ("5m ago", "in 40s"), never epoch seconds. Everything here is
 computed from ``Chain`` values and ``now``: no I/O but the service's own
-status file.
+heartbeat file.
 """
 
 from __future__ import annotations
@@ -25,16 +25,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from chainrun import heartbeat
 from chainrun.localrunner import alive
 from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Phase
 from chainrun.store import DamagedChain, Glance, Live, ran
+from chainrun.text import clip, escaped
 
 WIDTH = 80  # the table's width when the terminal's is not known (a pipe, a file)
 BAR_WIDTH = 10
 CHAIN_MAX = 24  # the chain column's widest at 80 columns; a wider terminal allows more
 STATE_MAX = 26
 TAIL_LINES = 5  # of a failed segment's output, under its chain's reason
-STATUS_FILE = "service.status"  # in the state directory: the running service's pid and last tick
 
 # The columns in the order shown, each with its rank: when the table is too wide,
 # the column of the highest rank goes first. CHAIN and STATE always stay.
@@ -295,17 +296,6 @@ def _placed(chain: Chain) -> str:
     )
 
 
-def _shown(text: str) -> str:
-    """A line of a program's output as a terminal only shows it: escape sequences and other
-    control characters as their escapes, a tab as spaces."""
-    text = text.replace("\t", "    ")
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
-
-
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
-
-
 def _clip_id(chain_id: str, width: int) -> str:
     """An id shortened in its name, keeping the random suffix that tells chains apart."""
     if len(chain_id) <= width:
@@ -313,14 +303,14 @@ def _clip_id(chain_id: str, width: int) -> str:
     head, sep, suffix = chain_id.rpartition("-")
     keep = len(sep + suffix)
     if not head or width < keep + 2:
-        return _clip(chain_id, width)
+        return clip(chain_id, width)
     return chain_id[: width - keep - 1] + "…" + chain_id[-keep:]
 
 
 def _wrap(text: str, width: int, indent: str = "", more: str = "    ") -> list[str]:
     """``text`` as lines of at most ``width`` columns, its first after ``indent``."""
     return textwrap.wrap(
-        _shown(text),
+        escaped(text),
         width,
         initial_indent=indent,
         subsequent_indent=indent + more,
@@ -332,14 +322,14 @@ def _columns(rows: list[tuple[str, ...]], width: int) -> list[str]:
     """The rows aligned, dropping the columns of highest rank until they fit ``width``."""
     keep = list(range(len(HEADER)))
     chain_max = max(CHAIN_MAX, width * 3 // 10)
-    rows = [(_clip_id(r[0], chain_max), _clip(r[1], STATE_MAX), *r[2:]) for r in rows]
+    rows = [(_clip_id(r[0], chain_max), clip(r[1], STATE_MAX), *r[2:]) for r in rows]
     widths = [max(map(len, column)) for column in zip(*rows)]
     for _, i in sorted(((rank, i) for i, (_, rank) in enumerate(COLUMNS) if rank), reverse=True):
         if sum(widths[k] for k in keep) + 2 * (len(keep) - 1) <= width:
             break
         keep.remove(i)
     lines = ["  ".join(r[i].ljust(widths[i]) for i in keep).rstrip() for r in rows]
-    return [_clip(line, width) for line in lines]  # a terminal narrower than CHAIN and STATE
+    return [clip(line, width) for line in lines]  # a terminal narrower than CHAIN and STATE
 
 
 def table(
@@ -394,7 +384,7 @@ def _tail(chain: Chain, width: int) -> list[str]:
     lines = []
     if seg.tail:
         lines += _wrap(f"  the last lines of segment {seg.n}'s output:", width)
-        lines += [_clip(f"    {_shown(line)}", width) for line in seg.tail[-TAIL_LINES:]]
+        lines += [clip(f"    {escaped(line)}", width) for line in seg.tail[-TAIL_LINES:]]
     lines += _wrap(f"  all of it: chainrun logs {chain.id} -n {seg.n}", width)
     return lines
 
@@ -428,7 +418,7 @@ def sweep_line(name: str, chains: Sequence[Chain], width: int = WIDTH) -> str:
         states[c.state.value] = states.get(c.state.value, 0) + 1
     done = states.get(ChainState.COMPLETED.value, 0)
     counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items(), key=lambda kv: -kv[1]))
-    lines = [_clip(f"sweep {name}: {bar(done, len(chains))} completed; {counts}", width)]
+    lines = [clip(f"sweep {name}: {bar(done, len(chains))} completed; {counts}", width)]
     # Each metric the chains' sidecars report: its lowest and highest, and whose.
     seen: dict[str, list[tuple[float, str]]] = {}
     for c in chains:
@@ -436,25 +426,14 @@ def sweep_line(name: str, chains: Sequence[Chain], width: int = WIDTH) -> str:
             seen.setdefault(key, []).append((value, c.id))
     for key, values in seen.items():
         (low, low_id), (high, high_id) = min(values), max(values)
-        lines.append(_clip(f"  {key}: lowest {low:.4g} ({low_id}), highest {high:.4g} ({high_id})", width))
+        lines.append(clip(f"  {key}: lowest {low:.4g} ({low_id}), highest {high:.4g} ({high_id})", width))
     return "\n".join(lines)
-
-
-def read_status(home: Path) -> Optional[dict[str, Any]]:
-    """What the running service last said about itself (pid, time, summary), if anything.
-    The service writes it (``daemon``); it is read here so that `status` need not import
-    the service."""
-    try:
-        data = json.loads((Path(home) / STATUS_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def service_line(home: Path, now: float) -> str:
     """Whether a service is ticking these chains, from its status file (when not: a
     second line on how to start one)."""
-    st = read_status(home)
+    st = heartbeat.read(home)
     pid = st.get("pid") if st else None
     if isinstance(pid, int) and alive(pid):
         at = st.get("at") if st else None

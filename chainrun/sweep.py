@@ -24,7 +24,7 @@ from typing import Any
 
 from chainrun.errors import JobFileError
 from chainrun.model import JobSpec
-from chainrun.schedulers.segment import param_text, quote
+from chainrun.text import quote
 
 PARAM_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_CHAINS = 100_000  # refused beyond this: a typo in a grid, not a sweep anyone can run
@@ -33,6 +33,13 @@ _HASH_DIGITS = 8
 _SUFFIX_RESERVE = 1 + _HASH_DIGITS + 2  # "-" hash "-r", then the rep's digits
 
 Config = tuple[tuple[str, str], ...]  # (name, value as JSON) in the job file's order
+
+
+def param_text(value_json: str) -> str:
+    """A sweep parameter's value as the command and environment see it: a string as it
+    is, anything else as in JSON (``0.1``, ``true``)."""
+    value = json.loads(value_json)
+    return value if isinstance(value, str) else value_json
 
 
 def configurations(

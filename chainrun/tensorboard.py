@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from chainrun.errors import ChainrunError, TransportError, UsageError
 from chainrun.model import Chain
-from chainrun.schedulers.segment import run_dir, trust_run_dir
+from chainrun.rundir import trust_run_dir
+from chainrun.schedulers.segment import run_dir
 from chainrun.transport import Transport, transport_for
 
 if TYPE_CHECKING:

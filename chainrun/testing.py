@@ -31,8 +31,9 @@ from chainrun.checkpoint import SIDECAR_NAME
 from chainrun.checkpoint._progress import encode_progress
 from chainrun.errors import SchedulerError, TransportError
 from chainrun.model import CommandResult, LiveJob, Outcome, Phase
+from chainrun.schedulers.base import HelperFile
 from chainrun.schedulers.segment import SegmentJob
-from chainrun.transport import FileInfo, Transport
+from chainrun.transport import FileInfo
 
 _STEM = re.compile(r"\.sh\Z")
 _ARRAY_NAME = re.compile(r"^# fake array (\S+) ", re.MULTILINE)
@@ -231,8 +232,8 @@ class FakeScheduler:
     kind: ClassVar[str] = "fake"
     wrapper_signals: ClassVar[bool] = False
 
-    def prepare(self, transport: Transport) -> None:
-        pass  # its tools are the cluster's own
+    def helper_files(self) -> list[HelperFile]:
+        return []  # its tools are the cluster's own
 
     def directives(self, job: SegmentJob) -> list[str]:
         return [f"# fake job {job.tag}"]

@@ -838,6 +838,9 @@ def test_commands_that_only_look_import_no_service_ssh_or_logging_libraries(
     assert "LOADED []" in result.stderr, result.stderr
 
 
+STORE_MODULES = ("checked", "database", "migrations", "rows", "views", "writes")
+
+
 @pytest.mark.parametrize(
     ("args", "allowed"),
     [
@@ -845,12 +848,13 @@ def test_commands_that_only_look_import_no_service_ssh_or_logging_libraries(
         (
             ["submit", "--help"],  # the group's own option (--home) is handled first
             {"chainrun.cli", "chainrun.constants", "chainrun.errors", "chainrun.logs", "chainrun.model"}
-            | {"chainrun.store", "chainrun.localrunner"},  # the store's home is the runner's too
+            | {"chainrun.localrunner"},  # the store's home is the runner's too
         ),
         (
             ["status"],
             {"chainrun.cli", "chainrun.constants", "chainrun.errors", "chainrun.logs", "chainrun.model"}
-            | {"chainrun.status", "chainrun.store", "chainrun.localrunner"},
+            | {"chainrun.status", "chainrun.heartbeat", "chainrun.text", "chainrun.localrunner"}
+            | {"chainrun.store", *(f"chainrun.store.{m}" for m in STORE_MODULES)},
         ),
     ],
 )
@@ -859,7 +863,7 @@ def test_help_and_status_import_only_the_modules_they_use(
 ) -> None:
     """`--help` imports no chainrun module beyond the command line's own (the numbers its help
     shows are in chainrun.constants); a command's help and `status` add only the store (and
-    `status` its table), never the service, the engine, the schedulers or the job file parser."""
+    `status` its table, the text helpers and the heartbeat file), never the service, the engine, the schedulers or the job file parser."""
     probe = (
         "import sys\n"
         "from chainrun.cli import main\n"

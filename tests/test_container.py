@@ -12,7 +12,8 @@ import pytest
 
 from chainrun import container, jobfile
 from chainrun.errors import JobFileError
-from chainrun.schedulers.segment import SegmentJob, render_script
+from chainrun.schedulers.script import render_script
+from chainrun.schedulers.segment import SegmentJob
 from chainrun.schedulers.slurm import SlurmScheduler
 
 BASE = 'name = "t"\ncommand = "python3 train.py"\ntotal_time = "2h"\nwalltime = "1h"\n'

@@ -15,6 +15,7 @@ from chainrun.model import (
     Cancel,
     Chain,
     ChainState,
+    EndMarker,
     EndSegment,
     Finish,
     JobSpec,
@@ -26,7 +27,6 @@ from chainrun.model import (
     Submit,
     Track,
 )
-from chainrun.schedulers.segment import EndMarker
 
 SPEC = JobSpec(
     name="t",

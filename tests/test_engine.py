@@ -11,7 +11,8 @@ import pytest
 from test_decide import SPEC as DECIDE_SPEC
 
 from chainrun.decide import LOST_AFTER, Facts, backoff, decide
-from chainrun.engine import ACCOUNTING_FIRST, Engine
+from chainrun.decide.retry import ACCOUNTING_FIRST
+from chainrun.engine import Engine
 from chainrun.model import (
     NO_PROGRESS,
     Action,

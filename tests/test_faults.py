@@ -18,7 +18,8 @@ import pytest
 from conftest import wait_for
 
 from chainrun import jobfile
-from chainrun.engine import STUCK_AFTER, Engine
+from chainrun.decide.retry import STUCK_AFTER
+from chainrun.engine import Engine
 from chainrun.model import NO_PROGRESS, ChainState, Phase
 from chainrun.store import Store
 from chainrun.transport import FileInfo, LocalTransport

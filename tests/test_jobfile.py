@@ -12,9 +12,10 @@ from typing import Any, Callable
 
 import pytest
 
-from chainrun import jobfile
+from chainrun import jobfile, schema
+from chainrun.config import load_config
 from chainrun.errors import JobFileError
-from chainrun.service import load_config
+from chainrun.fields import parse_duration
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -62,14 +63,14 @@ def write(tmp_path: Path, text: str) -> Path:
 )
 def test_durations_in_every_accepted_form(text: str, seconds: int) -> None:
     """90s, 45m, 4h, 2d, 1h30m, HH:MM:SS (and Slurm's D-HH:MM:SS) all parse."""
-    assert jobfile.parse_duration(text) == seconds
+    assert parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["", "4", "4x", "h", "1:99:00", "-5m", "5 m m"])
 def test_non_durations_are_refused(text: str) -> None:
     """Anything else is not a duration."""
     with pytest.raises(ValueError):
-        jobfile.parse_duration(text)
+        parse_duration(text)
 
 
 def test_full_job_file_parses_into_spec(tmp_path: Path) -> None:
@@ -318,7 +319,7 @@ def test_a_tilde_of_no_user_is_one_line(tmp_path: Path, workdir: str) -> None:
 def test_durations_take_ascii_digits_and_nothing_after(text: str) -> None:
     """Python's \\d and int() take any script's digits, and $ matches before a final newline."""
     with pytest.raises(ValueError):
-        jobfile.parse_duration(text)
+        parse_duration(text)
 
 
 @pytest.mark.parametrize("text", ["213503982334601d", "366d", "8761h", "31536001s", "9999-00:00:00"])
@@ -354,7 +355,7 @@ def test_a_command_past_64_kib_is_refused(tmp_path: Path) -> None:
 
 def test_an_environment_past_the_kernels_limit_is_refused(tmp_path: Path) -> None:
     """Each variable under 64 KiB, but together past what exec() takes with the command."""
-    n = jobfile._arg_budget() // (60 << 10) + 1
+    n = schema.arg_budget() // (60 << 10) + 1
     values = "".join(f'V{i} = "{"x" * (60 << 10)}"\n' for i in range(n))
     path = write(tmp_path, BASE + "[env]\n" + values)
     refused(path, str(path), "env = ", "kernel's limit")

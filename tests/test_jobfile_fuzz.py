@@ -30,8 +30,9 @@ import pytest
 from click.testing import CliRunner
 from test_jobfile import HANG_S, _TimedOut, within
 
-from chainrun import jobfile
+from chainrun import schema
 from chainrun.cli import main
+from chainrun.fields import format_duration
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = 10  # issue 10; change it to explore, keep it fixed to reproduce
@@ -106,7 +107,7 @@ def duration(rng: random.Random, seconds: int) -> str:
     if rng.random() < 0.15:
         d, rest = divmod(seconds, 86400)
         return f"{d}-{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-    return jobfile.format_duration(seconds)
+    return format_duration(seconds)
 
 
 def base(rng: random.Random, kind: Optional[str] = None) -> dict[str, Any]:
@@ -354,7 +355,7 @@ def m_missing(rng: random.Random, k: int = 0) -> Case:
 def m_unknown_key(rng: random.Random, k: int = 0) -> Case:
     doc = base(rng)
     in_scheduler = rng.random() < 0.3
-    allowed = jobfile.SCHEDULER_KEYS if in_scheduler else jobfile.TOP_KEYS
+    allowed = schema.SCHEDULER_KEYS if in_scheduler else schema.TOP_KEYS
     known = one_of(rng, list(allowed))
     edits: list[Callable[[str], str]] = [
         lambda k: k[:-1],
@@ -545,7 +546,7 @@ def m_huge(rng: random.Random, k: int = 0) -> Case:
     if target == "key":
         return case("huge key", {"k" * rng.randrange(100, 50_000): 1, **doc}, "unknown key")
     # Each variable within 64 KiB, all together past the kernel's limit (the file stays under 1 MiB).
-    budget = jobfile._arg_budget() if hasattr(jobfile, "_arg_budget") else 512 << 10
+    budget = schema.arg_budget()
     size = 60 << 10
     doc["env"] = {f"V{i}": "v" * size for i in range(budget // size + 1)}
     return case("environment past ARG_MAX", doc, "env")
@@ -897,7 +898,7 @@ def sample() -> list[Case]:
     def on(field: str, value: Any) -> Case:
         return _set(base(rng, "local"), field, value, f"{field} = {str(value)[:30]!r}")
 
-    budget = jobfile._arg_budget() if hasattr(jobfile, "_arg_budget") else 512 << 10
+    budget = schema.arg_budget()
     env_doc = base(rng, "local")
     env_doc["env"] = {f"V{i}": "v" * (60 << 10) for i in range(budget // (60 << 10) + 1)}
     return [

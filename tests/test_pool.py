@@ -24,10 +24,12 @@ from test_decide import SPEC as DECIDE_SPEC
 from test_store import SPEC as STORE_SPEC
 from test_store import old_database
 
+from chainrun.cluster import Cluster
 from chainrun.decide import place
 from chainrun.engine import Engine
 from chainrun.errors import JobFileError
-from chainrun.jobfile import parse, tomllib
+from chainrun.fields import tomllib
+from chainrun.jobfile import parse
 from chainrun.live import Follower
 from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, SchedulerSpec
 from chainrun.schedulers.local import LocalScheduler, runner_path, runner_source
@@ -378,26 +380,27 @@ def test_a_version_4_database_gains_segment_hosts_and_its_chains_still_load(tmp_
 def test_the_runner_is_copied_once_private_and_again_when_someone_else_could_change_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``prepare`` on a remote host (here: this machine's transport, HOME in a temporary
+    """Preparing a remote host (here: this machine's transport, HOME in a temporary
     directory) writes the runner by its content's hash, 0600, leaves a good copy alone, and
     writes it again when it is open to others or not whole."""
     monkeypatch.setenv("HOME", str(tmp_path))
-    backend, transport = LocalScheduler(host="gpu1"), LocalTransport()
+    backend = LocalScheduler(host="gpu1")
+    cluster = Cluster(backend, LocalTransport())
     assert backend.poll_argv() == ["python3", runner_path(), "poll"]
     copy = tmp_path / runner_path()
-    backend.prepare(transport)
+    cluster.prepare()
     assert copy.read_bytes() == runner_source() and copy.stat().st_mode & 0o777 == 0o600
     assert (tmp_path / ".chainrun").stat().st_mode & 0o777 == 0o700
     before = copy.stat().st_ino
-    backend.prepare(transport)
+    cluster.prepare()
     assert copy.stat().st_ino == before  # there already: not written again
     copy.chmod(0o666)
-    backend.prepare(transport)
+    cluster.prepare()
     assert copy.stat().st_mode & 0o777 == 0o600
     copy.write_bytes(runner_source()[:100])
-    backend.prepare(transport)
+    cluster.prepare()
     assert copy.read_bytes() == runner_source()
-    LocalScheduler().prepare(transport)  # this machine runs the installed module: nothing to copy
+    assert LocalScheduler().helper_files() == []  # this machine runs the installed module: nothing to copy
     assert LocalScheduler().poll_argv()[1:] == ["-m", "chainrun.localrunner", "poll"]
 
 

@@ -27,9 +27,9 @@ import pytest
 import structlog
 from conftest import REPO, cli_env, have, need, wait_for
 
-from chainrun import daemon as service_module
-from chainrun import jobfile, logs
-from chainrun import service as unit
+from chainrun import config as service_config
+from chainrun import jobfile, logs, sdnotify, systemd
+from chainrun import service as service_module
 from chainrun.engine import TickSummary
 from chainrun.errors import JobFileError, StoreUnavailable
 from chainrun.model import NO_PROGRESS
@@ -200,7 +200,7 @@ def run_cli(
 
 
 def exec_start(unit_text: str) -> list[str]:
-    line = unit.unit_exec_start(unit_text)
+    line = systemd.unit_exec_start(unit_text)
     assert line is not None
     return shlex.split(line)
 
@@ -295,7 +295,7 @@ def in_process(
         logs.setup("info", stream=out)
         monkeypatch.setattr(service_module, "Engine", engine)
         kwargs.setdefault("config_path", tmp_path / "no-config.toml")
-        notify = unit.SdNotify(listener.name, watchdog_usec=400_000)
+        notify = sdnotify.SdNotify(listener.name, watchdog_usec=400_000)
         return InProcess(service_module.Service(home, notify=notify, **kwargs), out)
 
     return make
@@ -316,12 +316,12 @@ def test_shipped_unit_passes_systemd_analyze_verify_without_a_word(tmp_path: Pat
 
 def test_shipped_unit_is_exactly_what_install_writes_for_the_default_path() -> None:
     """The shipped file and the installer's template cannot drift apart."""
-    assert (REPO / "systemd" / "chainrun.service").read_text() == unit.shipped_unit()
+    assert (REPO / "systemd" / "chainrun.service").read_text() == systemd.shipped_unit()
 
 
 def test_shipped_unit_declares_notify_watchdog_reload_restart_and_quick_stop() -> None:
     """The unit's settings that the service's behaviour relies on."""
-    text = unit.shipped_unit()
+    text = systemd.shipped_unit()
     for line in (
         "Type=notify",
         "ExecReload=/bin/kill -HUP $MAINPID",
@@ -447,7 +447,7 @@ def test_config_unknown_key_is_an_error_that_names_it(tmp_path: Path) -> None:
     path = tmp_path / "config.toml"
     path.write_text('on_edn = "true"\n')
     with pytest.raises(JobFileError, match="unknown key on_edn; allowed here: on_end, webhook, interval"):
-        unit.load_config(path)
+        service_config.load_config(path)
 
 
 @pytest.mark.parametrize(
@@ -477,16 +477,16 @@ def test_config_bad_values_are_errors_naming_the_field(tmp_path: Path, text: str
     path = tmp_path / "config.toml"
     path.write_text(text + "\n")
     with pytest.raises(JobFileError, match=re.escape(problem)):
-        unit.load_config(path)
+        service_config.load_config(path)
 
 
 def test_config_interval_takes_durations_and_seconds_and_a_missing_file_is_defaults(tmp_path: Path) -> None:
     """interval = "1m" and interval = 60 mean the same; no file means nothing set."""
     path = tmp_path / "config.toml"
     path.write_text('interval = "1m"\non_end = "notify-send done"\n')
-    assert unit.load_config(path).interval == 60.0
+    assert service_config.load_config(path).interval == 60.0
     path.write_text("interval = 60\n")
-    assert unit.load_config(path).interval == 60.0
+    assert service_config.load_config(path).interval == 60.0
     for text, seconds in (
         ("0.2", 0.2),
         ("3600", 3600.0),
@@ -495,16 +495,18 @@ def test_config_interval_takes_durations_and_seconds_and_a_missing_file_is_defau
         ('"00:01:30"', 90.0),
     ):
         path.write_text(f"interval = {text}\n")
-        assert unit.load_config(path).interval == seconds
-    assert unit.load_config(tmp_path / "none.toml") == unit.ServiceConfig(path=str(tmp_path / "none.toml"))
+        assert service_config.load_config(path).interval == seconds
+    assert service_config.load_config(tmp_path / "none.toml") == service_config.ServiceConfig(
+        path=str(tmp_path / "none.toml")
+    )
 
 
 def test_systemd_quote_escapes_specifiers_variables_and_spaces() -> None:
     """% and $ are doubled and words with spaces quoted, so systemd reads back the same word."""
-    assert unit.systemd_quote("/opt/bin/chainrun") == "/opt/bin/chainrun"
-    assert unit.systemd_quote("/a b/c") == '"/a b/c"'
-    assert unit.systemd_quote("/x/50%/$HOME") == "/x/50%%/$$HOME"
-    assert unit.systemd_quote('say "hi"') == '"say \\"hi\\""'
+    assert systemd.systemd_quote("/opt/bin/chainrun") == "/opt/bin/chainrun"
+    assert systemd.systemd_quote("/a b/c") == '"/a b/c"'
+    assert systemd.systemd_quote("/x/50%/$HOME") == "/x/50%%/$$HOME"
+    assert systemd.systemd_quote('say "hi"') == '"say \\"hi\\""'
 
 
 # -- sd_notify --------------------------------------------------------------------
@@ -517,7 +519,7 @@ def test_sd_notify_reaches_a_filesystem_socket_and_an_abstract_one(tmp_path: Pat
         for address in (str(short / "notify"), None):
             sock = Listener(address)
             try:
-                notify = unit.SdNotify(sock.name)
+                notify = sdnotify.SdNotify(sock.name)
                 assert notify.send("READY=1", "STATUS=1 running, 0 queued, 0 failed")
                 sock.wait(lambda f: f.startswith("STATUS="), 30, "the status")
                 assert sock.messages[0][1] == ["READY=1", "STATUS=1 running, 0 queued, 0 failed"]
@@ -533,15 +535,15 @@ def test_sd_notify_without_socket_is_a_no_op_and_hides_its_variables_from_childr
 ) -> None:
     """Outside systemd nothing is sent; inside, children never inherit NOTIFY_SOCKET."""
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
-    assert unit.SdNotify.from_environ().send("READY=1") is False
+    assert sdnotify.SdNotify.from_environ().send("READY=1") is False
     monkeypatch.setenv("NOTIFY_SOCKET", "@x")
     monkeypatch.setenv("WATCHDOG_USEC", "4000000")
-    notify = unit.SdNotify.from_environ()
+    notify = sdnotify.SdNotify.from_environ()
     assert notify.watchdog_period == 2.0
     assert "NOTIFY_SOCKET" not in os.environ and "WATCHDOG_USEC" not in os.environ
     monkeypatch.setenv("WATCHDOG_USEC", "4000000")
     monkeypatch.setenv("WATCHDOG_PID", "1")  # the watchdog is someone else's
-    assert unit.SdNotify.from_environ().watchdog_period is None
+    assert sdnotify.SdNotify.from_environ().watchdog_period is None
 
 
 def test_ready_comes_only_after_the_first_tick_adopted_an_interrupted_submission(
@@ -1053,7 +1055,9 @@ def test_a_bad_interval_in_the_config_stops_the_service_start_in_one_line(
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     result = chainrun("daemon", timeout=60)
     assert result.returncode == 2
-    assert result.stderr.splitlines() == [f"chainrun: {config}: interval = nan: must be {unit.INTERVAL_HELP}"]
+    assert result.stderr.splitlines() == [
+        f"chainrun: {config}: interval = nan: must be {service_config.INTERVAL_HELP}"
+    ]
 
 
 # -- logs ---------------------------------------------------------------------------

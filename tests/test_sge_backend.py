@@ -19,7 +19,8 @@ import pytest
 from chainrun.errors import SchedulerError
 from chainrun.model import JobSpec, LiveJob, Outcome, Phase, SchedulerSpec
 from chainrun.schedulers import scheduler_for
-from chainrun.schedulers.segment import SegmentJob, render_script
+from chainrun.schedulers.script import render_script
+from chainrun.schedulers.segment import SegmentJob
 from chainrun.schedulers.sge import SgeScheduler
 from chainrun.transport import CommandResult
 

@@ -11,7 +11,8 @@ import pytest
 
 from chainrun.errors import SchedulerError
 from chainrun.model import JobSpec, Outcome, Phase, SchedulerSpec
-from chainrun.schedulers.segment import SegmentJob, render_script
+from chainrun.schedulers.script import render_script
+from chainrun.schedulers.segment import SegmentJob
 from chainrun.schedulers.slurm import STATES, SlurmScheduler, slurm_time
 from chainrun.transport import CommandResult
 

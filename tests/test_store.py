@@ -19,7 +19,6 @@ import pytest
 from conftest import have
 from test_engine import World
 
-from chainrun import store as store_module
 from chainrun.errors import StoreError, StoreUnavailable, UsageError
 from chainrun.model import (
     NO_PROGRESS,
@@ -30,14 +29,18 @@ from chainrun.model import (
     EndSegment,
     Finish,
     JobSpec,
+    MarkStuck,
     Outcome,
     Phase,
     Progress,
     RetryLater,
     Submit,
     Track,
+    Wait,
 )
 from chainrun.store import MIGRATIONS, SCHEMA_VERSION, Glance, Store
+from chainrun.store import database as database_module
+from chainrun.store import writes as writes_module
 
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -105,7 +108,7 @@ def test_a_chain_id_already_taken_is_drawn_again(tmp_path: Path, monkeypatch: py
     """Six random hex digits meet among thousands of chains of one name: the second chain
     used to fail with sqlite3's IntegrityError; it gets another id."""
     drawn = iter(["cifar-aaaaaa", "cifar-aaaaaa", "cifar-bbbbbb"])
-    monkeypatch.setattr(store_module, "new_chain_id", lambda name: next(drawn))
+    monkeypatch.setattr(writes_module, "new_chain_id", lambda name: next(drawn))
     store = Store(tmp_path / "home")
     ids = [store.add_chain(SPEC, NO_PROGRESS, now=1.0).id for _ in range(2)]
     assert ids == ["cifar-aaaaaa", "cifar-bbbbbb"]
@@ -444,7 +447,7 @@ def test_opening_the_database_keeps_its_mode_and_a_new_one_is_private(tmp_path: 
 def test_a_lock_held_elsewhere_is_named_at_open_migration_and_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_module, "BUSY_TIMEOUT", 0.2)
+    monkeypatch.setattr(database_module, "BUSY_TIMEOUT", 0.2)
     home = tmp_path / "home"
     (abc,) = chains(home, "abc")
     holder = raw(home)
@@ -582,13 +585,13 @@ def varied(store: Store, now: float) -> dict[str, str]:
     run(held, 1, "21")
     store.record(held, [Track(1, Phase.PENDING, "JobHeldUser", None, None)], None, [], now)
     waiting = add(pool)
-    store.set_waiting(waiting, "waiting for a free slot on gpu1, gpu2", now)
+    store.record(waiting, [Wait("waiting for a free slot on gpu1, gpu2")], None, [], now)
     placed = add(pool)
     run(placed, 1, "31", host="gpu2")
     add(sweep)
     stuck = add()
     run(stuck, 1, "41")
-    store.set_stuck(stuck, True, "ticks keep failing: disk full", now)
+    store.record(stuck, [MarkStuck("ticks keep failing: disk full")], None, [], now)
     ends = (
         (ChainState.COMPLETED, Outcome.COMPLETED, False, now - 600),
         (ChainState.EXHAUSTED, Outcome.TIMEOUT, False, now - 500),

@@ -161,7 +161,8 @@ def test_the_sweep_line_counts_states_and_names_each_metrics_lowest_and_highest(
     same reader the service uses, and the sweep's head line names whose is lowest and highest."""
     from dataclasses import replace
 
-    from chainrun import status, watch
+    from chainrun import progress as reading
+    from chainrun import status
     from chainrun.checkpoint import write_progress
     from chainrun.model import Chain, ChainState
     from chainrun.transport import LocalTransport
@@ -173,7 +174,7 @@ def test_the_sweep_line_counts_states_and_names_each_metrics_lowest_and_highest(
         ckpt.mkdir()
         (ckpt / "m.pt").write_bytes(b"weights")
         write_progress(ckpt, epoch=3, step=0, file="m.pt", metrics={"loss": loss, "note": "text"})
-        progress = watch.progress(LocalTransport(), replace(one, checkpoint_dir=str(ckpt)))
+        progress = reading.read(LocalTransport(), replace(one, checkpoint_dir=str(ckpt)))
         assert progress is not None and progress.metrics == (("loss", loss),)
         state = ChainState.COMPLETED if i else ChainState.ACTIVE
         chains.append(

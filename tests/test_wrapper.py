@@ -15,8 +15,9 @@ import pytest
 from conftest import need, wait_for
 from test_slurm_backend import hostile_spec
 
-from chainrun.model import Progress
-from chainrun.schedulers.segment import EndMarker, SegmentJob, StartMarker, render_script
+from chainrun.model import EndMarker, Progress
+from chainrun.schedulers.script import render_script
+from chainrun.schedulers.segment import SegmentJob, parse_end_marker, parse_start_marker
 from chainrun.schedulers.slurm import SlurmScheduler
 
 
@@ -51,7 +52,7 @@ def start_logged(job: SegmentJob) -> subprocess.Popen[bytes]:
 
 
 def marker(job: SegmentJob) -> EndMarker:
-    found = EndMarker.parse(Path(job.stem + ".end").read_bytes())
+    found = parse_end_marker(Path(job.stem + ".end").read_bytes())
     assert found is not None
     return found
 
@@ -187,7 +188,7 @@ def test_markers_record_the_checkpoint_each_segment_found_and_left(work: Path) -
         work, f'printf "%s\\n" "{later}" > "$CHAINRUN_CHECKPOINT_DIR/chainrun-progress.json"'
     )
     assert proc.returncode == 0, proc.stderr
-    start = StartMarker.parse(Path(job.stem + ".start").read_bytes())
+    start = parse_start_marker(Path(job.stem + ".start").read_bytes())
     assert start.progress == Progress(epoch=3, step=0, saved_at=1700000000.25)
     assert marker(job).progress == Progress(epoch=5, step=0, saved_at=1700000100.5)
 
@@ -351,7 +352,7 @@ def test_with_progress_file_key_the_markers_and_the_skip_read_the_scripts_own_js
     )
     job = SegmentJob("hostile-1a2b3c", 1, spec, 60)
     assert start_logged(job).wait(timeout=60) == 0
-    start = StartMarker.parse(Path(job.stem + ".start").read_bytes())
+    start = parse_start_marker(Path(job.stem + ".start").read_bytes())
     assert start.progress is not None and start.progress.epoch == 4
     assert marker(job).progress == Progress(epoch=9, saved_at=state.stat().st_mtime)
 

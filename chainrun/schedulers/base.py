@@ -1,23 +1,31 @@
 """What every scheduler backend provides, and the parsing they share.
 
 A backend is a set of pure command builders and output parsers: it never runs
-anything itself. The engine runs the commands it builds through a transport
-and hands the results back to its parsers. What a segment's job looks like to
-every backend (names, paths, the wrapper and its markers) is in ``segment``.
+anything itself, and never touches a file. ``cluster.Cluster.call`` runs the
+commands it builds through a transport and hands the results back to its
+parsers. What a segment's job looks like to every backend (names, paths and
+markers) is in ``segment``; the scripts it runs, in ``script``.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, Optional, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import ClassVar, Optional, Protocol, runtime_checkable
 
 from chainrun.errors import SchedulerError
 from chainrun.model import CommandResult, LiveJob
 from chainrun.schedulers.segment import SegmentJob
 
-if TYPE_CHECKING:
-    from chainrun.transport import Transport
+
+@dataclass(frozen=True)
+class HelperFile:
+    """A file a backend's commands need on the host they run on (the local runner's own
+    copy, on a remote workstation), placed there before the first command runs."""
+
+    path: str  # "~/..." for the login directory
+    data: bytes
 
 
 class Scheduler(Protocol):
@@ -28,9 +36,9 @@ class Scheduler(Protocol):
     # before its walltime kill; the wrapper then sends it to itself.
     wrapper_signals: ClassVar[bool]
 
-    def prepare(self, transport: Transport) -> None:
-        """Make this backend's commands runnable through ``transport``, before a tick runs
-        any: the local runner copies itself to a remote host. Raises TransportError."""
+    def helper_files(self) -> list[HelperFile]:
+        """The files this backend's commands need where they run (none for a cluster's own
+        tools); placed, once, before a tick runs any of them."""
 
     def directives(self, job: SegmentJob) -> list[str]:
         """Header lines (``#SBATCH ...``) placed right after the shebang."""
@@ -99,6 +107,12 @@ def command_error(
     if result.returncode == 127:
         return SchedulerError(f"{tool} not found: {missing} ({message})", transient=False)
     return SchedulerError(message, transient=bool(transient.search(message)))
+
+
+def parse_cancel(result: CommandResult) -> None:
+    """A cancel's answer, the same for every backend: nothing, or what went wrong."""
+    if not result.ok:
+        raise SchedulerError(f"cancel: {result.describe()}", transient=True)
 
 
 def submitted_id(tool: str, result: CommandResult, separator: str) -> str:

@@ -4,10 +4,10 @@ Builds ``python -m chainrun.localrunner`` commands and parses their output,
 exactly as the Slurm and SGE backends do with sbatch and squeue, so the engine
 treats a workstation like any other cluster (over SSH too).
 
-A workstation reached over SSH needs no chainrun: ``prepare`` copies the
-runner (one file, standard library only) to ``~/.chainrun/runner/``, named by
-its content's hash, once per host and chainrun version, and the commands run
-it with the host's ``python3``.
+A workstation reached over SSH needs no chainrun: the runner (one file,
+standard library only) is copied to ``~/.chainrun/runner/`` (``helper_files``),
+named by its content's hash, once per host and chainrun version, and the
+commands run it with the host's ``python3``.
 """
 
 from __future__ import annotations
@@ -17,14 +17,12 @@ import hashlib
 import json
 import sys
 from importlib import resources
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
 from chainrun.model import CommandResult, LiveJob, Outcome, Phase
+from chainrun.schedulers.base import HelperFile
 from chainrun.schedulers.segment import SegmentJob
-
-if TYPE_CHECKING:
-    from chainrun.transport import Transport
 
 RUNNER_DIR = ".chainrun/runner"  # on a remote host, relative to the login directory
 
@@ -41,26 +39,14 @@ class LocalScheduler:
     def _argv(self, *args: str) -> list[str]:
         if self.host is None:  # this machine: the interpreter chainrun runs under
             return [sys.executable, "-m", "chainrun.localrunner", *args]
-        # A remote workstation: its login shell's python3, running the copy ``prepare`` made.
+        # A remote workstation: its login shell's python3, running the copy of ``helper_files``.
         return ["python3", runner_path(), *args]
 
-    def prepare(self, transport: Transport) -> None:
-        """On a remote host, copy the runner there unless it is there already (and ours)."""
+    def helper_files(self) -> list[HelperFile]:
+        """On a remote host, the runner's own copy (on this machine it is the package's)."""
         if self.host is None:
-            return
-        path = "~/" + runner_path()
-        info = transport.stat(path)
-        source = runner_source()
-        if (
-            info is not None
-            and info.is_file
-            and info.size == len(source)
-            and info.uid == transport.user_id()
-            and not info.mode & 0o022
-        ):
-            return
-        transport.makedirs("~/" + RUNNER_DIR, mode=0o700)
-        transport.write_file(path, source, mode=0o600)  # whole or not at all
+            return []
+        return [HelperFile("~/" + runner_path(), runner_source())]
 
     def directives(self, job: SegmentJob) -> list[str]:
         return [f"# local runner job {job.tag}"]

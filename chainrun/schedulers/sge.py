@@ -13,15 +13,12 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
 from chainrun.model import CommandResult, LiveJob, Outcome, Phase
-from chainrun.schedulers.base import command_error, submitted_id
+from chainrun.schedulers.base import HelperFile, command_error, submitted_id
 from chainrun.schedulers.segment import SegmentJob
-
-if TYPE_CHECKING:
-    from chainrun.transport import Transport
 
 UTC_ENV = ["env", "TZ=UTC"]
 QSTAT_TIME = "%Y-%m-%dT%H:%M:%S"  # 2026-11-25T22:15:05
@@ -104,8 +101,8 @@ class SgeScheduler:
     # signal ``grace`` seconds before h_rt instead.
     wrapper_signals: ClassVar[bool] = True
 
-    def prepare(self, transport: Transport) -> None:
-        pass  # its tools are the cluster's own
+    def helper_files(self) -> list[HelperFile]:
+        return []  # its tools are the cluster's own
 
     def directives(self, job: SegmentJob) -> list[str]:
         spec = job.spec

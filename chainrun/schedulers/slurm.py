@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
 from chainrun.model import CommandResult, LiveJob, Outcome, Phase
-from chainrun.schedulers.base import command_error, submitted_id
+from chainrun.schedulers.base import HelperFile, command_error, submitted_id
 from chainrun.schedulers.segment import SegmentJob
-
-if TYPE_CHECKING:
-    from chainrun.transport import Transport
 
 # Times as epoch seconds: Slurm prints local time without a zone otherwise, and
 # the service may run in another zone than the cluster (over SSH).
@@ -121,8 +118,8 @@ class SlurmScheduler:
     task_index_shell: ClassVar[str] = "${SLURM_ARRAY_TASK_ID:-}"
     task_id_shell: ClassVar[str] = "${SLURM_ARRAY_JOB_ID:-}_${SLURM_ARRAY_TASK_ID:-}"
 
-    def prepare(self, transport: Transport) -> None:
-        pass  # its tools are the cluster's own
+    def helper_files(self) -> list[HelperFile]:
+        return []  # its tools are the cluster's own
 
     def directives(self, job: SegmentJob) -> list[str]:
         return self.array_directives(job, job.tag)

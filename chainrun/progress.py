@@ -16,7 +16,7 @@ The service keeps one ``ProgressReader`` across ticks. It stats the sidecar
 (without following a symlink) every tick and reads it again only when its
 size or mtime changed, and it logs a problem with a sidecar once, not on
 every tick, until the sidecar reads well again. The module-level
-``progress`` is a fresh reader for one-off reads, such as at submission.
+``read`` is a fresh reader for one-off reads, such as at submission.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class ProgressReader:
             log.warning(event, host=host or "localhost", path=path, error=error)
 
 
-def progress(transport: Transport, spec: JobSpec) -> Optional[Progress]:
+def read(transport: Transport, spec: JobSpec) -> Optional[Progress]:
     """The chain's progress now, read once; None when the sidecar exists but is unreadable."""
     return ProgressReader().progress(transport, spec)
 

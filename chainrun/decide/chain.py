@@ -1,4 +1,4 @@
-"""The chain state machine: facts in, actions out. Every rule lives here.
+"""The chain state machine: facts in, actions out.
 
 ``decide`` is pure: it takes a chain as stored and the plain facts the engine
 gathered this tick (what the scheduler's live view, the wrapper's markers and
@@ -6,21 +6,19 @@ accounting say of each job, which jobs carry the chain's tags, what the
 checkpoint says now) and returns the actions that bring the chain forward,
 each with its reason: track a job, adopt one an interrupted service left
 behind, submit, remove a stuck or duplicate job, end a segment (charged or
-not, lost included), cancel, end the chain. ``after_submit`` turns a failed
-submission into "retry later" or "rejected"; ``place`` picks the host of a
-pool's new segment from each host's free slots. None does I/O or reads a
-clock, so every rule of DESIGN.md "Chain rules" is pinned by table tests.
+not, lost included), cancel, end the chain, and mark a stuck chain active
+again. It does no I/O and reads no clock, so every rule of DESIGN.md "Chain
+rules" is pinned by table tests.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
-from chainrun.errors import SchedulerError, TransportError, UnsafePathError
-from chainrun.jobfile import format_duration
+from chainrun.fields import format_duration
 from chainrun.model import (
     NO_PROGRESS,
     Action,
@@ -28,27 +26,22 @@ from chainrun.model import (
     Cancel,
     Chain,
     ChainState,
+    EndMarker,
     EndSegment,
     Finish,
     LiveJob,
     Outcome,
     Phase,
     Progress,
-    Reject,
     Remove,
-    RetryLater,
     Segment,
+    StartMarker,
     Submit,
     Track,
+    Unstick,
 )
-from chainrun.schedulers.segment import EndMarker, StartMarker
 
 LOST_AFTER = 180.0  # seconds a job may be gone without a trace before it is "lost"
-
-
-def backoff(attempts: int) -> float:
-    """Seconds before retrying a submission that failed ``attempts`` times."""
-    return float(min(300, 5 * 2 ** max(0, attempts - 1)))
 
 
 @dataclass(frozen=True)
@@ -93,9 +86,17 @@ class _Ending:
 
 
 def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
-    """The actions that move ``chain`` forward."""
+    """The actions that move ``chain`` forward; a stuck chain's tick works again, so it is
+    active again first."""
     if chain.state.final:
         return []
+    actions = _moves(chain, facts, now)
+    if chain.state is ChainState.STUCK:
+        return [Unstick("a tick succeeded again"), *actions]
+    return actions
+
+
+def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
     spec = chain.spec
     live = sorted(chain.live, key=lambda s: s.n)
     if chain.cancel_requested:
@@ -237,19 +238,9 @@ def quiet_until(chain: Chain, now: float) -> float:
     Every other rule reads the chain and the facts alone (an answer with actions holds
     ``now`` itself: this is only for an empty one). The engine skips ``decide`` for a
     chain whose stored row and facts did not change until then."""
-    times = [_lost_at(s.missing_since) for s in chain.live if s.missing_since is not None]
+    times = [lost_at(s.missing_since) for s in chain.live if s.missing_since is not None]
     times += [s.retry_at for s in chain.live if s.phase is Phase.SUBMITTING and s.retry_at is not None]
     return min(times, default=math.inf)
-
-
-def after_submit(
-    n: int, attempts: int, error: SchedulerError | TransportError | UnsafePathError, now: float
-) -> Action:
-    """What the ``attempts``-th failed submission of segment ``n`` means: retry later,
-    or rejected for good (the scheduler refused it, or its run directory is not safe)."""
-    if isinstance(error, UnsafePathError) or (isinstance(error, SchedulerError) and not error.transient):
-        return Reject(n=n, reason=str(error))
-    return RetryLater(n=n, at=now + backoff(attempts), reason=str(error))
 
 
 # -- what happened to a job ----------------------------------------------------------
@@ -295,7 +286,7 @@ def _ending(job: JobFacts) -> Optional[_Ending]:
 
 def _lost(seg: Segment, job: JobFacts, now: float) -> Optional[_Ending]:
     """A job gone from the scheduler with no record of its end, for long enough."""
-    if job.live is not None or seg.missing_since is None or now < _lost_at(seg.missing_since):
+    if job.live is not None or seg.missing_since is None or now < lost_at(seg.missing_since):
         return None
     return _Ending(
         Outcome.LOST,
@@ -306,7 +297,7 @@ def _lost(seg: Segment, job: JobFacts, now: float) -> Optional[_Ending]:
     )
 
 
-def _lost_at(missing_since: float) -> float:
+def lost_at(missing_since: float) -> float:
     """When a job gone from the scheduler since ``missing_since`` (and not back) is lost."""
     return missing_since + LOST_AFTER
 
@@ -483,14 +474,3 @@ def _finish(chain: Chain, facts: Facts, live: list[Segment], state: ChainState, 
         Cancel(n=s.n, job_id=_job_of(s, facts), reason=f"chain {state.value}") for s in live
     ]
     return [*cancels, Finish(state=state, reason=reason)]
-
-
-def place(hosts: Sequence[str], previous: Optional[str], free: Mapping[str, int]) -> Optional[str]:
-    """The pool host for a chain's next segment, from each reachable host's free slots
-    (``free``; a host missing there did not answer): the host it ran on before when that
-    one has a free slot (its checkpoint may be on that host's disk), else the one with
-    the most free slots (the first listed, on a tie); None when no host has one."""
-    if previous is not None and free.get(previous, 0) > 0:
-        return previous
-    best = max(hosts, key=lambda h: free.get(h, 0), default=None)
-    return best if best is not None and free.get(best, 0) > 0 else None

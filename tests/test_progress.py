@@ -31,7 +31,7 @@ from test_transport import (
     sshd_problem,
 )
 
-from chainrun import watch
+from chainrun import progress as reading
 from chainrun.checkpoint import SIDECAR_NAME, write_progress
 from chainrun.model import NO_PROGRESS, JobSpec, Progress
 from chainrun.transport import LocalTransport, SSHTransport, Transport
@@ -151,15 +151,15 @@ def test_a_sidecar_written_by_write_progress_is_read(
 ) -> None:
     put_sidecar(transport, ckdir, tmp_path, epoch=7, mtime=None)
     expected = Progress(epoch=7, step=0, file="ckpt.pt", sha256=SHA, saved_at=1000.0, segment=1)
-    assert watch.progress(transport, spec_for(ckdir)) == expected
-    assert watch.ProgressReader().progress(transport, spec_for(ckdir)) == expected
+    assert reading.read(transport, spec_for(ckdir)) == expected
+    assert reading.ProgressReader().progress(transport, spec_for(ckdir)) == expected
 
 
 def test_an_unchanged_sidecar_is_not_read_again_and_a_changed_one_is(
     transport: Transport, ckdir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each tick stats the sidecar; only a new size or mtime makes it read the file again."""
-    reader, spec = watch.ProgressReader(), spec_for(ckdir)
+    reader, spec = reading.ProgressReader(), spec_for(ckdir)
     put_sidecar(transport, ckdir, tmp_path, epoch=1, mtime=LONG_AGO)
     reads = count_reads(transport, monkeypatch)
     assert [epoch(tick(lambda: reader.progress(transport, spec))) for _ in range(3)] == [1, 1, 1]
@@ -176,7 +176,7 @@ def test_a_sidecar_rewritten_in_the_second_it_was_read_is_read_again(
     transport: Transport, ckdir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SFTP's mtimes are whole seconds: a fresh sidecar is trusted only once it has settled."""
-    reader, spec = watch.ProgressReader(), spec_for(ckdir)
+    reader, spec = reading.ProgressReader(), spec_for(ckdir)
     # Fresh, with the cluster's clock a little ahead: not settled, however slowly this test runs.
     fresh = int(time.time()) + 30
     put_sidecar(transport, ckdir, tmp_path, epoch=1, mtime=fresh)
@@ -194,14 +194,14 @@ def test_without_a_sidecar_the_newest_regular_checkpoint_stands_in(
     transport: Transport, ckdir: str, request: pytest.FixtureRequest
 ) -> None:
     spec = spec_for(ckdir)
-    assert watch.progress(transport, spec) == NO_PROGRESS
+    assert reading.read(transport, spec) == NO_PROGRESS
     for name, mtime in (("a.pt", LONG_AGO), ("b.pt", LONG_AGO + 10), (".hidden", LONG_AGO + 20)):
         transport.write_file(f"{ckdir}/{name}", b"x")
         set_mtime(transport, f"{ckdir}/{name}", mtime)
     make_special(transport, "FIFO", f"{ckdir}/c.fifo")
     request.addfinalizer(lambda: release_fifo(f"{ckdir}/c.fifo"))
     make_special(transport, "symlink to /dev/zero", f"{ckdir}/d.pt")
-    progress = call_within(HANG_S, lambda: watch.ProgressReader().progress(transport, spec))
+    progress = call_within(HANG_S, lambda: reading.ProgressReader().progress(transport, spec))
     assert progress == Progress(file="b.pt", saved_at=float(LONG_AGO + 10))
 
 
@@ -218,7 +218,7 @@ def test_a_hostile_sidecar_gives_no_new_progress_at_once_in_little_memory(
     request.addfinalizer(lambda: release_fifo(path))
     spec = spec_for(ckdir)
     with capture_logs():
-        progress, peak = peak_memory(lambda: tick(lambda: watch.progress(transport, spec)))
+        progress, peak = peak_memory(lambda: tick(lambda: reading.read(transport, spec)))
     assert progress is None
     assert peak < 100 * MiB
 
@@ -231,7 +231,7 @@ def test_a_hostile_sidecar_is_logged_once_across_ticks(
     path = f"{ckdir}/{SIDECAR_NAME}"
     make_special(transport, kind, path)
     request.addfinalizer(lambda: release_fifo(path))
-    reader, spec = watch.ProgressReader(), spec_for(ckdir)
+    reader, spec = reading.ProgressReader(), spec_for(ckdir)
     with capture_logs() as logs:
         for i in range(4):
             assert tick(lambda: reader.progress(transport, spec)) is None
@@ -246,7 +246,7 @@ def test_a_hostile_sidecar_is_logged_once_across_ticks(
 def test_an_unreadable_sidecar_is_logged_once_until_it_reads_well_again(
     transport: Transport, ckdir: str, tmp_path: Path
 ) -> None:
-    reader, spec = watch.ProgressReader(), spec_for(ckdir)
+    reader, spec = reading.ProgressReader(), spec_for(ckdir)
     path = f"{ckdir}/{SIDECAR_NAME}"
     with capture_logs() as logs:
         for i in range(3):
@@ -287,7 +287,7 @@ def test_the_epoch_is_read_from_the_scripts_own_json_file_at_its_key(
     set_mtime(transport, path, LONG_AGO)
     spec = replace(spec_for(ckdir), progress_file=path, progress_key="epoch")
     with capture_logs() as logs:
-        progress = tick(lambda: watch.ProgressReader().progress(transport, spec))
+        progress = tick(lambda: reading.ProgressReader().progress(transport, spec))
     if expected is None:
         assert progress is None
         assert [e["path"] for e in warnings_in(logs)] == [path]
@@ -299,5 +299,5 @@ def test_a_dotted_key_reaches_into_nested_objects(transport: Transport, ckdir: s
     path = f"{ckdir}/state.json"
     transport.write_file(path, b'{"meta": {"epoch": 3}, "epoch": 99}')
     spec = replace(spec_for(ckdir), progress_file=path, progress_key="meta.epoch")
-    progress = watch.progress(transport, spec)
+    progress = reading.read(transport, spec)
     assert progress is not None and progress.epoch == 3

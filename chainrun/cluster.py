@@ -1,0 +1,95 @@
+"""A cluster as the service reaches it: one scheduler backend and one transport, and the one
+function through which every scheduler command goes (``Cluster.call``).
+
+The backend builds each command and parses its answer; the transport runs it, on this
+machine or over SSH. ``call`` does both, so a failure is always one of two typed errors:
+``TransportError`` (the command could not be run or did not answer: retried, never
+charged) or the ``SchedulerError`` the backend's parser raises (transient, or permanent
+in the scheduler's own words). Nothing else in chainrun runs a scheduler command.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Sequence
+from typing import Callable, Optional, TypeVar
+
+from chainrun import rundir
+from chainrun.model import CommandResult, LiveJob
+from chainrun.schedulers.base import ArrayScheduler, Scheduler, parse_cancel
+from chainrun.schedulers.script import render_script
+from chainrun.schedulers.segment import SegmentJob
+from chainrun.transport import Transport
+
+POLL_TIMEOUT = 60.0
+SUBMIT_TIMEOUT = 120.0
+
+_T = TypeVar("_T")
+
+
+class Cluster:
+    """One scheduler reached through one transport."""
+
+    def __init__(self, scheduler: Scheduler, transport: Transport) -> None:
+        self.scheduler = scheduler
+        self.transport = transport
+        # The backend with job arrays (Slurm's --array), or None.
+        self.arrays: Optional[ArrayScheduler] = scheduler if isinstance(scheduler, ArrayScheduler) else None
+
+    def call(self, argv: Sequence[str], parse: Callable[[CommandResult], _T], timeout: float) -> _T:
+        """Run one scheduler command through the transport and parse its answer with the
+        backend: the one place a scheduler command runs."""
+        return parse(self.transport.run(argv, timeout=timeout))
+
+    def prepare(self) -> None:
+        """Place the files the backend's commands need (the local runner's copy on a remote
+        workstation), unless the one there is this one and this user's alone."""
+        me: Optional[int] = None
+        for helper in self.scheduler.helper_files():
+            info = self.transport.stat(helper.path)
+            me = self.transport.user_id() if me is None else me
+            if (
+                info is not None
+                and info.is_file
+                and info.size == len(helper.data)
+                and info.uid == me
+                and not info.mode & 0o022
+            ):
+                continue
+            self.transport.makedirs(posixpath.dirname(helper.path), mode=0o700)
+            self.transport.write_file(helper.path, helper.data, mode=0o600)  # whole or not at all
+
+    def poll(self) -> dict[str, LiveJob]:
+        """Every job of this user's the scheduler lists, by id: one command."""
+        return self.call(self.scheduler.poll_argv(), self.scheduler.parse_poll, POLL_TIMEOUT)
+
+    def write_script(self, job: SegmentJob) -> None:
+        """Write ``job``'s script into its run directory (trusted by the caller)."""
+        rundir.write_script(self.transport, job.script_path, render_script(self.scheduler, job))
+
+    def submit(self, job: SegmentJob) -> str:
+        """Write ``job``'s script and queue it; the job id."""
+        self.write_script(job)
+        return self.call(self.scheduler.submit_argv(job), self.scheduler.parse_submit, SUBMIT_TIMEOUT)
+
+    def submit_array(self, argv: Sequence[str]) -> str:
+        """Queue an array job (its script written by the caller); the id its tasks' ids start with."""
+        return self.call(argv, self.scheduler.parse_submit, SUBMIT_TIMEOUT)
+
+    def cancel(self, job_ids: list[str]) -> None:
+        """Cancel every one of ``job_ids``: one command."""
+        self.call(self.scheduler.cancel_argv(job_ids), parse_cancel, POLL_TIMEOUT)
+
+    def accounting(self, job_ids: list[str]) -> Optional[dict[str, LiveJob]]:
+        """What accounting knows of ``job_ids`` (one command); None for a backend without it."""
+        argv = self.scheduler.accounting_argv(job_ids)
+        if argv is None:
+            return None
+        return self.call(argv, self.scheduler.parse_accounting, POLL_TIMEOUT)
+
+    def explain(self, job_id: str) -> str:
+        """The scheduler's own words for why a job is held in an error state; "" if none."""
+        argv = self.scheduler.explain_argv(job_id)
+        if argv is None:
+            return ""
+        return self.call(argv, self.scheduler.parse_explain, POLL_TIMEOUT)

@@ -1,0 +1,86 @@
+"""Where and when a chain's new segment may start: the hosts of a pool (their free slots,
+the host a chain is placed on and observed on, why it waits), a sweep's ``max_concurrent``,
+and which first segments go out as tasks of one array job.
+
+Every function is pure: the engine counts what each host's poll shows and what this tick
+has placed, and asks here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Optional
+
+from chainrun.model import WAITING_FOR_A_SLOT, Chain, LiveJob, Phase, Submit, Wait
+
+
+def held_back(active: Iterable[Chain]) -> set[str]:
+    """The chains of sweeps with ``max_concurrent`` that wait to start: as many of a sweep's
+    chains are under way (a segment submitted, not ended) as it allows, the first ones
+    (by creation, then id) that have not started counted in."""
+    room: dict[str, int] = {}
+    waiting: dict[str, list[Chain]] = {}
+    for chain in active:
+        limit, sweep = chain.spec.max_concurrent, chain.spec.sweep_name
+        if limit is None:
+            continue
+        room[sweep] = room.get(sweep, limit) - bool(chain.segments)
+        if not chain.segments:
+            waiting.setdefault(sweep, []).append(chain)
+    held: set[str] = set()
+    for sweep, chains in waiting.items():
+        chains.sort(key=lambda c: (c.created_at, c.id))
+        held.update(c.id for c in chains[max(0, room[sweep]) :])
+    return held
+
+
+def as_array_task(chain: Chain, sub: Submit, arrays: bool) -> bool:
+    """A sweep's first segment, on a backend with job arrays, goes out as an array task."""
+    return sub.n == 1 and bool(chain.spec.sweep_name) and arrays
+
+
+def uses_slot(job: LiveJob) -> bool:
+    """Whether a job takes one of its host's slots: running, or ready to run (a job waiting
+    for its predecessor takes that one's slot, so it is not counted)."""
+    return job.phase is Phase.RUNNING or (job.phase is Phase.PENDING and job.reason != "Dependency")
+
+
+def free_slots(slots: int, jobs: Iterable[LiveJob], placed: int) -> int:
+    """A pool host's slots not in use by its jobs nor taken by the ``placed`` segments of this tick."""
+    return slots - sum(1 for job in jobs if uses_slot(job)) - placed
+
+
+def place(hosts: Sequence[str], previous: Optional[str], free: Mapping[str, int]) -> Optional[str]:
+    """The pool host for a chain's next segment, from each reachable host's free slots
+    (``free``; a host missing there did not answer): the host it ran on before when that
+    one has a free slot (its checkpoint may be on that host's disk), else the one with
+    the most free slots (the first listed, on a tie); None when no host has one."""
+    if previous is not None and free.get(previous, 0) > 0:
+        return previous
+    best = max(hosts, key=lambda h: free.get(h, 0), default=None)
+    return best if best is not None and free.get(best, 0) > 0 else None
+
+
+def observed_on(chain: Chain, reached: Collection[str]) -> Optional[str]:
+    """Where a pool's chain with no live segment is looked at this tick: the host it ran on
+    last (its checkpoint may be on that host's disk), else the first of its hosts that
+    answered; None when none did (it waits, like any chain whose cluster did not answer)."""
+    return next((h for h in [chain.host or "", *chain.spec.scheduler.hosts] if h in reached), None)
+
+
+def waiting_reason(hosts: Sequence[str], reached: Collection[str]) -> str:
+    """Why a pool's chain waits unsubmitted: no free slot on the hosts that answered."""
+    up = [h for h in hosts if h in reached]
+    down = [h for h in hosts if h not in up]
+    text = f"waiting for a free slot on hosts {', '.join(up)}" if up else "waiting for a host to answer"
+    return text + (f" ({', '.join(down)} not reached)" if down and up else "")
+
+
+def waiting_change(chain: Chain, waiting: str) -> Optional[Wait]:
+    """A pool's chain that waits for a slot says why (``waiting``), once; one that goes on
+    again clears it."""
+    if not chain.spec.scheduler.hosts or chain.reason == waiting:
+        return None
+    if waiting or chain.reason.startswith(WAITING_FOR_A_SLOT):
+        return Wait(waiting)
+    return None

@@ -1,0 +1,247 @@
+"""Act: carry out what ``decide`` answered, through the cluster, and say what was done.
+
+A ``Finish`` first writes the final marker (a successor that starts anyway exits at
+once); cancels go out in one command; a submission is journaled (the one write before the
+tick's record), then made. A pool's new segment goes to a host with a free slot
+(``placement.place``) or waits unsubmitted, saying why (``placement.waiting_change``).
+On a backend with job arrays, the first segments of a sweep's chains go out together after
+the cluster's chains have acted (``submit_arrays``): one array job per set of chains whose
+directives and workdir are the same. What was done is kept in each chain's ``Step``, which
+the engine records in one transaction.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from chainrun import rundir
+from chainrun.decide import placement
+from chainrun.decide.retry import after_submit, array_refused
+from chainrun.engine.observe import Key, Polled
+from chainrun.errors import SchedulerError, StoreUnavailable, TransportError, UnsafePathError
+from chainrun.logs import get_logger
+from chainrun.model import Action, Adopt, Cancel, Chain, Finish, Progress, Remove, Submit
+from chainrun.schedulers.base import ArrayScheduler
+from chainrun.schedulers.script import render_array_script
+from chainrun.schedulers.segment import SegmentJob, array_stem, array_tag
+from chainrun.store import Store
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Step:
+    """One chain's tick: what was carried out (each action with its reason), the newest
+    progress seen and what went wrong on the way, to be recorded at once, at ``now``."""
+
+    chain: Chain
+    now: float
+    done: list[Action] = field(default_factory=list)
+    latest: Optional[Progress] = None
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Round:
+    """The clusters one tick polled, and the slots its placements have taken on each."""
+
+    polled: dict[Key, Polled]
+    placed: dict[Key, int] = field(default_factory=lambda: defaultdict(int))
+
+    def free(self, key: Key, slots: int) -> int:
+        """A pool host's slots not in use by its jobs (running or ready) nor taken this tick."""
+        return placement.free_slots(slots, self.polled[key].jobs.values(), self.placed[key])
+
+    def reached(self, kind: str) -> set[str]:
+        """The hosts of scheduler ``kind`` whose poll answered this tick."""
+        return {host for k, host in self.polled if k == kind}
+
+
+class Executor:
+    """Carries actions out through the clusters; journals submissions in the store."""
+
+    def __init__(self, store: Store, clock: Callable[[], float]) -> None:
+        self.store = store
+        self.clock = clock
+
+    def carry_out(
+        self,
+        polled: Polled,
+        chain: Chain,
+        actions: list[Action],
+        step: Step,
+        tick: Round,
+        arrays: list[tuple[Step, Submit]],
+    ) -> None:
+        """Carry ``actions`` out for ``chain`` into ``step``. A sweep's first segment that can
+        go out as an array task is left in ``arrays``."""
+        if any(isinstance(a, Finish) for a in actions):
+            # Written first: a successor that starts anyway exits at once.
+            try:
+                rundir.write_final(polled.cluster.transport, chain.spec, chain.id)
+            except TransportError as exc:
+                step.warnings.append(f"could not write the final marker ({exc}); a late successor may start")
+        self._cancel(polled, [a for a in actions if isinstance(a, (Cancel, Remove))], step.warnings)
+        done: list[Action] = []
+        waiting = ""
+        for action in actions:
+            if isinstance(action, Submit) and placement.as_array_task(
+                chain, action, polled.cluster.arrays is not None
+            ):
+                arrays.append((step, action))
+            elif isinstance(action, Submit):
+                target = self._place(polled, chain, action, tick)
+                if target is None:  # a pool with no free slot: the chain waits, unsubmitted
+                    waiting = placement.waiting_reason(
+                        chain.spec.scheduler.hosts, tick.reached(chain.spec.scheduler.kind)
+                    )
+                    continue
+                done.append(self.submit(target, chain, action))
+            else:
+                done.append(action)
+        wait = placement.waiting_change(chain, waiting)
+        step.done = ([wait] if wait is not None else []) + done
+
+    def _place(self, polled: Polled, chain: Chain, sub: Submit, tick: Round) -> Optional[Polled]:
+        """Where segment ``sub.n`` is submitted: a pool's new segment with no predecessor goes
+        to a host with a free slot (``placement.place``), or nowhere yet (None); any other,
+        where the chain is (a successor queues behind its predecessor, on its host)."""
+        sched = chain.spec.scheduler
+        if not sched.hosts or sub.after is not None or any(s.n == sub.n for s in chain.segments):
+            return polled
+        free = {
+            host: tick.free((sched.kind, host), sched.slots or 1)
+            for host in sched.hosts
+            if (sched.kind, host) in tick.polled
+        }
+        host = placement.place(sched.hosts, chain.host if chain.segments else None, free)
+        if host is None:
+            return None
+        tick.placed[(sched.kind, host)] += 1
+        return tick.polled[(sched.kind, host)]
+
+    def _cancel(self, polled: Polled, actions: Iterable[Cancel | Remove], warnings: list[str]) -> None:
+        ids = [a.job_id for a in actions if a.job_id]
+        if not ids:
+            return
+        try:
+            polled.cluster.cancel(ids)
+        except SchedulerError as exc:
+            warnings.append(str(exc))
+        except TransportError as exc:
+            warnings.append(
+                f"could not cancel jobs {', '.join(ids)} ({exc}); they exit at once if they start"
+            )
+
+    def submit(self, polled: Polled, chain: Chain, sub: Submit) -> Action:
+        """Journal, then submit: the job's id, or what its failure means."""
+        now = self.clock()
+        host = polled.key[1] if chain.spec.scheduler.hosts else None
+        attempts = self.store.journal_submit(chain.id, sub, now, host)
+        job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime, sub.after)
+        try:
+            rundir.trust_run_dir(polled.cluster.transport, chain.spec, chain.id, ran_there=chain.ran_on(host))
+            job_id = polled.cluster.submit(job)
+        except (TransportError, SchedulerError, UnsafePathError) as exc:
+            return after_submit(sub.n, attempts, exc, now)
+        return Adopt(
+            n=sub.n, job_id=job_id, how="submitted" + (f" after job {sub.after}" if sub.after else "")
+        )
+
+    def submit_arrays(self, polled: Polled, arrays: list[tuple[Step, Submit]], errors: list[str]) -> None:
+        """Submit first segments of sweeps as array tasks: one array job per set of chains whose
+        directives and workdir are the same, each chain journaled as its task first; what
+        came of each goes into its step.
+
+        A chain keeps the array name and task index it was first journaled with: when that
+        submission may have failed (or the service died around it), the same task is sent
+        again under the same name, so a job that landed anyway is one of two tasks of one
+        segment (decide removes the second), never a stranger."""
+        scheduler = polled.cluster.arrays
+        if not arrays or scheduler is None:
+            return
+        groups: dict[str, list[tuple[Step, Submit, int]]] = defaultdict(list)
+        fresh: dict[object, list[tuple[Step, Submit]]] = defaultdict(list)
+        for step, sub in sorted(arrays, key=lambda a: a[0].chain.id):
+            chain = step.chain
+            first = chain.segments[0] if chain.segments else None
+            if first is not None and first.array is not None and first.task is not None:
+                groups[first.array].append((step, sub, first.task))
+            else:
+                job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime)
+                fresh[(tuple(scheduler.array_directives(job, "")), chain.spec.workdir)].append((step, sub))
+        for members in fresh.values():
+            for start in range(0, len(members), scheduler.max_tasks):
+                chunk = members[start : start + scheduler.max_tasks]
+                groups[array_tag(chunk[0][0].chain.id)] = [(s, sub, i) for i, (s, sub) in enumerate(chunk)]
+        for name, group in groups.items():
+            try:
+                submitted = self._submit_array(polled, scheduler, name, group)
+            except StoreUnavailable:
+                raise
+            except Exception as exc:  # a bug: journaled, its chains are adopted or sent again next tick
+                log.warning(
+                    "array submission failed; retrying next tick", array=name, error=str(exc), exc_info=True
+                )
+                errors.append(f"array {name}: {type(exc).__name__}: {exc}")
+                continue
+            for step, action in submitted:
+                step.done.append(action)
+
+    def _submit_array(
+        self,
+        polled: Polled,
+        scheduler: ArrayScheduler,
+        name: str,
+        group: list[tuple[Step, Submit, int]],
+    ) -> list[tuple[Step, Action]]:
+        """Journal each chain as its task, write each chain's own segment script and the
+        array's script, submit the array once: each chain's Adopt, or what its failure means.
+        An array the scheduler refuses for good is sent again as single jobs
+        (``retry.array_refused``)."""
+        now = self.clock()
+        cluster = polled.cluster
+        outcome: list[tuple[Step, Action]] = []
+        tasks: list[tuple[int, SegmentJob, Step, Submit, int]] = []
+        for step, sub, index in group:
+            chain = step.chain
+            attempts = self.store.journal_submit(chain.id, sub, now, task=(name, index))
+            job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime)
+            try:
+                rundir.trust_run_dir(cluster.transport, chain.spec, chain.id)
+                cluster.write_script(job)
+            except (TransportError, SchedulerError, UnsafePathError) as exc:
+                outcome.append((step, after_submit(sub.n, attempts, exc, now)))  # that chain's alone
+                continue
+            tasks.append((index, job, step, sub, attempts))
+        if not tasks:
+            return outcome
+        spec = tasks[0][1].spec
+        stem = array_stem(spec, name)
+        try:
+            rundir.trust_run_dir(cluster.transport, spec, None)
+            script = render_array_script(scheduler, name, [(t[0], t[1]) for t in tasks])
+            rundir.write_script(cluster.transport, stem + ".sh", script)
+            argv = scheduler.array_submit_argv(
+                stem + ".sh", stem + ".log", spec.workdir, [t[0] for t in tasks], spec.max_concurrent
+            )
+            base = cluster.submit_array(argv)
+        except SchedulerError as exc:
+            if not array_refused(exc):
+                return outcome + [(step, after_submit(1, tries, exc, now)) for _, _, step, _, tries in tasks]
+            log.warning("array refused; submitting its chains one by one", array=name, error=str(exc))
+            return outcome + [(step, self.submit(polled, step.chain, sub)) for _, _, step, sub, _ in tasks]
+        except (TransportError, UnsafePathError) as exc:
+            return outcome + [(step, after_submit(1, tries, exc, now)) for _, _, step, _, tries in tasks]
+        return outcome + [
+            (
+                step,
+                Adopt(
+                    n=job.n, job_id=scheduler.task_id(base, i), how=f"submitted as task {i} of array {base}"
+                ),
+            )
+            for i, job, step, _, _ in tasks
+        ]

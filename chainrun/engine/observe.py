@@ -1,0 +1,154 @@
+"""Observe: what a tick learns of the world, writing nothing.
+
+Per cluster, one batched poll of the scheduler serves every chain on it (``poll``). For
+each chain the observer reads what it needs (the wrapper's markers of jobs that left the
+live view or ended, each kept once read; the checkpoint; why a stuck job is stuck) into
+the plain ``Facts`` that ``decide`` takes, and asks accounting in one command for the jobs
+gone without a marker that are due (``retry.accounting_due``) and for those whose marker
+says a signal killed the command (an OOM kill, which accounting names).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, replace
+
+from chainrun.cluster import Cluster
+from chainrun.decide import Facts, JobFacts
+from chainrun.decide.retry import accounting_again, accounting_due
+from chainrun.errors import SchedulerError, TransportError
+from chainrun.logs import get_logger
+from chainrun.markers import MarkerReader
+from chainrun.model import Chain, LiveJob, Phase
+from chainrun.progress import ProgressReader
+from chainrun.schedulers.segment import ARRAY_PREFIX, parse_tag
+
+log = get_logger(__name__)
+
+Key = tuple[str, str]  # a cluster: (scheduler kind, host; "" for this machine)
+
+
+@dataclass(frozen=True)
+class Polled:
+    """One cluster as this tick's poll found it."""
+
+    key: Key
+    cluster: Cluster
+    jobs: dict[str, LiveJob]  # every job the poll listed, by id
+    tagged: dict[str, dict[int, tuple[LiveJob, ...]]]  # listed jobs tagged cr.CHAIN.N, by chain and N
+    tasks: dict[tuple[str, int], tuple[LiveJob, ...]]  # listed array tasks, by array name and index
+
+
+def poll(key: Key, cluster: Cluster) -> Polled:
+    """Poll ``cluster`` once, its jobs indexed by the chain and segment their tags name.
+    Raises TransportError or SchedulerError when the poll fails."""
+    cluster.prepare()
+    jobs = cluster.poll()
+    tagged: dict[str, dict[int, tuple[LiveJob, ...]]] = defaultdict(dict)
+    tasks: dict[tuple[str, int], tuple[LiveJob, ...]] = {}
+    for job in jobs.values():
+        if cluster.arrays is not None and job.name.startswith(ARRAY_PREFIX):
+            index = cluster.arrays.task_index(job.job_id)
+            if index is not None:
+                tasks[(job.name, index)] = (*tasks.get((job.name, index), ()), job)
+            continue
+        tag = parse_tag(job.name)
+        if tag is not None:
+            chain_id, n = tag
+            found = tagged[chain_id]
+            found[n] = (*found.get(n, ()), job)
+    return Polled(key, cluster, jobs, tagged, tasks)
+
+
+class Observer:
+    """What observing keeps from tick to tick: markers read, sidecars' last reads, and when
+    to ask accounting again of each job it did not know."""
+
+    def __init__(self) -> None:
+        self.markers = MarkerReader()
+        self.progress = ProgressReader()  # re-reads a sidecar only when it changed
+        # Per cluster, jobs gone from the live view without an end marker that accounting
+        # did not know: when to ask again, and the interval after that.
+        self.unaccounted: dict[Key, dict[str, tuple[float, float]]] = {}
+
+    def facts(self, polled: Polled, chain: Chain) -> Facts:
+        """What ``decide`` needs to know of ``chain`` now (accounting aside: ``account``)."""
+        transport = polled.cluster.transport
+        jobs: dict[str, JobFacts] = {}
+        tagged = polled.tagged.get(chain.id, {})
+        first = chain.segments[0] if chain.segments else None
+        if first is not None and first.array is not None and first.task is not None:
+            # A first segment sent as an array task is found under the array's name and its index.
+            found_tasks = polled.tasks.get((first.array, first.task), ())
+            if found_tasks:
+                tagged = {**tagged, first.n: (*tagged.get(first.n, ()), *found_tasks)}
+        found = {}
+        for seg in chain.live:
+            if seg.phase is Phase.SUBMITTING and seg.n not in tagged:
+                start = self.markers.start(transport, chain, seg.n)
+                if start is not None and start.job_id:
+                    found[seg.n] = start.job_id
+            if seg.job_id is None:
+                continue
+            listed = polled.jobs.get(seg.job_id)
+            if listed is not None and listed.phase is Phase.PENDING and not listed.stuck:
+                jobs[seg.job_id] = JobFacts(live=listed)
+                continue
+            start = self.markers.start(transport, chain, seg.n)
+            if listed is not None and listed.phase is Phase.RUNNING and not listed.stuck:
+                jobs[seg.job_id] = JobFacts(live=listed, start=start)
+                continue
+            end = self.markers.end(transport, chain, seg.n)
+            why = polled.cluster.explain(listed.job_id) if listed is not None and listed.stuck else ""
+            jobs[seg.job_id] = JobFacts(live=listed, end=end, start=start, why_stuck=why)
+        return Facts(
+            jobs=jobs,
+            tagged=tagged,
+            found=found,
+            progress=self.progress.progress(transport, chain.spec),
+        )
+
+    def account(
+        self, polled: Polled, chains: list[Chain], gathered: dict[str, Facts], now: float
+    ) -> dict[str, Facts]:
+        """``gathered`` with what accounting says, asked in one command, of the cluster's jobs
+        that are due (``retry.accounting_due``): gone from the live view without a marker,
+        or killed by a signal other than the walltime one."""
+        unknown, killed = [], []
+        for facts in gathered.values():
+            for job_id, job in facts.jobs.items():
+                if job.live is None:
+                    if job.end is None:
+                        unknown.append(job_id)
+                    elif job.end.killed:
+                        killed.append(job_id)
+        before = self.unaccounted.get(polled.key, {})
+        waiting = self.unaccounted[polled.key] = {j: before[j] for j in unknown if j in before}
+        if not unknown and not killed:
+            return gathered
+        missing = {s.job_id: s.missing_since for c in chains for s in c.live if s.job_id is not None}
+        due = accounting_due(unknown, killed, waiting, missing, now)
+        if not due:
+            return gathered
+        try:
+            found = polled.cluster.accounting(due)
+        except (TransportError, SchedulerError) as exc:
+            log.warning("accounting failed; asking again next tick", error=str(exc))
+            return gathered
+        if found is None:  # the backend keeps no accounting (the local runner's view keeps ended jobs)
+            return gathered
+        for job_id in due:
+            if job_id not in found and job_id not in killed:
+                waiting[job_id] = accounting_again(job_id, waiting, now)
+        return {
+            chain_id: replace(
+                facts,
+                jobs={
+                    job_id: replace(job, accounting=found.get(job_id)) if job_id in found else job
+                    for job_id, job in facts.jobs.items()
+                },
+            )
+            if not found.keys().isdisjoint(facts.jobs)
+            else facts
+            for chain_id, facts in gathered.items()
+        }

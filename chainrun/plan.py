@@ -1,0 +1,164 @@
+"""``chainrun check``: what a job file will do, said before anything is submitted.
+
+``preflight`` builds the first segment's script and submit command without running them,
+so that what the backend refuses is a job file error before any chain exists; ``summary``
+is the plan a person reads (segments, walltimes, budget, where the epoch comes from);
+``warnings`` what may surprise them.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Sequence
+
+from chainrun import rundir, snapshot
+from chainrun.errors import JobFileError, SchedulerError
+from chainrun.fields import format_duration
+from chainrun.model import JobSpec, new_chain_id
+from chainrun.schedulers import scheduler_for
+from chainrun.schedulers.script import render_script
+from chainrun.schedulers.segment import SegmentJob
+from chainrun.sweep import param_text
+from chainrun.text import one_line
+from chainrun.transport import LocalTransport
+
+
+def preflight(spec: JobSpec) -> tuple[str, list[str]]:
+    """Build the first segment's script and submit command without running them, so what the
+    backend refuses (a job name, a path SGE would rewrite) is a job file error before any chain
+    exists; and, for a chain on this machine, refuse a run directory someone else could change.
+    Returns the script and the submit command, for ``check --show-script``."""
+    scheduler = scheduler_for(spec.scheduler.kind, spec.scheduler.first_host)
+    job = SegmentJob(new_chain_id(spec.name), 1, spec, spec.walltime)
+    try:
+        script = render_script(scheduler, job)
+        argv = scheduler.submit_argv(job)
+        scheduler.submit_argv(SegmentJob(job.chain_id, 2, spec, spec.walltime, after="1"))
+    except SchedulerError as exc:
+        raise JobFileError(f"{spec.source}: {exc}") from None
+    if not spec.scheduler.remote:
+        rundir.trust_run_dir(LocalTransport(), spec, None, create=False)
+    return script, argv
+
+
+def summary(path: str, spec: JobSpec, chains: Sequence[JobSpec]) -> list[str]:
+    """The plan of the job file at ``path``, whose chains are ``chains``, line by line."""
+    if spec.sweep:
+        lines = [f"{path}: valid job file for a sweep of {len(chains)} chains named {spec.name!r}"]
+    else:
+        lines = [f"{path}: valid job file for chain {spec.name!r}"]
+    lines += [f"  {label:<11} {value}" for label, value in _plan(spec)]
+    if spec.sweep:
+        shown = SWEEP_SHOWN if len(chains) > SWEEP_SHOWN + 1 else len(chains)
+        for one in chains[:shown]:
+            values = " ".join(f"{k}={param_text(v)}" for k, v in one.params)
+            lines.append(f"    {one.name}  {one_line(values, 200)}")
+        if len(chains) > shown:
+            lines.append(f"    ... and {len(chains) - shown} more")
+    return lines
+
+
+def warnings(spec: JobSpec) -> list[str]:
+    """What in the job file may not do what its writer expects."""
+    if spec.target_epoch is not None and not spec.progress_file and not _uses_the_helper(spec):
+        return [
+            "warning: target_epoch needs an epoch: if the command does not save with chainrun.checkpoint, "
+            'set progress = "FILE.json:KEY" (its own JSON file and the key of the epoch); without an '
+            "epoch, the chain completes when the command exits 0 on its own"
+        ]
+    return []
+
+
+def script_text(spec: JobSpec, script: str, argv: list[str]) -> str:
+    """``--show-script``: the command that submits the first segment, and its script."""
+    where = f" on {spec.scheduler.host}" if spec.scheduler.host else ""
+    return (
+        f"\nsubmitted{where} with (the chain id is made at submit):\n  {shlex.join(argv)}\n"
+        f"\nthe first segment's script:\n{script}"
+    )
+
+
+SWEEP_SHOWN = 5  # chains of a sweep `check` lists
+
+
+def _uses_the_helper(spec: JobSpec) -> bool:
+    """Whether a Python script the command names (in the workdir, on this machine) uses
+    chainrun's checkpoint helper, which writes the epoch chainrun reads."""
+    if spec.scheduler.host:
+        return False
+    try:
+        words = shlex.split(spec.command)
+    except ValueError:
+        return False
+    for word in words:
+        path = os.path.join(spec.workdir, word)
+        if word.endswith(".py") and os.path.isfile(path):
+            try:
+                with open(path, "rb") as f:
+                    text = f.read(1 << 20)
+            except OSError:
+                continue
+            if b"chainrun.checkpoint" in text or b"from chainrun import checkpoint" in text:
+                return True
+    return False
+
+
+def _plan(spec: JobSpec) -> list[tuple[str, str]]:
+    full, rest = divmod(spec.total_time, spec.walltime)
+    wt = format_duration(spec.walltime)
+    if rest == 0:
+        segments = f"{full} x {wt}"
+    elif rest <= spec.grace:
+        segments = f"{full} x {wt} (the {format_duration(rest)} left over is shorter than grace)"
+    else:
+        segments = f"{full} x {wt} + 1 x {format_duration(rest)} (the last one clamped to the budget)"
+    sched = f"{spec.scheduler.kind} on {spec.scheduler.where}"
+    if spec.scheduler.queue:
+        sched += f", queue {spec.scheduler.queue}"
+    if spec.scheduler.options:
+        sched += ", options " + " ".join(spec.scheduler.options)
+    plan = [
+        ("command", spec.command),
+        ("workdir", spec.workdir),
+        ("scheduler", sched),
+        ("time", f"total_time {format_duration(spec.total_time)}, walltime {wt} per segment"),
+        ("segments", f"at most {segments}"),
+        (
+            "target",
+            f"epoch {spec.target_epoch}" if spec.target_epoch else "until the command exits 0 on its own",
+        ),
+        ("failures", f"budget {spec.max_failures}: the chain fails at failure {spec.max_failures + 1}"),
+        ("signal", f"SIG{spec.signal} {format_duration(spec.grace)} before each walltime"),
+        ("environment", _environment(spec)),
+        ("progress", _progress_source(spec)),
+    ]
+    if spec.container:
+        plan.append(("container", f"{spec.container} ({spec.container_runtime})"))
+    if spec.sweep:
+        configs = f"{len(spec.sweep)} configurations x {spec.reps} repetitions"
+        plan.append(("sweep", f"{configs}: one chain each, with its own checkpoint_dir"))
+    if spec.snapshot:
+        plan.append(("code", f"a git snapshot of {snapshot.source_dir(spec)}'s repository, taken at submit"))
+    return plan
+
+
+def _progress_source(spec: JobSpec) -> str:
+    if spec.progress_file:
+        return f"the epoch is {spec.progress_key} in {spec.progress_file}"
+    return (
+        f"chainrun.checkpoint's sidecar in {spec.checkpoint_dir}, "
+        "else the time of the newest file there (no epoch)"
+    )
+
+
+def _environment(spec: JobSpec) -> str:
+    """Which variables the job takes from this shell (inherit_env) and from [env]."""
+    taken = ", ".join(k for k, _ in spec.inherited) or "nothing"
+    text = f"{taken} from this shell (inherit_env)"
+    missing = [k for k in spec.inherit_env if k not in dict(spec.inherited)]
+    if missing:
+        text += f"; not set here: {', '.join(missing)}"
+    if spec.env:
+        text += "; [env] " + ", ".join(k for k, _ in spec.env)
+    return text

@@ -1,0 +1,421 @@
+"""The job file's schema: a TOML document in, a frozen ``JobSpec`` out, or one error line.
+
+Validation is written out by hand rather than delegated to a schema library
+so that every error reads the same way: the file, the field, the bad value,
+and what is allowed. Unknown keys are errors: a typo must never be ignored.
+
+Nothing here looks at a machine: whether the workdir exists, which container
+runtime is on PATH, whether the code is in a git repository are checked by
+``jobfile``, which reads a job file on this machine and validates it here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+from chainrun import container, sweep
+from chainrun.fields import Fields, format_duration, kib, show, size, web_url
+from chainrun.model import JobSpec, SchedulerSpec
+
+SCHEDULER_KINDS = ("local", "slurm", "sge")
+# INT is left out: bash starts background commands with SIGINT ignored.
+SIGNALS = ("USR1", "USR2", "TERM")
+# Every pattern is matched with fullmatch and spells its classes out in ASCII:
+# ``$`` matches before a trailing newline, and ``\d``/``\w`` accept any script's
+# digits and letters.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+KEY_PATH_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")  # progress = "FILE:a.b.c"
+# No leading '-': a host or queue must never read as an option of ssh or sbatch.
+HOST_RE = re.compile(r"[A-Za-z0-9_.@:\[\]][A-Za-z0-9_.@:\[\]-]*")
+QUEUE_RE = re.compile(r"[A-Za-z0-9_.@,][A-Za-z0-9_.@,-]*")
+# Bounds that keep a valid job file workable for its whole life (durations and strings are
+# bounded in ``fields``): a command or variable past 128 KiB (Linux's MAX_ARG_STRLEN) makes
+# every segment exit 126.
+MAX_PATH_BYTES = 4096
+MAX_OPTION_BYTES = 4096
+MAX_OPTIONS = 256
+MAX_URL_BYTES = 8192
+MAX_TARGET_EPOCH = 10**9
+MAX_FAILURES = 10**6
+
+TOP_KEYS = (
+    "name",
+    "command",
+    "workdir",
+    "total_time",
+    "walltime",
+    "target_epoch",
+    "max_failures",
+    "checkpoint_dir",
+    "signal",
+    "grace",
+    "on_end",
+    "webhook",
+    "scheduler",
+    "env",
+    "inherit_env",
+    "progress",
+    "container",
+    "container_runtime",
+    "container_options",
+    "snapshot",
+    "sweep",
+    "tensorboard_dir",
+)
+SCHEDULER_KEYS = ("kind", "host", "queue", "options", "hosts", "slots", "gpus_per_slot")
+MAX_HOSTS = 1000  # hosts in a pool
+MAX_SLOTS = 1024  # runs per host at once
+
+
+# What makes the command findable and runnable as it is in the shell that submits:
+# the chain takes these along, so the service's own environment does not decide.
+INHERITED_BY_DEFAULT = (
+    "PATH",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "CONDA_DEFAULT_ENV",
+    "PYTHONPATH",
+    "LD_LIBRARY_PATH",
+    "MODULEPATH",
+    "LOADEDMODULES",
+)
+
+
+def arg_budget() -> int:
+    """Bytes the command and [env] may take: a quarter of the kernel's limit on a
+    command's arguments and environment together, the rest left to the environment
+    the job inherits and to the wrapper's own."""
+    try:
+        arg_max = os.sysconf("SC_ARG_MAX")
+    except (ValueError, OSError):
+        arg_max = -1
+    return max(arg_max, 128 << 10) // 4
+
+
+def parse(
+    data: dict[str, Any], path: str, base: Path, environ: Optional[Mapping[str, str]] = None
+) -> JobSpec:
+    """Validate an already-parsed TOML document; relative paths start at ``base``, and
+    ``inherit_env`` takes its values from ``environ``. The spec's ``source`` is ``path``
+    as given; a container runtime not given is left "" for ``jobfile`` to find."""
+    f = Fields(path, data)
+    f.check_keys(TOP_KEYS)
+
+    name = f.get("name", str, "a name of letters, digits, . _ -", required=True)
+    f.checked(
+        "name",
+        name,
+        NAME_RE.fullmatch,
+        "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+    )
+    command = f.get("command", str, "the shell command that trains", required=True)
+    f.checked("command", command, lambda c: c.strip(), "must not be empty")
+
+    total_time = f.duration("total_time", required=True)
+    walltime = f.duration("walltime", required=True)
+    if walltime > total_time:
+        raise f.error(
+            "walltime",
+            f"longer than total_time ({format_duration(total_time)}); make walltime at most total_time",
+        )
+    target_epoch = f.get("target_epoch", int, "a whole number of epochs")
+    f.checked("target_epoch", target_epoch, lambda v: v >= 1, "must be 1 or more")
+    f.checked("target_epoch", target_epoch, lambda v: v <= MAX_TARGET_EPOCH, f"at most {MAX_TARGET_EPOCH}")
+    max_failures = f.get("max_failures", int, "a whole number", default=3)
+    f.checked("max_failures", max_failures, lambda v: v >= 0, "must be 0 or more")
+    f.checked("max_failures", max_failures, lambda v: v <= MAX_FAILURES, f"at most {MAX_FAILURES}")
+
+    signal = f.get("signal", str, "a signal name: " + ", ".join(SIGNALS), default="USR1", max_bytes=64)
+    signal = signal.upper().removeprefix("SIG")
+    if signal not in SIGNALS:
+        raise f.error("signal", "allowed: " + ", ".join(SIGNALS))
+    grace = f.duration("grace", default=min(300, walltime // 4))
+    if grace >= walltime:
+        raise f.error(
+            "grace",
+            f"must be shorter than walltime ({format_duration(walltime)}): "
+            "it is how long before the walltime the signal is sent",
+        )
+
+    sched = _scheduler(path, f.get("scheduler", dict, "a table [scheduler]", default={}))
+    remote = sched.remote
+    workdir = _path(f, "workdir", ".", base, remote)
+    checkpoint_dir = _path(f, "checkpoint_dir", "checkpoints", Path(workdir), remote)
+    progress_file, progress_key = _progress(f, workdir, remote)
+    tb = "tensorboard_dir"
+    tensorboard_dir = _path(f, tb, ".", Path(workdir), remote) if tb in f.table else ""
+    image, runtime, container_options = _container(f, base, remote)
+    configs, reps, max_concurrent = _sweep(f, name)
+    snap = f.get("snapshot", str, '"git" (run the code as it was at submit), or leave it out', max_bytes=16)
+    f.checked("snapshot", snap, lambda v: v == "git", 'the only kind is "git"')
+
+    env_table = f.get("env", dict, "a table [env] of NAME = value", default={})
+    env = []
+    fe = Fields(path, env_table, "env.")
+    for key, value in env_table.items():
+        fe.checked(key, key, ENV_RE.fullmatch, "not a valid environment variable name")
+        fe.checked(
+            key,
+            key,
+            lambda k: not k.startswith("CHAINRUN_"),
+            "names starting with CHAINRUN_ are set by chainrun",
+        )
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise fe.error(key, "expected a string or number")
+        if isinstance(value, str):
+            fe.text(key, value)
+        env.append((key, str(value)))
+    default = () if remote else INHERITED_BY_DEFAULT  # a remote cluster's PATH is not this shell's
+    names = f.get("inherit_env", list, "a list of environment variable names", default=list(default))
+    for name_ in names:
+        f.checked("inherit_env", name_, lambda n: isinstance(n, str) and ENV_RE.fullmatch(n), "not a name")
+        f.checked("inherit_env", name_, lambda n: not n.startswith("CHAINRUN_"), "set by chainrun")
+    environ = environ or {}
+    inherited = tuple((n, environ[n]) for n in dict.fromkeys(names) if n in environ)
+    # The command is one argument of `bash -c` and each variable one string of
+    # the job's environment: together they must fit the kernel's limit.
+    used = size(command) + sum(size(k) + size(v) + 2 for k, v in (*env, *inherited))
+    budget = arg_budget()
+    if used > budget:
+        raise f.error(
+            "env" if env else "command",
+            f"the command and [env] come to {used} bytes; at most {budget} fit the "
+            "kernel's limit on a command's arguments and environment, with room to spare",
+        )
+
+    on_end = f.get("on_end", str, "a shell command run when the chain ends")
+    f.checked("on_end", on_end, lambda c: c.strip(), "must be a non-empty command")
+    webhook = f.get("webhook", str, "an http:// or https:// URL", max_bytes=MAX_URL_BYTES)
+    f.checked("webhook", webhook, web_url, "must be an http:// or https:// URL with a valid host")
+
+    return JobSpec(
+        name=name,
+        command=command,
+        workdir=workdir,
+        total_time=total_time,
+        walltime=walltime,
+        target_epoch=target_epoch,
+        max_failures=max_failures,
+        checkpoint_dir=checkpoint_dir,
+        progress_file=progress_file,
+        progress_key=progress_key,
+        container=image,
+        container_runtime=runtime,
+        container_options=container_options,
+        snapshot=snap or "",
+        tensorboard_dir=tensorboard_dir,
+        sweep=configs,
+        reps=reps,
+        max_concurrent=max_concurrent,
+        signal=signal,
+        grace=grace,
+        scheduler=sched,
+        env=tuple(env),
+        inherit_env=tuple(dict.fromkeys(names)),
+        inherited=inherited,
+        on_end=on_end,
+        webhook=webhook,
+        source=path,
+    )
+
+
+def _path(f: Fields, key: str, default: str, base: Path, remote: bool) -> str:
+    raw = f.get(key, str, "a directory path", default=default, max_bytes=MAX_PATH_BYTES)
+    f.checked(key, raw, lambda v: v.strip(), "must be a non-empty path")
+    return _resolve(f, key, raw, base, remote)
+
+
+def _progress(f: Fields, workdir: str, remote: bool) -> tuple[Optional[str], str]:
+    """``progress = "FILE:KEY"``: the script's own JSON file (relative to the workdir) and
+    the dotted key of its epoch; ``(None, "")`` when the job file has none."""
+    raw = f.get(
+        "progress", str, 'a JSON file and the key of its epoch, "FILE.json:KEY"', max_bytes=MAX_PATH_BYTES
+    )
+    if raw is None:
+        return None, ""
+    file, colon, key = raw.rpartition(":")
+    if not colon or not file.strip() or not KEY_PATH_RE.fullmatch(key):
+        raise f.error(
+            "progress",
+            'expected "FILE.json:KEY": the JSON file your script writes, a colon, and the key that '
+            'holds the epoch (dotted for a nested one, as in "state.json:meta.epoch")',
+        )
+    return _resolve(f, "progress", file, Path(workdir), remote), key
+
+
+def _resolve(f: Fields, key: str, raw: str, base: Path, remote: bool) -> str:
+    """``raw`` as an absolute path: ``~`` expanded on this machine, a relative one from ``base``."""
+    try:
+        p = Path(raw).expanduser() if not remote else Path(raw)
+    except RuntimeError:  # ~nosuchuser, or ~ with no home directory known
+        raise f.error(
+            key, "cannot expand '~': no such user or home directory; give an absolute path"
+        ) from None
+    if p.is_absolute():
+        return str(p)
+    if remote and key == "workdir":
+        raise f.error(key, "with scheduler.host (or hosts) set, give an absolute path on the cluster")
+    return os.path.normpath(base / p)
+
+
+def _scheduler(path: str, table: dict[str, Any]) -> SchedulerSpec:
+    f = Fields(path, table, "scheduler.")
+    f.check_keys(SCHEDULER_KEYS)
+    kind = f.get("kind", str, "one of " + ", ".join(SCHEDULER_KINDS), default="local", max_bytes=64)
+    f.checked("kind", kind, SCHEDULER_KINDS.__contains__, "allowed: " + ", ".join(SCHEDULER_KINDS))
+    host = f.get("host", str, "an ssh host or ~/.ssh/config alias", max_bytes=255)
+    f.checked("host", host, HOST_RE.fullmatch, "not a host name")
+    queue = f.get("queue", str, "a partition or queue name", max_bytes=255)
+    f.checked("queue", queue, QUEUE_RE.fullmatch, "not a queue name")
+    options = _options(f, "options", '["--mem=16G"]')
+    if kind == "local":
+        for key in ("queue", "options"):
+            if key in table:
+                raise f.error(
+                    key, 'only applies to kind = "slurm" or "sge"; the local runner has no queues or options'
+                )
+    else:
+        for key in ("hosts", "slots", "gpus_per_slot"):
+            if key in table:
+                raise f.error(
+                    key, f'only applies to kind = "local" (a pool of machines); {kind} places jobs itself'
+                )
+    hosts = f.get("hosts", list, 'a list of ssh hosts or ~/.ssh/config aliases, e.g. ["gpu1", "gpu2"]')
+    if hosts is not None:
+        if host is not None:
+            raise f.error("hosts", "give either host (one machine) or hosts (a pool), not both")
+        if not hosts or len(hosts) > MAX_HOSTS:
+            raise f.error("hosts", f"give 1 to {MAX_HOSTS} hosts")
+        for one in hosts:
+            if not isinstance(one, str) or len(one) > 255 or not HOST_RE.fullmatch(one):
+                raise f.error("hosts", f"{show(one)} is not a host name")
+        if len(set(hosts)) != len(hosts):
+            raise f.error("hosts", "names a host twice")
+    slots = f.get("slots", int, "a whole number of runs per host at once, e.g. 1 (one per GPU)")
+    f.checked("slots", slots, lambda v: 1 <= v <= MAX_SLOTS, f"must be 1 to {MAX_SLOTS}")
+    gpus = f.get("gpus_per_slot", int, "a whole number of GPUs per run, e.g. 1")
+    f.checked("gpus_per_slot", gpus, lambda v: 1 <= v <= MAX_SLOTS, f"must be 1 to {MAX_SLOTS}")
+    if hosts and slots is None:
+        slots = 1  # a pool runs one segment per host at a time unless told otherwise
+    if gpus is not None and slots is None:
+        raise f.error("gpus_per_slot", "needs slots (how many runs share the host's GPUs)")
+    return SchedulerSpec(
+        kind=kind,
+        host=host or None,
+        queue=queue,
+        options=options,
+        hosts=tuple(hosts or ()),
+        slots=slots,
+        gpus_per_slot=gpus,
+    )
+
+
+def _sweep(f: Fields, name: str) -> tuple[tuple[sweep.Config, ...], int, Optional[int]]:
+    """``[sweep]``: its configurations (grid or points), repetitions and ``max_concurrent``;
+    ``((), 1, None)`` without."""
+    table = f.get("sweep", dict, "a table [sweep] with grid or points, and reps")
+    if table is None:
+        return (), 1, None
+    fs = Fields(f.path, table, "sweep.")
+    fs.check_keys(("grid", "points", "reps", "max_concurrent"))
+    grid = fs.get("grid", dict, "a table [sweep.grid] of NAME = [values]", default={})
+    points = fs.get("points", list, "a list of tables [[sweep.points]]", default=[])
+    if bool(grid) == bool(points):
+        raise f.error("sweep", "give either [sweep.grid] (NAME = [values], all combined) or [[sweep.points]]")
+    reps = fs.get("reps", int, "a whole number of repetitions", default=1)
+    fs.checked("reps", reps, lambda v: 1 <= v <= sweep.MAX_CHAINS, f"must be 1 to {sweep.MAX_CHAINS}")
+    limit = fs.get("max_concurrent", int, "a whole number of chains under way at once", default=None)
+    if limit is not None:
+        fs.checked("max_concurrent", limit, lambda v: v >= 1, "must be at least 1")
+    fg = Fields(f.path, grid, "sweep.grid.")
+    for key, values in grid.items():
+        fg.checked(key, key, sweep.PARAM_RE.fullmatch, "a parameter name is letters, digits and _")
+        if not isinstance(values, list) or not values:
+            raise fg.error(key, "expected a non-empty list of values")
+        for value in values:
+            _param_value(fg, key, value)
+        if len({json.dumps(v) for v in values}) != len(values):
+            raise fg.error(key, "a value is listed twice")
+    for i, point in enumerate(points, 1):
+        if not isinstance(point, dict) or not point:
+            raise fs.error("points", f"point {i} is not a table of NAME = value")
+        fp = Fields(f.path, point, f"sweep.points[{i}].")
+        for key, value in point.items():
+            fp.checked(key, key, sweep.PARAM_RE.fullmatch, "a parameter name is letters, digits and _")
+            _param_value(fp, key, value)
+    total = sweep.count(grid, points, reps)
+    if total > sweep.MAX_CHAINS:
+        raise f.error("sweep", f"{total} chains; at most {sweep.MAX_CHAINS} (is a grid larger than meant?)")
+    longest = sweep.max_base_name(reps)
+    if len(name) > longest:
+        raise f.error("name", f"a sweep's name is at most {longest} characters: its chains add -HASH-rN")
+    configs = tuple(sweep.configurations(grid, points))
+    seen: dict[str, int] = {}
+    for i, config in enumerate(configs, 1):
+        first = seen.setdefault(sweep.digest(config), i)
+        if first != i:
+            raise fs.error("points", f"points {first} and {i} are the same configuration")
+    return configs, reps, limit
+
+
+def _param_value(f: Fields, key: str, value: Any) -> None:
+    """A sweep value: a string, a whole number, a finite float or a boolean."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise f.error(key, "not a finite number")
+    if not isinstance(value, (str, int, float, bool)):
+        raise f.error(key, "a value is a string, number or boolean")
+    if isinstance(value, str):
+        f.text(key, value, MAX_OPTION_BYTES)
+
+
+def _options(f: Fields, key: str, example: str) -> tuple[str, ...]:
+    """A list of command-line options, each one printable line."""
+    options = f.get(key, list, f"a list of strings, e.g. {example}", default=[])
+    if len(options) > MAX_OPTIONS:
+        raise f.error(key, f"{len(options)} options; at most {MAX_OPTIONS}")
+    for opt in options:
+        if isinstance(opt, str) and "\0" in opt:
+            raise f.error(key, "must not contain NUL bytes")
+        if not isinstance(opt, str) or not opt.strip() or not opt.isprintable():
+            raise f.error(key, "each option must be a one-line string, free of control characters")
+        if size(opt) > MAX_OPTION_BYTES:
+            raise f.error(key, f"each option must be at most {kib(MAX_OPTION_BYTES)}")
+    return tuple(options)
+
+
+def _container(f: Fields, base: Path, remote: bool) -> tuple[Optional[str], str, tuple[str, ...]]:
+    """``container``, its runtime ("" on this machine when not given: the machine's PATH
+    decides, ``jobfile``) and its options."""
+    image = f.get(
+        "container", str, "an image: a directory, a .sif or .sqfs file, or a URI", max_bytes=MAX_PATH_BYTES
+    )
+    runtime = f.get("container_runtime", str, "one of " + ", ".join(container.RUNTIMES), max_bytes=64)
+    f.checked(
+        "container_runtime",
+        runtime,
+        container.RUNTIMES.__contains__,
+        "allowed: " + ", ".join(container.RUNTIMES),
+    )
+    options = _options(f, "container_options", '["--private-tmp"]')
+    if image is None:
+        for key in ("container_runtime", "container_options"):
+            if key in f.table:
+                raise f.error(key, "only applies with container = IMAGE")
+        return None, "", ()
+    f.checked("container", image, lambda v: v.strip(), "must name an image")
+    if "://" not in image:  # a path; a URI (docker://, oras://, library://) the runtime pulls
+        image = _resolve(f, "container", image, base, remote)
+    if runtime is None and remote:
+        raise f.error(
+            "container",
+            "with scheduler.host set, say which runtime: "
+            'container_runtime = "charliecloud", "apptainer" or "singularity"',
+        )
+    return image, runtime or "", options

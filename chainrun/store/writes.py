@@ -1,0 +1,268 @@
+"""The tick's writes, and the commands': each function runs inside one transaction the
+``Store`` opens, so that everything a tick learned and did for one chain is written at
+once, or not at all.
+
+Submission is journaled: a segment row in phase ``submitting`` is written before the
+scheduler is asked (``journal_submit``), so a crash between the two is found again and
+resolved by adoption rather than a second submission. Every decision is written with its
+reason to the append-only events log.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from typing import Optional
+
+from chainrun.model import (
+    Action,
+    Adopt,
+    Cancel,
+    ChainState,
+    EndSegment,
+    Finish,
+    JobSpec,
+    MarkStuck,
+    Outcome,
+    Phase,
+    Progress,
+    Reject,
+    Remove,
+    RetryLater,
+    Submit,
+    Track,
+    Unstick,
+    Wait,
+    new_chain_id,
+)
+from chainrun.store.views import LIVE_STATES
+
+
+def add_chains(db: sqlite3.Connection, new: Sequence[tuple[JobSpec, Progress]], now: float) -> list[str]:
+    """Store new chains, each with the progress it starts from, all in one transaction
+    (none stored if one cannot be); their ids, in order."""
+    ids: list[str] = []
+    for spec, progress in new:
+        start = json.dumps(progress.to_json())
+        chain_id = new_chain_id(spec.name)
+        # Six random hex digits: among thousands of chains of one name, two meet.
+        while db.execute("SELECT 1 FROM chains WHERE id = ?", (chain_id,)).fetchone():
+            chain_id = new_chain_id(spec.name)
+        db.execute(
+            "INSERT INTO chains (id, name, spec, state, created_at, progress, baseline)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                chain_id,
+                spec.name,
+                json.dumps(spec.to_json()),
+                ChainState.ACTIVE.value,
+                now,
+                start,
+                start,
+            ),
+        )
+        submitted = f"chain submitted from {spec.source}"
+        if spec.snapshot_commit:
+            submitted += f"; code snapshot {spec.snapshot_commit} (refs/chainrun/{chain_id})"
+        event(db, chain_id, None, now, "submitted", submitted)
+        ids.append(chain_id)
+    return ids
+
+
+def request_cancel(db: sqlite3.Connection, chain_id: str, now: float) -> None:
+    db.execute("UPDATE chains SET cancel_requested = 1 WHERE id = ?", (chain_id,))
+    event(db, chain_id, None, now, "cancel", "cancel requested by user")
+
+
+def journal_submit(
+    db: sqlite3.Connection,
+    chain_id: str,
+    sub: Submit,
+    now: float,
+    host: Optional[str] = None,
+    task: Optional[tuple[str, int]] = None,
+) -> int:
+    """Write 'submitting segment n' (on ``host``, for a pool) before the scheduler is asked;
+    returns the attempt's number. A crash after this is resolved by adoption (decide),
+    never a second job. ``task``: the array job (name) and task the segment goes out as;
+    kept from the first attempt on, as every later one submits that task again."""
+    array, index = task or (None, None)
+    row = db.execute(
+        "SELECT attempts FROM segments WHERE chain_id = ? AND n = ?", (chain_id, sub.n)
+    ).fetchone()
+    if row is None:
+        db.execute(
+            "INSERT INTO segments (chain_id, n, walltime, phase, after, attempts, "
+            "submitted_at, host, array, task) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?)",
+            (
+                chain_id,
+                sub.n,
+                sub.walltime,
+                Phase.SUBMITTING.value,
+                sub.after,
+                now,
+                host,
+                array,
+                index,
+            ),
+        )
+        return 1
+    db.execute(
+        "UPDATE segments SET attempts = attempts + 1, submitted_at = ?, array = COALESCE(array, ?), "
+        "task = COALESCE(task, ?) WHERE chain_id = ? AND n = ?",
+        (now, array, index, chain_id, sub.n),
+    )
+    return int(row["attempts"]) + 1
+
+
+def record(
+    db: sqlite3.Connection,
+    chain_id: str,
+    actions: list[Action],
+    latest: Optional[Progress],
+    warnings: list[str],
+    now: float,
+) -> None:
+    """Record one tick of a chain in one transaction: the actions carried out (each
+    with its reason), the newest progress seen, and what went wrong on the way."""
+    if latest is not None:
+        db.execute("UPDATE chains SET latest = ? WHERE id = ?", (json.dumps(latest.to_json()), chain_id))
+    for action in actions:
+        _apply(db, chain_id, action, now)
+    for text in warnings:
+        event(db, chain_id, None, now, "warning", text)
+
+
+def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) -> None:
+    seg = (chain_id, getattr(action, "n", None))
+    if isinstance(action, Track):
+        row = db.execute("SELECT phase FROM segments WHERE chain_id = ? AND n = ?", seg).fetchone()
+        db.execute(
+            "UPDATE segments SET phase = ?, reason = ?, started_at = COALESCE(started_at, ?), "
+            "missing_since = ? WHERE chain_id = ? AND n = ?",
+            (action.phase.value, action.reason, action.started_at, action.missing_since, *seg),
+        )
+        if row is not None and row["phase"] != action.phase.value:
+            text = f"segment {action.n} is {action.phase.value}"
+            event(db, chain_id, action.n, now, action.phase.value, text + _paren(action.reason))
+        elif action.missing_since is not None:
+            event(db, chain_id, action.n, now, "missing", f"segment {action.n} {action.reason}")
+    elif isinstance(action, Adopt):
+        db.execute(
+            "UPDATE segments SET job_id = ?, phase = CASE WHEN phase = ? THEN ? ELSE phase END, "
+            "retry_at = NULL, missing_since = NULL WHERE chain_id = ? AND n = ?",
+            (action.job_id, Phase.SUBMITTING.value, Phase.PENDING.value, *seg),
+        )
+        event(db, chain_id, action.n, now, "job", f"segment {action.n} {action.how} as job {action.job_id}")
+    elif isinstance(action, RetryLater):
+        db.execute(
+            "UPDATE segments SET retry_at = ?, reason = ? WHERE chain_id = ? AND n = ?",
+            (action.at, action.reason, *seg),
+        )
+        event(
+            db,
+            chain_id,
+            action.n,
+            now,
+            "retry",
+            f"submitting segment {action.n} failed, retrying in {action.at - now:.0f}s: {action.reason}",
+        )
+    elif isinstance(action, Reject):
+        db.execute(
+            "UPDATE segments SET phase = ?, outcome = ?, reason = ?, ended_at = ? "
+            "WHERE chain_id = ? AND n = ?",
+            (Phase.ENDED.value, Outcome.REJECTED.value, action.reason, now, *seg),
+        )
+        event(db, chain_id, action.n, now, "rejected", f"segment {action.n} rejected: {action.reason}")
+    elif isinstance(action, Remove):
+        event(db, chain_id, action.n, now, "removed", f"job {action.job_id} removed: {action.reason}")
+    elif isinstance(action, EndSegment):
+        db.execute(
+            "UPDATE segments SET phase = ?, outcome = ?, exit_code = ?, charged = ?, "
+            "ended_at = ?, reason = ?, tail = ? WHERE chain_id = ? AND n = ?",
+            (
+                Phase.ENDED.value,
+                action.outcome.value,
+                action.exit_code,
+                int(action.charged),
+                action.ended_at,
+                action.reason,
+                json.dumps(list(action.tail)) if action.tail else None,
+                *seg,
+            ),
+        )
+        db.execute(
+            "UPDATE chains SET failures = failures + ?, used = used + ?, progress = ? WHERE id = ?",
+            (int(action.charged), action.elapsed, json.dumps(action.progress.to_json()), chain_id),
+        )
+        cost = "costs one failure" if action.charged else "no cost"
+        event(
+            db,
+            chain_id,
+            action.n,
+            now,
+            "ended",
+            f"segment {action.n} ended: {action.reason}; {cost}; progress: {action.progress.describe()}",
+        )
+    elif isinstance(action, Cancel):
+        # The job may be one found under the segment's tag, whose submission an
+        # interrupted service never recorded: the segment keeps it.
+        db.execute(
+            "UPDATE segments SET phase = ?, outcome = ?, ended_at = ?, reason = ?, "
+            "job_id = COALESCE(job_id, ?) WHERE chain_id = ? AND n = ? AND phase != ?",
+            (
+                Phase.ENDED.value,
+                Outcome.CANCELLED.value,
+                now,
+                action.reason,
+                action.job_id,
+                *seg,
+                Phase.ENDED.value,
+            ),
+        )
+        job = f"job {action.job_id}" if action.job_id else "not yet submitted"
+        event(
+            db,
+            chain_id,
+            action.n,
+            now,
+            "cancelled",
+            f"segment {action.n} ({job}) cancelled: {action.reason}",
+        )
+    elif isinstance(action, Finish):
+        db.execute(
+            "UPDATE chains SET state = ?, reason = ?, ended_at = ? WHERE id = ?",
+            (action.state.value, action.reason, now, chain_id),
+        )
+        event(db, chain_id, None, now, action.state.value, f"chain {action.state.value}: {action.reason}")
+    elif isinstance(action, Wait):
+        # Said once while it lasts; nothing to say once the chain goes on.
+        changed = db.execute(
+            "UPDATE chains SET reason = ? WHERE id = ? AND reason != ? AND state IN (?, ?)",
+            (action.reason, chain_id, action.reason, *LIVE_STATES),
+        ).rowcount
+        if changed and action.reason:
+            event(db, chain_id, None, now, "waiting", action.reason)
+    elif isinstance(action, (MarkStuck, Unstick)):
+        state = ChainState.STUCK if isinstance(action, MarkStuck) else ChainState.ACTIVE
+        db.execute(
+            "UPDATE chains SET state = ?, reason = ? WHERE id = ? AND state IN (?, ?)",
+            (state.value, action.reason, chain_id, *LIVE_STATES),
+        )
+        event(db, chain_id, None, now, state.value, f"chain {state.value}: {action.reason}")
+    else:
+        raise TypeError(f"not a recorded action: {action!r}")
+
+
+def event(
+    db: sqlite3.Connection, chain_id: str, segment: Optional[int], at: float, kind: str, message: str
+) -> None:
+    db.execute(
+        "INSERT INTO events (chain_id, segment, at, kind, message) VALUES (?, ?, ?, ?, ?)",
+        (chain_id, segment, at, kind, message),
+    )
+
+
+def _paren(text: str) -> str:
+    return f" ({text})" if text else ""

@@ -1,0 +1,299 @@
+"""Running chainrun as a systemd user service: the unit, installing and removing it, and what
+systemd says of it.
+
+``install`` writes the user unit with the absolute path of the running
+chainrun (a virtualenv's included) and enables it through ``systemctl
+--user`` when a user manager answers, or says exactly what to run when none
+does; it also checks lingering, without which the service stops at logout.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from chainrun.config import CONFIG_KEYS, config_path, load_config
+from chainrun.errors import ChainrunError
+from chainrun.transport import LocalTransport, Transport
+
+UNIT_NAME = "chainrun.service"
+# What the shipped unit (systemd/chainrun.service) starts: `pip install --user`
+# and pipx both put the command there. `install` writes the real path instead.
+DEFAULT_EXEC = "%h/.local/bin/chainrun"
+SYSTEMCTL_TIMEOUT = 60.0
+
+UNIT_TEMPLATE = """\
+# chainrun keeps long training runs alive by chaining walltime-limited jobs.
+# `chainrun service install` writes this unit with the real path of chainrun
+# in ExecStart; the README section "Running chainrun as a service" explains
+# the settings and the fallbacks.
+[Unit]
+Description=chainrun: keeps long training runs alive across walltime-limited jobs
+StartLimitIntervalSec=10min
+StartLimitBurst=5
+
+[Service]
+Type=notify
+ExecStart={exec_start}
+{environment}ExecReload=/bin/kill -HUP $MAINPID
+# READY=1 comes after the first tick has loaded the chains and adopted the
+# jobs of an interrupted submission; a poll may take a minute on a slow cluster.
+TimeoutStartSec=10min
+# Pinged from the tick loop: a tick stuck for this long gets the service
+# restarted. Longer than the slowest honest tick (a 60 s poll and 120 s
+# submissions through a struggling scheduler).
+WatchdogSec=10min
+Restart=on-failure
+RestartSec=30s
+# Queued and running jobs belong to the scheduler and keep going; stopping only
+# waits for a tick in flight and for end-of-chain notifications, both bounded.
+TimeoutStopSec=30s
+# Stop the service alone: segments of the local backend run in this unit's
+# control group and must outlive it, as jobs on a cluster do.
+KillMode=process
+SyslogIdentifier=chainrun
+
+[Install]
+WantedBy=default.target
+"""
+
+
+def unit_dir() -> Path:
+    """Where systemd looks for user units: ``$XDG_CONFIG_HOME/systemd/user``."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "systemd" / "user"
+
+
+def unit_path() -> Path:
+    return unit_dir() / UNIT_NAME
+
+
+def systemd_quote(arg: str) -> str:
+    """One word of an ExecStart= or Environment= line, quoted for systemd."""
+    text = arg.replace("%", "%%").replace("$", "$$")
+    if text and not any(c in text for c in " \t\"'\\;"):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render_unit(exec_argv: list[str], environment: Optional[dict[str, str]] = None) -> str:
+    """The unit text for ``exec_argv`` (the command before ``daemon``)."""
+    exec_start = " ".join(systemd_quote(a) for a in [*exec_argv, "daemon"])
+    env = "".join(
+        f"Environment={systemd_quote(f'{k}={v}')}\n" for k, v in sorted((environment or {}).items())
+    )
+    return UNIT_TEMPLATE.format(exec_start=exec_start, environment=env)
+
+
+def shipped_unit() -> str:
+    """The unit as shipped in systemd/chainrun.service (``%h`` left for systemd to expand)."""
+    return UNIT_TEMPLATE.format(exec_start=f"{DEFAULT_EXEC} daemon", environment="")
+
+
+def current_command(transport: Optional[Transport] = None) -> tuple[list[str], dict[str, str]]:
+    """The absolute command that runs this chainrun, and the environment it needs.
+
+    Prefers the installed console script (``sys.argv[0]``, or the one beside
+    the interpreter); else ``python -m chainrun``. The interpreter's path is
+    kept as it is, never resolved: a virtualenv's python is a symlink, and
+    following it would leave the virtualenv. When chainrun is importable only
+    through ``PYTHONPATH`` or the current directory (a source checkout), the
+    unit gets that directory in its environment.
+    """
+    argv0 = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    beside = os.path.join(os.path.dirname(sys.executable), "chainrun")
+    if os.path.basename(argv0) == "chainrun" and _executable(argv0):
+        command = [argv0]
+    elif _executable(beside):
+        command = [beside]
+    else:
+        command = [sys.executable, "-m", "chainrun"]
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env = {} if _importable_alone(package_root, transport) else {"PYTHONPATH": package_root}
+    return command, env
+
+
+def _executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def _importable_alone(package_root: str, transport: Optional[Transport]) -> bool:
+    """True when a fresh interpreter finds this chainrun without PYTHONPATH or the cwd."""
+    probe = (
+        "import sys; sys.path = [p for p in sys.path if p not in ('', '.')]; "
+        "import os, chainrun; print(os.path.dirname(os.path.dirname(os.path.realpath(chainrun.__file__))))"
+    )
+    t = transport or LocalTransport()
+    result = t.run([sys.executable, "-E", "-c", probe], timeout=60.0)
+    return result.ok and result.stdout.strip() == package_root
+
+
+@dataclass
+class Systemd:
+    """``systemctl --user`` and ``loginctl`` through the transport."""
+
+    transport: Transport
+
+    def available(self) -> tuple[bool, str]:
+        """Whether a user manager answers, and if not, why."""
+        if shutil.which("systemctl") is None:
+            return False, "systemctl is not installed"
+        result = self.transport.run(["systemctl", "--user", "show-environment"], timeout=SYSTEMCTL_TIMEOUT)
+        if result.ok:
+            return True, ""
+        return False, result.describe()
+
+    def systemctl(self, *args: str) -> str:
+        result = self.transport.run(["systemctl", "--user", *args], timeout=SYSTEMCTL_TIMEOUT)
+        if not result.ok:
+            raise ChainrunError(f"systemctl --user {' '.join(args)} failed: {result.describe()}")
+        return result.stdout.strip()
+
+    def state(self, verb: str) -> str:
+        """``is-enabled`` / ``is-active`` answer (their non-zero exits are answers too)."""
+        result = self.transport.run(["systemctl", "--user", verb, UNIT_NAME], timeout=SYSTEMCTL_TIMEOUT)
+        return (result.stdout.strip() or result.stderr.strip() or "unknown").splitlines()[0]
+
+    def linger(self, user: str) -> Optional[bool]:
+        """Whether ``user`` lingers; None when it cannot be found out."""
+        if shutil.which("loginctl") is not None:
+            result = self.transport.run(
+                ["loginctl", "show-user", user, "-p", "Linger"], timeout=SYSTEMCTL_TIMEOUT
+            )
+            for line in result.stdout.splitlines():
+                if result.ok and line.startswith("Linger="):
+                    return line.split("=", 1)[1].strip() == "yes"
+        # logind keeps one marker file per lingering user.
+        marker = Path("/var/lib/systemd/linger") / user
+        return True if marker.exists() else None
+
+
+def _user() -> str:
+    return os.environ.get("USER") or getpass.getuser()
+
+
+def linger_advice(systemd: Systemd) -> list[str]:
+    user = _user()
+    lingering = systemd.linger(user)
+    if lingering:
+        return [f"lingering is on for {user}: the service keeps running after you log out"]
+    head = (
+        f"lingering is off for {user}"
+        if lingering is False
+        else f"could not find out whether {user} lingers (loginctl did not answer)"
+    )
+    return [
+        f"{head}: without it the user manager, and the service, stop when you log out.",
+        f"  turn it on with: loginctl enable-linger {user}",
+        "  where the site does not allow lingering, run the service under tmux, nohup or",
+        "  scrontab instead: the README section 'Running chainrun as a service' has the commands",
+    ]
+
+
+def install(now: bool = False, transport: Optional[Transport] = None) -> list[str]:
+    """Write the unit and enable it; returns what to tell the user, line by line."""
+    t = transport or LocalTransport()
+    command, env = current_command(t)
+    path = unit_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(render_unit(command, env))
+    os.replace(tmp, path)
+    lines = [f"wrote {path}", f"  ExecStart={' '.join([*command, 'daemon'])}"]
+    if env:
+        lines.append("  with " + " ".join(f"{k}={v}" for k, v in env.items()))
+    systemd = Systemd(t)
+    enable = ["enable", "--now", UNIT_NAME] if now else ["enable", UNIT_NAME]
+    ok, why = systemd.available()
+    if ok:
+        systemd.systemctl("daemon-reload")
+        systemd.systemctl(*enable)
+        lines.append(f"enabled {UNIT_NAME}" + (" and started it" if now else "; start it with:"))
+        if not now:
+            lines.append(f"  systemctl --user start {UNIT_NAME}")
+    else:
+        lines += [
+            f"systemd --user does not answer here ({why}); where it does, run:",
+            "  systemctl --user daemon-reload",
+            f"  systemctl --user {' '.join(enable)}",
+        ]
+    lines += linger_advice(systemd)
+    lines.append(f"logs: journalctl --user -u {UNIT_NAME} -f")
+    return lines
+
+
+def uninstall(transport: Optional[Transport] = None) -> list[str]:
+    """Stop and disable the service, and remove the unit file."""
+    t = transport or LocalTransport()
+    path = unit_path()
+    systemd = Systemd(t)
+    ok, why = systemd.available()
+    lines = []
+    if ok and path.exists():
+        # Disabling a unit that is not loaded fails; the file goes anyway.
+        result = t.run(["systemctl", "--user", "disable", "--now", UNIT_NAME], timeout=SYSTEMCTL_TIMEOUT)
+        lines.append(
+            f"stopped and disabled {UNIT_NAME}"
+            if result.ok
+            else f"systemctl --user disable --now {UNIT_NAME}: {result.describe()}"
+        )
+    if path.exists():
+        path.unlink()
+        lines.append(f"removed {path}")
+    else:
+        lines.append(f"no unit at {path}; nothing to remove")
+    if ok:
+        systemd.systemctl("daemon-reload")
+    else:
+        lines += [
+            f"systemd --user does not answer here ({why}); if a user manager runs the unit, run:",
+            f"  systemctl --user disable --now {UNIT_NAME} && systemctl --user daemon-reload",
+        ]
+    return lines
+
+
+def unit_exec_start(text: str) -> Optional[str]:
+    for line in text.splitlines():
+        if line.startswith("ExecStart="):
+            return line[len("ExecStart=") :]
+    return None
+
+
+def status(transport: Optional[Transport] = None) -> list[str]:
+    """Where the unit is, whether systemd runs it, lingering, and the config."""
+    t = transport or LocalTransport()
+    path = unit_path()
+    lines = []
+    if path.exists():
+        written = unit_exec_start(path.read_text())
+        command, env = current_command(t)
+        lines.append(f"unit: {path}")
+        lines.append(f"  ExecStart={written}")
+        if written != unit_exec_start(render_unit(command, env)):
+            lines.append("  this is not the chainrun running now; `chainrun service install` rewrites it")
+    else:
+        lines.append(f"unit: not installed ({path}); `chainrun service install --now` installs it")
+    systemd = Systemd(t)
+    ok, why = systemd.available()
+    if ok:
+        lines.append(f"systemd: {systemd.state('is-enabled')}, {systemd.state('is-active')}")
+    else:
+        lines.append(f"systemd: --user does not answer here ({why})")
+    lines += linger_advice(systemd)
+    cfg = config_path()
+    if cfg.exists():
+        try:
+            config = load_config(cfg)
+        except ChainrunError as exc:
+            lines.append(f"config: BROKEN, the service will not start or reload with it: {exc}")
+        else:
+            values = ", ".join(f"{k}={v!r}" for k in CONFIG_KEYS if (v := getattr(config, k)) is not None)
+            lines.append(f"config: {cfg}" + (f" ({values})" if values else " (empty)"))
+    else:
+        lines.append(f"config: none at {cfg} (optional: on_end, webhook, interval)")
+    return lines
