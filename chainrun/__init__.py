@@ -5,20 +5,25 @@ inside training jobs and must not pull in the service's dependencies. So the
 Python API (``chainrun.submit``, ``chainrun.chains``, ``chainrun.Chain``, in
 ``chainrun.api``) is imported at its first use, through the module's
 ``__getattr__`` (PEP 562): ``import chainrun`` alone imports nothing else.
+``chainrun.__version__`` is ``chainrun.constants.VERSION``, read at its first use too.
 """
 
-__version__ = "0.1.0"
 __all__ = ["Chain", "__version__", "chains", "submit"]
 
 # typing.TYPE_CHECKING without importing typing: mypy reads the names, Python never runs this.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from chainrun.api import Chain, chains, submit
+    from chainrun.constants import VERSION as __version__
 
 _API = ("Chain", "chains", "submit")
 
 
 def __getattr__(name: str) -> object:
+    if name == "__version__":
+        from chainrun.constants import VERSION
+
+        return VERSION
     if name in _API:
         from chainrun import api
 
@@ -27,4 +32,4 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_API})
+    return sorted({*globals(), "__version__", *_API})

@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Optional, cast
 
 import click
 
-from chainrun import __version__
-from chainrun.constants import CONFIRM_ABOVE, DEFAULT_INTERVAL
+from chainrun.constants import CONFIRM_ABOVE, DEFAULT_INTERVAL, VERSION
 from chainrun.errors import ChainrunError, StoreUnavailable, UsageError
 
 if TYPE_CHECKING:
@@ -196,7 +195,7 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group)
-@click.version_option(__version__, prog_name="chainrun", message="%(prog)s %(version)s")
+@click.version_option(VERSION, prog_name="chainrun", message="%(prog)s %(version)s")
 @click.option(
     "--home",
     type=click.Path(file_okay=False),
@@ -359,7 +358,7 @@ def run(ctx: click.Context, jobfile_path: str, interval: Optional[float], fresh:
     time, cancelled); 130 when you stop watching and the chain goes on, as a
     shell reports a command stopped by Ctrl-C; 2 for a bad job file or option.
     """
-    from chainrun import jobfile, live
+    from chainrun import follow, jobfile
 
     spec = jobfile.load(jobfile_path)
     if spec.sweep:
@@ -371,7 +370,7 @@ def run(ctx: click.Context, jobfile_path: str, interval: Optional[float], fresh:
         chain = _submit(store, spec, fresh=fresh)
         click.echo(f"chain {chain.id} submitted")
         step = interval or min(DEFAULT_INTERVAL, max(1.0, spec.walltime / 8))
-        code = live.supervise(ctx.obj, store, chain, step)
+        code = follow.supervise(ctx.obj, store, chain, step)
     sys.exit(code)
 
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Callable, Optional, TypeVar
 
 from chainrun import rundir
-from chainrun.model import CommandResult, LiveJob
+from chainrun.model import CommandResult, JobSpec, ListedJob
 from chainrun.schedulers.base import ArrayScheduler, Scheduler, parse_cancel
 from chainrun.schedulers.script import render_script
 from chainrun.schedulers.segment import SegmentJob
@@ -59,7 +59,7 @@ class Cluster:
             self.transport.makedirs(posixpath.dirname(helper.path), mode=0o700)
             self.transport.write_file(helper.path, helper.data, mode=0o600)  # whole or not at all
 
-    def poll(self) -> dict[str, LiveJob]:
+    def poll(self) -> dict[str, ListedJob]:
         """Every job of this user's the scheduler lists, by id: one command."""
         return self.call(self.scheduler.poll_argv(), self.scheduler.parse_poll, POLL_TIMEOUT)
 
@@ -72,15 +72,20 @@ class Cluster:
         self.write_script(job)
         return self.call(self.scheduler.submit_argv(job), self.scheduler.parse_submit, SUBMIT_TIMEOUT)
 
-    def submit_array(self, argv: Sequence[str]) -> str:
-        """Queue an array job (its script written by the caller); the id its tasks' ids start with."""
+    def submit_array(self, stem: str, spec: JobSpec, indices: Sequence[int]) -> str:
+        """Queue the array job whose script is ``stem``.sh (written by the caller), for its task
+        ``indices``, at most ``spec.max_concurrent`` at once; the id its tasks' ids start with."""
+        assert self.arrays is not None, "a backend without job arrays"
+        argv = self.arrays.array_submit_argv(
+            stem + ".sh", stem + ".log", spec.workdir, indices, spec.max_concurrent
+        )
         return self.call(argv, self.scheduler.parse_submit, SUBMIT_TIMEOUT)
 
     def cancel(self, job_ids: list[str]) -> None:
         """Cancel every one of ``job_ids``: one command."""
         self.call(self.scheduler.cancel_argv(job_ids), parse_cancel, POLL_TIMEOUT)
 
-    def accounting(self, job_ids: list[str]) -> Optional[dict[str, LiveJob]]:
+    def accounting(self, job_ids: list[str]) -> Optional[dict[str, ListedJob]]:
         """What accounting knows of ``job_ids`` (one command); None for a backend without it."""
         argv = self.scheduler.accounting_argv(job_ids)
         if argv is None:

@@ -383,7 +383,7 @@ class Chain:
 
 
 @dataclass(frozen=True)
-class LiveJob:
+class ListedJob:
     """One job as the scheduler shows it (squeue, qstat, sacct, the local runner)."""
 
     job_id: str

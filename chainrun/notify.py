@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import quote, urljoin, urlsplit
 
-import chainrun
+from chainrun.constants import VERSION
 from chainrun.errors import TransportError
 from chainrun.logs import get_logger
 from chainrun.model import Chain
@@ -309,7 +309,7 @@ class Notifier:
         method: str = "POST"
         data: Optional[bytes] = body
         for _ in range(MAX_REDIRECTS + 1):
-            headers = {"User-Agent": f"chainrun/{chainrun.__version__}"}
+            headers = {"User-Agent": f"chainrun/{VERSION}"}
             if data is not None:
                 headers["Content-Type"] = "application/json"
             request = urllib.request.Request(url, data=data, headers=headers, method=method)

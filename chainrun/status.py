@@ -6,7 +6,7 @@ unless the caller knows its terminal is wider): the chain, what it is doing
 towards the target epoch, the ETA from the epoch rate so far (epochs gained
 per second of training time), failures used of the budget, segments run of
 the most the time budget allows, training time used of the budget, and the
-live job ids. Columns that do not fit are dropped, least important first
+job ids of its segments not ended. Columns that do not fit are dropped, least important first
 (job ids, time, segments, ETA, failures, progress); the chain and its state
 always stay, shortened with "…" if need be, and no line is ever longer than
 the width. Below the table, by default, only the chains that need a person
@@ -28,7 +28,7 @@ from typing import Any, Optional, Union
 from chainrun import heartbeat
 from chainrun.localrunner import alive
 from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Phase
-from chainrun.store import DamagedChain, Glance, Live, ran
+from chainrun.store import DamagedChain, Glance, SegmentGlance, ran
 from chainrun.text import clip, escaped
 
 WIDTH = 80  # the table's width when the terminal's is not known (a pipe, a file)
@@ -153,16 +153,16 @@ def _eta_cell(chain: Glance, elapsed: float) -> str:
     return short(left) + (" > budget" if left > chain.total_time - elapsed else "")
 
 
-def _running(chain: Glance) -> Optional[Live]:
+def _running(chain: Glance) -> Optional[SegmentGlance]:
     return next((s for s in chain.live if s.phase is Phase.RUNNING), None)
 
 
-def _upcoming(chain: Glance) -> Optional[Live]:
+def _upcoming(chain: Glance) -> Optional[SegmentGlance]:
     waiting = [s for s in chain.live if s.phase is not Phase.RUNNING]
     return min(waiting, key=lambda s: s.n) if waiting else None
 
 
-def _waiting(seg: Live, now: float) -> str:
+def _not_running(seg: SegmentGlance, now: float) -> str:
     """A segment not yet running: queued with its pending reason, being submitted, or retrying."""
     if seg.phase is Phase.SUBMITTING:
         if seg.retry_at is None:
@@ -185,7 +185,7 @@ def state_cell(chain: Shown, now: float) -> str:
         return "waiting for a slot"
     if seg is None and not chain.segments and chain.max_concurrent:
         return f"waiting (max_concurrent {chain.max_concurrent})"  # for a chain of its sweep to end
-    return _waiting(seg, now) if seg is not None else str(chain.state.value)
+    return _not_running(seg, now) if seg is not None else str(chain.state.value)
 
 
 def row(chain: Shown, now: float) -> tuple[str, ...]:
@@ -209,7 +209,7 @@ def damaged_row(chain: DamagedChain) -> tuple[str, ...]:
     return (chain.id, "damaged", *("-" for _ in HEADER[2:]))
 
 
-def _held(chain: Glance, seg: Live) -> bool:
+def _held_by_scheduler(chain: Glance, seg: SegmentGlance) -> bool:
     """A job the scheduler holds for a reason other than the dependency chainrun gave it:
     a user or admin hold (Slurm's JobHeldUser, JobHeldAdmin), or SGE's hold with no
     predecessor left to wait for. It will not start by itself."""
@@ -227,8 +227,8 @@ def attention(chain: Shown, now: float) -> str:
         return chain.reason or chain.state.value
     for seg in chain.live:
         if seg.phase is Phase.SUBMITTING and seg.retry_at is not None:
-            return f"segment {seg.n}: submission failed ({_waiting(seg, now)}): {seg.reason}"
-        if _held(chain, seg):
+            return f"segment {seg.n}: submission failed ({_not_running(seg, now)}): {seg.reason}"
+        if _held_by_scheduler(chain, seg):
             return (
                 f"segment {seg.n}: job {seg.job_id} is held by the scheduler ({seg.reason}); "
                 "it will not start until released"
@@ -250,7 +250,7 @@ def details(chain: Chain, now: float) -> list[str]:
     nxt = None if chain.state.final else _upcoming(glance)
     if nxt is not None:
         job = (f"job {nxt.job_id} " if nxt.job_id else "") + (f"on {nxt.host} " if nxt.host else "")
-        lines.append(f"next: segment {nxt.n}: {job}{_waiting(nxt, now)}")
+        lines.append(f"next: segment {nxt.n}: {job}{_not_running(nxt, now)}")
     latest = chain.latest
     if latest.epoch is not None or latest.saved_at is not None:
         target = f" of {chain.spec.target_epoch}" if chain.spec.target_epoch else ""

@@ -30,7 +30,7 @@ from typing import ClassVar, Optional
 from chainrun.checkpoint import SIDECAR_NAME
 from chainrun.checkpoint._progress import encode_progress
 from chainrun.errors import SchedulerError, TransportError
-from chainrun.model import CommandResult, LiveJob, Outcome, Phase
+from chainrun.model import CommandResult, ListedJob, Outcome, Phase
 from chainrun.schedulers.base import HelperFile
 from chainrun.schedulers.segment import SegmentJob
 from chainrun.transport import FileInfo
@@ -61,8 +61,8 @@ class FakeJob:
     name: str
     stem: str  # where its markers go: the script path without ".sh"
     after: Optional[str]
-    live: LiveJob
-    in_view: bool = True  # False: gone from the live view (accounting may still know it)
+    live: ListedJob
+    in_view: bool = True  # False: gone from the listing (accounting may still know it)
     accounted: bool = False
 
 
@@ -103,14 +103,14 @@ class FakeCluster:
             job_id = f"{job_id}_{task}"
         reason = "Dependency" if after else "Priority"
         self.jobs[job_id] = FakeJob(
-            job_id, name, stem, after, LiveJob(job_id, name, Phase.PENDING, reason=reason)
+            job_id, name, stem, after, ListedJob(job_id, name, Phase.PENDING, reason=reason)
         )
         return job_id
 
     def add_task(self, base: str, index: int, name: str, stem: str) -> str:
         """Task ``index`` of the array job ``base``, pending."""
         job_id = f"{base}_{index}"
-        self.jobs[job_id] = FakeJob(job_id, name, stem, None, LiveJob(job_id, name, Phase.PENDING))
+        self.jobs[job_id] = FakeJob(job_id, name, stem, None, ListedJob(job_id, name, Phase.PENDING))
         return job_id
 
     def start(self, job_id: str, **checkpoint: object) -> None:
@@ -153,7 +153,7 @@ class FakeCluster:
             self.files[job.stem + ".end"] = _marker(fields, checkpoint)
 
     def vanish(self, job_id: str, accounted: bool = False) -> None:
-        """The job leaves the live view (MinJobAge passed); accounting knows it or not."""
+        """The job leaves the listing (MinJobAge passed); accounting knows it or not."""
         self.jobs[job_id].in_view = False
         self.jobs[job_id].accounted = accounted
 
@@ -249,7 +249,7 @@ class FakeScheduler:
     def poll_argv(self) -> list[str]:
         return ["fake-poll"]
 
-    def parse_poll(self, result: CommandResult) -> dict[str, LiveJob]:
+    def parse_poll(self, result: CommandResult) -> dict[str, ListedJob]:
         if not result.ok:
             raise SchedulerError(result.stderr.strip(), transient=True)
         return _parse(result.stdout)
@@ -260,7 +260,7 @@ class FakeScheduler:
     def accounting_argv(self, job_ids: list[str]) -> Optional[list[str]]:
         return ["fake-acct", *job_ids]
 
-    def parse_accounting(self, result: CommandResult) -> dict[str, LiveJob]:
+    def parse_accounting(self, result: CommandResult) -> dict[str, ListedJob]:
         return _parse(result.stdout)
 
     def explain_argv(self, job_id: str) -> Optional[list[str]]:
@@ -377,7 +377,7 @@ def _marker(fields: Mapping[str, object], checkpoint: Mapping[str, object]) -> b
     return "".join(f"{k}={v}\n" for k, v in {**fields, **saw}.items()).encode()
 
 
-def _line(job: LiveJob) -> str:
+def _line(job: ListedJob) -> str:
     data = {
         "id": job.job_id,
         "name": job.name,
@@ -392,11 +392,11 @@ def _line(job: LiveJob) -> str:
     return json.dumps(data) + "\n"
 
 
-def _parse(text: str) -> dict[str, LiveJob]:
+def _parse(text: str) -> dict[str, ListedJob]:
     jobs = {}
     for line in text.splitlines():
         d = json.loads(line)
-        jobs[d["id"]] = LiveJob(
+        jobs[d["id"]] = ListedJob(
             job_id=d["id"],
             name=d["name"],
             phase=Phase(d["phase"]),

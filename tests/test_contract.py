@@ -26,7 +26,7 @@ from typing import Any, Callable
 import pytest
 from conftest import REPO, have, need, wait_for
 
-from chainrun.model import LiveJob
+from chainrun.model import ListedJob
 from chainrun.schedulers import scheduler_for
 from chainrun.transport import LocalTransport
 
@@ -65,13 +65,13 @@ class Cluster:
             return have("qsub") and _answers("qstat")
         return True
 
-    def jobs(self, chain_id: str) -> list[LiveJob]:
+    def jobs(self, chain_id: str) -> list[ListedJob]:
         """The chain's jobs the scheduler still lists, as it reports them."""
         scheduler = scheduler_for(self.kind, self.host or None)
         jobs = scheduler.parse_poll(LocalTransport().run(scheduler.poll_argv(), timeout=60))
         return [j for j in jobs.values() if j.name.startswith(f"cr.{chain_id}.")]
 
-    def live_jobs(self, chain_id: str) -> list[LiveJob]:
+    def live_jobs(self, chain_id: str) -> list[ListedJob]:
         """The chain's jobs the scheduler still holds (pending or running)."""
         return [j for j in self.jobs(chain_id) if j.phase.value != "ended"]
 

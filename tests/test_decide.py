@@ -19,7 +19,7 @@ from chainrun.model import (
     EndSegment,
     Finish,
     JobSpec,
-    LiveJob,
+    ListedJob,
     Outcome,
     Phase,
     Progress,
@@ -57,11 +57,13 @@ def chain(*segments: Segment, spec: JobSpec = SPEC, **kw: object) -> Chain:
 
 def ended(job: str, outcome: Outcome, code: Optional[int] = 0, start: float = NOW - 90) -> JobFacts:
     """The live view shows the job ended (no wrapper markers)."""
-    return JobFacts(live=LiveJob(job, job, Phase.ENDED, outcome, code, started_at=start, ended_at=NOW - 1))
+    return JobFacts(
+        listed=ListedJob(job, job, Phase.ENDED, outcome, code, started_at=start, ended_at=NOW - 1)
+    )
 
 
 def shown(job: str, phase: Phase, reason: str = "") -> JobFacts:
-    return JobFacts(live=LiveJob(job, job, phase, reason=reason))
+    return JobFacts(listed=ListedJob(job, job, phase, reason=reason))
 
 
 def run(c: Chain, jobs: dict[str, JobFacts], progress: Optional[Progress], now: float = NOW) -> list[object]:
@@ -276,7 +278,7 @@ def test_a_job_that_changed_is_tracked_and_one_gone_is_lost_only_after_a_while()
     """Start, reason and disappearance are recorded; a job gone without a trace is lost
     LOST_AFTER seconds after it was first missed, and that costs a failure."""
     c = chain(seg(1, Phase.PENDING), seg(2, Phase.PENDING))
-    obs = {"j1": JobFacts(live=LiveJob("j1", "j1", Phase.RUNNING, started_at=NOW - 5))}
+    obs = {"j1": JobFacts(listed=ListedJob("j1", "j1", Phase.RUNNING, started_at=NOW - 5))}
     assert run(c, obs, AFTER, NOW) == [Track(1, Phase.RUNNING, "", NOW - 5, None)]
     assert run(c, {"j1": JobFacts()}, AFTER, NOW) == [
         Track(1, Phase.PENDING, "gone from the queue", None, NOW)
@@ -291,7 +293,7 @@ def test_a_job_that_changed_is_tracked_and_one_gone_is_lost_only_after_a_while()
 
 def test_timeout_without_start_time_counts_its_walltime() -> None:
     """A timed-out job never seen running still used its walltime."""
-    obs = JobFacts(live=LiveJob("j1", "j1", Phase.ENDED, Outcome.TIMEOUT, 0))
+    obs = JobFacts(listed=ListedJob("j1", "j1", Phase.ENDED, Outcome.TIMEOUT, 0))
     end = run(chain(seg(1)), {"j1": obs}, AFTER, NOW)[0]
     assert isinstance(end, EndSegment) and end.elapsed == 100.0
 
@@ -352,7 +354,9 @@ def test_a_first_segment_that_cannot_start_its_command_ends_the_chain_at_once(co
     """Exit 126/127 from the first run: every later one would fail alike, so the chain fails now,
     one failure charged, saying which PATH the command was looked up in."""
     marker = EndMarker(code, code, "", False, NOW - 1, path="/usr/bin:/bin")
-    job = JobFacts(live=LiveJob("j1", "j1", Phase.ENDED, Outcome.FAILED, code, NOW - 5, NOW - 1), end=marker)
+    job = JobFacts(
+        listed=ListedJob("j1", "j1", Phase.ENDED, Outcome.FAILED, code, NOW - 5, NOW - 1), end=marker
+    )
     actions = decide(chain(seg(1), seg(2, Phase.PENDING)), Facts(jobs={"j1": job}, progress=BEFORE), NOW)
     assert kinds(actions) == ["EndSegment", "Cancel", "Finish"]
     end, fin = actions[0], actions[-1]
@@ -361,7 +365,9 @@ def test_a_first_segment_that_cannot_start_its_command_ends_the_chain_at_once(co
     assert fin.reason.startswith(f"command not found or not executable (exit {code}): python train.py")
     assert "PATH was /usr/bin:/bin" in fin.reason
     later = chain(seg(1, Phase.ENDED, outcome=Outcome.TIMEOUT), seg(2), seg(3, Phase.PENDING))
-    job2 = JobFacts(live=LiveJob("j2", "j2", Phase.ENDED, Outcome.FAILED, code, NOW - 5, NOW - 1), end=marker)
+    job2 = JobFacts(
+        listed=ListedJob("j2", "j2", Phase.ENDED, Outcome.FAILED, code, NOW - 5, NOW - 1), end=marker
+    )
     goes_on = decide(later, Facts(jobs={"j2": job2}, progress=BEFORE), NOW)
     assert kinds(goes_on)[0] == "EndSegment" and "Finish" not in kinds(goes_on)  # it ran before: a crash
 
@@ -372,7 +378,7 @@ def test_a_successor_that_failed_to_start_the_command_before_the_service_looked_
     the one failure charged that the README promises; the successor is recorded, not charged."""
     marker = EndMarker(127, 127, "", False, NOW - 1, path="/usr/bin:/bin")
     jobs = {
-        j: JobFacts(live=LiveJob(j, j, Phase.ENDED, Outcome.FAILED, 127, NOW - 5, NOW - 1), end=marker)
+        j: JobFacts(listed=ListedJob(j, j, Phase.ENDED, Outcome.FAILED, 127, NOW - 5, NOW - 1), end=marker)
         for j in ("j1", "j2")
     }
     actions = decide(chain(seg(1), seg(2)), Facts(jobs=jobs, progress=BEFORE), NOW)
@@ -388,7 +394,7 @@ def test_a_successor_that_failed_to_start_the_command_before_the_service_looked_
 def test_a_failed_segment_carries_its_output_tail() -> None:
     """The end marker's last output lines go with the segment's end."""
     crash = EndMarker(1, 1, "", False, NOW - 1, tail=("Traceback", "ValueError: bad"))
-    job = JobFacts(live=LiveJob("j1", "j1", Phase.ENDED, Outcome.FAILED, 1, NOW - 5, NOW - 1), end=crash)
+    job = JobFacts(listed=ListedJob("j1", "j1", Phase.ENDED, Outcome.FAILED, 1, NOW - 5, NOW - 1), end=crash)
     end = decide(chain(seg(1)), Facts(jobs={"j1": job}, progress=BEFORE), NOW)[0]
     assert isinstance(end, EndSegment) and end.tail == ("Traceback", "ValueError: bad")
 
@@ -401,7 +407,9 @@ def test_with_a_target_exit_0_on_its_own_completes_only_when_no_epoch_can_be_rea
     again would only repeat that, so the chain completes, saying why; with an epoch below
     the target it is a segment like any other."""
     marker = EndMarker(0, 0, "", False, NOW - 1, progress=left)
-    job = JobFacts(live=LiveJob("j1", "j1", Phase.ENDED, Outcome.COMPLETED, 0, NOW - 5, NOW - 1), end=marker)
+    job = JobFacts(
+        listed=ListedJob("j1", "j1", Phase.ENDED, Outcome.COMPLETED, 0, NOW - 5, NOW - 1), end=marker
+    )
     actions = decide(chain(seg(1), seg(2, Phase.PENDING)), Facts(jobs={"j1": job}, progress=left), NOW)
     end = actions[0]
     assert isinstance(end, EndSegment) and not end.charged

@@ -11,7 +11,7 @@ import pytest
 from test_decide import SPEC as DECIDE_SPEC
 
 from chainrun.decide import LOST_AFTER, Facts, backoff, decide
-from chainrun.decide.retry import ACCOUNTING_FIRST
+from chainrun.decide.retry import ACCOUNTING_FIRST, STUCK_AFTER, STUCK_RETRY
 from chainrun.engine import Engine
 from chainrun.model import (
     NO_PROGRESS,
@@ -459,3 +459,36 @@ def test_a_chain_decide_is_skipped_for_is_one_that_decide_and_the_tick_leave_as_
     assert "retrying in 5s" in world.history(retried)
     assert all(world.store.chain(c).state is ChainState.COMPLETED for c in (lost, retried, done))
     world.store.close()
+
+
+def test_every_change_of_a_chain_in_a_tick_is_one_transaction(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stuck chain whose tick works again is active again in the same transaction as the rest
+    of what that tick learned (its job started): one write per chain and tick, the submission
+    journal aside. (Marking it stuck, or active again, used to be a transaction of its own.)"""
+    chain_id = world.add()
+    world.tick()  # segment 1 submitted, and its successor next tick
+    world.tick()
+    observe = world.engine.observer.facts
+
+    def broken(polled: object, chain: Chain) -> Facts:
+        raise RuntimeError("cannot make sense of the cluster")
+
+    monkeypatch.setattr(world.engine.observer, "facts", broken)
+    for _ in range(STUCK_AFTER):
+        world.tick()
+    assert world.store.chain(chain_id).state is ChainState.STUCK
+    monkeypatch.setattr(world.engine.observer, "facts", observe)
+    world.cluster.start("1", epoch=0)
+    world.clock.advance(STUCK_RETRY)
+    statements: list[str] = []
+    world.store.db.set_trace_callback(statements.append)
+    try:
+        chain = world.tick()
+    finally:
+        world.store.db.set_trace_callback(None)
+    assert chain.state is ChainState.ACTIVE and chain.segments[0].phase is Phase.RUNNING
+    assert [s for s in statements if s.startswith("BEGIN IMMEDIATE")] == ["BEGIN IMMEDIATE"]
+    events = [e.message for e in world.store.events(chain_id)]
+    assert events[-2:] == ["chain active: a tick succeeded again", "segment 1 is running"]

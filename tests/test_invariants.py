@@ -13,7 +13,7 @@ from chainrun.model import (
     Adopt,
     Finish,
     JobSpec,
-    LiveJob,
+    ListedJob,
     Outcome,
     Phase,
     Progress,
@@ -62,9 +62,9 @@ def test_random_histories_keep_the_invariants(
                 if seg.job_id is None or event == "stay":
                     continue
                 if event == "run":
-                    live = LiveJob(seg.job_id, seg.job_id, Phase.RUNNING)
+                    live = ListedJob(seg.job_id, seg.job_id, Phase.RUNNING)
                 else:
-                    live = LiveJob(
+                    live = ListedJob(
                         seg.job_id,
                         seg.job_id,
                         Phase.ENDED,
@@ -73,7 +73,7 @@ def test_random_histories_keep_the_invariants(
                         started_at=now - min(elapsed, seg.walltime),
                         ended_at=now,
                     )
-                observations[seg.job_id] = JobFacts(live=live)
+                observations[seg.job_id] = JobFacts(listed=live)
             epoch += advance
             progress = None if unreadable else Progress(epoch=epoch, saved_at=now)
             actions = decide(chain, Facts(jobs=observations, progress=progress), now)

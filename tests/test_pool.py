@@ -29,8 +29,8 @@ from chainrun.decide import place
 from chainrun.engine import Engine
 from chainrun.errors import JobFileError
 from chainrun.fields import tomllib
+from chainrun.follow import Follower
 from chainrun.jobfile import parse
-from chainrun.live import Follower
 from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, SchedulerSpec
 from chainrun.schedulers.local import LocalScheduler, runner_path, runner_source
 from chainrun.schedulers.segment import SegmentJob

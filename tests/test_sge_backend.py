@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from chainrun.errors import SchedulerError
-from chainrun.model import JobSpec, LiveJob, Outcome, Phase, SchedulerSpec
+from chainrun.model import JobSpec, ListedJob, Outcome, Phase, SchedulerSpec
 from chainrun.schedulers import scheduler_for
 from chainrun.schedulers.script import render_script
 from chainrun.schedulers.segment import SegmentJob
@@ -187,15 +187,15 @@ def test_poll_argv_lists_only_the_callers_jobs_in_utc() -> None:
 
 def test_parse_poll_running_pending_and_error_jobs() -> None:
     jobs = SGE.parse_poll(result((DATA / "sge" / "qstat.xml").read_text()))
-    assert jobs["44"] == LiveJob("44", "hrt", Phase.RUNNING, started_at=utc("2026-11-25T22:15:05"))
+    assert jobs["44"] == ListedJob("44", "hrt", Phase.RUNNING, started_at=utc("2026-11-25T22:15:05"))
     assert jobs["51"].phase is Phase.RUNNING  # dr: qdel'd, still ending
-    assert jobs["50"] == LiveJob("50", "holdunk", Phase.PENDING)
-    assert jobs["49"] == LiveJob("49", "held", Phase.PENDING, reason="held (hqw)")
-    assert jobs["47"] == LiveJob(
+    assert jobs["50"] == ListedJob("50", "holdunk", Phase.PENDING)
+    assert jobs["49"] == ListedJob("49", "held", Phase.PENDING, reason="held (hqw)")
+    assert jobs["47"] == ListedJob(
         "47", "x100", Phase.ENDED, Outcome.FAILED, reason="error state, SGE will not run it (Eqw)", stuck=True
     )
     # Listed twice while rescheduled (Rr ending, Rq queued again): the later entry wins.
-    assert jobs["46"] == LiveJob("46", "x99", Phase.PENDING)
+    assert jobs["46"] == ListedJob("46", "x99", Phase.PENDING)
     assert set(jobs) == {"44", "46", "47", "49", "50", "51"}
 
 

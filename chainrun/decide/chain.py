@@ -1,7 +1,7 @@
 """The chain state machine: facts in, actions out.
 
 ``decide`` is pure: it takes a chain as stored and the plain facts the engine
-gathered this tick (what the scheduler's live view, the wrapper's markers and
+gathered this tick (what the scheduler's listing, the wrapper's markers and
 accounting say of each job, which jobs carry the chain's tags, what the
 checkpoint says now) and returns the actions that bring the chain forward,
 each with its reason: track a job, adopt one an interrupted service left
@@ -29,7 +29,7 @@ from chainrun.model import (
     EndMarker,
     EndSegment,
     Finish,
-    LiveJob,
+    ListedJob,
     Outcome,
     Phase,
     Progress,
@@ -48,11 +48,11 @@ LOST_AFTER = 180.0  # seconds a job may be gone without a trace before it is "lo
 class JobFacts:
     """What the engine learned of one job this tick, without judging it."""
 
-    live: Optional[LiveJob] = None  # the scheduler's live view; None: not in it
+    listed: Optional[ListedJob] = None  # as the scheduler's listing shows it; None: not in it
     end: Optional[EndMarker] = None  # the wrapper's end marker
     start: Optional[StartMarker] = None  # the wrapper's start marker
     # sacct/qacct, asked only for jobs gone from the view without a marker, or killed by a signal
-    accounting: Optional[LiveJob] = None
+    accounting: Optional[ListedJob] = None
     why_stuck: str = ""  # the scheduler's own words for a job held in an error state
 
 
@@ -60,12 +60,12 @@ class JobFacts:
 class Facts:
     """Everything ``decide`` needs to know about one chain now."""
 
-    # By job id, the recorded live jobs the engine looked at (one missing
+    # By job id, the recorded jobs not ended that the engine looked at (one missing
     # here: nothing learned of it this tick).
     jobs: Mapping[str, JobFacts] = field(default_factory=dict)
-    # Jobs the live view shows under the tag cr.CHAIN.N, by N: an interrupted
+    # Jobs the scheduler lists under the tag cr.CHAIN.N, by N: an interrupted
     # submission's job to adopt, or a second job of one segment to remove.
-    tagged: Mapping[int, tuple[LiveJob, ...]] = field(default_factory=dict)
+    tagged: Mapping[int, tuple[ListedJob, ...]] = field(default_factory=dict)
     # Job ids the start markers of segments being submitted name.
     found: Mapping[int, str] = field(default_factory=dict)
     progress: Optional[Progress] = NO_PROGRESS  # the checkpoint now; None: unreadable
@@ -249,22 +249,22 @@ def quiet_until(chain: Chain, now: float) -> float:
 def _ending(job: JobFacts) -> Optional[_Ending]:
     """How the job ended, or None while it has not (or nothing says so yet).
 
-    Evidence in order: the live view (it knows timeouts, OOM and node
+    Evidence in order: the scheduler's listing (it knows timeouts, OOM and node
     failures), the wrapper's end marker (the real exit code and whether the
     walltime signal came first), accounting."""
-    live = job.live
-    if live is not None and live.stuck:
+    listed = job.listed
+    if listed is not None and listed.stuck:
         return _Ending(
-            live.outcome or Outcome.FAILED,
-            live.exit_code,
-            live.started_at,
-            live.ended_at,
-            job.why_stuck or live.reason,
+            listed.outcome or Outcome.FAILED,
+            listed.exit_code,
+            listed.started_at,
+            listed.ended_at,
+            job.why_stuck or listed.reason,
             remove=True,
         )
-    if live is not None and live.phase is not Phase.ENDED:
+    if listed is not None and listed.phase is not Phase.ENDED:
         return None
-    view = live if live is not None else job.accounting
+    view = listed if listed is not None else job.accounting
     if view is not None and view.phase is not Phase.ENDED:
         view = None
     marker = job.end
@@ -286,7 +286,7 @@ def _ending(job: JobFacts) -> Optional[_Ending]:
 
 def _lost(seg: Segment, job: JobFacts, now: float) -> Optional[_Ending]:
     """A job gone from the scheduler with no record of its end, for long enough."""
-    if job.live is not None or seg.missing_since is None or now < lost_at(seg.missing_since):
+    if job.listed is not None or seg.missing_since is None or now < lost_at(seg.missing_since):
         return None
     return _Ending(
         Outcome.LOST,
@@ -304,15 +304,15 @@ def lost_at(missing_since: float) -> float:
 
 def _track(seg: Segment, job: JobFacts, now: float) -> list[Action]:
     """Record what changed about a job that has not ended."""
-    live = job.live
-    if live is None:  # gone from the live view, no record of its end yet
+    listed = job.listed
+    if listed is None:  # gone from the scheduler's listing, no record of its end yet
         if seg.missing_since is not None:
             return []
         return [Track(seg.n, seg.phase, "gone from the queue", None, now)]
-    started = live.started_at if live.started_at and not seg.started_at else None
-    if (live.phase, live.reason) == (seg.phase, seg.reason) and not seg.missing_since and not started:
+    started = listed.started_at if listed.started_at and not seg.started_at else None
+    if (listed.phase, listed.reason) == (seg.phase, seg.reason) and not seg.missing_since and not started:
         return []
-    return [Track(seg.n, live.phase, live.reason, started, None)]
+    return [Track(seg.n, listed.phase, listed.reason, started, None)]
 
 
 def _end_progress(job: JobFacts, following: Optional[Segment], facts: Facts, current: Progress) -> Progress:
@@ -406,7 +406,7 @@ def _job_of(seg: Segment, facts: Facts) -> Optional[str]:
     return facts.found.get(seg.n)
 
 
-def _extras(seg: Segment, facts: Facts) -> list[LiveJob]:
+def _extras(seg: Segment, facts: Facts) -> list[ListedJob]:
     """Jobs of segment ``seg`` besides its recorded one that have not ended."""
     return [j for j in facts.tagged.get(seg.n, ()) if j.job_id != seg.job_id and j.phase is not Phase.ENDED]
 
@@ -418,7 +418,7 @@ def _duplicates(chain: Chain, facts: Facts, live: list[Segment]) -> Optional[lis
     for seg in live:
         if seg.job_id is None:
             continue
-        recorded = facts.jobs.get(seg.job_id, JobFacts()).live
+        recorded = facts.jobs.get(seg.job_id, JobFacts()).listed
         running = [j for j in _extras(seg, facts) if j.phase is Phase.RUNNING]
         if not running or recorded is None or recorded.phase is not Phase.PENDING:
             continue
@@ -440,7 +440,7 @@ def _duplicates(chain: Chain, facts: Facts, live: list[Segment]) -> Optional[lis
 
 
 def _removals(seg: Segment, facts: Facts) -> list[Action]:
-    """A second live job of a segment (an interrupted submission that landed late) goes."""
+    """A second job of a segment, not ended (an interrupted submission that landed late) goes."""
     if seg.job_id is None:
         return []
     return [

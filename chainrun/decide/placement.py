@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Optional
 
-from chainrun.model import WAITING_FOR_A_SLOT, Chain, LiveJob, Phase, Submit, Wait
+from chainrun.model import WAITING_FOR_A_SLOT, Chain, ListedJob, Phase, Submit, Wait
 
 
 def held_back(active: Iterable[Chain]) -> set[str]:
@@ -39,15 +39,24 @@ def as_array_task(chain: Chain, sub: Submit, arrays: bool) -> bool:
     return sub.n == 1 and bool(chain.spec.sweep_name) and arrays
 
 
-def uses_slot(job: LiveJob) -> bool:
+def uses_slot(job: ListedJob) -> bool:
     """Whether a job takes one of its host's slots: running, or ready to run (a job waiting
     for its predecessor takes that one's slot, so it is not counted)."""
     return job.phase is Phase.RUNNING or (job.phase is Phase.PENDING and job.reason != "Dependency")
 
 
-def free_slots(slots: int, jobs: Iterable[LiveJob], placed: int) -> int:
+def free_slots(slots: int, jobs: Iterable[ListedJob], placed: int) -> int:
     """A pool host's slots not in use by its jobs nor taken by the ``placed`` segments of this tick."""
     return slots - sum(1 for job in jobs if uses_slot(job)) - placed
+
+
+def to_place(chain: Chain, sub: Submit) -> bool:
+    """Whether a pool's segment is placed on a host now: a new one with no predecessor (a
+    successor queues behind its predecessor, on its host; one journaled already keeps the
+    host it was journaled on)."""
+    return (
+        bool(chain.spec.scheduler.hosts) and sub.after is None and all(s.n != sub.n for s in chain.segments)
+    )
 
 
 def place(hosts: Sequence[str], previous: Optional[str], free: Mapping[str, int]) -> Optional[str]:

@@ -20,7 +20,7 @@ STUCK_RETRY = 600.0  # seconds between tries of a stuck chain
 ACCOUNTING_FIRST = 10.0  # seconds before accounting is asked again of a job it did not know
 ACCOUNTING_MAX = 120.0  # the interval doubles up to this
 
-# Per job gone from the live view without an end marker that accounting did not know:
+# Per job gone from the listing without an end marker that accounting did not know:
 # when to ask again, and the interval after that.
 Unaccounted = Mapping[str, tuple[float, float]]
 
@@ -69,7 +69,7 @@ def accounting_due(
 ) -> list[str]:
     """The jobs to ask accounting about now: every one whose end marker says a signal killed
     the command (``killed``: asked once, as its segment ends now), and of those gone from
-    the live view without a marker (``unknown``) each one not asked before, due again, or
+    the listing without a marker (``unknown``) each one not asked before, due again, or
     about to be lost (gone since ``missing``)."""
     return list(killed) + [
         job_id

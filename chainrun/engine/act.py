@@ -106,11 +106,11 @@ class Executor:
         step.done = ([wait] if wait is not None else []) + done
 
     def _place(self, polled: Polled, chain: Chain, sub: Submit, tick: Round) -> Optional[Polled]:
-        """Where segment ``sub.n`` is submitted: a pool's new segment with no predecessor goes
-        to a host with a free slot (``placement.place``), or nowhere yet (None); any other,
-        where the chain is (a successor queues behind its predecessor, on its host)."""
+        """Where segment ``sub.n`` is submitted: one to place (``placement.to_place``) goes to a
+        host with a free slot (``placement.place``), or nowhere yet (None); any other, where
+        the chain is."""
         sched = chain.spec.scheduler
-        if not sched.hosts or sub.after is not None or any(s.n == sub.n for s in chain.segments):
+        if not placement.to_place(chain, sub):
             return polled
         free = {
             host: tick.free((sched.kind, host), sched.slots or 1)
@@ -225,10 +225,7 @@ class Executor:
             rundir.trust_run_dir(cluster.transport, spec, None)
             script = render_array_script(scheduler, name, [(t[0], t[1]) for t in tasks])
             rundir.write_script(cluster.transport, stem + ".sh", script)
-            argv = scheduler.array_submit_argv(
-                stem + ".sh", stem + ".log", spec.workdir, [t[0] for t in tasks], spec.max_concurrent
-            )
-            base = cluster.submit_array(argv)
+            base = cluster.submit_array(stem, spec, [t[0] for t in tasks])
         except SchedulerError as exc:
             if not array_refused(exc):
                 return outcome + [(step, after_submit(1, tries, exc, now)) for _, _, step, _, tries in tasks]

@@ -2,7 +2,7 @@
 
 Per cluster, one batched poll of the scheduler serves every chain on it (``poll``). For
 each chain the observer reads what it needs (the wrapper's markers of jobs that left the
-live view or ended, each kept once read; the checkpoint; why a stuck job is stuck) into
+listing or ended, each kept once read; the checkpoint; why a stuck job is stuck) into
 the plain ``Facts`` that ``decide`` takes, and asks accounting in one command for the jobs
 gone without a marker that are due (``retry.accounting_due``) and for those whose marker
 says a signal killed the command (an OOM kill, which accounting names).
@@ -19,7 +19,7 @@ from chainrun.decide.retry import accounting_again, accounting_due
 from chainrun.errors import SchedulerError, TransportError
 from chainrun.logs import get_logger
 from chainrun.markers import MarkerReader
-from chainrun.model import Chain, LiveJob, Phase
+from chainrun.model import Chain, ListedJob, Phase
 from chainrun.progress import ProgressReader
 from chainrun.schedulers.segment import ARRAY_PREFIX, parse_tag
 
@@ -34,9 +34,9 @@ class Polled:
 
     key: Key
     cluster: Cluster
-    jobs: dict[str, LiveJob]  # every job the poll listed, by id
-    tagged: dict[str, dict[int, tuple[LiveJob, ...]]]  # listed jobs tagged cr.CHAIN.N, by chain and N
-    tasks: dict[tuple[str, int], tuple[LiveJob, ...]]  # listed array tasks, by array name and index
+    jobs: dict[str, ListedJob]  # every job the poll listed, by id
+    tagged: dict[str, dict[int, tuple[ListedJob, ...]]]  # listed jobs tagged cr.CHAIN.N, by chain and N
+    tasks: dict[tuple[str, int], tuple[ListedJob, ...]]  # listed array tasks, by array name and index
 
 
 def poll(key: Key, cluster: Cluster) -> Polled:
@@ -44,8 +44,8 @@ def poll(key: Key, cluster: Cluster) -> Polled:
     Raises TransportError or SchedulerError when the poll fails."""
     cluster.prepare()
     jobs = cluster.poll()
-    tagged: dict[str, dict[int, tuple[LiveJob, ...]]] = defaultdict(dict)
-    tasks: dict[tuple[str, int], tuple[LiveJob, ...]] = {}
+    tagged: dict[str, dict[int, tuple[ListedJob, ...]]] = defaultdict(dict)
+    tasks: dict[tuple[str, int], tuple[ListedJob, ...]] = {}
     for job in jobs.values():
         if cluster.arrays is not None and job.name.startswith(ARRAY_PREFIX):
             index = cluster.arrays.task_index(job.job_id)
@@ -67,7 +67,7 @@ class Observer:
     def __init__(self) -> None:
         self.markers = MarkerReader()
         self.progress = ProgressReader()  # re-reads a sidecar only when it changed
-        # Per cluster, jobs gone from the live view without an end marker that accounting
+        # Per cluster, jobs gone from the listing without an end marker that accounting
         # did not know: when to ask again, and the interval after that.
         self.unaccounted: dict[Key, dict[str, tuple[float, float]]] = {}
 
@@ -92,15 +92,15 @@ class Observer:
                 continue
             listed = polled.jobs.get(seg.job_id)
             if listed is not None and listed.phase is Phase.PENDING and not listed.stuck:
-                jobs[seg.job_id] = JobFacts(live=listed)
+                jobs[seg.job_id] = JobFacts(listed=listed)
                 continue
             start = self.markers.start(transport, chain, seg.n)
             if listed is not None and listed.phase is Phase.RUNNING and not listed.stuck:
-                jobs[seg.job_id] = JobFacts(live=listed, start=start)
+                jobs[seg.job_id] = JobFacts(listed=listed, start=start)
                 continue
             end = self.markers.end(transport, chain, seg.n)
             why = polled.cluster.explain(listed.job_id) if listed is not None and listed.stuck else ""
-            jobs[seg.job_id] = JobFacts(live=listed, end=end, start=start, why_stuck=why)
+            jobs[seg.job_id] = JobFacts(listed=listed, end=end, start=start, why_stuck=why)
         return Facts(
             jobs=jobs,
             tagged=tagged,
@@ -112,12 +112,12 @@ class Observer:
         self, polled: Polled, chains: list[Chain], gathered: dict[str, Facts], now: float
     ) -> dict[str, Facts]:
         """``gathered`` with what accounting says, asked in one command, of the cluster's jobs
-        that are due (``retry.accounting_due``): gone from the live view without a marker,
+        that are due (``retry.accounting_due``): gone from the listing without a marker,
         or killed by a signal other than the walltime one."""
         unknown, killed = [], []
         for facts in gathered.values():
             for job_id, job in facts.jobs.items():
-                if job.live is None:
+                if job.listed is None:
                     if job.end is None:
                         unknown.append(job_id)
                     elif job.end.killed:

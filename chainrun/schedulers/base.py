@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Optional, Protocol, runtime_checkable
 
 from chainrun.errors import SchedulerError
-from chainrun.model import CommandResult, LiveJob
+from chainrun.model import CommandResult, ListedJob
 from chainrun.schedulers.segment import SegmentJob
 
 
@@ -52,8 +52,8 @@ class Scheduler(Protocol):
     def poll_argv(self) -> list[str]:
         """One command listing all of this user's jobs on the cluster."""
 
-    def parse_poll(self, result: CommandResult) -> dict[str, LiveJob]:
-        """Job id -> live view; raises SchedulerError when the poll failed."""
+    def parse_poll(self, result: CommandResult) -> dict[str, ListedJob]:
+        """Job id -> listing; raises SchedulerError when the poll failed."""
 
     def cancel_argv(self, job_ids: list[str]) -> list[str]:
         """One command cancelling all of ``job_ids``."""
@@ -61,7 +61,7 @@ class Scheduler(Protocol):
     def accounting_argv(self, job_ids: list[str]) -> Optional[list[str]]:
         """One command asking accounting about finished jobs, or None if none."""
 
-    def parse_accounting(self, result: CommandResult) -> dict[str, LiveJob]:
+    def parse_accounting(self, result: CommandResult) -> dict[str, ListedJob]:
         """Job id -> final state from accounting; empty when it knows nothing yet."""
 
     def explain_argv(self, job_id: str) -> Optional[list[str]]:
@@ -75,11 +75,11 @@ class Scheduler(Protocol):
 class ArrayScheduler(Scheduler, Protocol):
     """An optional capability: a backend that queues many first segments as one array job
     (Slurm's ``--array``). Each task runs one chain's own segment script (``segment``'s
-    ``render_array_script``); the live view lists each task under its own id."""
+    ``render_array_script``); the listing lists each task under its own id."""
 
     max_tasks: ClassVar[int]  # the most tasks one array holds (Slurm's MaxArraySize default: 1001)
     task_index_shell: ClassVar[str]  # in a task's script: its index
-    task_id_shell: ClassVar[str]  # in a task's script: its id as the live view lists it
+    task_id_shell: ClassVar[str]  # in a task's script: its id as the listing lists it
 
     def array_directives(self, job: SegmentJob, name: str) -> list[str]:
         """The array script's header: ``job``'s directives, under the array's name."""
@@ -93,7 +93,7 @@ class ArrayScheduler(Scheduler, Protocol):
         """Task ``index``'s id, from the id the array's submission printed."""
 
     def task_index(self, job_id: str) -> Optional[int]:
-        """The index of a task in the live view, or None if ``job_id`` is no array task."""
+        """The index of a task in the listing, or None if ``job_id`` is no array task."""
 
 
 def command_error(

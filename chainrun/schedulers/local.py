@@ -20,7 +20,7 @@ from importlib import resources
 from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
-from chainrun.model import CommandResult, LiveJob, Outcome, Phase
+from chainrun.model import CommandResult, ListedJob, Outcome, Phase
 from chainrun.schedulers.base import HelperFile
 from chainrun.schedulers.segment import SegmentJob
 
@@ -83,14 +83,14 @@ class LocalScheduler:
     def poll_argv(self) -> list[str]:
         return self._argv("poll")
 
-    def parse_poll(self, result: CommandResult) -> dict[str, LiveJob]:
+    def parse_poll(self, result: CommandResult) -> dict[str, ListedJob]:
         if not result.ok:
             raise SchedulerError(f"local runner: {result.describe()}", transient=True)
         jobs = {}
         for line in result.stdout.splitlines():
             d = json.loads(line)
             job_id = str(d["id"])
-            jobs[job_id] = LiveJob(
+            jobs[job_id] = ListedJob(
                 job_id=job_id,
                 name=d["name"],
                 phase=_PHASES[d["state"]],
@@ -106,9 +106,9 @@ class LocalScheduler:
         return self._argv("cancel", *job_ids)
 
     def accounting_argv(self, job_ids: list[str]) -> Optional[list[str]]:
-        return None  # the live view keeps ended jobs for a week
+        return None  # the listing keeps ended jobs for a week
 
-    def parse_accounting(self, result: CommandResult) -> dict[str, LiveJob]:
+    def parse_accounting(self, result: CommandResult) -> dict[str, ListedJob]:
         return {}
 
     def explain_argv(self, job_id: str) -> Optional[list[str]]:

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
-from chainrun.model import CommandResult, LiveJob, Outcome, Phase
+from chainrun.model import CommandResult, ListedJob, Outcome, Phase
 from chainrun.schedulers.base import HelperFile, command_error, submitted_id
 from chainrun.schedulers.segment import SegmentJob
 
@@ -143,7 +143,7 @@ class SgeScheduler:
     def poll_argv(self) -> list[str]:
         return [*UTC_ENV, "qstat", "-xml"]  # without -u: only the caller's jobs
 
-    def parse_poll(self, result: CommandResult) -> dict[str, LiveJob]:
+    def parse_poll(self, result: CommandResult) -> dict[str, ListedJob]:
         if not result.ok:
             raise _error("qstat", result)
         try:
@@ -159,7 +159,7 @@ class SgeScheduler:
                 continue  # finished (qstat -s z): accounting knows how it ended
             phase, outcome, words = next((STATES[c] for c in STATES if c in code), (Phase.RUNNING, None, ""))
             start = item.findtext("JAT_start_time")
-            jobs[job_id] = LiveJob(
+            jobs[job_id] = ListedJob(
                 job_id=job_id,
                 name=item.findtext("JB_name", ""),
                 phase=phase,
@@ -178,7 +178,7 @@ class SgeScheduler:
         # qacct -j takes one job (a second -j replaces the first): loop in one round trip.
         return [*UTC_ENV, "sh", "-c", 'for j; do qacct -j "$j"; done', "sh", *job_ids]
 
-    def parse_accounting(self, result: CommandResult) -> dict[str, LiveJob]:
+    def parse_accounting(self, result: CommandResult) -> dict[str, ListedJob]:
         # No rc check: the loop's status is the last qacct's, and an id not yet in
         # the accounting file ("error: job id N not found") is simply left out.
         jobs = {}
@@ -190,7 +190,7 @@ class SgeScheduler:
             phase, outcome = _acct_state(block)
             failed = " ".join(block.get("failed", "0").split())  # "37 : qmaster enforced h_rt, ..."
             exit_code = _number(block.get("exit_status", ""))
-            jobs[job_id] = LiveJob(  # a rerun writes a later block: the last one wins
+            jobs[job_id] = ListedJob(  # a rerun writes a later block: the last one wins
                 job_id=job_id,
                 name=block.get("jobname", ""),
                 phase=phase,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
-from chainrun.model import CommandResult, LiveJob, Outcome, Phase
+from chainrun.model import CommandResult, ListedJob, Outcome, Phase
 from chainrun.schedulers.base import HelperFile, command_error, submitted_id
 from chainrun.schedulers.segment import SegmentJob
 
@@ -189,7 +189,7 @@ class SlurmScheduler:
             f"--format={SQUEUE_FORMAT}",
         ]
 
-    def parse_poll(self, result: CommandResult) -> dict[str, LiveJob]:
+    def parse_poll(self, result: CommandResult) -> dict[str, ListedJob]:
         if not result.ok:
             raise _error("squeue", result)
         jobs = {}
@@ -199,10 +199,10 @@ class SlurmScheduler:
                 continue
             job_id, name, state, reason, start, end = fields
             if reason == "DependencyNeverSatisfied":  # a user option's dependency failed: never runs
-                jobs[job_id] = LiveJob(job_id, name, Phase.ENDED, Outcome.FAILED, reason=reason, stuck=True)
+                jobs[job_id] = ListedJob(job_id, name, Phase.ENDED, Outcome.FAILED, reason=reason, stuck=True)
                 continue
             phase, outcome = _state(state)
-            jobs[job_id] = LiveJob(
+            jobs[job_id] = ListedJob(
                 job_id=job_id,
                 name=name,
                 phase=phase,
@@ -229,7 +229,7 @@ class SlurmScheduler:
             f"--format={SACCT_FORMAT}",
         ]
 
-    def parse_accounting(self, result: CommandResult) -> dict[str, LiveJob]:
+    def parse_accounting(self, result: CommandResult) -> dict[str, ListedJob]:
         if not result.ok:
             # "Slurm accounting storage is disabled", or slurmdbd away: no answer, and the
             # engine goes on without one (a job nothing knows of ends "lost" in the end).
@@ -241,7 +241,7 @@ class SlurmScheduler:
                 continue
             job_id, name, state, exit_code, start, end = fields
             phase, outcome = _state(state)
-            jobs[job_id] = LiveJob(
+            jobs[job_id] = ListedJob(
                 job_id=job_id,
                 name=name,
                 phase=phase,

@@ -43,7 +43,7 @@ from chainrun.store.database import Database, private_dir
 from chainrun.store.migrations import MIGRATIONS as MIGRATIONS
 from chainrun.store.migrations import SCHEMA_VERSION as SCHEMA_VERSION
 from chainrun.store.rows import Event, Unreadable, decode_chain, decode_event, decode_segment, word
-from chainrun.store.views import LIVE_STATES, DamagedChain, Glance, Live, ran
+from chainrun.store.views import LIVE_STATES, DamagedChain, Glance, SegmentGlance, ran
 
 __all__ = [
     "MIGRATIONS",
@@ -51,7 +51,7 @@ __all__ = [
     "DamagedChain",
     "Event",
     "Glance",
-    "Live",
+    "SegmentGlance",
     "Store",
     "default_home",
     "private_dir",
@@ -286,9 +286,9 @@ class Store:
         glances: dict[int, Glance] = {}
         unread: list[int] = []
         with self._database.snapshot():
-            live: dict[int, list[Optional[Live]]] = {}
-            for r in self._database.rows(views.LIVE_SQL.format(picked=picked), args):
-                live.setdefault(r[0], []).append(views.read_live(r))
+            live: dict[int, list[Optional[SegmentGlance]]] = {}
+            for r in self._database.rows(views.SEGMENT_GLANCE_SQL.format(picked=picked), args):
+                live.setdefault(r[0], []).append(views.read_segment_glance(r))
             order = []
             for r in self._database.rows(views.GLANCE_SQL.format(picked=picked), args):
                 order.append(r[0])

@@ -56,7 +56,7 @@ def ran(seg: Segment) -> bool:
     return seg.phase is Phase.ENDED and seg.outcome not in _NOT_RUN
 
 
-class Live(NamedTuple):
+class SegmentGlance(NamedTuple):
     """What ``chainrun status`` reads of a segment that has not ended."""
 
     n: int
@@ -89,7 +89,7 @@ class Glance(NamedTuple):
     pool: bool  # the spec names a pool of hosts
     segments: int  # how many it has
     ran: int  # how many of them ran (``ran``)
-    live: tuple[Live, ...]
+    live: tuple[SegmentGlance, ...]
 
     @property
     def max_segments(self) -> int:
@@ -101,7 +101,9 @@ class Glance(NamedTuple):
         """The same, from a chain read in full."""
         spec = chain.spec
         live = tuple(
-            Live(s.n, s.phase, s.job_id, s.after, s.walltime, s.started_at, s.retry_at, s.reason, s.host)
+            SegmentGlance(
+                s.n, s.phase, s.job_id, s.after, s.walltime, s.started_at, s.retry_at, s.reason, s.host
+            )
             for s in chain.live
         )
         return cls(
@@ -217,7 +219,7 @@ GLANCE_SQL = f"""SELECT c.rowid, c.id, c.state, c.reason, c.failures, c.used, c.
     sum(CASE WHEN s.rowid IS NULL OR ({_SEGMENT_OK}) THEN 0 ELSE 1 END)
 FROM chains c LEFT JOIN segments s ON s.chain_id = c.id
 WHERE {{picked}} GROUP BY c.rowid ORDER BY c.created_at, c.rowid"""
-LIVE_SQL = f"""SELECT c.rowid,
+SEGMENT_GLANCE_SQL = f"""SELECT c.rowid,
     s.n, s.phase, s.job_id, s.after, s.walltime, s.started_at, s.retry_at, s.reason, s.host
 FROM chains c JOIN segments s ON s.chain_id = c.id
 WHERE {{picked}} AND s.phase != '{Phase.ENDED.value}' ORDER BY c.rowid, s.n"""
@@ -229,7 +231,7 @@ _MAYBE_NUMBER = frozenset({int, float, type(None)})
 _MAYBE_TEXT = frozenset({str, type(None)})
 
 
-def read_glance(r: sqlite3.Row, live: list[Optional[Live]]) -> Optional[Glance]:
+def read_glance(r: sqlite3.Row, live: list[Optional[SegmentGlance]]) -> Optional[Glance]:
     """A row of ``GLANCE_SQL`` with its live segments as the table shows them; None when
     any of it is not as chainrun writes it (the chain is then read in full)."""
     (_, id_, state, reason, failures, used, created, ended, ok) = r[:9]
@@ -262,8 +264,8 @@ def read_glance(r: sqlite3.Row, live: list[Optional[Live]]) -> Optional[Glance]:
     )
 
 
-def read_live(r: sqlite3.Row) -> Optional[Live]:
-    """A row of ``LIVE_SQL``; None when it is not as chainrun writes it."""
+def read_segment_glance(r: sqlite3.Row) -> Optional[SegmentGlance]:
+    """A row of ``SEGMENT_GLANCE_SQL``; None when it is not as chainrun writes it."""
     (_, n, phase, job_id, after, walltime, started, retry, reason, host) = r
     if type(n) is not int or type(walltime) is not int or phase not in _PHASES or type(reason) is not str:
         return None
@@ -271,7 +273,7 @@ def read_live(r: sqlite3.Row) -> Optional[Live]:
         return None
     if type(started) not in _MAYBE_NUMBER or type(retry) not in _MAYBE_NUMBER:
         return None
-    return Live(n, _PHASES[phase], job_id, after, walltime, started, retry, reason, host)
+    return SegmentGlance(n, _PHASES[phase], job_id, after, walltime, started, retry, reason, host)
 
 
 SUMMARY_SQL = """SELECT

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 
 from chainrun.errors import TransportError
 from chainrun.model import CommandResult
-from chainrun.transport import (
+from chainrun.transport.base import (
     FileInfo,
     FileRefused,
     check_argv,

@@ -35,7 +35,7 @@ from paramiko.sftp import CMD_EXTENDED
 
 from chainrun.errors import TransportError
 from chainrun.model import CommandResult
-from chainrun.transport import (
+from chainrun.transport.base import (
     FileInfo,
     check_argv,
     check_file,

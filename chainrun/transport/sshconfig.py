@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import paramiko
 
 from chainrun.errors import TransportError
-from chainrun.transport import oneline
+from chainrun.transport.base import oneline
 
 CONNECT_TIMEOUT = 15.0  # seconds, where the config gives no ConnectTimeout
 _KEEPALIVE_S = 30  # where the config gives no ServerAliveInterval

@@ -249,7 +249,7 @@ class View:
         self._lock = threading.RLock()
         self._paused = False
         self._held: list[str] = []
-        self._shown: Optional[tuple[Chain, str]] = None
+        self._current: Optional[tuple[Chain, str]] = None
         self._key: Optional[tuple[object, ...]] = None
         # While the cluster cannot be polled: why, since when, and when the next try is.
         self._trouble: Optional[tuple[ChainrunError, float, float]] = None
@@ -280,7 +280,7 @@ class View:
     def show(self, chain: Chain, output: str, now: float) -> None:
         """The chain as it is now; in plain mode a line only when its progress changed."""
         with self._lock:
-            self._shown = (chain, output)
+            self._current = (chain, output)
             if self._live is not None or self._paused or chain.state.final:
                 return
             key = plain_key(chain, output)
@@ -336,7 +336,7 @@ class View:
         from rich.table import Table
         from rich.text import Text
 
-        shown = self._shown
+        shown = self._current
         if shown is None:
             return Text("waiting for the first tick ...", style="dim")
         chain, output = shown

@@ -24,7 +24,16 @@ import pytest
 from conftest import cli_env, wait_for
 from test_engine import SPEC, World
 
-from chainrun.live import OUTPUT_BYTES, PROMPT, Follower, View, final_lines, last_lines, plain_line, read_tail
+from chainrun.follow import (
+    OUTPUT_BYTES,
+    PROMPT,
+    Follower,
+    View,
+    final_lines,
+    last_lines,
+    plain_line,
+    read_tail,
+)
 from chainrun.model import Chain, ChainState, Outcome, Phase, Progress, Segment
 from chainrun.schedulers import scheduler_for
 from chainrun.schedulers.segment import SegmentJob

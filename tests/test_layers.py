@@ -1,0 +1,198 @@
+"""The house in layers (DESIGN.md "Layers"): every module of chainrun has a layer, an import
+only ever points down (a layer may use those below it, never one above), and nothing imports
+itself round in a circle, type-only imports and imports inside functions included. A module
+is small enough to hold one job. Read from the source with ``ast``: nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "chainrun"
+
+# Lowest first. A module is placed by its name, or by the package it is in.
+LAYERS: dict[str, tuple[str, ...]] = {
+    "base": (
+        "chainrun.constants",
+        "chainrun.errors",
+        "chainrun.logs",
+        "chainrun.model",
+        "chainrun.fields",
+        "chainrun.text",
+        "chainrun.checkpoint",  # the helper: inside training jobs, the standard library alone
+    ),
+    "rules": ("chainrun.schema", "chainrun.sweep", "chainrun.container", "chainrun.decide"),
+    "backends": ("chainrun.schedulers",),
+    "wire": (
+        "chainrun.transport",
+        "chainrun.localrunner",
+        "chainrun.cluster",
+        "chainrun.rundir",
+        "chainrun.markers",
+        "chainrun.progress",
+        "chainrun.snapshot",
+        "chainrun.jobfile",
+        "chainrun.testing",
+    ),
+    "memory": ("chainrun.store",),
+    "service": (
+        "chainrun.engine",
+        "chainrun.service",
+        "chainrun.lock",
+        "chainrun.heartbeat",
+        "chainrun.systemd",
+        "chainrun.sdnotify",
+        "chainrun.config",
+        "chainrun.notify",
+    ),
+    "face": (
+        "chainrun",  # the package itself: the Python API, loaded on first use
+        "chainrun.__main__",
+        "chainrun.cli",
+        "chainrun.plan",
+        "chainrun.status",
+        "chainrun.follow",
+        "chainrun.control",
+        "chainrun.api",
+        "chainrun.tensorboard",
+    ),
+}
+ORDER = list(LAYERS)
+MAX_LINES = 700
+LONGER_ALLOWED = {"chainrun.checkpoint.torch"}  # the PyTorch helper
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package, by its dotted name."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def layer(name: str) -> str:
+    """The layer of module ``name``: its own entry, else its package's (the longest match)."""
+    best, where = "", ""
+    for level, names in LAYERS.items():
+        for prefix in names:
+            if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > len(best):
+                best, where = prefix, level
+    if not where:
+        raise AssertionError(f"{name} has no layer: add it to LAYERS (and to DESIGN.md's table)")
+    return where
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[str, int]]:
+    """The chainrun modules ``name`` imports, each with its line: at the top, under
+    TYPE_CHECKING, or inside a function alike."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "chainrun":
+                    yield _module(alias.name, known), node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package, up level - 1
+                parts = package.split(".")
+                base = ".".join([*parts[: len(parts) - node.level + 1], base]).rstrip(".")
+            if base.split(".")[0] != "chainrun":
+                continue
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                yield (full if full in known else _module(base, known)), node.lineno
+
+
+def _module(name: str, known: dict[str, Path]) -> str:
+    while name not in known:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def graph() -> dict[str, dict[str, int]]:
+    known = modules()
+    return {
+        name: {target: line for target, line in imports(name, path, known) if target != name}
+        for name, path in known.items()
+    }
+
+
+def test_every_module_has_a_layer_and_imports_point_down_only() -> None:
+    """An import of a module in a higher layer is a wrong arrow: the lower layer would
+    depend on what is built on it."""
+    upward = [
+        f"{name}:{line} ({layer(name)}) imports {target} ({layer(target)})"
+        for name, targets in graph().items()
+        for target, line in targets.items()
+        if ORDER.index(layer(target)) > ORDER.index(layer(name))
+    ]
+    assert upward == []
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    """No cycle among the imports, type-only ones included (a depth-first search)."""
+    edges = graph()
+    state: dict[str, int] = {}  # 1: on the path now, 2: done
+    path: list[str] = []
+    cycles: list[str] = []
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        path.append(name)
+        for target in sorted(edges[name]):
+            if state.get(target) == 1:
+                cycles.append(" -> ".join([*path[path.index(target) :], target]))
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[name] = 2
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name)
+    assert cycles == []
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_a_module_holds_one_job_in_at_most_700_lines(name: str) -> None:
+    """A module past 700 lines does several jobs: split it along them (the PyTorch helper aside)."""
+    lines = len(modules()[name].read_text().splitlines())
+    assert name in LONGER_ALLOWED or lines <= MAX_LINES, f"{name}: {lines} lines"
+
+
+def test_the_backends_run_nothing_and_touch_no_file() -> None:
+    """A backend builds commands and parses answers: it imports no transport, no store, and
+    nothing that starts a process (``subprocess``, ``os.system``); ``Cluster.call`` runs what it builds."""
+    for name, path in modules().items():
+        if layer(name) not in ("rules", "backends"):
+            continue
+        tree = ast.parse(path.read_text())
+        used = {
+            alias.name.split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
+        }
+        assert not used & {"subprocess", "socket", "sqlite3", "paramiko"}, (name, used)
+        assert "os.system" not in path.read_text(), name
+
+
+def test_only_the_cluster_runs_what_a_backend_builds() -> None:
+    """A backend's commands (``*_argv``) are built for ``Cluster.call``, the one function that
+    runs a scheduler command; ``check``'s plan builds the first submission only to show it."""
+    builders = re.compile(r"\.(poll|submit|cancel|accounting|explain|array_submit)_argv\(")
+    allowed = {"chainrun.cluster", "chainrun.plan", "chainrun.testing"}
+    found = [
+        name
+        for name, path in modules().items()
+        if layer(name) != "backends" and name not in allowed and builders.search(path.read_text())
+    ]
+    assert found == []
+    calls = re.findall(r"\.transport\.run\(|transport\.run\(", (PACKAGE / "cluster.py").read_text())
+    assert len(calls) == 1  # in Cluster.call
