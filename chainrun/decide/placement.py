@@ -70,6 +70,11 @@ def place(hosts: Sequence[str], previous: Optional[str], free: Mapping[str, int]
     return best if best is not None and free.get(best, 0) > 0 else None
 
 
+def unplaced(chain: Chain) -> bool:
+    """A pool's chain with no segment under way: its next segment may go to any of its hosts."""
+    return bool(chain.spec.scheduler.hosts) and not chain.live
+
+
 def observed_on(chain: Chain, reached: Collection[str]) -> Optional[str]:
     """Where a pool's chain with no live segment is looked at this tick: the host it ran on
     last (its checkpoint may be on that host's disk), else the first of its hosts that

@@ -140,7 +140,7 @@ class Engine:
         held = placement.held_back(loaded)
         for chain in loaded:
             if (only is None or chain.id in only) and now >= self.stuck_until.get(chain.id, 0.0):
-                if chain.spec.scheduler.hosts and not chain.live:
+                if placement.unplaced(chain):
                     floating.append(chain)
                 else:
                     groups[chain.cluster_key].append(chain)
