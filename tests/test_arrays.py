@@ -254,6 +254,20 @@ def test_the_array_script_runs_each_tasks_own_segment_script_with_its_id(tmp_pat
     assert "1) script='/w w/.chainrun/c1/seg-0001.sh' log='/w w/.chainrun/c1/seg-0001.log' ;;" in text
     assert 'export CHAINRUN_JOB_ID="${SLURM_ARRAY_JOB_ID:-}_${SLURM_ARRAY_TASK_ID:-}"' in text
     assert text.endswith('exec >>"$log" 2>&1\nexec "$script"\n')
+    # Run as task 1 of array 14 would be: it runs chain c1's own script, logging to its log.
+    jobs = [(i, replace(job, spec=replace(spec, workdir=str(tmp_path / "w w")))) for i, job in jobs]
+    for _, job in jobs:
+        os.makedirs(job.run_dir)
+        Path(job.script_path).write_text(f'#!/bin/bash\necho "{job.chain_id} ran as $CHAINRUN_JOB_ID"\n')
+        os.chmod(job.script_path, 0o700)
+    array = tmp_path / "array.sh"
+    array.write_text(render_array_script(slurm, "cr@c0", jobs))
+    env = {**os.environ, "SLURM_ARRAY_JOB_ID": "14", "SLURM_ARRAY_TASK_ID": "1"}
+    assert subprocess.run(["bash", str(array)], env=env, timeout=60).returncode == 0
+    assert Path(jobs[1][1].log_path).read_text() == "c1 ran as 14_1\n"
+    assert not Path(jobs[0][1].log_path).exists()
+    # A sweep of one configuration is an array of one task.
+    assert render_array_script(slurm, "cr@c0", jobs[:1]).count("script=") == 1
 
 
 def test_slurm_array_submission_and_task_ids() -> None:

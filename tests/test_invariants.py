@@ -1,16 +1,29 @@
-"""Invariants of the chain state machine under random histories, through the real store."""
+"""Invariants of the chain state machine under random histories, through the real store: the
+rules of DESIGN.md's "Chain rules" that hold whatever happens, each checked at every step
+(a chain never completes below its target; a timeout or preemption with progress never costs
+budget, a crash always does; failures past the budget end the chain; a successor always
+waits on its predecessor)."""
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mutants import mutant
 
 from chainrun.decide import Facts, JobFacts, decide
+from chainrun.decide import chain as chain_rules
 from chainrun.model import (
+    Action,
     Adopt,
+    Cancel,
+    Chain,
+    ChainState,
+    EndSegment,
     Finish,
     JobSpec,
     ListedJob,
@@ -27,7 +40,7 @@ SPEC = JobSpec(
     workdir="/w",
     total_time=1000,
     walltime=150,
-    target_epoch=20,
+    target_epoch=8,  # within reach of most histories: the rules at the target are exercised
     max_failures=2,
     checkpoint_dir="/w/c",
     signal="USR1",
@@ -50,7 +63,7 @@ def test_random_histories_keep_the_invariants(
     with tempfile.TemporaryDirectory() as home:
         store = Store(Path(home))
         chain = store.add_chain(SPEC, Progress(), now=0.0)
-        now, epoch, jobs, failures = 100.0, 0, 0, 0
+        now, epoch, jobs, failures, best = 100.0, 0, 0, 0, -1
         for i, (events, advance, unreadable, elapsed) in enumerate(steps):
             now += 200
             if i == cancel_at:
@@ -77,11 +90,14 @@ def test_random_histories_keep_the_invariants(
             epoch += advance
             progress = None if unreadable else Progress(epoch=epoch, saved_at=now)
             actions = decide(chain, Facts(jobs=observations, progress=progress), now)
+            best = max(best, epoch if progress is not None else -1)
 
             if was_final:
                 assert actions == []
             finish_at = next((i for i, a in enumerate(actions) if isinstance(a, Finish)), len(actions))
             assert not any(isinstance(a, Submit) for a in actions[finish_at:]), "submit after the end"
+            check_endings(chain, actions, best)
+            check_successors(chain, actions)
             done = []
             for action in actions:
                 if isinstance(action, Submit):
@@ -97,6 +113,75 @@ def test_random_histories_keep_the_invariants(
             failures = after.failures
             assert after.used + sum(s.walltime for s in after.live) <= SPEC.total_time + 1e-6
             assert after.failures <= SPEC.max_failures + 2  # at most the ending segment(s) beyond it
+            if after.failures > SPEC.max_failures:
+                assert after.state.final, "failures past the budget and the chain goes on"
             if after.state.final:
                 assert after.live == ()
         store.close()
+
+
+def check_endings(chain: Chain, actions: list[Action], best: int) -> None:
+    """A segment that ended on its walltime or by preemption with progress costs nothing; a
+    crash costs one (but chainrun's own cancel once the goal is met); the chain completes on
+    its target only once the checkpoint has it."""
+    mark = chain.progress
+    for action in actions:
+        if isinstance(action, EndSegment):
+            advanced = action.progress.key > mark.key
+            if action.outcome in (Outcome.TIMEOUT, Outcome.PREEMPTED) and advanced:
+                assert not action.charged, f"charged for a {action.outcome.value} with progress: {action}"
+            ours = (
+                action.outcome is Outcome.CANCELLED and "after the goal was already reached" in action.reason
+            )
+            if action.outcome.crashed and not ours:  # a cancel of chainrun's own, the goal met, is free
+                assert action.charged, f"a {action.outcome.value} not charged: {action}"
+            if advanced:
+                mark = action.progress
+        if (
+            isinstance(action, Finish)
+            and action.state is ChainState.COMPLETED
+            and "target epoch" in action.reason
+        ):
+            assert best >= (SPEC.target_epoch or 0), f"completed at epoch {best}: {action.reason}"
+
+
+def check_successors(chain: Chain, actions: list[Action]) -> None:
+    """A new segment is queued behind the chain's newest segment that has not ended, or, with
+    none left, on its own; a segment submitted again keeps its dependency."""
+    ended = {a.n for a in actions if isinstance(a, (EndSegment, Cancel))}
+    live = {s.n: s for s in chain.live if s.n not in ended}
+    for action in actions:
+        if not isinstance(action, Submit):
+            continue
+        if action.n in live:  # a journaled submission sent again
+            assert action.after == live[action.n].after, action
+            continue
+        before = [s for n, s in live.items() if n < action.n]
+        if not before:
+            assert action.after is None, f"{action} waits on a segment that has ended"
+        else:
+            newest = max(before, key=lambda s: s.n)
+            assert newest.job_id is not None and action.after == newest.job_id, (action, newest)
+
+
+@pytest.mark.tests_the_tests
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("progress.epoch >= target", "progress.epoch >= target - 1"),
+        ('return False, f"{outcome.value}{code} with progress{detail}"', 'return True, "with progress"'),
+        ("if failures > spec.max_failures:", "if failures > spec.max_failures + 1:"),
+        ("int(after_current)), after=current.job_id)]", "int(after_current)), after=None)]"),
+    ],
+    ids=[
+        "completes-one-epoch-early",
+        "charges-a-timeout-with-progress",
+        "one-failure-over",
+        "successor-waits-on-nothing",
+    ],
+)
+def test_the_invariants_catch_a_broken_rule(monkeypatch: pytest.MonkeyPatch, old: str, new: str) -> None:
+    """Each of these bugs in decide makes the random histories above fail (a test of the test)."""
+    monkeypatch.setattr(sys.modules[__name__], "decide", mutant(chain_rules, old, new).decide)
+    with pytest.raises(AssertionError):
+        test_random_histories_keep_the_invariants()

@@ -87,6 +87,23 @@ def test_the_services_systemd_variables_do_not_reach_the_command(work: Path) -> 
     assert names.isdisjoint(service_env)
 
 
+def test_every_variable_taken_from_the_submitting_shell_reaches_the_command(work: Path) -> None:
+    """inherit_env's values, as the submitting shell had them, under [env] (which wins)."""
+    spec = replace(
+        hostile_spec(str(work)),
+        command='printf "%s|%s|%s" "$FROM_SHELL" "$ALSO_FROM_SHELL" "$NOTE" > seen.txt',
+        inherited=(("FROM_SHELL", "one $x"), ("ALSO_FROM_SHELL", "two"), ("NOTE", "overridden by [env]")),
+    )
+    job = SegmentJob("hostile-1a2b3c", 1, spec, 60)
+    os.makedirs(job.run_dir)
+    Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
+    proc = subprocess.run(
+        ["bash", job.script_path], env=wrapper_env(), capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (work / "seen.txt").read_text() == "one $x|two|a'b\"c $(id) `id` ${X}\nline two"
+
+
 @pytest.mark.parametrize(
     ("setup", "why"),
     [

@@ -100,12 +100,12 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
     spec = chain.spec
     live = sorted(chain.live, key=lambda s: s.n)
     if chain.cancel_requested:
-        return _finish(chain, facts, live, ChainState.CANCELLED, "cancelled by user")
+        return _finish(facts, live, ChainState.CANCELLED, "cancelled by user")
     rejected = next((s for s in chain.segments if s.outcome is Outcome.REJECTED), None)
     if rejected is not None:
-        return _finish(chain, facts, live, ChainState.FAILED, rejected.reason)
+        return _finish(facts, live, ChainState.FAILED, rejected.reason)
 
-    switched = _duplicates(chain, facts, live)
+    switched = _duplicates(facts, live)
     if switched is not None:
         return switched
     actions: list[Action] = [a for s in live for a in _removals(s, facts)]
@@ -115,13 +115,14 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
     failures, used = chain.failures, chain.used
     ended: set[int] = set()
     charged_last = ""
-    unrunnable, unrunnable_n = "", 0  # the first segment could not even start the command: no use going on
+    # The first segment could not even start the command (its number, and why): no use going on.
+    unrunnable: Optional[tuple[int, str]] = None
     finished_segment: Optional[int] = None  # without a target: the first that exited 0 on its own
     goal_met = bool(_done_reason(chain, mark, None))  # a successor that starts after the goal skips: free
     for i, seg in enumerate(live):
-        job = facts.jobs.get(seg.job_id or "")
-        if seg.job_id is None or job is None:
+        if seg.job_id is None or seg.job_id not in facts.jobs:
             continue  # not submitted yet, or nothing learned of it this tick
+        job = facts.jobs[seg.job_id]
         ending = _ending(job)
         if ending is None:
             actions.extend(_track(seg, job, now))
@@ -147,12 +148,12 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
             and ending.exit_code == 0
             and (spec.target_epoch is None or end_progress.epoch is None)
         )
-        if unrunnable and _cannot_start(ending):
+        if unrunnable is not None and _cannot_start(ending):
             # Queued behind the first segment, it started and failed alike before the
             # service saw that segment end: one fault, charged once.
             charged, why = (
                 False,
-                f"{ending.outcome.value} (exit {ending.exit_code}): the same as segment {unrunnable_n}",
+                f"{ending.outcome.value} (exit {ending.exit_code}): the same as segment {unrunnable[0]}",
             )
         else:
             charged, why = _charge(ending, advanced, finished, goal_met)
@@ -175,8 +176,9 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
         failures += charged
         used += elapsed
         ended.add(seg.n)
-        if not unrunnable:
-            unrunnable, unrunnable_n = _unrunnable(chain, seg, job, ending), seg.n
+        if unrunnable is None:
+            why_not = _unrunnable(chain, seg, job, ending)
+            unrunnable = (seg.n, why_not) if why_not else None
         if charged:
             charged_last = f"segment {seg.n} {why}"
         if finished:
@@ -196,14 +198,14 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
                 for s in still
                 if s.phase is not Phase.RUNNING
             ]
-        return actions + _finish(chain, facts, still, ChainState.COMPLETED, done)
-    if unrunnable:
-        return actions + _finish(chain, facts, still, ChainState.FAILED, unrunnable)
+        return actions + _finish(facts, still, ChainState.COMPLETED, done)
+    if unrunnable is not None:
+        return actions + _finish(facts, still, ChainState.FAILED, unrunnable[1])
     if failures > spec.max_failures:
         reason = (
             f"failure budget spent ({failures} failures, max_failures = {spec.max_failures}): {charged_last}"
         )
-        return actions + _finish(chain, facts, still, ChainState.FAILED, reason)
+        return actions + _finish(facts, still, ChainState.FAILED, reason)
 
     left = spec.total_time - used
     if not chain.segments and not facts.may_start:
@@ -214,7 +216,7 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
                 f"time budget spent: {format_duration(used)} of total_time "
                 f"{format_duration(spec.total_time)} used; {best.describe()}"
             )
-            return actions + _finish(chain, facts, [], ChainState.EXHAUSTED, reason)
+            return [*actions, Finish(ChainState.EXHAUSTED, reason)]
         return [*actions, Submit(n=chain.next_n, walltime=min(spec.walltime, int(left)))]
 
     for seg in still:
@@ -268,7 +270,11 @@ def _ending(job: JobFacts) -> Optional[_Ending]:
     if view is not None and view.phase is not Phase.ENDED:
         view = None
     marker = job.end
-    if view is None and marker is None:
+    if marker is not None:
+        exit_code: Optional[int] = marker.original
+    elif view is not None:
+        exit_code = view.exit_code
+    else:
         return None
     outcome = view.outcome if view is not None else None
     overridable = outcome is None or outcome in (Outcome.COMPLETED, Outcome.FAILED)
@@ -277,7 +283,7 @@ def _ending(job: JobFacts) -> Optional[_Ending]:
     reasons = [r for r in (view.reason if view else "", marker.describe() if marker else "") if r]
     return _Ending(
         outcome=outcome or Outcome.LOST,
-        exit_code=marker.original if marker is not None else (view.exit_code if view else None),
+        exit_code=exit_code,
         started_at=view.started_at if view else None,
         ended_at=(view.ended_at if view else None) or (marker.at if marker else None),
         reason="; ".join(reasons),
@@ -411,7 +417,7 @@ def _extras(seg: Segment, facts: Facts) -> list[ListedJob]:
     return [j for j in facts.tagged.get(seg.n, ()) if j.job_id != seg.job_id and j.phase is not Phase.ENDED]
 
 
-def _duplicates(chain: Chain, facts: Facts, live: list[Segment]) -> Optional[list[Action]]:
+def _duplicates(facts: Facts, live: list[Segment]) -> Optional[list[Action]]:
     """When a second job of a queued segment already runs it (a submission an interrupted
     service left behind), keep that one: it runs the checkpoint. Its recorded job and
     the successors queued after it go, and are queued again behind the one kept."""
@@ -469,7 +475,7 @@ def _queue_ahead(chain: Chain, current: Segment, left: float, failures: int) -> 
     return [Submit(n=chain.next_n, walltime=min(spec.walltime, int(after_current)), after=current.job_id)]
 
 
-def _finish(chain: Chain, facts: Facts, live: list[Segment], state: ChainState, reason: str) -> list[Action]:
+def _finish(facts: Facts, live: list[Segment], state: ChainState, reason: str) -> list[Action]:
     cancels: list[Action] = [
         Cancel(n=s.n, job_id=_job_of(s, facts), reason=f"chain {state.value}") for s in live
     ]

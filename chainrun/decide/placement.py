@@ -79,7 +79,7 @@ def observed_on(chain: Chain, reached: Collection[str]) -> Optional[str]:
     """Where a pool's chain with no live segment is looked at this tick: the host it ran on
     last (its checkpoint may be on that host's disk), else the first of its hosts that
     answered; None when none did (it waits, like any chain whose cluster did not answer)."""
-    return next((h for h in [chain.host or "", *chain.spec.scheduler.hosts] if h in reached), None)
+    return next((h for h in [chain.host, *chain.spec.scheduler.hosts] if h in reached), None)
 
 
 def waiting_reason(hosts: Sequence[str], reached: Collection[str]) -> str:

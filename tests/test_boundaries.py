@@ -1,0 +1,179 @@
+"""Boundaries the rules turn on, each pinned at the value where they turn, and each shown to
+catch the bug that moves it: a chain one epoch short of its target goes on; the default grace
+is a quarter of a short walltime; the wrapper signals at walltime minus grace, to the second.
+Each check runs on the real code, and (``tests_the_tests``) on a copy with that one bug in it
+(``mutants``), where it must fail: a test that cannot fail is a defect."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import wait_for
+from mutants import mutant
+from test_decide import SPEC, chain, seg
+from test_slurm_backend import hostile_spec
+from test_wrapper import wrapper_env
+
+from chainrun import schema
+from chainrun.decide import Facts, JobFacts
+from chainrun.decide import chain as chain_rules
+from chainrun.fields import tomllib
+from chainrun.model import (
+    ChainState,
+    EndMarker,
+    EndSegment,
+    Finish,
+    ListedJob,
+    Outcome,
+    Phase,
+    Progress,
+    Submit,
+)
+from chainrun.schedulers.base import Scheduler
+from chainrun.schedulers.script import render_script
+from chainrun.schedulers.segment import SegmentJob, parse_end_marker
+from chainrun.schedulers.sge import SgeScheduler
+from chainrun.schedulers.slurm import SlurmScheduler
+
+NOW = 10_000.0
+
+
+def fails_on_the_bug(check: Callable[[Any], None], bug: Any) -> None:
+    with pytest.raises(AssertionError):
+        check(bug)
+
+
+# -- a chain one epoch short of its target goes on ------------------------------------
+
+
+def one_epoch_short_goes_on(decide: Callable[..., list[object]]) -> None:
+    """Segment 1 ended on its walltime at epoch 9 of 10: it is credited, and segment 2 (queued)
+    goes on; the chain is not completed. At epoch 10 it is."""
+    assert SPEC.target_epoch == 10
+    for epoch, completes in ((SPEC.target_epoch - 1, False), (SPEC.target_epoch, True)):
+        left = Progress(epoch=epoch, saved_at=NOW - 2)
+        marker = EndMarker(0, 0, "USR1", False, NOW - 1, progress=left)
+        job = JobFacts(
+            listed=ListedJob("j1", "j1", Phase.ENDED, Outcome.TIMEOUT, 0, NOW - 90, NOW - 1), end=marker
+        )
+        actions = decide(chain(seg(1), seg(2, Phase.PENDING)), Facts(jobs={"j1": job}, progress=left), NOW)
+        ended = next(a for a in actions if isinstance(a, EndSegment))
+        assert (ended.outcome, ended.charged, ended.progress.epoch) == (Outcome.TIMEOUT, False, epoch)
+        finished = [a for a in actions if isinstance(a, Finish)]
+        if completes:
+            assert [f.state for f in finished] == [ChainState.COMPLETED], actions
+        else:
+            assert finished == [], f"completed at epoch {epoch} of {SPEC.target_epoch}: {actions}"
+        # The checkpoint alone (segment 2 running) says the same.
+        running = JobFacts(listed=ListedJob("j2", "j2", Phase.RUNNING))
+        now = decide(chain(seg(2), progress=left), Facts(jobs={"j2": running}, progress=left), NOW)
+        assert any(isinstance(a, Submit) for a in now) is not completes, now
+
+
+def test_a_chain_one_epoch_short_of_its_target_goes_on() -> None:
+    one_epoch_short_goes_on(chain_rules.decide)
+
+
+@pytest.mark.tests_the_tests
+def test_that_check_fails_on_a_chain_that_completes_one_epoch_early() -> None:
+    bug = mutant(chain_rules, "progress.epoch >= target", "progress.epoch >= target - 1")
+    fails_on_the_bug(one_epoch_short_goes_on, bug.decide)
+
+
+# -- the default grace is a quarter of a short walltime, at most 5 minutes -----------------
+
+
+def default_grace_fits_the_walltime(parse: Callable[..., Any]) -> None:
+    """Without ``grace``, the signal comes a quarter of the walltime before it, at most 5 min."""
+    for walltime, grace in (("40s", 10), ("2m", 30), ("19m", 285), ("20m", 300), ("4h", 300)):
+        text = f'name="a"\ncommand="true"\ntotal_time="8h"\nwalltime="{walltime}"\n'
+        spec = parse(tomllib.loads(text), "/tmp/job.toml", Path("/tmp"))
+        assert spec.grace == grace, (walltime, spec.grace)
+
+
+def test_the_default_grace_is_a_quarter_of_a_short_walltime() -> None:
+    default_grace_fits_the_walltime(schema.parse)
+
+
+@pytest.mark.tests_the_tests
+def test_that_check_fails_on_a_default_grace_of_half_the_walltime() -> None:
+    bug = mutant(schema, "min(300, walltime // 4)", "min(300, walltime // 2)")
+    fails_on_the_bug(default_grace_fits_the_walltime, bug.parse)
+
+
+# -- the wrapper signals at walltime minus grace, to the second -------------------------
+
+WALLTIME = 12
+GRACE = 8
+
+
+def signal_seconds_before_the_deadline(
+    work: Path, scheduler: Scheduler, script_edit: Callable[[str], str]
+) -> int:
+    """How many seconds before its deadline the command got the walltime signal: under
+    ``scheduler``'s script (SGE: the wrapper's own timer; Slurm: a --signal that came at once,
+    which the wrapper holds), run by bash as the scheduler would."""
+    work.mkdir(parents=True, exist_ok=True)
+    spec = replace(
+        hostile_spec(str(work)),
+        grace=GRACE,
+        command="echo $CHAINRUN_DEADLINE > deadline; trap 'date +%s > got; exit 0' USR1; "
+        "while :; do sleep 0.1; done",
+    )
+    job = SegmentJob("hostile-1a2b3c", 1, spec, WALLTIME)
+    os.makedirs(job.run_dir)
+    Path(job.script_path).write_text(script_edit(render_script(scheduler, job)))
+    proc = subprocess.Popen(["bash", job.script_path], env=wrapper_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        wait_for((work / "deadline").exists, 30, "the command to start")
+        if not scheduler.wrapper_signals:
+            proc.send_signal(signal.SIGUSR1)  # Slurm's --signal, far too early: held
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (work / "got").exists(), "the command never got the walltime signal"
+    end = parse_end_marker(Path(job.stem + ".end").read_bytes())
+    assert end is not None and end.signal == "USR1", end
+    return int((work / "deadline").read_text()) - int((work / "got").read_text())
+
+
+def signals_at_walltime_minus_grace(
+    work: Path, scheduler: Scheduler, script_edit: Callable[[str], str]
+) -> None:
+    """The command gets the signal GRACE seconds before its deadline: not later (one second
+    for the wrapper's one-second timer, one more for a loaded machine), not earlier."""
+    before = signal_seconds_before_the_deadline(work, scheduler, script_edit)
+    assert GRACE - 2 <= before <= GRACE, f"signalled {before}s before the deadline, not {GRACE}"
+
+
+SCHEDULERS = pytest.mark.parametrize(
+    "scheduler", [SgeScheduler(), SlurmScheduler()], ids=["own-timer", "held-signal"]
+)
+
+
+@SCHEDULERS
+def test_the_wrapper_signals_at_walltime_minus_grace_to_the_second(
+    tmp_path: Path, scheduler: Scheduler
+) -> None:
+    signals_at_walltime_minus_grace(tmp_path, scheduler, lambda script: script)
+
+
+@pytest.mark.tests_the_tests
+@SCHEDULERS
+def test_that_check_fails_on_a_wrapper_that_signals_at_the_walltime(
+    tmp_path: Path, scheduler: Scheduler
+) -> None:
+    def at_the_walltime(script: str) -> str:
+        line = f"signal_at=$((CHAINRUN_DEADLINE - {GRACE}))"
+        assert script.count(line) == 1
+        return script.replace(line, "signal_at=$((CHAINRUN_DEADLINE - 0))")
+
+    fails_on_the_bug(lambda edit: signals_at_walltime_minus_grace(tmp_path, scheduler, edit), at_the_walltime)

@@ -1,0 +1,420 @@
+"""decide() at its edges, each answer compared whole (every action, number, job id and
+reason): the second jobs of a segment, jobs found under a segment's tag, jobs held by the
+scheduler, each kind of evidence of how a job ended and what it says about the time it
+trained, segments judged from the checkpoint they found, the time budget at its boundary.
+The mutation score (benchmarks/mutation.py) showed these as rules no test held."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Optional
+
+from test_decide import BEFORE, NOW, SPEC, chain, ended, seg, shown
+
+from chainrun.decide import Facts, JobFacts, decide, quiet_until
+from chainrun.model import (
+    Adopt,
+    Cancel,
+    ChainState,
+    EndMarker,
+    EndSegment,
+    Finish,
+    ListedJob,
+    Outcome,
+    Phase,
+    Progress,
+    Remove,
+    StartMarker,
+    Submit,
+    Track,
+)
+
+
+def unsubmitted(n: int, **kw: object) -> object:
+    """Segment ``n`` journaled, its job not known."""
+    return replace(seg(n, Phase.SUBMITTING, **kw), job_id=None)
+
+
+def listed(job: str, phase: Phase, **kw: object) -> ListedJob:
+    return ListedJob(job, f"cr.c.{job}", phase, **kw)  # type: ignore[arg-type]
+
+
+def end(
+    outcome: Outcome,
+    code: Optional[int],
+    reason: str,
+    elapsed: float,
+    at: float,
+    progress: Progress,
+    n: int = 1,
+) -> EndSegment:
+    charged = outcome.crashed or "made no progress" in reason
+    return EndSegment(n, outcome, code, charged, elapsed, at, reason, progress)
+
+
+# -- second jobs of a segment ------------------------------------------------------------
+
+
+def test_a_second_job_that_runs_the_segment_is_kept_and_the_rest_go() -> None:
+    """The recorded job waits while another job of the segment runs: that one is kept, the
+    recorded one and any other spare go, and what was queued after the segment goes too."""
+    c = chain(unsubmitted(1, retry_at=NOW + 60), seg(2, Phase.PENDING), seg(3, Phase.PENDING, after="j2"))
+    facts = Facts(
+        jobs={"j2": shown("j2", Phase.PENDING), "j3": shown("j3", Phase.PENDING, "Dependency")},
+        tagged={2: (listed("j9", Phase.RUNNING), listed("j8", Phase.PENDING))},
+        progress=BEFORE,
+    )
+    why = "a second job of segment 2; segment 2 already runs as job j9"
+    assert decide(c, facts, NOW) == [
+        Adopt(2, "j9", "kept: it runs the segment"),
+        Remove(2, "j2", why),
+        Remove(2, "j8", why),
+        Cancel(3, "j3", "queued after a job of segment 2 that was removed"),
+    ]
+
+
+def test_a_second_job_beside_a_running_recorded_one_is_removed_and_the_chain_goes_on() -> None:
+    """Both run: the recorded one runs the segment; the other is removed, nothing else changes.
+    A segment before it with nothing odd stops nobody looking at the next."""
+    c = chain(seg(1), seg(2, Phase.PENDING, after="j1"))
+    facts = Facts(
+        jobs={"j1": shown("j1", Phase.RUNNING), "j2": shown("j2", Phase.PENDING, "Dependency")},
+        tagged={1: (listed("j9", Phase.RUNNING),), 2: (listed("j7", Phase.RUNNING),)},
+        progress=BEFORE,
+    )
+    assert decide(c, facts, NOW) == [
+        Adopt(2, "j7", "kept: it runs the segment"),
+        Remove(2, "j2", "a second job of segment 2; segment 2 already runs as job j7"),
+    ]
+    facts = replace(facts, tagged={1: (listed("j9", Phase.RUNNING),)})
+    removed = "a second job of segment 1, left by an interrupted submission; job j1 runs it"
+    assert decide(c, facts, NOW) == [
+        Remove(1, "j9", removed),
+        Track(2, Phase.PENDING, "Dependency", None, None),
+    ]
+
+
+# -- jobs found under a segment's tag ----------------------------------------------------
+
+
+def test_a_cancel_cancels_the_job_a_segment_being_submitted_has_under_its_tag() -> None:
+    c = replace(chain(seg(1), unsubmitted(2, after="j1")), cancel_requested=True)
+    facts = Facts(tagged={2: (listed("j7", Phase.PENDING),)})
+    assert decide(c, facts, NOW) == [
+        Cancel(1, "j1", "chain cancelled"),
+        Cancel(2, "j7", "chain cancelled"),
+        Finish(ChainState.CANCELLED, "cancelled by user"),
+    ]
+
+
+def test_the_target_reached_cancels_a_queued_successor_found_under_its_tag() -> None:
+    c = chain(seg(1), unsubmitted(2, after="j1"))
+    facts = Facts(
+        jobs={"j1": shown("j1", Phase.RUNNING)},
+        tagged={2: (listed("j7", Phase.PENDING),)},
+        progress=Progress(epoch=10, saved_at=300.0),
+    )
+    assert decide(c, facts, NOW) == [Cancel(2, "j7", "target reached")]
+
+
+def test_of_a_segments_tagged_jobs_a_live_one_is_taken_else_the_newest_that_ended() -> None:
+    """Ended jobs by when they ended (one with no time counts as earliest), then by id."""
+    c = replace(chain(unsubmitted(1)), cancel_requested=True)
+
+    def cancelled(*jobs: ListedJob) -> Optional[str]:
+        first = decide(c, Facts(tagged={1: jobs}), NOW)[0]
+        assert isinstance(first, Cancel)
+        return first.job_id
+
+    early, untimed, late = (
+        listed("j4", Phase.ENDED, ended_at=0.25),
+        listed("j6", Phase.ENDED),
+        listed("j5", Phase.ENDED, ended_at=0.5),
+    )
+    assert cancelled(late, untimed, early) == "j5"
+    assert cancelled(untimed, late) == "j5"
+    assert cancelled(late, listed("j3", Phase.PENDING), early) == "j3"
+    assert cancelled() is None
+
+
+def test_a_segment_being_submitted_adopts_the_job_its_start_marker_names() -> None:
+    c = chain(unsubmitted(1))
+    assert decide(c, Facts(found={1: "j4"}, progress=BEFORE), NOW) == [
+        Adopt(1, "j4", "adopted after a restart")
+    ]
+
+
+def test_a_submission_sent_again_keeps_its_dependency() -> None:
+    c = chain(seg(1), unsubmitted(2, after="j1", retry_at=NOW - 1))
+    facts = Facts(jobs={"j1": shown("j1", Phase.RUNNING)}, progress=BEFORE)
+    assert decide(c, facts, NOW) == [Submit(2, 100, after="j1")]
+
+
+# -- jobs held, and how a job ended ------------------------------------------------------
+
+
+def test_a_job_held_by_the_scheduler_is_removed_and_ends_in_its_words() -> None:
+    held = listed(
+        "j1", Phase.ENDED, exit_code=3, started_at=NOW - 50, ended_at=NOW - 10, reason="Eqw", stuck=True
+    )
+    facts = Facts(jobs={"j1": JobFacts(listed=held, why_stuck="can't chdir")}, progress=BEFORE)
+    assert decide(chain(seg(1, Phase.PENDING)), facts, NOW) == [
+        Remove(1, "j1", "held by the scheduler: can't chdir"),
+        end(Outcome.FAILED, 3, "failed (exit 3): can't chdir", 40.0, NOW - 10, BEFORE),
+        Submit(2, 100),
+    ]
+
+
+def test_a_listing_that_says_completed_is_a_timeout_when_the_marker_saw_the_signal() -> None:
+    """The local runner and SGE show a command that exited 0 after the walltime signal as
+    completed; the marker knows better. The listing's words and the marker's both go in."""
+    after = Progress(epoch=4, saved_at=200.0)
+    marker = EndMarker(0, 0, "USR1", False, NOW - 2, progress=after)
+    job = JobFacts(
+        listed=listed(
+            "j1",
+            Phase.ENDED,
+            outcome=Outcome.COMPLETED,
+            exit_code=0,
+            started_at=NOW - 90,
+            ended_at=NOW - 1,
+            reason="COMPLETED",
+        ),
+        end=marker,
+    )
+    actions = decide(chain(seg(1)), Facts(jobs={"j1": job}, progress=after), NOW)
+    why = "timeout (exit 0) with progress: COMPLETED; the command exited 0 after SIGUSR1"
+    assert actions == [end(Outcome.TIMEOUT, 0, why, 89.0, NOW - 1, after), Submit(2, 100)]
+
+
+def test_a_job_gone_from_the_listing_ends_by_its_marker_and_trains_from_its_start() -> None:
+    """No listing, no accounting: the end marker says how and when; the time trained runs
+    from the start the store recorded, else from the start marker."""
+    marker = EndMarker(1, 1, "", False, NOW - 5)
+    why = "failed (exit 1): the command exited 1 on its own"
+    recorded = chain(seg(1, started_at=NOW - 65))
+    assert decide(recorded, Facts(jobs={"j1": JobFacts(end=marker)}, progress=BEFORE), NOW)[0] == end(
+        Outcome.FAILED, 1, why, 60.0, NOW - 5, BEFORE
+    )
+    started = JobFacts(end=marker, start=StartMarker("j1", NOW - 30, None))
+    assert decide(chain(seg(1)), Facts(jobs={"j1": started}, progress=BEFORE), NOW)[0] == end(
+        Outcome.FAILED, 1, why, 25.0, NOW - 5, BEFORE
+    )
+
+
+def test_a_job_with_no_times_trains_nothing_unless_it_ran_to_its_walltime() -> None:
+    """Ended with no start or end known: a failure trained 0 s and ends now; a timeout used
+    its whole walltime. A start equal to its end trained 0 s."""
+    failed = JobFacts(listed=listed("j1", Phase.ENDED, outcome=Outcome.FAILED, exit_code=2))
+    assert decide(chain(seg(1)), Facts(jobs={"j1": failed}, progress=BEFORE), NOW)[0] == end(
+        Outcome.FAILED, 2, "failed (exit 2)", 0.0, NOW, BEFORE
+    )
+    timeout = JobFacts(listed=listed("j1", Phase.ENDED, outcome=Outcome.TIMEOUT))
+    assert decide(chain(seg(1)), Facts(jobs={"j1": timeout}, progress=BEFORE), NOW)[0] == end(
+        Outcome.TIMEOUT, None, "timeout and made no progress", 100.0, NOW, BEFORE
+    )
+    instant = JobFacts(
+        listed=listed(
+            "j1", Phase.ENDED, outcome=Outcome.FAILED, exit_code=2, started_at=NOW - 3, ended_at=NOW - 3
+        )
+    )
+    assert decide(chain(seg(1)), Facts(jobs={"j1": instant}, progress=BEFORE), NOW)[0] == end(
+        Outcome.FAILED, 2, "failed (exit 2)", 0.0, NOW - 3, BEFORE
+    )
+
+
+def test_a_job_accounting_shows_queued_again_has_not_ended() -> None:
+    """Gone from the listing, and accounting says it waits to run again (SGE rescheduled it):
+    it is only missing for now."""
+    again = JobFacts(accounting=listed("j1", Phase.PENDING))
+    assert decide(chain(seg(1)), Facts(jobs={"j1": again}, progress=BEFORE), NOW) == [
+        Track(1, Phase.RUNNING, "gone from the queue", None, NOW),
+        Submit(2, 100, after="j1"),
+    ]
+
+
+def test_a_job_is_tracked_when_it_comes_back_and_when_it_starts_without_a_time() -> None:
+    back = chain(seg(1, missing_since=NOW - 30))
+    assert decide(back, Facts(jobs={"j1": shown("j1", Phase.RUNNING)}, progress=BEFORE), NOW)[0] == Track(
+        1, Phase.RUNNING, "", None, None
+    )
+    starting = chain(seg(1, Phase.PENDING))
+    assert decide(starting, Facts(jobs={"j1": shown("j1", Phase.RUNNING)}, progress=BEFORE), NOW)[0] == Track(
+        1, Phase.RUNNING, "", None, None
+    )
+
+
+# -- what each segment trained -----------------------------------------------------------
+
+
+def test_a_segment_ended_while_its_successor_runs_is_credited_what_the_successor_found() -> None:
+    """No end marker: the checkpoint segment 2 found at its start is what segment 1 left, not
+    the checkpoint now (segment 2 has trained since)."""
+    found = Progress(epoch=5, saved_at=250.0)
+    second = JobFacts(
+        listed=listed("j2", Phase.RUNNING, started_at=NOW - 5), start=StartMarker("j2", NOW - 5, found)
+    )
+    facts = Facts(
+        jobs={"j1": ended("j1", Outcome.TIMEOUT), "j2": second}, progress=Progress(epoch=6, saved_at=300.0)
+    )
+    assert decide(chain(seg(1), seg(2, Phase.PENDING, after="j1")), facts, NOW) == [
+        end(Outcome.TIMEOUT, 0, "timeout (exit 0) with progress", 89.0, NOW - 1, found),
+        Track(2, Phase.RUNNING, "", NOW - 5, None),
+        Submit(3, 100, after="j2"),
+    ]
+
+
+def test_each_segment_is_judged_from_the_checkpoint_it_found_not_the_chains_mark() -> None:
+    """Both found epoch 5 and left epoch 5: neither trained, though the chain's mark is epoch 3.
+    The second is judged against the same mark, not the first one's checkpoint."""
+    five = Progress(epoch=5, saved_at=250.0)
+    jobs = {
+        f"j{n}": JobFacts(
+            end=EndMarker(0, 0, "USR1", False, NOW - 1, progress=five),
+            start=StartMarker(f"j{n}", NOW - at, five),
+        )
+        for n, at in ((1, 60), (2, 30))
+    }
+    why = "timeout (exit 0) and made no progress: the command exited 0 after SIGUSR1"
+    assert decide(chain(seg(1), seg(2, Phase.PENDING, after="j1")), Facts(jobs=jobs, progress=five), NOW) == [
+        end(Outcome.TIMEOUT, 0, why, 59.0, NOW - 1, BEFORE),
+        end(Outcome.TIMEOUT, 0, why, 29.0, NOW - 1, BEFORE, n=2),
+        Submit(3, 100),
+    ]
+
+
+def test_a_successor_that_ends_after_the_command_finished_on_its_own_is_not_charged() -> None:
+    """No target: segment 1 exited 0 on its own, so segment 2 (queued, then cut by its
+    walltime without progress) ended after the goal: free, and the chain completes."""
+    spec = replace(SPEC, target_epoch=None)
+    jobs = {
+        "j1": replace(ended("j1", Outcome.COMPLETED), end=EndMarker(0, 0, "", False, NOW - 1)),
+        "j2": ended("j2", Outcome.TIMEOUT),
+    }
+    assert decide(
+        chain(seg(1), seg(2, Phase.PENDING, after="j1"), spec=spec), Facts(jobs=jobs, progress=BEFORE), NOW
+    ) == [
+        end(
+            Outcome.COMPLETED, 0, "completed (exit 0): the command finished on its own", 89.0, NOW - 1, BEFORE
+        ),
+        end(
+            Outcome.TIMEOUT,
+            0,
+            "timeout (exit 0) after the goal was already reached",
+            89.0,
+            NOW - 1,
+            BEFORE,
+            n=2,
+        ),
+        Finish(ChainState.COMPLETED, "segment 1 exited 0 before its walltime"),
+    ]
+
+
+def test_the_target_in_the_end_marker_completes_even_when_the_checkpoint_read_now_is_older() -> None:
+    """The sidecar read this tick says epoch 8 (a read before the last save landed); the end
+    marker saw epoch 10, the target: that is the progress that counts."""
+    ten = Progress(epoch=10, saved_at=500.0)
+    job = JobFacts(
+        end=EndMarker(0, 0, "USR1", False, NOW - 1, progress=ten),
+        start=StartMarker("j1", NOW - 61, Progress(epoch=9, saved_at=400.0)),
+    )
+    facts = Facts(jobs={"j1": job}, progress=Progress(epoch=8, saved_at=300.0))
+    assert decide(chain(seg(1)), facts, NOW) == [
+        end(
+            Outcome.TIMEOUT,
+            0,
+            "timeout (exit 0) with progress: the command exited 0 after SIGUSR1",
+            60.0,
+            NOW - 1,
+            ten,
+        ),
+        Finish(ChainState.COMPLETED, "target epoch 10 reached (epoch 10)"),
+    ]
+
+
+def test_a_segment_nothing_was_learned_of_does_not_stop_the_judging_of_the_next() -> None:
+    """Segment 2, queued, was cancelled by someone else while segment 1 runs: charged, and a
+    new successor is queued behind segment 1, whether or not segment 1 was looked at."""
+    cancelled = JobFacts(listed=listed("j2", Phase.ENDED, outcome=Outcome.CANCELLED, ended_at=NOW - 1))
+    expected = [
+        end(Outcome.CANCELLED, None, "cancelled", 0.0, NOW - 1, BEFORE, n=2),
+        Submit(3, 100, after="j1"),
+    ]
+    c = chain(seg(1), seg(2, Phase.PENDING, after="j1"))
+    assert decide(c, Facts(jobs={"j2": cancelled}, progress=BEFORE), NOW) == expected
+    looked = {"j1": shown("j1", Phase.RUNNING), "j2": cancelled}
+    assert decide(c, Facts(jobs=looked, progress=BEFORE), NOW) == expected
+
+
+# -- the budgets at their boundaries ------------------------------------------------------
+
+
+def test_no_successor_when_what_is_left_after_the_current_segment_is_only_grace() -> None:
+    running = Facts(jobs={"j1": shown("j1", Phase.RUNNING)}, progress=BEFORE)
+    left = SPEC.total_time - SPEC.walltime - SPEC.grace  # then exactly grace remains after segment 1
+    assert decide(chain(seg(1), used=float(left)), running, NOW) == []
+    assert decide(chain(seg(1), used=float(left - 1)), running, NOW) == [
+        Submit(2, SPEC.grace + 1, after="j1")
+    ]
+
+
+def test_command_not_found_ends_the_chain_naming_the_path_it_was_looked_up_in() -> None:
+    message = (
+        "command not found or not executable (exit 127): python train.py ({}); "
+        "run it by hand in the workdir, or list what it needs in inherit_env or [env]"
+    )
+    failed = ended("j1", Outcome.FAILED, 127)
+    cases = [
+        (
+            JobFacts(listed=failed.listed, end=EndMarker(127, 127, "", False, NOW - 1, path="/usr/bin:/bin")),
+            SPEC,
+            "PATH was /usr/bin:/bin",
+        ),
+        (failed, replace(SPEC, inherited=(("PATH", "/opt/bin"),)), "PATH was /opt/bin"),
+        (failed, SPEC, "PATH was the service's own"),
+    ]
+    for job, spec, where in cases:
+        actions = decide(chain(seg(1), spec=spec), Facts(jobs={"j1": job}, progress=BEFORE), NOW)
+        assert actions[-1] == Finish(ChainState.FAILED, message.format(where)), actions
+
+
+def test_a_retry_time_left_on_a_segment_that_is_no_longer_being_submitted_is_no_clock_rule() -> None:
+    assert math.isinf(quiet_until(chain(seg(1, Phase.PENDING, retry_at=NOW + 5)), NOW))
+    assert quiet_until(chain(unsubmitted(1, retry_at=NOW + 5)), NOW) == NOW + 5
+
+
+def test_a_chain_that_ends_cancels_the_job_its_next_segment_has_under_its_tag() -> None:
+    """Completed, failed at its budget, or unrunnable: the segment being submitted after the one
+    that ended it is cancelled by the job the scheduler shows under its tag."""
+    ten = Progress(epoch=10, saved_at=500.0)
+    marker = EndMarker(0, 0, "USR1", False, NOW - 1, progress=ten)
+    endings = [
+        (JobFacts(listed=ended("j1", Outcome.TIMEOUT).listed, end=marker), 0, ChainState.COMPLETED),
+        (ended("j1", Outcome.FAILED, 1), SPEC.max_failures, ChainState.FAILED),
+        (ended("j1", Outcome.FAILED, 127), 0, ChainState.FAILED),
+    ]
+    for job, failures, state in endings:
+        c = chain(seg(1), unsubmitted(2, after="j1", retry_at=NOW + 60), failures=failures)
+        facts = Facts(jobs={"j1": job}, tagged={2: (listed("j7", Phase.PENDING),)}, progress=BEFORE)
+        actions = decide(c, facts, NOW)
+        assert actions[-2:-1] == [Cancel(2, "j7", f"chain {state.value}")], actions
+        assert isinstance(actions[-1], Finish) and actions[-1].state is state
+
+
+def test_a_segment_that_resumed_from_an_older_checkpoint_is_credited_what_it_left() -> None:
+    """It found epoch 2 (the newest checkpoint would not load) and left epoch 4: it trained,
+    free; the chain's progress is what it left, epoch 4, though the chain had seen epoch 5."""
+    found, left = Progress(epoch=2, saved_at=150.0), Progress(epoch=4, saved_at=250.0)
+    job = JobFacts(
+        end=EndMarker(0, 0, "USR1", False, NOW - 1, progress=left), start=StartMarker("j1", NOW - 61, found)
+    )
+    c = chain(seg(1), progress=Progress(epoch=5, saved_at=200.0))
+    assert decide(c, Facts(jobs={"j1": job}, progress=left), NOW)[0] == end(
+        Outcome.TIMEOUT,
+        0,
+        "timeout (exit 0) with progress: the command exited 0 after SIGUSR1",
+        60.0,
+        NOW - 1,
+        left,
+    )

@@ -1,0 +1,132 @@
+"""The rules beside decide(), as tables: when to try again (a failed submission, a chain whose
+ticks keep failing, accounting that did not know a job) and where and when a new segment may
+start (a pool's slots and hosts, a sweep's max_concurrent)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from test_decide import NOW, SPEC, chain, seg
+
+from chainrun.decide.placement import (
+    free_slots,
+    held_back,
+    observed_on,
+    place,
+    to_place,
+    uses_slot,
+    waiting_change,
+    waiting_reason,
+)
+from chainrun.decide.retry import (
+    ACCOUNTING_FIRST,
+    ACCOUNTING_MAX,
+    STUCK_AFTER,
+    STUCK_RETRY,
+    accounting_again,
+    after_fault,
+    backoff,
+)
+from chainrun.model import (
+    WAITING_FOR_A_SLOT,
+    ChainState,
+    ListedJob,
+    MarkStuck,
+    Phase,
+    SchedulerSpec,
+    Submit,
+    Wait,
+)
+
+POOL = replace(SPEC, scheduler=SchedulerSpec(hosts=("gpu1", "gpu2", "gpu3"), slots=2))
+
+
+@pytest.mark.parametrize(
+    ("attempts", "seconds"),
+    [(0, 5), (1, 5), (2, 10), (3, 20), (4, 40), (5, 80), (6, 160), (7, 300), (8, 300)],
+)
+def test_a_failed_submission_waits_5_s_doubling_up_to_5_min(attempts: int, seconds: float) -> None:
+    assert backoff(attempts) == seconds
+
+
+def test_accounting_is_asked_again_after_10_s_doubling_up_to_2_min() -> None:
+    waiting: dict[str, tuple[float, float]] = {}
+    intervals = []
+    for _ in range(6):
+        waiting["j1"] = accounting_again("j1", waiting, NOW)
+        intervals.append(waiting["j1"][1])
+        assert waiting["j1"][0] == NOW + intervals[-1]
+    assert (
+        intervals
+        == [ACCOUNTING_FIRST, 20.0, 40.0, 80.0, ACCOUNTING_MAX, ACCOUNTING_MAX]
+        == [10, 20, 40, 80, 120, 120]
+    )
+
+
+def test_a_chain_whose_ticks_keep_failing_is_marked_stuck_once_and_tried_every_10_min() -> None:
+    active = chain()
+    assert [after_fault(active, n, "boom", NOW) for n in range(1, STUCK_AFTER)] == [(None, None)] * (
+        STUCK_AFTER - 1
+    )
+    reason = f"{STUCK_AFTER} ticks in a row failed, the last with boom; tried again every 600s"
+    assert after_fault(active, STUCK_AFTER, "boom", NOW) == (NOW + STUCK_RETRY, MarkStuck(reason))
+    stuck = replace(active, state=ChainState.STUCK)
+    assert after_fault(stuck, STUCK_AFTER + 1, "boom", NOW) == (NOW + 600.0, None)
+
+
+def test_a_job_uses_a_slot_while_it_runs_or_could_run_not_while_it_waits_for_its_predecessor() -> None:
+    running, ready = (
+        ListedJob("1", "a", Phase.RUNNING),
+        ListedJob("2", "b", Phase.PENDING, reason="Resources"),
+    )
+    waiting = ListedJob("3", "c", Phase.PENDING, reason="Dependency")
+    done = ListedJob("4", "d", Phase.ENDED)
+    assert [uses_slot(j) for j in (running, ready, waiting, done)] == [True, True, False, False]
+    assert free_slots(4, [running, ready, waiting, done], placed=1) == 1
+
+
+def test_a_pools_new_segment_is_placed_a_successor_or_a_journaled_one_is_not() -> None:
+    fresh = chain(spec=POOL)
+    assert to_place(fresh, Submit(1, 100))
+    after_one = chain(replace(seg(1, Phase.ENDED), host="gpu2"), spec=POOL)
+    assert to_place(after_one, Submit(2, 100))
+    assert not to_place(chain(seg(1), spec=POOL), Submit(2, 100, after="j1"))
+    assert not to_place(chain(seg(1, Phase.SUBMITTING), spec=POOL), Submit(1, 100))
+    assert not to_place(chain(), Submit(1, 100))  # no pool: the chain's one host
+
+
+def test_place_and_where_a_chain_with_no_segment_under_way_is_looked_at() -> None:
+    assert place([], None, {}) is None
+    assert place(["gpu1", "gpu2"], None, {"gpu1": 0, "gpu2": 0}) is None
+    moved = chain(replace(seg(1, Phase.ENDED), host="gpu2"), spec=POOL)
+    assert observed_on(moved, {"gpu1", "gpu2"}) == "gpu2"  # where it ran last
+    assert observed_on(moved, {"gpu3", "gpu1"}) == "gpu1"  # else the first of its hosts that answered
+    assert observed_on(moved, set()) is None
+
+
+def test_why_a_pools_chain_waits_names_the_hosts_that_answered_and_those_that_did_not() -> None:
+    hosts = POOL.scheduler.hosts
+    assert waiting_reason(hosts, set()) == "waiting for a host to answer"
+    assert waiting_reason(hosts, {"gpu1"}) == "waiting for a free slot on hosts gpu1 (gpu2, gpu3 not reached)"
+    assert waiting_reason(hosts, set(hosts)) == "waiting for a free slot on hosts gpu1, gpu2, gpu3"
+
+
+def test_a_pools_chain_says_once_why_it_waits_and_clears_it_when_it_goes_on() -> None:
+    why = waiting_reason(POOL.scheduler.hosts, {"gpu1"})
+    assert why.startswith(WAITING_FOR_A_SLOT)
+    fresh = chain(spec=POOL)
+    assert waiting_change(fresh, why) == Wait(why)
+    assert waiting_change(replace(fresh, reason=why), why) is None
+    assert waiting_change(replace(fresh, reason=why), "") == Wait("")
+    assert waiting_change(replace(fresh, reason="something else"), "") is None
+    assert waiting_change(chain(), why) is None  # no pool
+
+
+def test_max_concurrent_holds_back_the_newest_of_a_sweeps_chains_that_have_not_started() -> None:
+    sweep = replace(SPEC, sweep_name="lr", max_concurrent=1)
+    other = chain()  # no sweep: never held, never counted
+    started = replace(chain(seg(1), spec=sweep), id="a", created_at=1.0)
+    first, second = (replace(chain(spec=sweep), id=i, created_at=at) for i, at in (("b", 2.0), ("c", 3.0)))
+    assert held_back([other, started, first, second]) == {"b", "c"}
+    assert held_back([other, first, second]) == {"c"}
