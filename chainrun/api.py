@@ -121,8 +121,8 @@ def submit(
     fresh: bool = False,
 ) -> list[Chain]:
     """Store the chains of a job file (a path) or of a dict shaped like one, and return
-    one ``Chain`` for each chain stored (a sweep's chain already active is left as it
-    is, said on stderr, and not returned).
+    one ``Chain`` for each: a chain still active from an earlier submission of the same
+    job is left as it is (said on stderr) and returned, never started twice.
 
     ``params`` gives the sweep: a dict of name -> list of values (a grid: every
     combination), or a list of dicts (points); it replaces a ``[sweep]`` grid or points
@@ -132,14 +132,15 @@ def submit(
     checkpoint directory aside, as ``chainrun submit --fresh``.
 
     Raises ``JobFileError`` for a bad job, and the other ``ChainrunError`` of
-    ``chainrun submit`` (a checkpoint already complete, a cluster that cannot be
-    reached) with the same message; nothing is stored then.
+    ``chainrun submit`` (a checkpoint already complete, another active chain training
+    into the same checkpoint directory, a cluster that cannot be reached) with the same
+    message; nothing is stored then.
     """
     where = _home(home)
     spec = _spec(jobfile_or_dict, params, reps)
     with _store(where) as store:
-        new = control.submit_all(store, [spec], fresh=fresh)
-    return [Chain(where, chain_id, one) for chain_id, one in new]
+        submitted = control.submit_all(store, [spec], fresh=fresh)
+    return [Chain(where, chain_id, one) for chain_id, one, _ in submitted]
 
 
 def chains(name: Optional[str] = None, home: Union[str, os.PathLike[str], None] = None) -> list[Chain]:

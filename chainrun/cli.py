@@ -243,12 +243,13 @@ def _store(ctx: click.Context, readonly: bool = False) -> Iterator[Store]:
         store.close()
 
 
-def _submit(store: Store, spec: JobSpec, fresh: bool = False) -> Chain:
-    """Store a new chain for ``spec`` (not a sweep); see ``control.submit_all``."""
+def _submit(store: Store, spec: JobSpec, fresh: bool = False) -> tuple[Chain, bool]:
+    """The chain of ``spec`` (not a sweep), and whether it was stored now: the one still
+    active from an earlier submission is returned as it is; see ``control.submit_all``."""
     from chainrun import control
 
-    ((chain_id, _),) = control.submit_all(store, [spec], fresh)
-    return store.chain(chain_id)
+    ((chain_id, _, new),) = control.submit_all(store, [spec], fresh)
+    return store.chain(chain_id), new
 
 
 @main.command()
@@ -258,16 +259,23 @@ def _submit(store: Store, spec: JobSpec, fresh: bool = False) -> Chain:
     is_flag=True,
     help="Also print the first segment's batch script and the exact command that submits it.",
 )
-def check(jobfile_path: str, show_script: bool) -> None:
-    """Validate JOBFILE and print the plan: segments, walltimes, budget."""
-    from chainrun import jobfile, plan, sweep
+@click.pass_context
+def check(ctx: click.Context, jobfile_path: str, show_script: bool) -> None:
+    """Validate JOBFILE and print the plan: segments, walltimes, budget.
+
+    Exits 0 for a job file that submit would take, 2 for a bad one, and 1 when
+    another active chain trains into its checkpoint_dir.
+    """
+    from chainrun import control, jobfile, plan, sweep
 
     spec = jobfile.load(jobfile_path)
     chains = sweep.expand(spec)
     script, argv = plan.preflight(chains[0])
+    with _store(ctx, readonly=True) as store:
+        notes = control.claimed(store, chains)
     for line in plan.summary(jobfile_path, spec, chains):
         click.echo(line)
-    for line in plan.warnings(spec):
+    for line in plan.warnings(spec) + notes:
         click.echo(line, err=True)
     if show_script:
         click.echo(plan.script_text(spec, script, argv), nl=False)
@@ -291,11 +299,13 @@ def submit(ctx: click.Context, jobfile_paths: tuple[str, ...], fresh: bool, yes:
     Each JOBFILE may also be a directory (its *.toml files) or a quoted glob
     pattern. A job file with a [sweep] makes one chain per configuration and
     repetition. All are checked first and stored together: a bad job file
-    stores nothing.
+    stores nothing. A chain still active from an earlier submission of the
+    same job file is left as it is, and its id printed again.
 
     Exits 0 when the chains are stored, 2 for a bad job file or option, and 1
     when they cannot be: a checkpoint is already complete (use --fresh to
-    start over), or a cluster cannot be reached.
+    start over), another active chain trains into the same checkpoint_dir,
+    or a cluster cannot be reached.
     """
     from chainrun import control, jobfile
     from chainrun.lock import InstanceLock
@@ -305,15 +315,13 @@ def submit(ctx: click.Context, jobfile_paths: tuple[str, ...], fresh: bool, yes:
     if total > CONFIRM_ABOVE and not yes:
         raise UsageError(f"that is {total:,} chains; add --yes to submit them all")
     with _store(ctx) as store:
-        new = control.submit_all(store, specs, fresh=fresh)
-    for chain_id, _ in new:
+        submitted = control.submit_all(store, specs, fresh=fresh)
+    for chain_id, _, _ in submitted:
         click.echo(chain_id)
     if not InstanceLock(ctx.obj).held_elsewhere():
-        click.echo(
-            "note: no chainrun service is running; start one with `chainrun daemon` "
-            "(or `chainrun service install --now`), or use `chainrun run`",
-            err=True,
-        )
+        from chainrun.systemd import start_advice
+
+        click.echo(f"note: no chainrun service is running; {start_advice(ctx.obj)}", err=True)
 
 
 def _job_files(args: Sequence[str]) -> list[str]:
@@ -367,8 +375,8 @@ def run(ctx: click.Context, jobfile_path: str, interval: Optional[float], fresh:
             f"`chainrun submit {jobfile_path}` and follow it with `chainrun status {spec.name}`"
         )
     with _store(ctx) as store:
-        chain = _submit(store, spec, fresh=fresh)
-        click.echo(f"chain {chain.id} submitted")
+        chain, new = _submit(store, spec, fresh=fresh)
+        click.echo(f"chain {chain.id} submitted" if new else f"following chain {chain.id}, already running")
         step = interval or min(DEFAULT_INTERVAL, max(1.0, spec.walltime / 8))
         code = follow.supervise(ctx.obj, store, chain, step)
     sys.exit(code)
@@ -644,12 +652,22 @@ def service() -> None:
 
 @service.command("install")
 @click.option("--now", is_flag=True, help="Also start the service.")
-def service_install(now: bool) -> None:
-    """Write the user unit for this chainrun and enable it."""
+@click.pass_context
+def service_install(ctx: click.Context, now: bool) -> None:
+    """Write the user unit for this chainrun and its state directory, and enable it.
+
+    The unit carries CHAINRUN_HOME (this command's state directory) and what
+    else chainrun and the schedulers read from this shell's environment.
+    Exits 0; 1 with --now where no systemd user manager answers: nothing was
+    started, and the output says how to start the service by hand.
+    """
     from chainrun import systemd as unit
 
-    for line in unit.install(now=now):
+    lines, answered = unit.install(ctx.obj, now=now)
+    for line in lines:
         click.echo(line)
+    if now and not answered:
+        raise ChainrunError("nothing was started: no systemd user manager answers here (see above)")
 
 
 @service.command("uninstall")
@@ -668,6 +686,6 @@ def service_status(ctx: click.Context) -> None:
     from chainrun import status as view
     from chainrun import systemd as unit
 
-    for line in unit.status():
+    for line in unit.status(ctx.obj):
         click.echo(line)
     click.echo(view.service_line(ctx.obj, time.time()))

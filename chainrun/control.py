@@ -10,14 +10,16 @@ was, a checkpoint directory moved aside) go to stderr; refusals are raised as
 
 from __future__ import annotations
 
+import os
 import posixpath
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from chainrun import progress, snapshot, sweep
+from chainrun.decide.claims import Claim, Holder, claim, holder
 from chainrun.engine import Engine
 from chainrun.errors import ChainrunError, TransportError, UsageError
 from chainrun.lock import InstanceLock
@@ -45,16 +47,32 @@ def lock_for(home: Path) -> InstanceLock:
     return _locks[key]
 
 
-def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> list[tuple[str, JobSpec]]:
+class Submitted(NamedTuple):
+    """A chain a job file names: stored now (``new``), or already active and left as it is."""
+
+    chain_id: str
+    spec: JobSpec
+    new: bool
+
+
+def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> list[Submitted]:
     """Store a chain for each spec, and for each chain of a sweep, all in one transaction:
     none is stored when one cannot be. What checkpoint_dir holds is each one's starting point.
 
+    One chain per checkpoint directory (``decide.claims``): a chain whose job file was
+    submitted before and is still active is left as it is, said so, and returned again, so
+    that submitting twice never runs twice; any other active chain training into the same
+    directory is refused, naming it. The check is made again inside the transaction that
+    stores, so two commands submitting at once cannot both pass it.
+
     A checkpoint that already says the run is complete is refused (exit 1, nothing stored):
     submitting it again would only complete at once. With ``fresh`` each checkpoint
-    directory is first moved aside (never deleted), so the chain starts from nothing. A
-    sweep's chain that is already active is left as it is, and said so: submitting the
-    same sweep again never duplicates a run. Returns the new chains' ids and specs.
+    directory is first moved aside (never deleted), so the chain starts from nothing; a
+    directory an active chain trains into is never moved. Returns every chain the job
+    files name, in order.
     """
+    active = [Holder(chain_id, name, _claim(spec)) for chain_id, name, spec in store.unended()]
+    out: list[Optional[Submitted]] = []  # None: stored below
     new: list[tuple[JobSpec, Progress]] = []
     pins: list[Optional[snapshot.Snapshot]] = []
     for spec in specs:
@@ -63,11 +81,15 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
         try:
             # The code is captured once per job file: a sweep's chains all run the same commit.
             spec, snap = snapshot.prepare(transport, spec)
-            chains = sweep.expand(spec)
-            taken = store.unended([c.name for c in chains]) if spec.sweep else {}
-            for one in chains:
-                if one.name in taken:
-                    _note(f"{one.name}: already submitted as chain {taken[one.name]}; left as it is")
+            for one in sweep.expand(spec):
+                mine = _claim(one)
+                _within(one, mine, [other for other, _ in new])
+                held = holder(one.name, mine, active)
+                if held is not None:
+                    if held.name != one.name or fresh:
+                        raise ChainrunError(_refusal(one, held, fresh))
+                    _note(f"{one.name}: still running as chain {held.chain_id}; left as it is")
+                    out.append(Submitted(held.chain_id, one, False))
                     continue
                 if fresh:
                     _move_aside(transport, one)
@@ -79,15 +101,76 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
                     raise ChainrunError(f"{where} is already complete ({why}){'' if fresh else again}")
                 new.append((one, baseline))
                 pins.append(snap)
+                out.append(None)
         except TransportError as exc:
             if spec.scheduler.first_host is None:
                 raise
             raise TransportError(f"cannot reach {spec.scheduler.first_host}: {exc}") from None
-    ids = store.add_chains(new, time.time())
+
+    def vet(unended: list[tuple[str, str, JobSpec]]) -> None:
+        now_active = [Holder(chain_id, name, _claim(spec)) for chain_id, name, spec in unended]
+        for one, _ in new:
+            held = holder(one.name, _claim(one), now_active)
+            if held is not None:
+                meanwhile = " (it was submitted meanwhile; nothing stored)"
+                raise ChainrunError(_refusal(one, held, fresh) + meanwhile)
+
+    ids = store.add_chains(new, time.time(), vet)
     for chain_id, snap in zip(ids, pins):
         if snap is not None:
             snapshot.pin(snap, chain_id)
-    return [(chain_id, spec) for chain_id, (spec, _) in zip(ids, new)]
+    stored = iter(Submitted(chain_id, one, True) for chain_id, (one, _) in zip(ids, new))
+    return [item or next(stored) for item in out]
+
+
+def claimed(store: Store, chains: Sequence[JobSpec]) -> list[str]:
+    """``check``'s look at what ``submit`` would meet: refused (raised) when another active
+    chain trains into one of these checkpoint directories; a note for each chain that is
+    still active from an earlier submission, and would be returned as it is."""
+    active = [Holder(chain_id, name, _claim(spec)) for chain_id, name, spec in store.unended()]
+    notes: list[str] = []
+    for i, one in enumerate(chains):
+        mine = _claim(one)
+        _within(one, mine, chains[:i])
+        held = holder(one.name, mine, active)
+        if held is not None and held.name != one.name:
+            raise ChainrunError(_refusal(one, held, False))
+        if held is not None:
+            running = f"{one.name} is still running as chain {held.chain_id}"
+            notes.append(f"note: {running}; submit returns it as it is")
+    return notes
+
+
+def _claim(spec: JobSpec) -> Claim:
+    """``spec``'s claim on its checkpoint directory: on this machine the path as resolved
+    now (symlinks followed), elsewhere as written."""
+    path = spec.checkpoint_dir if spec.scheduler.remote else os.path.realpath(spec.checkpoint_dir)
+    return claim(spec, posixpath.normpath(path))
+
+
+def _within(spec: JobSpec, mine: Claim, others: Sequence[JobSpec]) -> None:
+    """Refuse a chain whose checkpoint directory another chain of this same submission has."""
+    for other in others:
+        if _claim(other).clashes(mine):
+            raise ChainrunError(
+                f"{spec.source}: checkpoint_dir {spec.checkpoint_dir} is also {other.name}'s, submitted "
+                "with it; give each job a checkpoint_dir of its own"
+            )
+
+
+def _refusal(spec: JobSpec, held: Holder, fresh: bool) -> str:
+    """Why ``spec`` cannot be stored while ``held`` trains into its checkpoint directory."""
+    cancel = f"`chainrun cancel {held.chain_id}`"
+    if held.name == spec.name and fresh:
+        return (
+            f"chain {held.chain_id} of {spec.name} still trains in {spec.checkpoint_dir}, so --fresh "
+            f"would move its checkpoints from under it; cancel it first ({cancel}), then add --fresh"
+        )
+    return (
+        f"{spec.source}: checkpoint_dir {spec.checkpoint_dir} is where chain {held.chain_id} "
+        f"({held.name}) still trains, and two chains there would resume from each other's "
+        f"checkpoints; give this job a checkpoint_dir of its own, or cancel that chain first ({cancel})"
+    )
 
 
 def _complete(spec: JobSpec, baseline: Progress) -> str:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from chainrun import heartbeat
+from chainrun import heartbeat, systemd
 from chainrun.localrunner import alive
 from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Phase
 from chainrun.store import DamagedChain, Glance, SegmentGlance, ran
@@ -400,8 +400,11 @@ def frame(
     tails: bool = False,
 ) -> str:
     """What `chainrun status` prints: the table (or that there are no chains), then the service."""
+    # A command to paste (indented four) is left whole: broken in two, it would not run.
     service = "\n".join(
-        wrapped for line in service_line(home, now).splitlines() for wrapped in _wrap(line, width)
+        wrapped
+        for line in service_line(home, now).splitlines()
+        for wrapped in ([escaped(line)] if line.startswith("    ") else _wrap(line, width))
     )
     if not chains and not damaged:
         return f"no chains; submit one with `chainrun submit JOBFILE`\n{service}"
@@ -439,10 +442,7 @@ def service_line(home: Path, now: float) -> str:
         at = st.get("at") if st else None
         ago = f"; last tick {when(at, now)}" if isinstance(at, (int, float)) else ""
         return f"service: running (pid {pid}){ago}: {st.get('status', '?') if st else '?'}"
-    return (
-        "service: not running; chains advance only while one runs:\n"
-        "  start one with `chainrun daemon`, or `chainrun service install --now`"
-    )
+    return f"service: not running; chains advance only while one runs:\n  {systemd.start_advice(home)}"
 
 
 def to_json(c: Chain, now: float) -> dict[str, Any]:

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import getpass
 import os
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from chainrun.config import CONFIG_KEYS, config_path, load_config
 from chainrun.errors import ChainrunError
-from chainrun.transport import LocalTransport, Transport
+
+if TYPE_CHECKING:
+    from chainrun.transport import Transport
 
 UNIT_NAME = "chainrun.service"
 # What the shipped unit (systemd/chainrun.service) starts: `pip install --user`
@@ -63,6 +65,15 @@ WantedBy=default.target
 """
 
 
+# What chainrun itself reads from the environment, and what the schedulers' commands
+# need, carried into the unit as this shell has them: a service started by the user
+# manager would otherwise read another config, another ssh_config, and find no `qsub`.
+# The state directory is always written, resolved: CHAINRUN_HOME (or --home), else where
+# XDG_STATE_HOME puts it.
+CARRIED = ("XDG_CONFIG_HOME", "CHAINRUN_SSH_CONFIG", "SGE_ROOT", "SGE_CELL", "SLURM_CONF", "PATH")
+DAEMON_OUT = "daemon.out"  # where a service started by hand keeps its output
+
+
 def unit_dir() -> Path:
     """Where systemd looks for user units: ``$XDG_CONFIG_HOME/systemd/user``."""
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
@@ -95,6 +106,47 @@ def shipped_unit() -> str:
     return UNIT_TEMPLATE.format(exec_start=f"{DEFAULT_EXEC} daemon", environment="")
 
 
+def service_environment(home: Path, needed: dict[str, str]) -> dict[str, str]:
+    """What the service needs to read the state this shell reads: ``needed`` (from
+    ``current_command``), the state directory, and what ``CARRIED`` names as set here."""
+    env = dict(needed)
+    env["CHAINRUN_HOME"] = str(Path(home).absolute())
+    env.update((key, os.environ[key]) for key in CARRIED if os.environ.get(key))
+    return env
+
+
+def by_hand(command: list[str], env: dict[str, str], home: Path) -> str:
+    """The command that starts the service without systemd on this machine, with the same
+    environment (``PATH`` aside: it runs from this shell): in tmux when there is one, else
+    under nohup."""
+    assignments = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()) if k != "PATH"]
+    daemon = " ".join([*assignments, shlex.join([*command, "daemon"])])
+    if shutil.which("tmux"):
+        return f"tmux new-session -d -s chainrun {shlex.quote(daemon)}"
+    out = shlex.quote(str(Path(home).absolute() / DAEMON_OUT))
+    return f"{' '.join(assignments)} nohup {shlex.join([*command, 'daemon'])} >> {out} 2>&1 &".lstrip()
+
+
+def user_manager() -> bool:
+    """Whether a systemd user manager runs for this user, without asking it (its private
+    socket is there): cheap enough for ``chainrun status``."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+    return os.path.exists(os.path.join(runtime, "systemd", "private"))
+
+
+def start_advice(home: Path) -> str:
+    """How to start the service on this machine: through systemd where a user manager runs
+    (one line), else the command that runs it by hand (on a line of its own, indented)."""
+    if user_manager():
+        if unit_path().exists():
+            return f"start it with `systemctl --user start {UNIT_NAME}`"
+        return "install and start it with `chainrun service install --now`"
+    # This shell's PYTHONPATH stands in for current_command's probe: `status` runs no process.
+    needed = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+    line = by_hand(this_command(), service_environment(home, needed), home)
+    return f"no systemd user manager here; start one with:\n    {line}"
+
+
 def current_command(transport: Optional[Transport] = None) -> tuple[list[str], dict[str, str]]:
     """The absolute command that runs this chainrun, and the environment it needs.
 
@@ -105,17 +157,30 @@ def current_command(transport: Optional[Transport] = None) -> tuple[list[str], d
     through ``PYTHONPATH`` or the current directory (a source checkout), the
     unit gets that directory in its environment.
     """
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env = {} if _importable_alone(package_root, transport) else {"PYTHONPATH": package_root}
+    return this_command(), env
+
+
+def this_command() -> list[str]:
+    """The absolute command that runs this chainrun (see ``current_command``)."""
     argv0 = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     beside = os.path.join(os.path.dirname(sys.executable), "chainrun")
     if os.path.basename(argv0) == "chainrun" and _executable(argv0):
-        command = [argv0]
-    elif _executable(beside):
-        command = [beside]
-    else:
-        command = [sys.executable, "-m", "chainrun"]
-    package_root = str(Path(__file__).resolve().parent.parent)
-    env = {} if _importable_alone(package_root, transport) else {"PYTHONPATH": package_root}
-    return command, env
+        return [argv0]
+    if _executable(beside):
+        return [beside]
+    return [sys.executable, "-m", "chainrun"]
+
+
+def _or_local(transport: Optional[Transport]) -> Transport:
+    """``transport``, else this machine's: imported only here, so that `chainrun status`,
+    which asks only ``start_advice``, loads no transport."""
+    if transport is not None:
+        return transport
+    from chainrun.transport import LocalTransport
+
+    return LocalTransport()
 
 
 def _executable(path: str) -> bool:
@@ -128,7 +193,7 @@ def _importable_alone(package_root: str, transport: Optional[Transport]) -> bool
         "import sys; sys.path = [p for p in sys.path if p not in ('', '.')]; "
         "import os, chainrun; print(os.path.dirname(os.path.dirname(os.path.realpath(chainrun.__file__))))"
     )
-    t = transport or LocalTransport()
+    t = _or_local(transport)
     result = t.run([sys.executable, "-E", "-c", probe], timeout=60.0)
     return result.ok and result.stdout.strip() == package_root
 
@@ -195,18 +260,24 @@ def linger_advice(systemd: Systemd) -> list[str]:
     ]
 
 
-def install(now: bool = False, transport: Optional[Transport] = None) -> list[str]:
-    """Write the unit and enable it; returns what to tell the user, line by line."""
-    t = transport or LocalTransport()
-    command, env = current_command(t)
+def install(home: Path, now: bool = False, transport: Optional[Transport] = None) -> tuple[list[str], bool]:
+    """Write the unit, for the state directory ``home``, and enable it (and start it:
+    ``now``). Returns what to tell the user, line by line, and whether a user manager
+    answered: where none does, the lines say how to start the service by hand."""
+    t = _or_local(transport)
+    command, needed = current_command(t)
+    env = service_environment(home, needed)
     path = unit_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(render_unit(command, env))
     os.replace(tmp, path)
-    lines = [f"wrote {path}", f"  ExecStart={' '.join([*command, 'daemon'])}"]
-    if env:
-        lines.append("  with " + " ".join(f"{k}={v}" for k, v in env.items()))
+    lines = [
+        f"wrote {path}",
+        f"  ExecStart={' '.join([*command, 'daemon'])}",
+        f"  the service reads the state in {env['CHAINRUN_HOME']} (CHAINRUN_HOME)",
+        "  with this shell's " + ", ".join(k for k in sorted(env) if k != "CHAINRUN_HOME"),
+    ]
     systemd = Systemd(t)
     enable = ["enable", "--now", UNIT_NAME] if now else ["enable", UNIT_NAME]
     ok, why = systemd.available()
@@ -221,15 +292,17 @@ def install(now: bool = False, transport: Optional[Transport] = None) -> list[st
             f"systemd --user does not answer here ({why}); where it does, run:",
             "  systemctl --user daemon-reload",
             f"  systemctl --user {' '.join(enable)}",
+            "to run the service here without systemd:",
+            f"  {by_hand(command, env, home)}",
         ]
     lines += linger_advice(systemd)
     lines.append(f"logs: journalctl --user -u {UNIT_NAME} -f")
-    return lines
+    return lines, ok
 
 
 def uninstall(transport: Optional[Transport] = None) -> list[str]:
     """Stop and disable the service, and remove the unit file."""
-    t = transport or LocalTransport()
+    t = _or_local(transport)
     path = unit_path()
     systemd = Systemd(t)
     ok, why = systemd.available()
@@ -264,18 +337,36 @@ def unit_exec_start(text: str) -> Optional[str]:
     return None
 
 
-def status(transport: Optional[Transport] = None) -> list[str]:
-    """Where the unit is, whether systemd runs it, lingering, and the config."""
-    t = transport or LocalTransport()
+def unit_environment(text: str) -> dict[str, str]:
+    """The ``Environment=`` settings of a unit as ``render_unit`` writes them."""
+    env = {}
+    for line in text.splitlines():
+        if line.startswith("Environment="):
+            for word in shlex.split(line[len("Environment=") :]):
+                key, _, value = word.replace("$$", "$").replace("%%", "%").partition("=")
+                env[key] = value
+    return env
+
+
+def status(home: Path, transport: Optional[Transport] = None) -> list[str]:
+    """Where the unit is, which state directory it reads, whether systemd runs it,
+    lingering, and the config."""
+    t = _or_local(transport)
     path = unit_path()
     lines = []
     if path.exists():
-        written = unit_exec_start(path.read_text())
+        text = path.read_text()
+        written = unit_exec_start(text)
         command, env = current_command(t)
         lines.append(f"unit: {path}")
         lines.append(f"  ExecStart={written}")
         if written != unit_exec_start(render_unit(command, env)):
             lines.append("  this is not the chainrun running now; `chainrun service install` rewrites it")
+        reads = unit_environment(text).get("CHAINRUN_HOME")
+        here = str(Path(home).absolute())
+        if reads != here:
+            where = f"the state in {reads}" if reads else "the default state directory (no CHAINRUN_HOME)"
+            lines.append(f"  it reads {where}, not {here}; `chainrun service install` rewrites it")
     else:
         lines.append(f"unit: not installed ({path}); `chainrun service install --now` installs it")
     systemd = Systemd(t)
@@ -285,6 +376,8 @@ def status(transport: Optional[Transport] = None) -> list[str]:
     else:
         lines.append(f"systemd: --user does not answer here ({why})")
     lines += linger_advice(systemd)
+    from chainrun.config import CONFIG_KEYS, config_path, load_config
+
     cfg = config_path()
     if cfg.exists():
         try:

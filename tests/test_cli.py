@@ -774,6 +774,7 @@ def test_submit_takes_many_job_files_directories_and_globs_all_or_nothing(tmp_pa
     for name in ("a", "b", "c"):
         (jobs / f"{name}.toml").write_text(
             f'name = "{name}"\ncommand = "true"\ntotal_time = "1h"\nwalltime = "10m"\n'
+            f'checkpoint_dir = "ckpt-{name}"\n'  # one chain per checkpoint directory
         )
     (tmp_path / "bad.toml").write_text('name = "bad"\ncommand = "true"\ntotal_time = "1h"\nwalltime = "2h"\n')
 
@@ -854,6 +855,7 @@ STORE_MODULES = ("checked", "database", "migrations", "rows", "views", "writes")
             ["status"],
             {"chainrun.cli", "chainrun.constants", "chainrun.errors", "chainrun.logs", "chainrun.model"}
             | {"chainrun.status", "chainrun.heartbeat", "chainrun.text", "chainrun.localrunner"}
+            | {"chainrun.systemd"}  # where a service would be started: a file looked at, no process
             | {"chainrun.store", *(f"chainrun.store.{m}" for m in STORE_MODULES)},
         ),
     ],

@@ -54,12 +54,21 @@ step = st.tuples(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(step, min_size=1, max_size=25), st.integers(0, 40))
+HISTORIES = (st.lists(step, min_size=1, max_size=25), st.integers(0, 40))
+RUNS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@RUNS
+@given(*HISTORIES)
 def test_random_histories_keep_the_invariants(
     steps: list[tuple[list[str], int, bool, int]], cancel_at: int
 ) -> None:
     """At most one successor ahead, no submit after the end, failures never decrease, budget kept."""
+    keep_the_invariants(steps, cancel_at)
+
+
+def keep_the_invariants(steps: list[tuple[list[str], int, bool, int]], cancel_at: int) -> None:
+    """One history, checked at every step."""
     with tempfile.TemporaryDirectory() as home:
         store = Store(Path(home))
         chain = store.add_chain(SPEC, Progress(), now=0.0)
@@ -183,5 +192,8 @@ def check_successors(chain: Chain, actions: list[Action]) -> None:
 def test_the_invariants_catch_a_broken_rule(monkeypatch: pytest.MonkeyPatch, old: str, new: str) -> None:
     """Each of these bugs in decide makes the random histories above fail (a test of the test)."""
     monkeypatch.setattr(sys.modules[__name__], "decide", mutant(chain_rules, old, new).decide)
+    # The same histories every run: a bug the random ones reach only now and then (one epoch
+    # early needs a history that reaches target - 1) must not make this test flaky.
+    fixed = settings(RUNS, derandomize=True, database=None)(given(*HISTORIES)(keep_the_invariants))
     with pytest.raises(AssertionError):
-        test_random_histories_keep_the_invariants()
+        fixed()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -28,7 +29,7 @@ import structlog
 from conftest import REPO, cli_env, have, need, wait_for
 
 from chainrun import config as service_config
-from chainrun import jobfile, logs, sdnotify, systemd
+from chainrun import heartbeat, jobfile, logs, sdnotify, systemd
 from chainrun import service as service_module
 from chainrun.engine import TickSummary
 from chainrun.errors import JobFileError, StoreUnavailable
@@ -122,7 +123,8 @@ def write_job(tmp_path: Path, command: str, name: str = "t", extra: str = "") ->
     shutil.copy(TRAINER, work / "trainer.py")
     path = work / f"{name}.toml"
     path.write_text(
-        f'name = "{name}"\ncommand = "{command}"\ntotal_time = "5m"\nwalltime = "1m"\ngrace = "2s"\n{extra}'
+        f'name = "{name}"\ncommand = "{command}"\ntotal_time = "5m"\nwalltime = "1m"\ngrace = "2s"\n'
+        f'checkpoint_dir = "checkpoints-{name}"\n{extra}'  # one chain per checkpoint directory
     )
     return path
 
@@ -337,11 +339,14 @@ def test_shipped_unit_declares_notify_watchdog_reload_restart_and_quick_stop() -
 def test_install_without_systemd_writes_a_verified_unit_running_this_chainrun_and_says_what_to_run(
     home: Path, tmp_path: Path
 ) -> None:
-    """No user manager: the unit is written with the real interpreter, and the commands are printed."""
+    """No user manager: the unit is written with the real interpreter, and the commands are
+    printed; `--now` exits 1 and says that nothing was started."""
     calls = fake_tools(tmp_path / "bin", systemd=False)
     env = install_env(home, tmp_path, tmp_path / "bin")
     result = run_cli(env, "service", "install", "--now")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1 and result.stderr == (
+        "chainrun: nothing was started: no systemd user manager answers here (see above)\n"
+    )
     path = tmp_path / "userhome" / ".config" / "systemd" / "user" / "chainrun.service"
     text = path.read_text()
     argv = exec_start(text)
@@ -367,6 +372,80 @@ def test_install_without_systemd_writes_a_verified_unit_running_this_chainrun_an
     result = run_cli(env, "service", "uninstall")
     assert result.returncode == 0 and not path.exists()
     assert f"removed {path}" in result.stdout
+
+
+def unit_env(text: str) -> dict[str, str]:
+    """What a unit's Environment= lines set, read as systemd reads them."""
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("Environment="):
+            key, _, value = shlex.split(line[len("Environment=") :])[0].partition("=")
+            found[key] = value.replace("$$", "$").replace("%%", "%")
+    return found
+
+
+def test_the_unit_reads_the_state_directory_and_settings_of_the_shell_that_installed_it(
+    home: Path, tmp_path: Path
+) -> None:
+    """A user with CHAINRUN_HOME set submitted into one state directory while the installed
+    service read the default one, and nothing ever advanced. The unit now carries the state
+    directory and what chainrun and the schedulers read; started with the unit's environment
+    alone, chainrun sees the chain this shell submitted. `service status` says when the unit
+    reads another state directory."""
+    fake_tools(tmp_path / "bin", systemd=False)
+    env = install_env(home, tmp_path, tmp_path / "bin")
+    env.update(CHAINRUN_SSH_CONFIG=str(tmp_path / "my ssh_config"), SGE_ROOT="/opt/sge", SGE_CELL="default")
+    job = tmp_path / "job.toml"
+    job.write_text('name = "mine"\ncommand = "true"\ntotal_time = "1h"\nwalltime = "10m"\n')
+    (chain_id,) = run_cli(env, "submit", str(job)).stdout.split()
+    result = run_cli(env, "service", "install")
+    assert result.returncode == 0, result.stderr
+    assert f"the service reads the state in {home} (CHAINRUN_HOME)" in result.stdout
+    text = (tmp_path / "userhome" / ".config" / "systemd" / "user" / "chainrun.service").read_text()
+    carried = unit_env(text)
+    assert carried["CHAINRUN_HOME"] == str(home)
+    assert carried["CHAINRUN_SSH_CONFIG"] == str(tmp_path / "my ssh_config")
+    assert (carried["SGE_ROOT"], carried["SGE_CELL"], carried["PATH"]) == ("/opt/sge", "default", env["PATH"])
+    alone = {"HOME": env["HOME"], **carried}  # what the user manager gives the service
+    listed = subprocess.run(
+        [*exec_start(text)[:-1], "status", "--json"], capture_output=True, text=True, env=alone, cwd="/"
+    )
+    assert [c["id"] for c in json.loads(listed.stdout)] == [chain_id], listed.stderr
+
+    other = dict(env, CHAINRUN_HOME=str(tmp_path / "elsewhere"))
+    out = run_cli(other, "service", "status").stdout
+    assert f"it reads the state in {home}, not {tmp_path / 'elsewhere'}; `chainrun service install`" in out
+    assert "it reads the state" not in run_cli(env, "service", "status").stdout
+
+
+def test_install_now_without_systemd_prints_the_command_that_starts_the_service_by_hand(
+    home: Path, tmp_path: Path
+) -> None:
+    """`service install --now` where `systemctl --user` does not answer exits 1, says nothing
+    was started, and prints the command that runs the service here (tmux when installed,
+    else nohup) with the same state directory: run as printed, it starts the service."""
+    fake_tools(tmp_path / "bin", systemd=False)
+    env = install_env(home, tmp_path, tmp_path / "bin")
+    env["TMUX_TMPDIR"] = str(tmp_path)  # a tmux server of this test's own
+    result = run_cli(env, "service", "install", "--now")
+    assert result.returncode == 1 and "nothing was started" in result.stderr
+    lines = result.stdout.splitlines()
+    command = lines[lines.index("to run the service here without systemd:") + 1].strip()
+    assert command.startswith("tmux new-session" if shutil.which("tmux") else "CHAINRUN_HOME=")
+    assert f"CHAINRUN_HOME={home}" in command
+    started = subprocess.run(["bash", "-c", command], env=env, cwd=tmp_path, timeout=60)
+    try:
+        assert started.returncode == 0
+        wait_for(
+            lambda: "service: running" in run_cli(env, "status").stdout, 60, "the service started by hand"
+        )
+    finally:
+        pid = (heartbeat.read(home) or {}).get("pid")
+        if isinstance(pid, int):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        if command.startswith("tmux"):
+            subprocess.run(["tmux", "kill-server"], env=env, timeout=30)
 
 
 def test_install_with_systemd_reloads_and_enables_now_and_uninstall_disables(

@@ -216,8 +216,20 @@ def failed(name: str = "resnet50", n: str = "0f9e8d") -> Chain:
 
 SERVICE = (
     "service: not running; chains advance only while one runs:\n"
-    "  start one with `chainrun daemon`, or `chainrun service install --now`"
+    "  install and start it with `chainrun service install --now`"
 )
+
+
+@pytest.fixture(autouse=True)
+def a_machine_with_systemd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The goldens' machine: a systemd user manager runs (its private socket is there), and
+    no chainrun unit is installed. Returns the runtime directory."""
+    runtime = tmp_path / "runtime"
+    (runtime / "systemd").mkdir(parents=True)
+    (runtime / "systemd" / "private").touch()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    return runtime
 
 
 def test_golden_one_chain_at_80_columns(tmp_path: Path) -> None:
@@ -389,6 +401,34 @@ def test_service_line_tells_running_from_stale(tmp_path: Path) -> None:
     assert view.service_line(tmp_path, NOW).startswith("service: not running")
 
 
+def test_the_advice_on_starting_a_service_fits_the_machine(
+    tmp_path: Path, a_machine_with_systemd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Always "`chainrun service install --now`" was wrong on a machine without systemd, and
+    for a user whose unit was installed. Now: install where a user manager runs and no unit
+    is; start the unit where one is; else the command that starts the service by hand here,
+    with this state directory."""
+    home = tmp_path / "state"
+    assert view.service_line(home, NOW).endswith(
+        "\n  install and start it with `chainrun service install --now`"
+    )
+    unit = tmp_path / "config" / "systemd" / "user" / "chainrun.service"
+    unit.parent.mkdir(parents=True)
+    unit.write_text("[Service]\n")
+    assert view.service_line(home, NOW).endswith(
+        "\n  start it with `systemctl --user start chainrun.service`"
+    )
+    (a_machine_with_systemd / "systemd" / "private").unlink()
+    advice = view.service_line(home, NOW).splitlines()[1:]
+    assert advice[0] == "  no systemd user manager here; start one with:"
+    assert f"CHAINRUN_HOME={home}" in advice[1] and "daemon" in advice[1]
+    assert view.frame(home, [], NOW, width=40).splitlines()[-1] == advice[1]  # whole, to paste
+    monkeypatch.setenv("PATH", str(tmp_path))  # no tmux
+    assert " nohup " in view.service_line(home, NOW) and f">> {home}/daemon.out 2>&1 &" in view.service_line(
+        home, NOW
+    )
+
+
 # -- through the CLI --------------------------------------------------------------
 
 
@@ -411,7 +451,7 @@ def test_status_table_through_the_cli_names_the_chain_and_the_service(tmp_path: 
     out = chainrun("status", check=True).stdout.splitlines()
     assert out[0].split() == list(view.HEADER)  # a short id leaves room for every column
     assert out[1].startswith(chain_id) and " cancelled " in out[1]
-    assert out[-2].startswith("service: not running") and "chainrun daemon" in out[-1]
+    assert out[-2].startswith("service: not running") and "chainrun service install --now" in out[-1]
     assert all(len(line) <= 80 for line in out)
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -42,7 +42,15 @@ from chainrun.store.database import READ_TIMEOUT as READ_TIMEOUT
 from chainrun.store.database import Database, private_dir
 from chainrun.store.migrations import MIGRATIONS as MIGRATIONS
 from chainrun.store.migrations import SCHEMA_VERSION as SCHEMA_VERSION
-from chainrun.store.rows import Event, Unreadable, decode_chain, decode_event, decode_segment, word
+from chainrun.store.rows import (
+    Event,
+    Unreadable,
+    decode_chain,
+    decode_event,
+    decode_segment,
+    decode_spec,
+    word,
+)
 from chainrun.store.views import LIVE_STATES, DamagedChain, Glance, SegmentGlance, ran
 
 __all__ = [
@@ -94,25 +102,36 @@ class Store:
     def add_chain(self, spec: JobSpec, progress: Progress, now: float) -> Chain:
         return self.chain(self.add_chains([(spec, progress)], now)[0])
 
-    def add_chains(self, new: Sequence[tuple[JobSpec, Progress]], now: float) -> list[str]:
+    def add_chains(
+        self,
+        new: Sequence[tuple[JobSpec, Progress]],
+        now: float,
+        vet: Optional[Callable[[list[tuple[str, str, JobSpec]]], None]] = None,
+    ) -> list[str]:
         """Store new chains, each with the progress it starts from, all in one transaction
-        (none stored if one cannot be); their ids, in order."""
-        with self._database.tx() as db:
-            return writes.add_chains(db, new, now)
+        (none stored if one cannot be); their ids, in order. ``vet`` is shown the chains that
+        have not ended (``unended``) as this transaction reads them, before anything is
+        written, and refuses by raising: two processes storing at once cannot both pass it."""
+        with self._database.tx():
+            if vet is not None:
+                vet(self.unended())
+            return writes.add_chains(self.db, new, now)
 
-    def unended(self, names: Sequence[str]) -> dict[str, str]:
-        """Of these chain names, those an active (or stuck) chain has: name -> its id."""
+    def unended(self) -> list[tuple[str, str, JobSpec]]:
+        """The chains that have not ended (active or stuck), oldest first: (id, name, spec).
+        A row whose spec cannot be read is left out, as from ``chains()``."""
         final = [s.value for s in ChainState if s.final]
-        found: dict[str, str] = {}
-        with self._database.sql():
-            for i in range(0, len(names), 500):  # SQLite's limit on bound parameters
-                part = list(names[i : i + 500])
-                rows = self.db.execute(
-                    f"SELECT name, id FROM chains WHERE name IN ({','.join('?' * len(part))})"
-                    f" AND state NOT IN ({','.join('?' * len(final))})",
-                    (*part, *final),
-                )
-                found.update((name, chain_id) for name, chain_id in rows)
+        rows = self._database.rows(
+            f"SELECT id, name, spec FROM chains WHERE state NOT IN ({','.join('?' * len(final))})"
+            " ORDER BY created_at, rowid",
+            tuple(final),
+        )
+        found = []
+        for row in rows:
+            try:
+                found.append((row["id"], row["name"], decode_spec(row["spec"])))
+            except Unreadable:
+                continue
         return found
 
     def chain(self, chain_id: str) -> Chain:

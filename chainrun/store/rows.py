@@ -106,7 +106,7 @@ def _progress(value: Any, column: str) -> Progress:
         raise Unreadable(f"{column} is not progress ({exc})") from None
 
 
-def _spec(value: Any) -> JobSpec:
+def decode_spec(value: Any) -> JobSpec:
     data = _json(value, "spec")
     try:
         return JobSpec.from_json(data)
@@ -119,7 +119,7 @@ def _spec(value: Any) -> JobSpec:
 def decode_chain(row: sqlite3.Row, segments: tuple[Segment, ...]) -> Chain:
     chain = Chain(
         id=row["id"],
-        spec=_spec(row["spec"]),
+        spec=decode_spec(row["spec"]),
         state=_enum(ChainState, row["state"], "state"),
         created_at=row["created_at"],
         segments=segments,
