@@ -17,7 +17,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Optional, cast
@@ -224,9 +224,10 @@ def main(ctx: click.Context, home: Optional[str], log_level: str, debug: bool) -
 
     if home == "":  # click would make it ".": state in whatever directory this runs in
         raise UsageError("--home: an empty path; give the state directory, or leave --home out")
-    # `run` prints the chain's events itself; its service logs only trouble.
+    # `run` prints the chain's events itself; its service logs only trouble. `cancel` says in
+    # its own lines what its tick did; the tick's records go to the service's log file.
     quiet = ctx.invoked_subcommand == "run" and log_level == "info"
-    logs.setup("warning" if quiet else log_level)
+    logs.setup("warning" if quiet else log_level, console=ctx.invoked_subcommand != "cancel")
     ctx.obj = Path(home) if home else default_home()
 
 
@@ -401,11 +402,16 @@ def daemon(ctx: click.Context, interval: Optional[float]) -> None:
 def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
     """Cancel CHAIN (or every chain of the sweep CHAIN): its queued and running jobs are cancelled.
 
+    One line per chain. A segment that was running keeps the time it ran and
+    the progress it made. Without a service, the cancel is carried out here
+    (its log records go to the service's log file, service.log).
+
     Exits 0 (also when it had already ended); 2 for an unknown CHAIN; 1 when
     CHAIN is damaged, the cluster cannot be reached, or a sweep's cancel was
     not confirmed.
     """
-    from chainrun import control
+    from chainrun import control, logs
+    from chainrun.fields import format_duration
 
     with _store(ctx) as store:
         members = store.sweep(chain_ref)
@@ -420,12 +426,27 @@ def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
             question = f"cancel the {len(going)} unfinished chains of sweep {chain_ref}?"
             if not sys.stdin.isatty() or not click.confirm(question, default=False, err=True):
                 raise ChainrunError(f"not cancelled; to cancel sweep {chain_ref} without asking, add --yes")
-        if not control.cancel(ctx.obj, store, going):
+        with suppress(OSError):  # a home it cannot write: the records go nowhere
+            logs.open_file(ctx.obj)
+        summary = control.cancel(ctx.obj, store, going)
+        if summary is None:
             for chain in going:
                 click.echo(f"chain {chain.id}: cancel requested; the running service carries it out")
             return
-        for chain in going:
-            click.echo(f"chain {chain.id} {store.chain(chain.id).state.value}")
+        left = []
+        for chain in (store.chain(c.id) for c in going):
+            if not chain.state.final:
+                why = summary.unreachable.get(chain.cluster_key) or next(
+                    (e for e in summary.errors if e.startswith(f"{chain.id}: ")), "its tick failed"
+                )
+                left.append(f"chain {chain.id}: cancel requested, not carried out yet: {why}")
+                continue
+            trained = f"trained {format_duration(chain.used)}, {chain.progress.describe()}"
+            click.echo(f"chain {chain.id} {chain.state.value} ({trained})")
+        for line in left:
+            click.echo(f"chainrun: {line}; a service carries it out when it can", err=True)
+        if left:
+            sys.exit(1)
 
 
 @main.command()
@@ -538,14 +559,21 @@ def status(
 @click.argument("chain_ref", metavar="CHAIN")
 @click.pass_context
 def history(ctx: click.Context, chain_ref: str) -> None:
-    """Show CHAIN's events: every decision with its reason.
+    """Show CHAIN's events: every decision with its reason; then each segment's queue wait,
+    running time and the chain's training time after it.
 
     Exits 0; 2 for an unknown CHAIN.
     """
+    from chainrun import history as shown
+
     with _store(ctx, readonly=True) as store:
-        # By id alone: the events of a damaged chain can still be read.
-        for ev in store.events(store.resolve(chain_ref)):
-            click.echo(f"{_clock(ev.at, date=True)}  {ev.message}")
+        # By id alone: the events of a damaged chain can still be read (its segments cannot).
+        chain_id = store.resolve(chain_ref)
+        lines = shown.event_lines(store.events(chain_id))
+        with suppress(ChainrunError):
+            lines += ["", *shown.segment_lines(store.chain(chain_id))]
+    for line in lines:
+        click.echo(line)
 
 
 @main.command()
@@ -630,11 +658,6 @@ def tensorboard(
     with _store(ctx, readonly=True) as store:
         chain = store.find(chain_ref)
     sys.exit(board.serve(chain, port, logdir, program, click.echo))
-
-
-def _clock(at: float, date: bool = False) -> str:
-    fmt = "%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S"
-    return datetime.fromtimestamp(at).strftime(fmt)
 
 
 @main.group()

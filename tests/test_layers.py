@@ -56,6 +56,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.plan",
         "chainrun.status",
         "chainrun.follow",
+        "chainrun.history",
         "chainrun.control",
         "chainrun.api",
         "chainrun.tensorboard",
