@@ -175,7 +175,8 @@ class Service:
             if self.store is not None:
                 self.store.close()
             if not isinstance(self.failure, LockLost):  # else the home may be another service's now
-                heartbeat.clear(self.home)
+                with contextlib.suppress(OSError):  # a full disk: the pid left names a dead process
+                    heartbeat.stopped(self.home)
             self.lock.release()
             self.sd.close()
             self._wake_r.close()

@@ -854,6 +854,7 @@ STORE_MODULES = ("checked", "database", "migrations", "rows", "views", "writes")
             ["status"],
             {"chainrun.cli", "chainrun.constants", "chainrun.errors", "chainrun.logs", "chainrun.model"}
             | {"chainrun.status", "chainrun.heartbeat", "chainrun.text", "chainrun.localrunner"}
+            | {"chainrun.lock"}  # whether a service runs: the one that holds the lock
             | {"chainrun.store", *(f"chainrun.store.{m}" for m in STORE_MODULES)},
         ),
     ],
@@ -863,7 +864,7 @@ def test_help_and_status_import_only_the_modules_they_use(
 ) -> None:
     """`--help` imports no chainrun module beyond the command line's own (the numbers its help
     shows are in chainrun.constants); a command's help and `status` add only the store (and
-    `status` its table, the text helpers and the heartbeat file), never the service, the engine, the schedulers or the job file parser."""
+    `status` its table, the text helpers, the heartbeat file and the lock), never the service, the engine, the schedulers or the job file parser."""
     probe = (
         "import sys\n"
         "from chainrun.cli import main\n"
