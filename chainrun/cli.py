@@ -433,19 +433,18 @@ def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
             for chain in going:
                 click.echo(f"chain {chain.id}: cancel requested; the running service carries it out")
             return
-        left = []
+        undone = False
         for chain in (store.chain(c.id) for c in going):
-            if not chain.state.final:
-                why = summary.unreachable.get(chain.cluster_key) or next(
-                    (e for e in summary.errors if e.startswith(f"{chain.id}: ")), "its tick failed"
-                )
-                left.append(f"chain {chain.id}: cancel requested, not carried out yet: {why}")
+            if chain.state.final:
+                kept = f"trained {format_duration(chain.used)}, {chain.progress.describe()}"
+                click.echo(f"chain {chain.id} {chain.state.value}" + (f" ({kept})" if chain.used else ""))
                 continue
-            trained = f"trained {format_duration(chain.used)}, {chain.progress.describe()}"
-            click.echo(f"chain {chain.id} {chain.state.value} ({trained})")
-        for line in left:
-            click.echo(f"chainrun: {line}; a service carries it out when it can", err=True)
-        if left:
+            why = summary.unreachable.get(chain.cluster_key) or next(
+                (e for e in summary.errors if e.startswith(f"{chain.id}: ")), "its tick failed"
+            )
+            click.echo(f"chainrun: chain {chain.id}: cancel requested, not carried out: {why}", err=True)
+            undone = True
+        if undone:  # the cancel stays requested: the next tick of any service carries it out
             sys.exit(1)
 
 
