@@ -247,7 +247,8 @@ class Follower:
                 continue
             if start is not None and (seg.n, "start") not in self._told:
                 self._told.add((seg.n, "start"))
-                told.append((start.at or time.time(), f"segment {seg.n} started as job {seg.job_id}"))
+                # The words of the service's own line on it, which then is not repeated.
+                told.append((start.at or time.time(), f"segment {seg.n} is running"))
             if end is not None and (seg.n, "end") not in self._told:
                 self._told.add((seg.n, "end"))
                 told.append((end.at or time.time(), f"segment {seg.n} stopped: {end.describe()}"))

@@ -200,7 +200,7 @@ def test_run_following_a_service_tells_segment_starts_and_ends_from_the_markers(
         daemon.send_signal(signal.SIGSTOP)  # it ticks no more: what follows comes from the markers
         (work / "go").touch()
         out.wait_for("segment 1 stopped: the command exited 0 on its own", 60)
-        out.wait_for("segment 2 started as job", 60)
+        out.wait_for("segment 2 is running", 60)
         out.wait_for("segment 2 stopped: ", 60)
         assert state(chainrun, chain_id)["segments"][0]["phase"] != "ended"  # the store has not seen it
         daemon.send_signal(signal.SIGCONT)
