@@ -95,7 +95,7 @@ def trained(chain: Shown, now: float) -> float:
     return total
 
 
-def seen(home: Path) -> Optional[float]:
+def last_tick(home: Path) -> Optional[float]:
     """Until when the stored state is known when no service runs for ``home``: the last tick
     of the one that stopped. None while one runs (the state is current), and when no
     service ever ticked here."""
@@ -204,9 +204,8 @@ def state_cell(chain: Shown, now: float, seen: Optional[float] = None) -> str:
     if chain.state is not ChainState.ACTIVE:
         return str(chain.state.value)
     seg = _running(chain) or _upcoming(chain)
-    if seen is not None:  # its word alone: a reason or a retry time may have changed since
-        doing = "waiting" if seg is None else _DOING.get(seg.phase, "submitting")
-        return f"{doing} as of {short(now - seen)} ago"
+    if seen is not None and seg is not None:  # its word alone: its reason may have changed since
+        return f"{_DOING.get(seg.phase, 'submitting')} as of {short(now - seen)} ago"
     seg = _running(chain)
     if seg is not None:
         return "running" + (f" {short(now - seg.started_at)}" if seg.started_at is not None else "")
@@ -382,7 +381,7 @@ def table(
     what is wrong with each damaged chain. ``tails``: a failed chain's last output
     lines and the command that shows the rest. ``verbose`` and ``tails`` need the
     chains read in full; the table alone, their glances. ``seen``: the last tick, when
-    no service runs (``seen()``)."""
+    no service runs (``last_tick``)."""
     glances = [_glance(c) for c in chains]
     rows = [HEADER, *(row(g, now, seen) for g in glances), *(damaged_row(d) for d in damaged)]
     lines = _columns(rows, width)
@@ -442,7 +441,7 @@ def frame(
     )
     if not chains and not damaged:
         return f"no chains; submit one with `chainrun submit JOBFILE`\n{service}"
-    text = table(chains, now, damaged, width=width, verbose=verbose, tails=tails, seen=seen(home))
+    text = table(chains, now, damaged, width=width, verbose=verbose, tails=tails, seen=last_tick(home))
     return f"{text}\n{service}"
 
 
