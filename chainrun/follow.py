@@ -15,10 +15,11 @@ cluster cannot be polled (an SSH drop, a scheduler that does not answer) the
 chain waits, charged nothing: a line says so once (``connection lost, retrying
 in N s``), the area counts down to the next try, and a line says when the
 connection is back. (Only when this process is the service: a service running
-elsewhere does its own retrying.) While a service elsewhere drives the chain, its
-segments' starts and ends are told from the run directory's markers as they are
-written, looked at every second or so (``MARKER_STEP``), not at that service's next
-tick; the service's own line on how a segment ended follows when it has judged it.
+elsewhere does its own retrying.) The run directory's markers are looked at every
+second or so (``MARKER_STEP``), so that a segment's start and end are told then, not
+at the next tick: while a service elsewhere drives the chain, from the markers (its
+own line on how a segment ended follows when it has judged it); while this process
+is the service, a marker it has not seen brings its next tick forward.
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ OUTPUT_WIDTH = 160  # characters of the output line in plain mode
 REFRESH_PER_SECOND = 2
 PROMPT_STEP = 0.2  # seconds between looks for a Ctrl-C while the question waits
 BAR_WIDTH = 30
-MARKER_STEP = 1.0  # seconds between looks at the markers while a service elsewhere drives the chain
+MARKER_STEP = 1.0  # seconds between looks at the markers
+# Seconds after which a marker the store has still not recorded is news again: a tick
+# brought forward may have come before the scheduler's listing showed the job's end.
+NEWS_AGAIN = 5.0
 
 
 # -- what is shown: pure functions of a chain, its output and now -------------------
@@ -207,6 +211,7 @@ class Follower:
         self._output = ""
         self.markers = MarkerReader()
         self._told: set[tuple[int, str]] = set()  # (segment, "start" or "end") told from its marker
+        self._news: dict[tuple[int, str], float] = {}  # the same, reported by ``news``, and when
 
     def poll(self, markers: bool = False) -> tuple[list[str], Chain, str]:
         """The event lines not returned before, the chain, and the last line of its output;
@@ -225,13 +230,25 @@ class Follower:
                 host = seg.host or chain.spec.scheduler.first_host or None
                 self._read_output(host, SegmentJob(chain.id, seg.n, chain.spec, 0).log_path)
             lines = [f"{_clock(ev.at)}  {ev.message}" for ev in events]
-            if markers:
-                lines += [f"{_clock(at)}  {text}" for at, text in self._from_markers(chain)]
+            for key, at, text in self._ahead(chain) if markers else []:
+                if key not in self._told:
+                    self._told.add(key)
+                    lines.append(f"{_clock(at)}  {text}")
             return lines, chain, self._output
 
-    def _from_markers(self, chain: Chain) -> list[tuple[float, str]]:
+    def news(self) -> bool:
+        """Whether the markers show a start or an end the store has not recorded yet, not
+        reported in the last ``NEWS_AGAIN`` seconds."""
+        with self._lock:
+            now = time.monotonic()
+            ahead = [key for key, _, _ in self._ahead(self.store.chain(self.chain_id))]
+            new = [key for key in ahead if now - self._news.get(key, -math.inf) >= NEWS_AGAIN]
+            self._news.update(dict.fromkeys(new, now))
+            return bool(new)
+
+    def _ahead(self, chain: Chain) -> list[tuple[tuple[int, str], float, str]]:
         """Each start and end of a segment the store has not recorded yet, as the wrapper's
-        markers tell it (once each), with its time."""
+        markers tell it: (segment, "start" or "end"), its time, and the line that tells it."""
         told = []
         for seg in chain.segments:
             if not seg.phase.live:
@@ -245,13 +262,13 @@ class Follower:
                 end = self.markers.end(transport, chain, seg.n)
             except TransportError:
                 continue
-            if start is not None and (seg.n, "start") not in self._told:
-                self._told.add((seg.n, "start"))
+            if start is not None:
                 # The words of the service's own line on it, which then is not repeated.
-                told.append((start.at or time.time(), f"segment {seg.n} is running"))
-            if end is not None and (seg.n, "end") not in self._told:
-                self._told.add((seg.n, "end"))
-                told.append((end.at or time.time(), f"segment {seg.n} stopped: {end.describe()}"))
+                told.append(((seg.n, "start"), start.at or time.time(), f"segment {seg.n} is running"))
+            if end is not None:
+                told.append(
+                    ((seg.n, "end"), end.at or time.time(), f"segment {seg.n} stopped: {end.describe()}")
+                )
         return told
 
     def ended(self) -> bool:
@@ -484,9 +501,27 @@ def supervise(home: Path, store: Store, chain: Chain, interval: float) -> int:
                     if interrupted():
                         break
         else:
-            Service(
+            service = Service(
                 home, interval=interval, on_tick=refresh, stop_when=follower.ended, on_interrupt=interrupted
-            ).run()
+            )
+            stop = threading.Event()
+
+            def watch() -> None:
+                """A start or an end the markers show first brings the next tick forward."""
+                while not stop.wait(MARKER_STEP):
+                    try:
+                        if follower.news():
+                            service.tick_now()
+                    except ChainrunError:  # the database busy, say: the next look, or the tick, sees it
+                        pass
+
+            watcher = threading.Thread(target=watch, name="markers", daemon=True)
+            watcher.start()
+            try:
+                service.run()
+            finally:
+                stop.set()
+                watcher.join()
             refresh()
     finally:
         view.close()

@@ -212,3 +212,40 @@ def test_run_following_a_service_tells_segment_starts_and_ends_from_the_markers(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_run_as_the_service_ticks_when_a_marker_shows_a_start_or_an_end(
+    tmp_path: Path, home: Path, chainrun: CLI
+) -> None:
+    """`chainrun run` as the service itself, ticking once an hour: a segment's start and end,
+    written to the markers, bring the tick forward, so the chain is seen running, ending and
+    completed long before the next tick was due."""
+    work = tmp_path / "work"
+    work.mkdir()
+    job = work / "job.toml"
+    job.write_text(
+        "name = \"mi\"\ncommand = 'while [ ! -e go ]; do sleep 0.1; done; echo finished'\n"
+        'total_time = "5m"\nwalltime = "1m"\ngrace = "5s"\nmax_failures = 3\n'
+    )
+    read, write = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chainrun", "run", str(job), "--interval", "3600"],
+        stdin=subprocess.DEVNULL,
+        stdout=write,
+        stderr=write,
+        cwd=work,
+        env=cli_env(home),
+    )
+    os.close(write)
+    out = Reader(read)
+    try:
+        out.wait_for("segment 1 is running", 120)  # the first tick submitted it; no other was due
+        (work / "go").touch()
+        assert proc.wait(120) == 0, out.text
+        out.close()
+        assert re.search(r"segment 1 ended: completed \(exit 0\)", out.text), out.text
+        assert f"chain {chain_id_in(out.text)} completed: " in out.text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
