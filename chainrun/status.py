@@ -14,7 +14,7 @@ get a line: failed, stuck, damaged, a submission being retried, or a job the
 scheduler holds. ``verbose`` adds every chain's reason and details. Times
 are relative ("5m ago", "in 40s"), never epoch seconds. With no service
 running, the store is only as new as the last tick of the one that stopped
-(``seen``): an active chain is shown as it was then (``running as of 32s
+(``last_tick``): an active chain is shown as it was then (``running as of 32s
 ago``), its times up to then, never as if it had gone on. Everything here is
 computed from ``Chain`` values and ``now``: no I/O but the service's
 heartbeat file and lock.
@@ -205,7 +205,7 @@ def state_cell(chain: Shown, now: float, seen: Optional[float] = None) -> str:
         return str(chain.state.value)
     seg = _running(chain) or _upcoming(chain)
     if seen is not None and seg is not None:  # its word alone: its reason may have changed since
-        return f"{_DOING.get(seg.phase, 'submitting')} as of {short(now - seen)} ago"
+        return f"{_DOING.get(seg.phase, 'submitting')} as of {when(seen, now)}"
     seg = _running(chain)
     if seg is not None:
         return "running" + (f" {short(now - seg.started_at)}" if seg.started_at is not None else "")
