@@ -7,7 +7,6 @@ input); a traceback only ever means a bug.
 
 from __future__ import annotations
 
-import errno
 import glob
 import json
 import math
@@ -15,15 +14,15 @@ import os
 import shutil
 import sys
 import time
-import traceback
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, Optional, cast
+from typing import TYPE_CHECKING, Optional, cast
 
 import click
 
+from chainrun.cligroup import LOG_LEVELS, Group
 from chainrun.constants import CONFIRM_ABOVE, DEFAULT_INTERVAL, VERSION
 from chainrun.errors import ChainrunError, StoreUnavailable, UsageError
 
@@ -57,144 +56,7 @@ def _watch(ctx: click.Context, param: click.Parameter, value: Optional[float]) -
     return value
 
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
-MESSAGE_LIMIT = 500  # characters of a usage or internal error's message: one readable line
-EXIT_INTERNAL = 1  # an unexpected exception: a bug in chainrun, or a failure it does not know yet
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command killed by Ctrl-C
-# click >= 8.2 raises it for a group called without a command (older ones show the help themselves).
-_NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
-
-
-def _one_line(text: str) -> str:
-    """A message as one readable line (``text`` is imported only when there is one to show)."""
-    from chainrun.text import one_line
-
-    return one_line(text, MESSAGE_LIMIT)
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    from chainrun.text import printable
-
-    click.echo(f"chainrun: {printable(message)}", err=True)
-    sys.exit(code)
-
-
-def _interrupted() -> NoReturn:
-    # On a terminal the ^C echo has no newline: start ours on a line of its own.
-    lead = "\n" if sys.stderr.isatty() else ""
-    click.echo(f"{lead}chainrun: interrupted", err=True)
-    sys.exit(EXIT_INTERRUPTED)
-
-
-def _internal(exc: BaseException, debug: bool) -> NoReturn:
-    """An exception nothing expected: its traceback with ``--debug``, else one line."""
-    if debug:
-        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-        sys.stderr.flush()
-        sys.exit(EXIT_INTERNAL)
-    kind = type(exc)
-    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    message = _one_line(str(exc)) or "(no message)"
-    _fail(f"internal error: {name}: {message} (run with --debug for the traceback)", EXIT_INTERNAL)
-
-
-def _usage_message(exc: click.UsageError) -> str:
-    """click's usage error as chainrun's one line: its message and where the help is."""
-    message = _one_line(exc.format_message()).rstrip(".")
-    if len(message) > 1 and message[0].isupper() and message[1].islower():
-        message = message[0].lower() + message[1:]  # "No such option" -> "no such option"
-    command = exc.ctx.command_path if exc.ctx is not None else "chainrun"
-    return f"{message} (see `{command} --help`)"
-
-
-class _Group(click.Group):
-    """Every failure is one line on stderr, never a traceback (unless ``--debug``).
-
-    Exit codes:
-
-    - 0: done; ``--help`` included.
-    - a ``ChainrunError``: its message and its ``exit_code``: 2 for bad input (a
-      job file, a chain or segment that is not there, a state directory that cannot
-      be used), 1 otherwise (a checkpoint already complete, a cluster or database
-      that cannot be reached now).
-    - 2: a usage error click finds (unknown option or command, missing argument, a
-      value of the wrong type, out of range or not among the choices), as
-      ``chainrun: <message> (see `chainrun COMMAND --help`)``.
-    - 1: any other exception, which is a bug: ``chainrun: internal error: <type>:
-      <message> (run with --debug for the traceback)``. Exit 1 and not sysexits'
-      70, because scripts and the systemd unit treat every non-zero, non-2 exit as
-      "it failed" and 1 is what Python's own traceback exit was.
-    - 130: Ctrl-C (``KeyboardInterrupt``): ``chainrun: interrupted``.
-
-    ``chainrun --debug COMMAND`` prints the full traceback of an unexpected
-    exception instead of its line. Commands may still ``sys.exit`` with their
-    own codes (``run`` exits 1 when the chain did not complete).
-    """
-
-    def main(
-        self,
-        args: Optional[Sequence[str]] = None,
-        prog_name: Optional[str] = None,
-        complete_var: Optional[str] = None,
-        standalone_mode: bool = True,
-        windows_expand_args: bool = True,
-        **extra: Any,
-    ) -> Any:
-        if not standalone_mode:  # the caller handles click's exceptions itself
-            return super().main(
-                args,
-                prog_name,
-                complete_var,
-                standalone_mode=False,
-                windows_expand_args=windows_expand_args,
-                **extra,
-            )
-        argv = list(sys.argv[1:] if args is None else args)
-        try:
-            rv = super().main(
-                argv,
-                prog_name,
-                complete_var,
-                standalone_mode=False,
-                windows_expand_args=windows_expand_args,
-                **extra,
-            )
-        except _NO_ARGS_IS_HELP as exc:  # `chainrun` or `chainrun service` alone: the help, exit 2
-            exc.show()
-            sys.exit(exc.exit_code)
-        except click.UsageError as exc:
-            _fail(_usage_message(exc), exc.exit_code)
-        except click.ClickException as exc:
-            _fail(_one_line(exc.format_message()), exc.exit_code)
-        except (click.Abort, KeyboardInterrupt):
-            _interrupted()
-        except ChainrunError as exc:
-            _fail(str(exc), exc.exit_code)
-        except Exception as exc:
-            # Outside invoke() (parsing the group's own options, closing the
-            # context) --debug has not been parsed, or not by click: look for it.
-            _internal(exc, "--debug" in argv)
-        # Without standalone mode, an Exit (as from --help) comes back as its code.
-        sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except ChainrunError as exc:
-            _fail(str(exc), exc.exit_code)
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
-            raise  # main() shows these
-        except OSError as exc:
-            if exc.errno == errno.EPIPE:
-                raise  # `chainrun history X | head`: click quiets the closed pipe
-            _internal(exc, bool(ctx.params.get("debug")))
-        except KeyboardInterrupt:
-            _interrupted()
-        except Exception as exc:
-            _internal(exc, bool(ctx.params.get("debug")))
-
-
-@click.group(cls=_Group)
+@click.group(cls=Group)
 @click.version_option(VERSION, prog_name="chainrun", message="%(prog)s %(version)s")
 @click.option(
     "--home",
@@ -224,9 +86,10 @@ def main(ctx: click.Context, home: Optional[str], log_level: str, debug: bool) -
 
     if home == "":  # click would make it ".": state in whatever directory this runs in
         raise UsageError("--home: an empty path; give the state directory, or leave --home out")
-    # `run` prints the chain's events itself; its service logs only trouble.
+    # `run` prints the chain's events itself; its service logs only trouble. `cancel` says in
+    # its own lines what its tick did; the tick's records go to the service's log file.
     quiet = ctx.invoked_subcommand == "run" and log_level == "info"
-    logs.setup("warning" if quiet else log_level)
+    logs.setup("warning" if quiet else log_level, console=ctx.invoked_subcommand != "cancel")
     ctx.obj = Path(home) if home else default_home()
 
 
@@ -409,11 +272,16 @@ def daemon(ctx: click.Context, interval: Optional[float]) -> None:
 def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
     """Cancel CHAIN (or every chain of the sweep CHAIN): its queued and running jobs are cancelled.
 
+    One line per chain. A segment that was running keeps the time it ran and
+    the progress it made. Without a service, the cancel is carried out here
+    (its log records go to the service's log file, service.log).
+
     Exits 0 (also when it had already ended); 2 for an unknown CHAIN; 1 when
     CHAIN is damaged, the cluster cannot be reached, or a sweep's cancel was
     not confirmed.
     """
-    from chainrun import control
+    from chainrun import control, logs
+    from chainrun.fields import format_duration
 
     with _store(ctx) as store:
         members = store.sweep(chain_ref)
@@ -428,12 +296,26 @@ def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
             question = f"cancel the {len(going)} unfinished chains of sweep {chain_ref}?"
             if not sys.stdin.isatty() or not click.confirm(question, default=False, err=True):
                 raise ChainrunError(f"not cancelled; to cancel sweep {chain_ref} without asking, add --yes")
-        if not control.cancel(ctx.obj, store, going):
+        with suppress(OSError):  # a home it cannot write: the records go nowhere
+            logs.open_file(ctx.obj)
+        summary = control.cancel(ctx.obj, store, going)
+        if summary is None:
             for chain in going:
                 click.echo(f"chain {chain.id}: cancel requested; the running service carries it out")
             return
-        for chain in going:
-            click.echo(f"chain {chain.id} {store.chain(chain.id).state.value}")
+        undone = False
+        for chain in (store.chain(c.id) for c in going):
+            if chain.state.final:
+                kept = f"trained {format_duration(chain.used)}, {chain.progress.describe()}"
+                click.echo(f"chain {chain.id} {chain.state.value}" + (f" ({kept})" if chain.used else ""))
+                continue
+            why = summary.unreachable.get(chain.cluster_key) or next(
+                (e for e in summary.errors if e.startswith(f"{chain.id}: ")), "its tick failed"
+            )
+            click.echo(f"chainrun: chain {chain.id}: cancel requested, not carried out: {why}", err=True)
+            undone = True
+        if undone:  # the cancel stays requested: the next tick of any service carries it out
+            sys.exit(1)
 
 
 @main.command()
@@ -546,14 +428,21 @@ def status(
 @click.argument("chain_ref", metavar="CHAIN")
 @click.pass_context
 def history(ctx: click.Context, chain_ref: str) -> None:
-    """Show CHAIN's events: every decision with its reason.
+    """Show CHAIN's events: every decision with its reason; then each segment's queue wait,
+    running time and the chain's training time after it.
 
     Exits 0; 2 for an unknown CHAIN.
     """
+    from chainrun import history as shown
+
     with _store(ctx, readonly=True) as store:
-        # By id alone: the events of a damaged chain can still be read.
-        for ev in store.events(store.resolve(chain_ref)):
-            click.echo(f"{_clock(ev.at, date=True)}  {ev.message}")
+        # By id alone: the events of a damaged chain can still be read (its segments cannot).
+        chain_id = store.resolve(chain_ref)
+        lines = shown.event_lines(store.events(chain_id))
+        with suppress(ChainrunError):
+            lines += ["", *shown.segment_lines(store.chain(chain_id))]
+    for line in lines:
+        click.echo(line)
 
 
 @main.command()
@@ -638,11 +527,6 @@ def tensorboard(
     with _store(ctx, readonly=True) as store:
         chain = store.find(chain_ref)
     sys.exit(board.serve(chain, port, logdir, program, click.echo))
-
-
-def _clock(at: float, date: bool = False) -> str:
-    fmt = "%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S"
-    return datetime.fromtimestamp(at).strftime(fmt)
 
 
 @main.group()

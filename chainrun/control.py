@@ -20,9 +20,9 @@ from typing import NamedTuple, Optional
 
 from chainrun import progress, snapshot, sweep
 from chainrun.decide.claims import Claim, Holder, claim, holder
-from chainrun.engine import Engine
+from chainrun.engine import Engine, TickSummary
 from chainrun.errors import ChainrunError, TransportError, UsageError
-from chainrun.lock import InstanceLock
+from chainrun.lock import lock_for
 from chainrun.model import NO_PROGRESS, Chain, JobSpec, Progress
 from chainrun.notify import Hooks, Notifier
 from chainrun.plan import preflight
@@ -30,21 +30,9 @@ from chainrun.service import NOTIFY_WAIT
 from chainrun.store import Store
 from chainrun.transport import Transport, transport_for
 
-# One lock object per state directory for the life of the process: its descriptor
-# is never closed (see lock._lock_fds), so a program that cancels often opens it once.
-_locks: dict[Path, InstanceLock] = {}
-
 
 def _note(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def lock_for(home: Path) -> InstanceLock:
-    """This process's ``InstanceLock`` of ``home``."""
-    key = Path(home).absolute()
-    if key not in _locks:
-        _locks[key] = InstanceLock(key)
-    return _locks[key]
 
 
 class Submitted(NamedTuple):
@@ -211,25 +199,26 @@ def _move_aside(transport: Transport, spec: JobSpec) -> None:
     _note(f"moved the old checkpoint directory aside: {ckpt} -> {target}")
 
 
-def cancel(home: Path, store: Store, chains: Sequence[Chain]) -> bool:
+def cancel(home: Path, store: Store, chains: Sequence[Chain]) -> Optional[TickSummary]:
     """Ask for ``chains`` (none of them ended) to be cancelled. When a service runs for
-    ``home``, it carries that out at its next tick: False. Else it is done here, by one
+    ``home``, it carries that out at its next tick: None. Else it is done here, by one
     tick of these chains alone (the others wait for a service, as they would without
-    the cancel), which also delivers their end notifications: True."""
+    the cancel), which also delivers their end notifications: that tick's summary (a
+    chain whose cluster it could not reach is still active, its cancel requested)."""
     now = time.time()
     for chain in chains:
         store.request_cancel(chain.id, now)
     lock = lock_for(home)
     if lock.held_elsewhere():
-        return False
+        return None
     lock.acquire()
     try:
         notifier = Notifier(home, _hooks())
-        Engine(store, on_end=notifier).tick(only={c.id for c in chains})
+        summary = Engine(store, on_end=notifier).tick(only={c.id for c in chains})
         notifier.close(NOTIFY_WAIT)
     finally:
         lock.release()
-    return True
+    return summary
 
 
 def _hooks() -> Hooks:

@@ -15,7 +15,11 @@ cluster cannot be polled (an SSH drop, a scheduler that does not answer) the
 chain waits, charged nothing: a line says so once (``connection lost, retrying
 in N s``), the area counts down to the next try, and a line says when the
 connection is back. (Only when this process is the service: a service running
-elsewhere does its own retrying.)
+elsewhere does its own retrying.) The run directory's markers are looked at every
+second or so (``MARKER_STEP``), so that a segment's start and end are told then, not
+at the next tick: while a service elsewhere drives the chain, from the markers (its
+own line on how a segment ended follows when it has judged it); while this process
+is the service, a marker it has not seen brings its next tick forward.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import click
 from chainrun.engine import TickSummary
 from chainrun.errors import ChainrunError, TransportError
 from chainrun.lock import InstanceLock
+from chainrun.markers import MarkerReader
 from chainrun.model import Chain, ChainState, Phase, Segment
 from chainrun.schedulers.segment import SegmentJob
 from chainrun.service import Service
@@ -55,6 +60,10 @@ OUTPUT_WIDTH = 160  # characters of the output line in plain mode
 REFRESH_PER_SECOND = 2
 PROMPT_STEP = 0.2  # seconds between looks for a Ctrl-C while the question waits
 BAR_WIDTH = 30
+MARKER_STEP = 1.0  # seconds between looks at the markers
+# Seconds after which a marker the store has still not recorded is news again: a tick
+# brought forward may have come before the scheduler's listing showed the job's end.
+NEWS_AGAIN = 5.0
 
 
 # -- what is shown: pure functions of a chain, its output and now -------------------
@@ -200,13 +209,19 @@ class Follower:
         self._seen = 0  # the last event id printed
         self._log: tuple[Optional[str], str, int, float] = (None, "", -1, 0.0)  # host, path, size, mtime read
         self._output = ""
+        self.markers = MarkerReader()
+        self._told: set[tuple[int, str]] = set()  # (segment, "start" or "end") told from its marker
+        self._news: dict[tuple[int, str], float] = {}  # the same, reported by ``news``, and when
 
-    def poll(self) -> tuple[list[str], Chain, str]:
-        """The event lines not returned before, the chain, and the last line of its output."""
+    def poll(self, markers: bool = False) -> tuple[list[str], Chain, str]:
+        """The event lines not returned before, the chain, and the last line of its output;
+        with ``markers``, also the starts and ends the markers show before the store does."""
         with self._lock:
             events = self.store.events(self.chain_id, self._seen)
             if events:
                 self._seen = events[-1].id
+            # A start told from its marker already: the service's own word on it would repeat it.
+            events = [e for e in events if not (e.kind == "running" and (e.segment, "start") in self._told)]
             chain = self.store.chain(self.chain_id)
             seg = current(chain)
             if seg is not None and seg.phase in (Phase.RUNNING, Phase.ENDED):
@@ -214,7 +229,47 @@ class Follower:
                 # not be the one it had (or lacked) when watching began.
                 host = seg.host or chain.spec.scheduler.first_host or None
                 self._read_output(host, SegmentJob(chain.id, seg.n, chain.spec, 0).log_path)
-            return [f"{_clock(ev.at)}  {ev.message}" for ev in events], chain, self._output
+            lines = [f"{_clock(ev.at)}  {ev.message}" for ev in events]
+            for key, at, text in self._ahead(chain) if markers else []:
+                if key not in self._told:
+                    self._told.add(key)
+                    lines.append(f"{_clock(at)}  {text}")
+            return lines, chain, self._output
+
+    def news(self) -> bool:
+        """Whether the markers show a start or an end the store has not recorded yet, not
+        reported in the last ``NEWS_AGAIN`` seconds."""
+        with self._lock:
+            now = time.monotonic()
+            ahead = [key for key, _, _ in self._ahead(self.store.chain(self.chain_id))]
+            new = [key for key in ahead if now - self._news.get(key, -math.inf) >= NEWS_AGAIN]
+            self._news.update(dict.fromkeys(new, now))
+            return bool(new)
+
+    def _ahead(self, chain: Chain) -> list[tuple[tuple[int, str], float, str]]:
+        """Each start and end of a segment the store has not recorded yet, as the wrapper's
+        markers tell it: (segment, "start" or "end"), its time, and the line that tells it."""
+        told = []
+        for seg in chain.segments:
+            if not seg.phase.live:
+                self.markers.forget(chain.id, seg.n)
+                continue
+            if seg.job_id is None:
+                continue
+            try:
+                transport = self.transports(seg.host or chain.spec.scheduler.first_host or None)
+                start = None if seg.phase is Phase.RUNNING else self.markers.start(transport, chain, seg.n)
+                end = self.markers.end(transport, chain, seg.n)
+            except TransportError:
+                continue
+            if start is not None:
+                # The words of the service's own line on it, which then is not repeated.
+                told.append(((seg.n, "start"), start.at or time.time(), f"segment {seg.n} is running"))
+            if end is not None:
+                told.append(
+                    ((seg.n, "end"), end.at or time.time(), f"segment {seg.n} stopped: {end.describe()}")
+                )
+        return told
 
     def ended(self) -> bool:
         with self._lock:
@@ -411,8 +466,8 @@ def supervise(home: Path, store: Store, chain: Chain, interval: float) -> int:
     view = View(tty=sys.stdout.isatty() and os.environ.get("TERM") not in ("dumb", "unknown"))
     elsewhere = InstanceLock(home).held_elsewhere()
 
-    def refresh(summary: Optional[TickSummary] = None) -> None:
-        lines, now_chain, output = follower.poll()
+    def refresh(summary: Optional[TickSummary] = None, markers: bool = False) -> None:
+        lines, now_chain, output = follower.poll(markers)
         for line in lines:
             view.event(line)
         now = time.time()
@@ -438,17 +493,35 @@ def supervise(home: Path, store: Store, chain: Chain, interval: float) -> int:
             view.event("a chainrun service is running; following the chain")
             while True:
                 try:
-                    refresh()
+                    refresh(markers=True)  # the service elsewhere tells of a segment only as it ticks
                     if follower.ended():
                         break
-                    time.sleep(interval)
+                    time.sleep(min(interval, MARKER_STEP))
                 except KeyboardInterrupt:
                     if interrupted():
                         break
         else:
-            Service(
+            service = Service(
                 home, interval=interval, on_tick=refresh, stop_when=follower.ended, on_interrupt=interrupted
-            ).run()
+            )
+            stop = threading.Event()
+
+            def watch() -> None:
+                """A start or an end the markers show first brings the next tick forward."""
+                while not stop.wait(MARKER_STEP):
+                    try:
+                        if follower.news():
+                            service.tick_now()
+                    except ChainrunError:  # the database busy, say: the next look, or the tick, sees it
+                        pass
+
+            watcher = threading.Thread(target=watch, name="markers", daemon=True)
+            watcher.start()
+            try:
+                service.run()
+            finally:
+                stop.set()
+                watcher.join()
             refresh()
     finally:
         view.close()

@@ -1,6 +1,7 @@
 """The heartbeat file (``service.status`` in the state directory): the running service's pid,
 the time of its last tick and its one-line status, written after every tick and read by
-``chainrun status`` (which need not import the service for it).
+``chainrun status`` (which need not import the service for it). A service that stops leaves
+the time of its last tick (and no pid): what ``status`` shows is as of then.
 """
 
 from __future__ import annotations
@@ -22,9 +23,14 @@ def write(home: Path, status: str) -> None:
     os.replace(tmp, path)
 
 
-def clear(home: Path) -> None:
-    """The service stopped: no heartbeat."""
-    (Path(home) / STATUS_FILE).unlink(missing_ok=True)
+def stopped(home: Path) -> None:
+    """The service stopped: no pid any more, only its last tick's time and status; OSError if
+    that cannot be written."""
+    last = read(home) or {}
+    path = Path(home) / STATUS_FILE
+    tmp = path.with_name(f".{STATUS_FILE}.tmp")
+    tmp.write_text(json.dumps({"at": last.get("at"), "status": last.get("status"), "stopped": time.time()}))
+    os.replace(tmp, path)
 
 
 def read(home: Path) -> Optional[dict[str, Any]]:

@@ -27,6 +27,10 @@ PID_FILE = "service.pid"
 LOCK_TRIES = 5  # a command checking for a service holds the lock for an instant
 LOCK_RETRY = 0.1
 
+# One lock object per state directory for the life of the process: its descriptor
+# is never closed (see _lock_fds), so a program that looks often (`status --watch`) opens it once.
+_locks: dict[Path, InstanceLock] = {}
+
 # Descriptors of the database opened for its lock. They stay open for the life
 # of the process: closing *any* descriptor of a file drops every POSIX lock
 # the process holds on it, SQLite's own locks on the database included.
@@ -178,3 +182,11 @@ class InstanceLock:
             self.pidfile.write_text(f"{os.getpid()}\n")
         except OSError as exc:  # the lock is what counts; the pid only names the holder
             log.warning("cannot write the pid file", path=str(self.pidfile), error=str(exc))
+
+
+def lock_for(home: Path) -> InstanceLock:
+    """This process's ``InstanceLock`` of ``home``."""
+    key = Path(home).absolute()
+    if key not in _locks:
+        _locks[key] = InstanceLock(key)
+    return _locks[key]

@@ -119,20 +119,23 @@ def _level(name: str) -> int:
     return value
 
 
-_wanted: Optional[tuple[str, Optional[TextIO], Optional[bool]]] = None  # setup() awaiting structlog
+_wanted: Optional[tuple[str, Optional[TextIO], Optional[bool], bool]] = None  # setup() awaiting structlog
 
 
-def setup(level: str = "info", stream: Optional[TextIO] = None, pretty: Optional[bool] = None) -> None:
-    """Configure logging once for this process: ``level`` and up to ``stream`` (stderr).
+def setup(
+    level: str = "info", stream: Optional[TextIO] = None, pretty: Optional[bool] = None, console: bool = True
+) -> None:
+    """Configure logging once for this process: ``level`` and up to ``stream`` (stderr);
+    with ``console`` False, to the log file alone (``open_file``), or nowhere without one.
     Done now if structlog is loaded, else at the first line logged (see ``get_logger``)."""
     global _wanted
     _level(level)  # a bad level is refused now, not at the first log line
-    _wanted = (level, stream, pretty)
+    _wanted = (level, stream, pretty, console)
     if "structlog" in sys.modules:
-        _configure(level, stream, pretty)
+        _configure(level, stream, pretty, console)
 
 
-def _configure(level: str, stream: Optional[TextIO], pretty: Optional[bool]) -> None:
+def _configure(level: str, stream: Optional[TextIO], pretty: Optional[bool], console: bool = True) -> None:
     import structlog
 
     global _wanted
@@ -156,7 +159,8 @@ def _configure(level: str, stream: Optional[TextIO], pretty: Optional[bool]) -> 
         formatter = structlog.stdlib.ProcessorFormatter(
             processors=_json_processors(), foreign_pre_chain=_shared()
         )
-    handler = logging.StreamHandler(out)
+    # Without the console, a handler that drops the records: else logging's last resort prints them.
+    handler: logging.Handler = logging.StreamHandler(out) if console else logging.NullHandler()
     handler.setFormatter(formatter)
     root = logging.getLogger()
     for old in _handlers:

@@ -441,11 +441,15 @@ class Reject:
 
 @dataclass(frozen=True)
 class Cancel:
-    """Cancel segment ``n``'s job (if it has one) and end the segment, free of charge."""
+    """Cancel segment ``n``'s job (if it has one) and end the segment, free of charge. A job
+    that ran keeps the time it ran (``elapsed``) and the progress it made (``progress``:
+    None when it made none)."""
 
     n: int
     job_id: Optional[str]
     reason: str
+    elapsed: float = 0.0
+    progress: Optional[Progress] = None
 
 
 @dataclass(frozen=True)

@@ -175,7 +175,8 @@ class Service:
             if self.store is not None:
                 self.store.close()
             if not isinstance(self.failure, LockLost):  # else the home may be another service's now
-                heartbeat.clear(self.home)
+                with contextlib.suppress(OSError):  # a full disk: the pid left names a dead process
+                    heartbeat.stopped(self.home)
             self.lock.release()
             self.sd.close()
             self._wake_r.close()
@@ -252,13 +253,17 @@ class Service:
         """Whether ``on_interrupt`` keeps the service running after a SIGINT; if so, tick at once."""
         if self.on_interrupt is None or self.stopping.is_set() or self.on_interrupt():
             return False
-        # Bring the next tick forward; a tick running now schedules its own successor.
+        self.tick_now()
+        return True
+
+    def tick_now(self) -> None:
+        """Bring the next tick forward to now (a tick running now schedules its own successor);
+        safe from any thread."""
         with self._clock:
             job = self.scheduler.get_job("tick")
             if job is not None:
                 with contextlib.suppress(_job_lookup_error()):  # it has just started
                     job.modify(next_run_time=datetime.now(timezone.utc))
-        return True
 
     # -- the ticks ----------------------------------------------------------------
 

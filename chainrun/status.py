@@ -12,9 +12,12 @@ always stay, shortened with "…" if need be, and no line is ever longer than
 the width. Below the table, by default, only the chains that need a person
 get a line: failed, stuck, damaged, a submission being retried, or a job the
 scheduler holds. ``verbose`` adds every chain's reason and details. Times
-are relative ("5m ago", "in 40s"), never epoch seconds. Everything here is
-computed from ``Chain`` values and ``now``: no I/O but the service's own
-heartbeat file.
+are relative ("5m ago", "in 40s"), never epoch seconds. With no service
+running, the store is only as new as the last tick of the one that stopped
+(``last_tick``): an active chain is shown as it was then (``running as of 32s
+ago``), its times up to then, never as if it had gone on. Everything here is
+computed from ``Chain`` values and ``now``: no I/O but the service's
+heartbeat file and lock.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from chainrun import heartbeat, systemd
-from chainrun.localrunner import alive
+from chainrun.lock import lock_for
 from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Phase
 from chainrun.store import DamagedChain, Glance, SegmentGlance, ran
+from chainrun.store.database import DB_FILE
 from chainrun.text import clip, escaped
 
 WIDTH = 80  # the table's width when the terminal's is not known (a pipe, a file)
@@ -82,12 +86,30 @@ def when(at: float, now: float) -> str:
 
 
 def trained(chain: Shown, now: float) -> float:
-    """Training time so far: ended segments plus the running one up to now."""
+    """Training time so far: ended segments plus the running one up to now (with no
+    service running: up to the last tick, ``seen``, passed as ``now``)."""
     total = chain.used
     for seg in _glance(chain).live:
         if seg.phase is Phase.RUNNING and seg.started_at is not None:
             total += max(0.0, min(now - seg.started_at, float(seg.walltime)))
     return total
+
+
+def last_tick(home: Path) -> Optional[float]:
+    """Until when the stored state is known when no service runs for ``home``: the last tick
+    of the one that stopped. None while one runs (the state is current), and when no
+    service ever ticked here."""
+    beat = heartbeat.read(home)
+    at = beat.get("at") if beat else None
+    if not isinstance(at, (int, float)) or _service_runs(home):
+        return None
+    return float(at)
+
+
+def _service_runs(home: Path) -> bool:
+    """Whether a service holds ``home``'s lock (looked at only where there is a database:
+    the look would create the state directory)."""
+    return (Path(home) / DB_FILE).exists() and lock_for(home).held_elsewhere()
 
 
 def epoch_rate(chain: Shown, now: float) -> Optional[float]:
@@ -171,12 +193,19 @@ def _not_running(seg: SegmentGlance, now: float) -> str:
     return "queued" + (f" ({seg.reason})" if seg.reason else "")
 
 
-def state_cell(chain: Shown, now: float) -> str:
+_DOING = {Phase.RUNNING: "running", Phase.PENDING: "queued"}
+
+
+def state_cell(chain: Shown, now: float, seen: Optional[float] = None) -> str:
     """What the chain is doing: ``running 10m``, ``queued (Priority)``, ``retry in 40s``;
-    once it ended (or is stuck), its state."""
+    once it ended (or is stuck), its state. With no service running, what it was doing at
+    the last tick ``seen``: ``running as of 32s ago``."""
     chain = _glance(chain)
     if chain.state is not ChainState.ACTIVE:
         return str(chain.state.value)
+    seg = _running(chain) or _upcoming(chain)
+    if seen is not None and seg is not None:  # its word alone: its reason may have changed since
+        return f"{_DOING.get(seg.phase, 'submitting')} as of {when(seen, now)}"
     seg = _running(chain)
     if seg is not None:
         return "running" + (f" {short(now - seg.started_at)}" if seg.started_at is not None else "")
@@ -188,13 +217,14 @@ def state_cell(chain: Shown, now: float) -> str:
     return _not_running(seg, now) if seg is not None else str(chain.state.value)
 
 
-def row(chain: Shown, now: float) -> tuple[str, ...]:
-    """Every column's cell for ``chain``, in ``HEADER`` order, before any is dropped."""
+def row(chain: Shown, now: float, seen: Optional[float] = None) -> tuple[str, ...]:
+    """Every column's cell for ``chain``, in ``HEADER`` order, before any is dropped (as of
+    the last tick ``seen`` when no service runs)."""
     chain = _glance(chain)
-    elapsed = trained(chain, now)
+    elapsed = trained(chain, now if seen is None else min(now, seen))
     return (
         chain.id,
-        state_cell(chain, now),
+        state_cell(chain, now, seen),
         bar(chain.epoch, chain.target_epoch),
         _eta_cell(chain, elapsed),
         failures_cell(chain),
@@ -236,15 +266,19 @@ def attention(chain: Shown, now: float) -> str:
     return ""
 
 
-def details(chain: Chain, now: float) -> list[str]:
-    """``verbose``: everything a person may ask about the chain, a fact a line."""
+def details(chain: Chain, now: float, seen: Optional[float] = None) -> list[str]:
+    """``verbose``: everything a person may ask about the chain, a fact a line (its state as
+    of the last tick ``seen`` when no service runs)."""
     lines = []
     if chain.reason:
         lines.append(f"reason: {chain.reason}")
     glance = Glance.of(chain)
+    upto = now if seen is None or chain.state.final else min(now, seen)
+    if upto != now:
+        lines.append(f"as of the last tick, {when(upto, now)}: no service has run since")
     seg = _running(glance)
     if seg is not None:
-        since = f" for {short(now - seg.started_at)}" if seg.started_at is not None else ""
+        since = f" for {short(upto - seg.started_at)}" if seg.started_at is not None else ""
         on = f" on {seg.host}" if seg.host else ""
         lines.append(f"segment {seg.n}: job {seg.job_id or '?'}{on} running{since}")
     nxt = None if chain.state.final else _upcoming(glance)
@@ -261,7 +295,7 @@ def details(chain: Chain, now: float) -> list[str]:
     else:
         lines.append("progress: no checkpoint yet")
     lines.append(
-        f"budget: trained {short(trained(glance, now))} of {short(chain.spec.total_time)}; "
+        f"budget: trained {short(trained(glance, upto))} of {short(chain.spec.total_time)}; "
         f"{glance.ran} of at most {chain.max_segments} segments run; "
         f"failures {failures_cell(glance)}"
     )
@@ -340,14 +374,16 @@ def table(
     width: int = WIDTH,
     verbose: bool = False,
     tails: bool = False,
+    seen: Optional[float] = None,
 ) -> str:
     """The chains as a table of one line each, at most ``width`` columns, then the lines
     about them: those needing attention (every chain's details when ``verbose``), and
     what is wrong with each damaged chain. ``tails``: a failed chain's last output
     lines and the command that shows the rest. ``verbose`` and ``tails`` need the
-    chains read in full; the table alone, their glances."""
+    chains read in full; the table alone, their glances. ``seen``: the last tick, when
+    no service runs (``last_tick``)."""
     glances = [_glance(c) for c in chains]
-    rows = [HEADER, *(row(g, now) for g in glances), *(damaged_row(d) for d in damaged)]
+    rows = [HEADER, *(row(g, now, seen) for g in glances), *(damaged_row(d) for d in damaged)]
     lines = _columns(rows, width)
     for c, g in zip(chains, glances):
         full = c if isinstance(c, Chain) else None
@@ -355,7 +391,7 @@ def table(
             raise TypeError(f"verbose or tails: chain {c.id} must be read in full (Store.shown)")
         if verbose and full is not None:
             lines.append(f"{_clip_id(c.id, width - 1)}:")
-            for fact in details(full, now):
+            for fact in details(full, now, seen):
                 lines += _wrap(fact, width, "  ")
         else:
             why = attention(g, now)
@@ -408,7 +444,7 @@ def frame(
     )
     if not chains and not damaged:
         return f"no chains; submit one with `chainrun submit JOBFILE`\n{service}"
-    text = table(chains, now, damaged, width=width, verbose=verbose, tails=tails)
+    text = table(chains, now, damaged, width=width, verbose=verbose, tails=tails, seen=last_tick(home))
     return f"{text}\n{service}"
 
 
@@ -434,15 +470,20 @@ def sweep_line(name: str, chains: Sequence[Chain], width: int = WIDTH) -> str:
 
 
 def service_line(home: Path, now: float) -> str:
-    """Whether a service is ticking these chains, from its status file (when not: a
-    second line on how to start one)."""
-    st = heartbeat.read(home)
-    pid = st.get("pid") if st else None
-    if isinstance(pid, int) and alive(pid):
-        at = st.get("at") if st else None
-        ago = f"; last tick {when(at, now)}" if isinstance(at, (int, float)) else ""
-        return f"service: running (pid {pid}){ago}: {st.get('status', '?') if st else '?'}"
-    return f"service: not running; chains advance only while one runs:\n  {systemd.start_advice(home)}"
+    """Whether a service is ticking these chains (it holds the lock), with its status file's
+    news; when not, since when the state shown is known, and a second line on how to
+    start one."""
+    st = heartbeat.read(home) or {}
+    at = st.get("at")
+    last = f"last tick {when(at, now)}" if isinstance(at, (int, float)) else ""
+    if _service_runs(home):
+        pid = st.get("pid") if isinstance(st.get("pid"), int) else lock_for(home).holder()
+        return f"service: running (pid {pid or '?'}){'; ' if last else ''}{last}: {st.get('status') or '?'}"
+    return (
+        f"service: not running{f' ({last})' if last else ''};"
+        " chains advance only while one runs:\n"
+        f"  {systemd.start_advice(home)}"
+    )
 
 
 def to_json(c: Chain, now: float) -> dict[str, Any]:

@@ -845,17 +845,18 @@ STORE_MODULES = ("checked", "database", "migrations", "rows", "views", "writes")
 @pytest.mark.parametrize(
     ("args", "allowed"),
     [
-        (["--help"], {"chainrun.cli", "chainrun.constants", "chainrun.errors"}),
+        (["--help"], {"chainrun.cli", "chainrun.cligroup", "chainrun.constants", "chainrun.errors"}),
         (
             ["submit", "--help"],  # the group's own option (--home) is handled first
-            {"chainrun.cli", "chainrun.constants", "chainrun.errors", "chainrun.logs", "chainrun.model"}
-            | {"chainrun.localrunner"},  # the store's home is the runner's too
+            {"chainrun.cli", "chainrun.cligroup", "chainrun.constants", "chainrun.errors", "chainrun.logs"}
+            | {"chainrun.model", "chainrun.localrunner"},  # the store's home is the runner's too
         ),
         (
             ["status"],
-            {"chainrun.cli", "chainrun.constants", "chainrun.errors", "chainrun.logs", "chainrun.model"}
-            | {"chainrun.status", "chainrun.heartbeat", "chainrun.text", "chainrun.localrunner"}
+            {"chainrun.cli", "chainrun.cligroup", "chainrun.constants", "chainrun.errors", "chainrun.logs"}
+            | {"chainrun.model", "chainrun.status", "chainrun.heartbeat", "chainrun.text", "chainrun.localrunner"}
             | {"chainrun.systemd"}  # where a service would be started: a file looked at, no process
+            | {"chainrun.lock"}  # whether a service runs: the one that holds the lock
             | {"chainrun.store", *(f"chainrun.store.{m}" for m in STORE_MODULES)},
         ),
     ],
@@ -865,7 +866,7 @@ def test_help_and_status_import_only_the_modules_they_use(
 ) -> None:
     """`--help` imports no chainrun module beyond the command line's own (the numbers its help
     shows are in chainrun.constants); a command's help and `status` add only the store (and
-    `status` its table, the text helpers and the heartbeat file), never the service, the engine, the schedulers or the job file parser."""
+    `status` its table, the text helpers, the heartbeat file and the lock), never the service, the engine, the schedulers or the job file parser."""
     probe = (
         "import sys\n"
         "from chainrun.cli import main\n"

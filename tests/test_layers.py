@@ -53,9 +53,11 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun",  # the package itself: the Python API, loaded on first use
         "chainrun.__main__",
         "chainrun.cli",
+        "chainrun.cligroup",
         "chainrun.plan",
         "chainrun.status",
         "chainrun.follow",
+        "chainrun.history",
         "chainrun.control",
         "chainrun.api",
         "chainrun.tensorboard",

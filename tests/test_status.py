@@ -21,6 +21,7 @@ from conftest import cli_env
 from test_store import chains, one_line_error, raw
 
 from chainrun import status as view
+from chainrun.lock import InstanceLock
 from chainrun.model import Chain, ChainState, JobSpec, Outcome, Phase, Progress, Segment
 
 NOW = 1_000_000.0
@@ -387,18 +388,23 @@ def test_a_damaged_chain_is_a_row_of_dashes_and_lines_saying_what_is_wrong() -> 
 
 
 def test_service_line_tells_running_from_stale(tmp_path: Path) -> None:
-    """A status file from a live pid means running; one left by a dead pid does not."""
-    assert view.service_line(tmp_path, NOW).startswith("service: not running")
+    """A service is running while it holds the lock, and then its status file has the news; a
+    status file without the lock held (a service that stopped, or died and whose pid may be
+    another process's by now) is not one running, and says when its last tick was."""
+    assert view.service_line(tmp_path, NOW).startswith("service: not running; ")
     (tmp_path / "service.status").write_text(
         json.dumps({"pid": os.getpid(), "at": NOW - 4, "status": "1 running, 0 queued, 0 failed"})
     )
-    assert view.service_line(tmp_path, NOW) == (
-        f"service: running (pid {os.getpid()}); last tick 4s ago: 1 running, 0 queued, 0 failed"
-    )
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    (tmp_path / "service.status").write_text(json.dumps({"pid": dead.pid, "at": NOW, "status": "x"}))
-    assert view.service_line(tmp_path, NOW).startswith("service: not running")
+    assert view.service_line(tmp_path, NOW).startswith("service: not running (last tick 4s ago); ")
+    lock = InstanceLock(tmp_path)
+    lock.acquire()
+    try:
+        assert view.service_line(tmp_path, NOW) == (
+            f"service: running (pid {os.getpid()}); last tick 4s ago: 1 running, 0 queued, 0 failed"
+        )
+    finally:
+        lock.release()
+    assert view.service_line(tmp_path, NOW).startswith("service: not running (last tick 4s ago); ")
 
 
 def test_the_advice_on_starting_a_service_fits_the_machine(

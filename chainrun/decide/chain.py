@@ -99,19 +99,19 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
 def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
     spec = chain.spec
     live = sorted(chain.live, key=lambda s: s.n)
+    current = facts.progress if facts.progress is not None else chain.progress
+    mark = chain.progress
     if chain.cancel_requested:
-        return _finish(facts, live, ChainState.CANCELLED, "cancelled by user")
+        return _finish(facts, live, ChainState.CANCELLED, "cancelled by user", current, mark, now)
     rejected = next((s for s in chain.segments if s.outcome is Outcome.REJECTED), None)
     if rejected is not None:
-        return _finish(facts, live, ChainState.FAILED, rejected.reason)
+        return _finish(facts, live, ChainState.FAILED, rejected.reason, current, mark, now)
 
     switched = _duplicates(facts, live)
     if switched is not None:
         return switched
     actions: list[Action] = [a for s in live for a in _removals(s, facts)]
 
-    current = facts.progress if facts.progress is not None else chain.progress
-    mark = chain.progress
     failures, used = chain.failures, chain.used
     ended: set[int] = set()
     charged_last = ""
@@ -198,14 +198,14 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
                 for s in still
                 if s.phase is not Phase.RUNNING
             ]
-        return actions + _finish(facts, still, ChainState.COMPLETED, done)
+        return actions + _finish(facts, still, ChainState.COMPLETED, done, current, mark, now)
     if unrunnable is not None:
-        return actions + _finish(facts, still, ChainState.FAILED, unrunnable[1])
+        return actions + _finish(facts, still, ChainState.FAILED, unrunnable[1], current, mark, now)
     if failures > spec.max_failures:
         reason = (
             f"failure budget spent ({failures} failures, max_failures = {spec.max_failures}): {charged_last}"
         )
-        return actions + _finish(facts, still, ChainState.FAILED, reason)
+        return actions + _finish(facts, still, ChainState.FAILED, reason, current, mark, now)
 
     left = spec.total_time - used
     if not chain.segments and not facts.may_start:
@@ -333,11 +333,37 @@ def _end_progress(job: JobFacts, following: Optional[Segment], facts: Facts, cur
     return current
 
 
-def _elapsed(seg: Segment, job: JobFacts, ending: _Ending, now: float) -> float:
-    start = ending.started_at or seg.started_at or (job.start.at if job.start is not None else None)
+def _elapsed(seg: Segment, job: JobFacts, ending: Optional[_Ending], now: float) -> float:
+    """The time a job ran: from its start to its end, or to ``now`` while it runs (at most
+    its walltime then). Unknown for a timeout: its walltime; for a job never started: 0."""
+    start = (
+        (ending.started_at if ending is not None else None)
+        or seg.started_at
+        or (job.listed.started_at if job.listed is not None else None)
+        or (job.start.at if job.start is not None else None)
+    )
     if start is None:
-        return float(seg.walltime) if ending.outcome is Outcome.TIMEOUT else 0.0
+        return float(seg.walltime) if ending is not None and ending.outcome is Outcome.TIMEOUT else 0.0
+    if ending is None:
+        return max(0.0, min(now - start, float(seg.walltime)))
     return max(0.0, (ending.ended_at or now) - start)
+
+
+def _stopped(
+    seg: Segment, facts: Facts, current: Progress, mark: Progress, now: float, reason: str
+) -> Cancel:
+    """What cancelling segment ``seg`` now leaves on record: a job that ran keeps the time it
+    ran and the progress it made past ``mark`` (its end marker's, else the checkpoint now)."""
+    job = facts.jobs.get(seg.job_id, JobFacts()) if seg.job_id is not None else JobFacts()
+    elapsed = _elapsed(seg, job, _ending(job), now)
+    end = _end_progress(job, None, facts, current)
+    start = job.start.progress if job.start is not None and job.start.progress is not None else mark
+    made = elapsed > 0 and end.advanced_from(start) and end.key > mark.key
+    if elapsed > 0:
+        reason += f"; ran {format_duration(elapsed)}; progress: {end.describe() if made else 'none made'}"
+    return Cancel(
+        n=seg.n, job_id=_job_of(seg, facts), reason=reason, elapsed=elapsed, progress=end if made else None
+    )
 
 
 def _charge(ending: _Ending, advanced: bool, finished: bool, goal_met: bool) -> tuple[bool, str]:
@@ -475,8 +501,20 @@ def _queue_ahead(chain: Chain, current: Segment, left: float, failures: int) -> 
     return [Submit(n=chain.next_n, walltime=min(spec.walltime, int(after_current)), after=current.job_id)]
 
 
-def _finish(facts: Facts, live: list[Segment], state: ChainState, reason: str) -> list[Action]:
-    cancels: list[Action] = [
-        Cancel(n=s.n, job_id=_job_of(s, facts), reason=f"chain {state.value}") for s in live
-    ]
-    return [*cancels, Finish(state=state, reason=reason)]
+def _finish(
+    facts: Facts,
+    live: list[Segment],
+    state: ChainState,
+    reason: str,
+    current: Progress,
+    mark: Progress,
+    now: float,
+) -> list[Action]:
+    """End the chain: the jobs of ``live`` are cancelled, each one that ran credited what it
+    did (``_stopped``), free of charge whoever ended the chain."""
+    actions: list[Action] = []
+    for seg in live:
+        cancel = _stopped(seg, facts, current, mark, now, f"chain {state.value}")
+        mark = cancel.progress or mark
+        actions.append(cancel)
+    return [*actions, Finish(state=state, reason=reason)]

@@ -180,7 +180,8 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
     elif isinstance(action, EndSegment):
         db.execute(
             "UPDATE segments SET phase = ?, outcome = ?, exit_code = ?, charged = ?, "
-            "ended_at = ?, reason = ?, tail = ? WHERE chain_id = ? AND n = ?",
+            "ended_at = ?, reason = ?, tail = ?, started_at = COALESCE(started_at, ?) "
+            "WHERE chain_id = ? AND n = ?",
             (
                 Phase.ENDED.value,
                 action.outcome.value,
@@ -189,13 +190,11 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
                 action.ended_at,
                 action.reason,
                 json.dumps(list(action.tail)) if action.tail else None,
+                _started(action.ended_at, action.elapsed),
                 *seg,
             ),
         )
-        db.execute(
-            "UPDATE chains SET failures = failures + ?, used = used + ?, progress = ? WHERE id = ?",
-            (int(action.charged), action.elapsed, json.dumps(action.progress.to_json()), chain_id),
-        )
+        _credit(db, chain_id, action.charged, action.elapsed, action.progress)
         cost = "costs one failure" if action.charged else "no cost"
         event(
             db,
@@ -208,19 +207,23 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
     elif isinstance(action, Cancel):
         # The job may be one found under the segment's tag, whose submission an
         # interrupted service never recorded: the segment keeps it.
-        db.execute(
+        ended = db.execute(
             "UPDATE segments SET phase = ?, outcome = ?, ended_at = ?, reason = ?, "
-            "job_id = COALESCE(job_id, ?) WHERE chain_id = ? AND n = ? AND phase != ?",
+            "job_id = COALESCE(job_id, ?), started_at = COALESCE(started_at, ?) "
+            "WHERE chain_id = ? AND n = ? AND phase != ?",
             (
                 Phase.ENDED.value,
                 Outcome.CANCELLED.value,
                 now,
                 action.reason,
                 action.job_id,
+                _started(now, action.elapsed),
                 *seg,
                 Phase.ENDED.value,
             ),
-        )
+        ).rowcount
+        if ended and (action.elapsed or action.progress is not None):
+            _credit(db, chain_id, False, action.elapsed, action.progress)
         job = f"job {action.job_id}" if action.job_id else "not yet submitted"
         event(
             db,
@@ -253,6 +256,24 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
         event(db, chain_id, None, now, state.value, f"chain {state.value}: {action.reason}")
     else:
         raise TypeError(f"not a recorded action: {action!r}")
+
+
+def _credit(
+    db: sqlite3.Connection, chain_id: str, charged: bool, elapsed: float, progress: Optional[Progress]
+) -> None:
+    """A segment's end on the chain: a failure if ``charged``, the time it ran, and the
+    checkpoint it left as the chain's mark (None: the mark stays)."""
+    db.execute(
+        "UPDATE chains SET failures = failures + ?, used = used + ?, progress = COALESCE(?, progress) "
+        "WHERE id = ?",
+        (int(charged), elapsed, None if progress is None else json.dumps(progress.to_json()), chain_id),
+    )
+
+
+def _started(ended_at: float, elapsed: float) -> Optional[float]:
+    """When a segment that ran ``elapsed`` seconds until ``ended_at`` started, for one whose
+    start no tick saw (it started and ended between two): its running time stays known."""
+    return ended_at - elapsed if elapsed > 0 else None
 
 
 def event(
