@@ -177,3 +177,54 @@ def test_that_check_fails_on_a_wrapper_that_signals_at_the_walltime(
         return script.replace(line, "signal_at=$((CHAINRUN_DEADLINE - 0))")
 
     fails_on_the_bug(lambda edit: signals_at_walltime_minus_grace(tmp_path, scheduler, edit), at_the_walltime)
+
+
+# -- the same crash twice before any progress ends the chain; any difference keeps the budget --
+
+TAIL = ("Traceback (most recent call last):", "ModuleNotFoundError: No module named 'torch'")
+
+
+def only_an_identical_crash_before_progress_ends_the_chain(decide: Callable[..., list[object]]) -> None:
+    """Segment 1 crashed (exit 1, TAIL) with the checkpoint as submitted; segment 2 ends the chain
+    when it crashes exactly so, and not when one line, the exit status or the chain's checkpoint
+    (one step past the baseline, saved by a segment between) differs by the least there is."""
+    base = Progress(epoch=3, step=7, saved_at=100.0)
+    first = replace(seg(1, Phase.ENDED), outcome=Outcome.FAILED, exit_code=1, tail=TAIL, charged=True)
+    cases = [
+        (1, TAIL, base, True),
+        (1, (TAIL[0] + " ", TAIL[1]), base, False),
+        (1, (TAIL[0], TAIL[1][:-1] + "x"), base, False),
+        (2, TAIL, base, False),
+        (1, TAIL, replace(base, step=8), False),
+    ]
+    for code, tail, mark, ends in cases:
+        marker = EndMarker(code, code, "", False, NOW - 1, progress=mark, tail=tail)
+        job = JobFacts(
+            listed=ListedJob("j2", "j2", Phase.ENDED, Outcome.FAILED, code, NOW - 5, NOW - 1), end=marker
+        )
+        c = chain(first, seg(2), failures=1, baseline=base, progress=mark)
+        actions = decide(c, Facts(jobs={"j2": job}, progress=mark), NOW)
+        finished = [a for a in actions if isinstance(a, Finish)]
+        if ends:
+            assert [f.state for f in finished] == [ChainState.FAILED], actions
+            assert finished[0].reason.endswith(" | ".join(TAIL)), finished[0].reason
+        else:
+            assert finished == [], f"exit {code}, {tail}, {mark}: {actions}"
+
+
+def test_only_an_identical_crash_before_progress_ends_the_chain() -> None:
+    only_an_identical_crash_before_progress_ends_the_chain(chain_rules.decide)
+
+
+@pytest.mark.tests_the_tests
+@pytest.mark.parametrize(
+    "bug",
+    [
+        ("if crashes.get(m) == crash)", "if (crashes.get(m) or (0, ()))[1][-1:] == crash[1][-1:])"),
+        ("if crashes.get(m) == crash)", "if (crashes.get(m) or (0, ()))[1] == crash[1])"),
+        ("or mark.advanced_from(chain.baseline)", "or mark.epoch != chain.baseline.epoch"),
+    ],
+    ids=["compares-the-last-line-only", "ignores-the-exit-status", "progress-by-epoch-only"],
+)
+def test_that_check_fails_on_a_repeat_rule_that_looks_at_less(bug: tuple[str, str]) -> None:
+    fails_on_the_bug(only_an_identical_crash_before_progress_ends_the_chain, mutant(chain_rules, *bug).decide)
