@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
+from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -561,3 +562,22 @@ def test_no_successor_is_queued_behind_a_segment_that_may_repeat_the_crash_befor
     assert run(chain(failed_before(1), seg(2), failures=1), running, BEFORE) == queued
     timed_out = seg(1, Phase.ENDED, outcome=Outcome.TIMEOUT, exit_code=0, charged=True)
     assert run(chain(timed_out, seg(2), failures=1, baseline=BEFORE), running, BEFORE) == queued
+
+
+def test_a_segment_the_walltime_signal_killed_before_it_saved_names_the_likely_cause() -> None:
+    """Exit 138 after SIGUSR1 with no progress: the script had no handler yet (slow imports).
+    The reason says so and names the README paragraph on making the clock first."""
+    marker = EndMarker(138, 138, "USR1", False, NOW - 1)
+    job = JobFacts(listed=ListedJob("j1", "j1", Phase.ENDED, None, None, NOW - 60, NOW - 1), end=marker)
+    end = run(chain(seg(1)), {"j1": job}, BEFORE)[0]
+    assert isinstance(end, EndSegment) and end.charged and end.outcome is Outcome.TIMEOUT
+    assert end.reason == (
+        "timeout (exit 138) and made no progress: SIGUSR1 killed the command before it saved anything, "
+        "likely while it was still starting (imports, data) with no handler set yet; see README "
+        '"Make the clock first when the start is slow"'
+    )
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert "- **Make the clock first when the start is slow.**" in readme
+    saved = replace(marker, original=0, exit_code=0)
+    clean = JobFacts(listed=job.listed, end=saved)
+    assert "killed" not in str(run(chain(seg(1)), {"j1": clean}, BEFORE)[0])  # exit 0 after it: no

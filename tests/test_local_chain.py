@@ -210,3 +210,24 @@ def test_a_missing_script_fails_the_chain_after_two_segments_not_the_whole_budge
     shown = " ".join(chainrun("status", st["id"], check=True).stdout.split())  # as wrapped to the terminal
     assert "reason: segment 2 failed (exit 2) as segment 1 did" in shown
     assert "No such file or directory" in shown
+
+
+@pytest.mark.slow
+def test_a_segment_the_walltime_signal_killed_while_starting_names_the_readme_paragraph(
+    tmp_path: Path, chainrun: CLI
+) -> None:
+    """A script still "importing" (sleeping, no handler set) when SIGUSR1 comes dies of it: the
+    chain's reason names that likely cause and the README paragraph on making the clock first."""
+    work = tmp_path / "work"
+    work.mkdir()
+    path = work / "job.toml"
+    path.write_text(
+        'name = "t"\ncommand = "python3 -c \'import time; time.sleep(60)\'"\n'
+        'total_time = "1m"\nwalltime = "4s"\ngrace = "2s"\nmax_failures = 0\n'
+    )
+    assert chainrun("run", str(path), "--interval", "0.3").returncode == 1
+    st = status(chainrun, "t")
+    assert st["state"] == "failed"
+    assert [(s["outcome"], s["exit_code"]) for s in st["segments"]] == [("timeout", 138)]
+    assert "SIGUSR1 killed the command before it saved anything" in st["reason"], st["reason"]
+    assert st["reason"].endswith('see README "Make the clock first when the start is slow"')

@@ -43,6 +43,8 @@ from chainrun.model import (
 from chainrun.text import one_line
 
 LOST_AFTER = 180.0  # seconds a job may be gone without a trace before it is "lost"
+# Where the README tells how to keep the walltime signal from killing a script still importing.
+CLOCK_FIRST = 'README "Make the clock first when the start is slow"'
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ class _Ending:
     ended_at: Optional[float]
     reason: str
     remove: bool = False  # still held by the scheduler (stuck): remove it
+    died_of: str = ""  # the signal (USR1) that killed the command, as the end marker says
 
 
 def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
@@ -298,6 +301,7 @@ def _ending(job: JobFacts) -> Optional[_Ending]:
         started_at=view.started_at if view else None,
         ended_at=(view.ended_at if view else None) or (marker.at if marker else None),
         reason="; ".join(reasons),
+        died_of=marker.signal if marker is not None and marker.died_of_signal else "",
     )
 
 
@@ -366,6 +370,12 @@ def _charge(ending: _Ending, advanced: bool, finished: bool, goal_met: bool) -> 
         return False, f"{outcome.value}{code}: the command finished on its own"
     if goal_met and not advanced:
         return False, f"{outcome.value}{code} after the goal was already reached{detail}"
+    if not advanced and ending.died_of:
+        return True, (
+            f"{outcome.value}{code} and made no progress: SIG{ending.died_of} killed the command before "
+            "it saved anything, likely while it was still starting (imports, data) with no handler "
+            f"set yet; see {CLOCK_FIRST}"
+        )
     if not advanced:
         return True, f"{outcome.value}{code} and made no progress{detail}"
     return False, f"{outcome.value}{code} with progress{detail}"
