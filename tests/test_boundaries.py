@@ -24,6 +24,7 @@ from test_wrapper import wrapper_env
 from chainrun import schema
 from chainrun.decide import Facts, JobFacts
 from chainrun.decide import chain as chain_rules
+from chainrun.errors import JobFileError
 from chainrun.fields import tomllib
 from chainrun.model import (
     ChainState,
@@ -91,8 +92,9 @@ def test_that_check_fails_on_a_chain_that_completes_one_epoch_early() -> None:
 
 
 def default_grace_fits_the_walltime(parse: Callable[..., Any]) -> None:
-    """Without ``grace``, the signal comes a quarter of the walltime before it, at most 5 min."""
-    for walltime, grace in (("40s", 10), ("2m", 30), ("19m", 285), ("20m", 300), ("4h", 300)):
+    """Without ``grace``, the signal comes a quarter of the walltime before it, at most 5 min and
+    at least 1 s (never with the kill)."""
+    for walltime, grace in (("3s", 1), ("40s", 10), ("2m", 30), ("19m", 285), ("20m", 300), ("4h", 300)):
         text = f'name="a"\ncommand="true"\ntotal_time="8h"\nwalltime="{walltime}"\n'
         spec = parse(tomllib.loads(text), "/tmp/job.toml", Path("/tmp"))
         assert spec.grace == grace, (walltime, spec.grace)
@@ -228,3 +230,49 @@ def test_only_an_identical_crash_before_progress_ends_the_chain() -> None:
 )
 def test_that_check_fails_on_a_repeat_rule_that_looks_at_less(bug: tuple[str, str]) -> None:
     fails_on_the_bug(only_an_identical_crash_before_progress_ends_the_chain, mutant(chain_rules, *bug).decide)
+
+
+# -- the least walltime and grace that start and save are accepted, a second less is not ------
+
+
+def least_walltime_and_grace_are_accepted(parse: Callable[..., Any]) -> None:
+    """On each scheduler kind, the least walltime and grace that work parse; one second less of
+    either is refused, naming the field."""
+    for kind, walltime, grace in (("local", 3, 1), ("sge", 5, 3), ("slurm", 60, 1)):
+        for w, g, refused in (
+            (walltime, grace, ""),
+            (walltime - 1, grace, "walltime"),
+            (walltime, grace - 1, ""),
+        ):
+            if g < 1:
+                continue  # a duration of 0 is refused as such, not as too short
+            refused = refused or ("grace" if g < grace else "")
+            text = f'name="a"\ncommand="true"\ntotal_time="8h"\nwalltime="{w}s"\ngrace="{g}s"\n'
+            text += f'[scheduler]\nkind="{kind}"\n'
+            try:
+                parse(tomllib.loads(text), "/tmp/job.toml", Path("/tmp"))
+            except JobFileError as err:
+                assert refused and f": {refused} = '" in str(err), (kind, w, g, str(err))
+            else:
+                assert not refused, f"{kind}: walltime {w}s, grace {g}s accepted"
+
+
+def test_the_least_walltime_and_grace_that_work_are_accepted_a_second_less_is_not() -> None:
+    least_walltime_and_grace_are_accepted(schema.parse)
+
+
+@pytest.mark.tests_the_tests
+@pytest.mark.parametrize(
+    "bug",
+    [
+        ("if walltime - grace < MIN_START:", "if walltime - grace < MIN_START - 1:"),
+        ('MIN_GRACE = {"local": 1, "slurm": 1, "sge": 3}', 'MIN_GRACE = {"local": 1, "slurm": 1, "sge": 2}'),
+        (
+            'MIN_WALLTIME = {"local": 0, "slurm": 60, "sge": 0}',
+            'MIN_WALLTIME = {"local": 0, "slurm": 59, "sge": 0}',
+        ),
+    ],
+    ids=["one-second-to-start", "sge-grace-2s", "slurm-59s"],
+)
+def test_that_check_fails_on_a_bound_one_second_off(bug: tuple[str, str]) -> None:
+    fails_on_the_bug(least_walltime_and_grace_are_accepted, mutant(schema, *bug).parse)
