@@ -273,10 +273,13 @@ class EndMarker:
     @property
     def stopped_by_signal(self) -> bool:
         """The walltime (or preemption) signal came and the command then stopped cleanly."""
-        if not self.signal:
-            return False
-        signum = getattr(signals, "SIG" + self.signal, None)
-        return self.original == 0 or (signum is not None and self.original == 128 + signum)
+        return bool(self.signal) and (self.original == 0 or self.died_of_signal)
+
+    @property
+    def died_of_signal(self) -> bool:
+        """The walltime (or preemption) signal killed the command: it had no handler set."""
+        signum = getattr(signals, "SIG" + self.signal, None) if self.signal else None
+        return signum is not None and self.original == 128 + signum
 
     @property
     def killed(self) -> bool:

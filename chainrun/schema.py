@@ -44,6 +44,23 @@ MAX_OPTIONS = 256
 MAX_URL_BYTES = 8192
 MAX_TARGET_EPOCH = 10**9
 MAX_FAILURES = 10**6
+# The least a segment needs to start the command and save before it is killed. The shortest
+# real start-and-save, python3 starting a stdlib script (tests/data/trainer.py) that writes
+# one checkpoint, took 0.7-0.9 s on a loaded two-core machine; with the wrapper's own start
+# that is the 2 s between a segment's start and its signal that the tests' shortest local
+# segments (walltime 3s, grace 1s) have. A script importing torch needs far more: the README
+# says how to make the clock first, and a segment the signal kills before it saved says so.
+MIN_START = 2
+# Seconds between the signal and the kill. The local runner, like Slurm at its limit, sends
+# SIGTERM at the walltime and SIGKILL a while later (10 s; Slurm's KillWait, 30 s by default),
+# and the helper saves on SIGTERM too: 1 s keeps the signal apart from that SIGTERM. SGE's
+# h_rt kill is a SIGKILL with no warning, so the wrapper signals by its own timer, which reads
+# the clock once a second (the signal may come a second late), and ends the command a second
+# before the deadline: under 3 s no second is left to save.
+MIN_GRACE = {"local": 1, "slurm": 1, "sge": 3}
+# Slurm counts --time in whole minutes and checks limits every 30 s: a shorter walltime still
+# takes a one-minute allocation, with the signal anywhere in it. SGE's h_rt counts seconds.
+MIN_WALLTIME = {"local": 0, "slurm": 60, "sge": 0}
 
 TOP_KEYS = (
     "name",
@@ -136,15 +153,9 @@ def parse(
     signal = signal.upper().removeprefix("SIG")
     if signal not in SIGNALS:
         raise f.error("signal", "allowed: " + ", ".join(SIGNALS))
-    grace = f.duration("grace", default=min(300, walltime // 4))
-    if grace >= walltime:
-        raise f.error(
-            "grace",
-            f"must be shorter than walltime ({format_duration(walltime)}): "
-            "it is how long before the walltime the signal is sent",
-        )
-
+    grace = f.duration("grace", default=max(1, min(300, walltime // 4)))
     sched = _scheduler(path, f.get("scheduler", dict, "a table [scheduler]", default={}))
+    _start_and_save(f, sched.kind, walltime, grace)
     remote = sched.remote
     workdir = _path(f, "workdir", ".", base, remote)
     checkpoint_dir = _path(f, "checkpoint_dir", "checkpoints", Path(workdir), remote)
@@ -224,6 +235,40 @@ def parse(
         webhook=webhook,
         source=path,
     )
+
+
+def _start_and_save(f: Fields, kind: str, walltime: int, grace: int) -> None:
+    """Refuse a walltime and grace that leave too little time to start the command, or to
+    save between the signal and the kill, on scheduler ``kind``."""
+    least = MIN_WALLTIME[kind]
+    if walltime < least:
+        raise f.error(
+            "walltime",
+            f"too short for {kind}, which counts walltime in whole minutes; "
+            f"at least {format_duration(least)}",
+        )
+    if grace >= walltime:
+        raise f.error(
+            "grace",
+            f"must be shorter than walltime ({format_duration(walltime)}): "
+            "it is how long before the walltime the signal is sent",
+        )
+    least = MIN_GRACE[kind]
+    if grace < least:
+        shown = (
+            "" if "grace" in f.table else f" (the default: a quarter of walltime, {format_duration(grace)})"
+        )
+        raise f.error(
+            "grace",
+            f"too short{shown} to save between the signal and the kill on {kind}; "
+            f"at least {format_duration(least)}",
+        )
+    if walltime - grace < MIN_START:
+        raise f.error(
+            "walltime",
+            f"leaves {format_duration(walltime - grace)} before the signal (grace {format_duration(grace)}) "
+            f"to start the command; at least {format_duration(grace + MIN_START)}, or a shorter grace",
+        )
 
 
 def _path(f: Fields, key: str, default: str, base: Path, remote: bool) -> str:

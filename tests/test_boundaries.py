@@ -24,6 +24,7 @@ from test_wrapper import wrapper_env
 from chainrun import schema
 from chainrun.decide import Facts, JobFacts
 from chainrun.decide import chain as chain_rules
+from chainrun.errors import JobFileError
 from chainrun.fields import tomllib
 from chainrun.model import (
     ChainState,
@@ -91,8 +92,9 @@ def test_that_check_fails_on_a_chain_that_completes_one_epoch_early() -> None:
 
 
 def default_grace_fits_the_walltime(parse: Callable[..., Any]) -> None:
-    """Without ``grace``, the signal comes a quarter of the walltime before it, at most 5 min."""
-    for walltime, grace in (("40s", 10), ("2m", 30), ("19m", 285), ("20m", 300), ("4h", 300)):
+    """Without ``grace``, the signal comes a quarter of the walltime before it, at most 5 min and
+    at least 1 s (never with the kill)."""
+    for walltime, grace in (("3s", 1), ("40s", 10), ("2m", 30), ("19m", 285), ("20m", 300), ("4h", 300)):
         text = f'name="a"\ncommand="true"\ntotal_time="8h"\nwalltime="{walltime}"\n'
         spec = parse(tomllib.loads(text), "/tmp/job.toml", Path("/tmp"))
         assert spec.grace == grace, (walltime, spec.grace)
@@ -177,3 +179,100 @@ def test_that_check_fails_on_a_wrapper_that_signals_at_the_walltime(
         return script.replace(line, "signal_at=$((CHAINRUN_DEADLINE - 0))")
 
     fails_on_the_bug(lambda edit: signals_at_walltime_minus_grace(tmp_path, scheduler, edit), at_the_walltime)
+
+
+# -- the same crash twice before any progress ends the chain; any difference keeps the budget --
+
+TAIL = ("Traceback (most recent call last):", "ModuleNotFoundError: No module named 'torch'")
+
+
+def only_an_identical_crash_before_progress_ends_the_chain(decide: Callable[..., list[object]]) -> None:
+    """Segment 1 crashed (exit 1, TAIL) with the checkpoint as submitted; segment 2 ends the chain
+    when it crashes exactly so, and not when one line, the exit status or the chain's checkpoint
+    (one step past the baseline, saved by a segment between) differs by the least there is."""
+    base = Progress(epoch=3, step=7, saved_at=100.0)
+    first = replace(seg(1, Phase.ENDED), outcome=Outcome.FAILED, exit_code=1, tail=TAIL, charged=True)
+    cases = [
+        (1, TAIL, base, True),
+        (1, (TAIL[0] + " ", TAIL[1]), base, False),
+        (1, (TAIL[0], TAIL[1][:-1] + "x"), base, False),
+        (2, TAIL, base, False),
+        (1, TAIL, replace(base, step=8), False),
+    ]
+    for code, tail, mark, ends in cases:
+        marker = EndMarker(code, code, "", False, NOW - 1, progress=mark, tail=tail)
+        job = JobFacts(
+            listed=ListedJob("j2", "j2", Phase.ENDED, Outcome.FAILED, code, NOW - 5, NOW - 1), end=marker
+        )
+        c = chain(first, seg(2), failures=1, baseline=base, progress=mark)
+        actions = decide(c, Facts(jobs={"j2": job}, progress=mark), NOW)
+        finished = [a for a in actions if isinstance(a, Finish)]
+        if ends:
+            assert [f.state for f in finished] == [ChainState.FAILED], actions
+            assert finished[0].reason.endswith(" | ".join(TAIL)), finished[0].reason
+        else:
+            assert finished == [], f"exit {code}, {tail}, {mark}: {actions}"
+
+
+def test_only_an_identical_crash_before_progress_ends_the_chain() -> None:
+    only_an_identical_crash_before_progress_ends_the_chain(chain_rules.decide)
+
+
+@pytest.mark.tests_the_tests
+@pytest.mark.parametrize(
+    "bug",
+    [
+        ("if crashes.get(m) == crash)", "if (crashes.get(m) or (0, ()))[1][-1:] == crash[1][-1:])"),
+        ("if crashes.get(m) == crash)", "if (crashes.get(m) or (0, ()))[1] == crash[1])"),
+        ("or mark.advanced_from(chain.baseline)", "or mark.epoch != chain.baseline.epoch"),
+    ],
+    ids=["compares-the-last-line-only", "ignores-the-exit-status", "progress-by-epoch-only"],
+)
+def test_that_check_fails_on_a_repeat_rule_that_looks_at_less(bug: tuple[str, str]) -> None:
+    fails_on_the_bug(only_an_identical_crash_before_progress_ends_the_chain, mutant(chain_rules, *bug).decide)
+
+
+# -- the least walltime and grace that start and save are accepted, a second less is not ------
+
+
+def least_walltime_and_grace_are_accepted(parse: Callable[..., Any]) -> None:
+    """On each scheduler kind, the least walltime and grace that work parse; one second less of
+    either is refused, naming the field."""
+    for kind, walltime, grace in (("local", 3, 1), ("sge", 5, 3), ("slurm", 60, 1)):
+        for w, g, refused in (
+            (walltime, grace, ""),
+            (walltime - 1, grace, "walltime"),
+            (walltime, grace - 1, ""),
+        ):
+            if g < 1:
+                continue  # a duration of 0 is refused as such, not as too short
+            refused = refused or ("grace" if g < grace else "")
+            text = f'name="a"\ncommand="true"\ntotal_time="8h"\nwalltime="{w}s"\ngrace="{g}s"\n'
+            text += f'[scheduler]\nkind="{kind}"\n'
+            try:
+                parse(tomllib.loads(text), "/tmp/job.toml", Path("/tmp"))
+            except JobFileError as err:
+                assert refused and f": {refused} = '" in str(err), (kind, w, g, str(err))
+            else:
+                assert not refused, f"{kind}: walltime {w}s, grace {g}s accepted"
+
+
+def test_the_least_walltime_and_grace_that_work_are_accepted_a_second_less_is_not() -> None:
+    least_walltime_and_grace_are_accepted(schema.parse)
+
+
+@pytest.mark.tests_the_tests
+@pytest.mark.parametrize(
+    "bug",
+    [
+        ("if walltime - grace < MIN_START:", "if walltime - grace < MIN_START - 1:"),
+        ('MIN_GRACE = {"local": 1, "slurm": 1, "sge": 3}', 'MIN_GRACE = {"local": 1, "slurm": 1, "sge": 2}'),
+        (
+            'MIN_WALLTIME = {"local": 0, "slurm": 60, "sge": 0}',
+            'MIN_WALLTIME = {"local": 0, "slurm": 59, "sge": 0}',
+        ),
+    ],
+    ids=["one-second-to-start", "sge-grace-2s", "slurm-59s"],
+)
+def test_that_check_fails_on_a_bound_one_second_off(bug: tuple[str, str]) -> None:
+    fails_on_the_bug(least_walltime_and_grace_are_accepted, mutant(schema, *bug).parse)

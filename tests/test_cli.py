@@ -854,7 +854,13 @@ STORE_MODULES = ("checked", "database", "migrations", "rows", "views", "writes")
         (
             ["status"],
             {"chainrun.cli", "chainrun.cligroup", "chainrun.constants", "chainrun.errors", "chainrun.logs"}
-            | {"chainrun.model", "chainrun.status", "chainrun.heartbeat", "chainrun.text", "chainrun.localrunner"}
+            | {
+                "chainrun.model",
+                "chainrun.status",
+                "chainrun.heartbeat",
+                "chainrun.text",
+                "chainrun.localrunner",
+            }
             | {"chainrun.systemd"}  # where a service would be started: a file looked at, no process
             | {"chainrun.lock"}  # whether a service runs: the one that holds the lock
             | {"chainrun.store", *(f"chainrun.store.{m}" for m in STORE_MODULES)},

@@ -347,8 +347,10 @@ def test_walltime_kill_is_a_timeout_free_only_with_progress(
 def test_crash_loop_spends_the_budget_and_leaves_nothing_queued(
     cluster: Cluster, work: Path, chainrun: CLI, home: Path
 ) -> None:
-    """A command that crashes every time runs max_failures + 1 times, then nothing is left queued."""
-    path = write_job(work, cluster, "python3 trainer.py --mode crash", max_failures=2)
+    """A command that crashes every time, each time saying something else (so the chain cannot
+    tell that retrying will not help), runs max_failures + 1 times, then nothing is left queued."""
+    command = "echo try $CHAINRUN_SEGMENT; python3 trainer.py --mode crash"
+    path = write_job(work, cluster, command, max_failures=2)
     result = chainrun("run", str(path), "--interval", "0.5", timeout=600)
     assert result.returncode == 1, result.stdout + result.stderr
     st = status(chainrun, "t")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
+from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -469,3 +470,114 @@ def test_nothing_to_do_holds_for_unchanged_facts_until_quiet_until_says(
         assert decide(c, facts, t) == [], f"{case}: at NOW + {t - NOW}"
     if not math.isinf(until):
         assert decide(c, facts, until) != []
+
+
+# -- the same crash twice before any progress ends the chain ------------------------------
+
+MISSING = ("python: can't open file '/w/missing.py': [Errno 2] No such file or directory",)
+
+
+def crashed(
+    job: str, code: int = 2, tail: tuple[str, ...] = MISSING, left: Optional[Progress] = None
+) -> JobFacts:
+    """The command exited ``code`` on its own, its output ending in ``tail``."""
+    marker = EndMarker(code, code, "", False, NOW - 1, progress=left, tail=tail)
+    return JobFacts(
+        listed=ListedJob(job, job, Phase.ENDED, Outcome.FAILED, code, NOW - 5, NOW - 1), end=marker
+    )
+
+
+def failed_before(n: int, code: int = 2, tail: tuple[str, ...] = MISSING, **kw: object) -> Segment:
+    fields: dict[str, object] = {"outcome": Outcome.FAILED, "exit_code": code, "tail": tail, "charged": True}
+    fields.update(kw)
+    return seg(n, Phase.ENDED, **fields)
+
+
+def test_a_segment_that_crashes_as_the_one_before_it_did_before_any_progress_ends_the_chain() -> None:
+    """Segment 2 fails with segment 1's exit status and last lines while the checkpoint is still
+    the one the chain was submitted with: the chain fails now, charged, with that output in its
+    reason, though max_failures = 2 would allow a third run."""
+    c = chain(failed_before(1), seg(2), failures=1, baseline=BEFORE)
+    actions = run(c, {"j2": crashed("j2")}, BEFORE)
+    assert kinds(actions) == ["EndSegment", "Finish"]
+    end, fin = actions
+    assert isinstance(end, EndSegment) and end.charged and end.tail == MISSING
+    assert isinstance(fin, Finish) and fin.state is ChainState.FAILED
+    assert fin.reason.startswith(
+        "segment 2 failed (exit 2) as segment 1 did, with the same output, before any"
+    )
+    assert fin.reason.endswith(f"Output: {MISSING[0]}")
+
+
+def test_two_identical_crashes_seen_in_one_tick_end_the_chain_and_cancel_the_queue() -> None:
+    """Both ended while the service looked away (the successor was queued ahead): one verdict."""
+    c = chain(seg(1), seg(2), seg(3, Phase.PENDING), baseline=BEFORE)
+    actions = run(c, {"j1": crashed("j1"), "j2": crashed("j2")}, BEFORE)
+    assert kinds(actions) == ["EndSegment", "EndSegment", "Cancel", "Finish"]
+    fin = actions[-1]
+    assert isinstance(fin, Finish) and fin.state is ChainState.FAILED and "as segment 1 did" in fin.reason
+
+
+KEEPS_THE_BUDGET = {
+    "another exit status": (failed_before(1, code=1), crashed("j2"), BEFORE),
+    "other last lines": (failed_before(1, tail=("Traceback", "KeyError: 'lr'")), crashed("j2"), BEFORE),
+    "one line more": (failed_before(1, tail=("x", *MISSING)), crashed("j2"), BEFORE),
+    "no output to compare": (failed_before(1, tail=()), crashed("j2", tail=()), BEFORE),
+    "killed by a signal (OOM killer)": (failed_before(1, code=137), crashed("j2", code=137), BEFORE),
+    "the one before timed out": (
+        seg(1, Phase.ENDED, outcome=Outcome.TIMEOUT, exit_code=0, charged=True),
+        crashed("j2"),
+        BEFORE,
+    ),
+    "the one before was lost": (
+        seg(1, Phase.ENDED, outcome=Outcome.LOST, charged=True),
+        crashed("j2"),
+        BEFORE,
+    ),
+    "progress since submission": (failed_before(1), crashed("j2"), NO_PROGRESS),
+    "this one saved before it crashed": (failed_before(1), crashed("j2", left=AFTER), BEFORE),
+}
+
+
+@pytest.mark.parametrize(("before", "now", "baseline"), KEEPS_THE_BUDGET.values(), ids=list(KEEPS_THE_BUDGET))
+def test_a_different_crash_or_one_after_progress_keeps_the_failure_budget(
+    before: Segment, now: JobFacts, baseline: Progress
+) -> None:
+    """Only a crash of the command itself that repeats exactly, before the chain trained at all,
+    ends it early; any other end is charged as ever and the chain goes on."""
+    c = chain(before, seg(2), failures=1, baseline=baseline)
+    actions = run(c, {"j2": now}, BEFORE if now.end is None or now.end.progress is None else AFTER)
+    assert kinds(actions) == ["EndSegment", "Submit"], actions
+    end = actions[0]
+    assert isinstance(end, EndSegment) and end.charged
+
+
+def test_no_successor_is_queued_behind_a_segment_that_may_repeat_the_crash_before_it() -> None:
+    """Segment 1 crashed before any progress and segment 2 runs: a third queued now could start
+    and burn an allocation before the service sees segment 2 fail alike; it waits for the
+    verdict. After progress, or behind a timeout, one is queued ahead as ever."""
+    running = {"j2": shown("j2", Phase.RUNNING)}
+    assert run(chain(failed_before(1), seg(2), failures=1, baseline=BEFORE), running, BEFORE) == []
+    queued = [Submit(n=3, walltime=100, after="j2")]
+    assert run(chain(failed_before(1), seg(2), failures=1), running, BEFORE) == queued
+    timed_out = seg(1, Phase.ENDED, outcome=Outcome.TIMEOUT, exit_code=0, charged=True)
+    assert run(chain(timed_out, seg(2), failures=1, baseline=BEFORE), running, BEFORE) == queued
+
+
+def test_a_segment_the_walltime_signal_killed_before_it_saved_names_the_likely_cause() -> None:
+    """Exit 138 after SIGUSR1 with no progress: the script had no handler yet (slow imports).
+    The reason says so and names the README paragraph on making the clock first."""
+    marker = EndMarker(138, 138, "USR1", False, NOW - 1)
+    job = JobFacts(listed=ListedJob("j1", "j1", Phase.ENDED, None, None, NOW - 60, NOW - 1), end=marker)
+    end = run(chain(seg(1)), {"j1": job}, BEFORE)[0]
+    assert isinstance(end, EndSegment) and end.charged and end.outcome is Outcome.TIMEOUT
+    assert end.reason == (
+        "timeout (exit 138) and made no progress: SIGUSR1 killed the command before it saved anything, "
+        "likely while it was still starting (imports, data) with no handler set yet; see README "
+        '"Make the clock first when the start is slow"'
+    )
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert "- **Make the clock first when the start is slow.**" in readme
+    saved = replace(marker, original=0, exit_code=0)
+    clean = JobFacts(listed=job.listed, end=saved)
+    assert "killed" not in str(run(chain(seg(1)), {"j1": clean}, BEFORE)[0])  # exit 0 after it: no

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,76 @@ def test_minimal_job_file_gets_defaults(tmp_path: Path) -> None:
 
 
 BASE = 'name="a"\ncommand="true"\ntotal_time="1h"\nwalltime="20m"\n'
+
+
+TIMES = 'name="a"\ncommand="python train.py"\ntotal_time="1h"\n'
+SLURM, SGE = '[scheduler]\nkind="slurm"\n', '[scheduler]\nkind="sge"\n'
+
+
+@pytest.mark.parametrize(
+    ("times", "error"),
+    [
+        (
+            'walltime="59s"\n' + SLURM,
+            "walltime = '59s': too short for slurm, which counts walltime in whole minutes; at least 1m",
+        ),
+        (
+            'walltime="10m"\ngrace="2s"\n' + SGE,
+            "grace = '2s': too short to save between the signal and the kill on sge; at least 3s",
+        ),
+        (
+            'walltime="8s"\n' + SGE,
+            "grace: too short (the default: a quarter of walltime, 2s) to save between the signal and "
+            "the kill on sge; at least 3s",
+        ),
+        (
+            'walltime="3s"\ngrace="2s"\n',
+            "walltime = '3s': leaves 1s before the signal (grace 2s) to start the command; at least 4s, "
+            "or a shorter grace",
+        ),
+        (
+            'walltime="2s"\n',
+            "walltime = '2s': leaves 1s before the signal (grace 1s) to start the command; at least 3s, "
+            "or a shorter grace",
+        ),
+    ],
+)
+def test_a_walltime_too_short_to_start_and_save_is_refused_with_the_least_that_works(
+    tmp_path: Path, times: str, error: str
+) -> None:
+    """One line naming the field, its value (or the default's) and the least that works."""
+    path = write(tmp_path, TIMES + times)
+    with pytest.raises(JobFileError) as err:
+        jobfile.load(path)
+    assert str(err.value) == f"{path}: {error}"
+
+
+@pytest.mark.parametrize(
+    ("times", "grace"),
+    [
+        ('walltime="3s"\n', 1),  # the tests' shortest local segments; the default grace is 1s at least
+        ('walltime="6s"\ngrace="1s"\n', 1),
+        ('walltime="1m"\n' + SLURM, 15),
+        ('walltime="10s"\ngrace="4s"\n' + SGE, 4),  # the SGE contract suite's segments
+        ('walltime="5s"\ngrace="3s"\n' + SGE, 3),
+    ],
+)
+def test_the_least_walltime_and_grace_that_work_are_accepted(tmp_path: Path, times: str, grace: int) -> None:
+    assert jobfile.load(write(tmp_path, TIMES + times)).grace == grace
+
+
+def test_check_refuses_a_walltime_too_short_in_one_line_and_stores_nothing(
+    tmp_path: Path, chainrun: Callable[..., subprocess.CompletedProcess[str]], home: Path
+) -> None:
+    """Through the real CLI: `check` and `submit` exit 2 with the one line, no traceback, no chain."""
+    path = write(tmp_path, TIMES + 'walltime="30s"\n' + SLURM)
+    for command in ("check", "submit"):
+        result = chainrun(command, str(path))
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stderr.strip().count("\n") == 0, result.stderr
+        assert "walltime = '30s': too short for slurm" in result.stderr and "at least 1m" in result.stderr
+    db = home / "chainrun.db"
+    assert not db.exists() or sqlite3.connect(db).execute("select count(*) from chains").fetchone()[0] == 0
 
 
 def test_progress_names_the_scripts_own_json_file_and_the_key_of_its_epoch(tmp_path: Path) -> None:

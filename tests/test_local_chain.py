@@ -181,3 +181,53 @@ def test_a_failed_chain_keeps_the_last_lines_of_the_failing_segments_output(
         store.close()
     assert chain.failing is not None and chain.failing.exit_code == 3
     assert chain.failing.tail == ("step 3", "step 4", "step 5", "step 6", "bad input")
+
+
+@pytest.mark.slow
+def test_a_missing_script_fails_the_chain_after_two_segments_not_the_whole_budget(
+    tmp_path: Path, chainrun: CLI
+) -> None:
+    """`python missing.py` fails twice alike before any progress: the chain ends FAILED after two
+    segments (max_failures = 3 would allow four runs), and says why with Python's own line."""
+    work = tmp_path / "work"
+    work.mkdir()
+    path = work / "job.toml"
+    path.write_text(
+        'name = "t"\ncommand = "python missing.py"\ntotal_time = "5m"\nwalltime = "10s"\ngrace = "2s"\n'
+        "max_failures = 3\n"
+    )
+    result = chainrun("run", str(path), "--interval", "0.3")
+    assert result.returncode == 1, result.stdout + result.stderr
+    st = status(chainrun, "t")
+    assert st["state"] == "failed"
+    assert st["reason"].startswith("segment 2 failed (exit 2) as segment 1 did"), st["reason"]
+    assert "missing.py': [Errno 2] No such file or directory" in st["reason"]
+    assert [(s["n"], s["outcome"], s["exit_code"]) for s in st["segments"]] == [
+        (1, "failed", 2),
+        (2, "failed", 2),
+    ]
+    assert len(started_segments(work)) == 2
+    shown = " ".join(chainrun("status", st["id"], check=True).stdout.split())  # as wrapped to the terminal
+    assert "reason: segment 2 failed (exit 2) as segment 1 did" in shown
+    assert "No such file or directory" in shown
+
+
+@pytest.mark.slow
+def test_a_segment_the_walltime_signal_killed_while_starting_names_the_readme_paragraph(
+    tmp_path: Path, chainrun: CLI
+) -> None:
+    """A script still "importing" (sleeping, no handler set) when SIGUSR1 comes dies of it: the
+    chain's reason names that likely cause and the README paragraph on making the clock first."""
+    work = tmp_path / "work"
+    work.mkdir()
+    path = work / "job.toml"
+    path.write_text(
+        'name = "t"\ncommand = "python3 -c \'import time; time.sleep(60)\'"\n'
+        'total_time = "1m"\nwalltime = "4s"\ngrace = "2s"\nmax_failures = 0\n'
+    )
+    assert chainrun("run", str(path), "--interval", "0.3").returncode == 1
+    st = status(chainrun, "t")
+    assert st["state"] == "failed"
+    assert [(s["outcome"], s["exit_code"]) for s in st["segments"]] == [("timeout", 138)]
+    assert "SIGUSR1 killed the command before it saved anything" in st["reason"], st["reason"]
+    assert st["reason"].endswith('see README "Make the clock first when the start is slow"')

@@ -40,8 +40,11 @@ from chainrun.model import (
     Track,
     Unstick,
 )
+from chainrun.text import one_line
 
 LOST_AFTER = 180.0  # seconds a job may be gone without a trace before it is "lost"
+# Where the README tells how to keep the walltime signal from killing a script still importing.
+CLOCK_FIRST = 'README "Make the clock first when the start is slow"'
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class _Ending:
     ended_at: Optional[float]
     reason: str
     remove: bool = False  # still held by the scheduler (stuck): remove it
+    died_of: str = ""  # the signal (USR1) that killed the command, as the end marker says
 
 
 def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
@@ -118,6 +122,9 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
     # The first segment could not even start the command (its number, and why): no use going on.
     unrunnable: Optional[tuple[int, str]] = None
     finished_segment: Optional[int] = None  # without a target: the first that exited 0 on its own
+    # How each ended segment crashed, by number (None: not a crash that may repeat as it is).
+    crashes = {s.n: _crash(s.outcome, s.exit_code, s.tail) for s in chain.segments if not s.phase.live}
+    repeated = ""  # why a segment that failed as the one before it ends the chain
     goal_met = bool(_done_reason(chain, mark, None))  # a successor that starts after the goal skips: free
     for i, seg in enumerate(live):
         if seg.job_id is None or seg.job_id not in facts.jobs:
@@ -157,6 +164,10 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
             )
         else:
             charged, why = _charge(ending, advanced, finished, goal_met)
+        tail = job.end.tail if job.end is not None else ()
+        crashes[seg.n] = _crash(ending.outcome, ending.exit_code, tail)
+        if not repeated and not advanced:
+            repeated = _repeated(chain, seg.n, crashes, mark)
         elapsed = _elapsed(seg, job, ending, now)
         if advanced and end_progress.key > mark.key:
             mark = end_progress
@@ -170,7 +181,7 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
                 ended_at=ending.ended_at or now,
                 reason=why,
                 progress=end_progress if advanced else mark,
-                tail=job.end.tail if job.end is not None else (),
+                tail=tail,
             )
         )
         failures += charged
@@ -201,6 +212,8 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
         return actions + _finish(facts, still, ChainState.COMPLETED, done, current, mark, now)
     if unrunnable is not None:
         return actions + _finish(facts, still, ChainState.FAILED, unrunnable[1], current, mark, now)
+    if repeated:
+        return actions + _finish(facts, still, ChainState.FAILED, repeated, current, mark, now)
     if failures > spec.max_failures:
         reason = (
             f"failure budget spent ({failures} failures, max_failures = {spec.max_failures}): {charged_last}"
@@ -227,7 +240,8 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
             elif seg.retry_at is None or now >= seg.retry_at:
                 actions.append(Submit(n=seg.n, walltime=seg.walltime, after=seg.after))
     if len(still) == 1:
-        actions.extend(_queue_ahead(chain, still[0], left, failures))
+        may_repeat = crashes.get(still[0].n - 1) is not None and not mark.advanced_from(chain.baseline)
+        actions.extend(_queue_ahead(chain, still[0], left, failures, may_repeat))
     return actions
 
 
@@ -287,6 +301,7 @@ def _ending(job: JobFacts) -> Optional[_Ending]:
         started_at=view.started_at if view else None,
         ended_at=(view.ended_at if view else None) or (marker.at if marker else None),
         reason="; ".join(reasons),
+        died_of=marker.signal if marker is not None and marker.died_of_signal else "",
     )
 
 
@@ -381,6 +396,12 @@ def _charge(ending: _Ending, advanced: bool, finished: bool, goal_met: bool) -> 
         return False, f"{outcome.value}{code}: the command finished on its own"
     if goal_met and not advanced:
         return False, f"{outcome.value}{code} after the goal was already reached{detail}"
+    if not advanced and ending.died_of:
+        return True, (
+            f"{outcome.value}{code} and made no progress: SIG{ending.died_of} killed the command before "
+            "it saved anything, likely while it was still starting (imports, data) with no handler "
+            f"set yet; see {CLOCK_FIRST}"
+        )
     if not advanced:
         return True, f"{outcome.value}{code} and made no progress{detail}"
     return False, f"{outcome.value}{code} with progress{detail}"
@@ -403,6 +424,43 @@ def _unrunnable(chain: Chain, seg: Segment, job: JobFacts, ending: _Ending) -> s
     return (
         f"command not found or not executable (exit {ending.exit_code}): {chain.spec.command} ({where}); "
         "run it by hand in the workdir, or list what it needs in inherit_env or [env]"
+    )
+
+
+def _crash(
+    outcome: Optional[Outcome], exit_code: Optional[int], tail: tuple[str, ...]
+) -> Optional[tuple[int, tuple[str, ...]]]:
+    """A crash of the command itself, as what would show it repeat unchanged: its exit status
+    and last output lines. None for an end the scheduler or the machine caused (timeout,
+    preemption, OOM, node failure, a cancel, lost), for a command killed by a signal (the
+    kernel's OOM killer, someone's kill: exit over 128), and for a crash with no output to
+    compare: any of these may go another way next time."""
+    if outcome is not Outcome.FAILED or exit_code is None or not 0 < exit_code < 128 or not tail:
+        return None
+    return exit_code, tail
+
+
+def _repeated(
+    chain: Chain, n: int, crashes: Mapping[int, Optional[tuple[int, tuple[str, ...]]]], mark: Progress
+) -> str:
+    """Why segment ``n`` ends the chain, if it crashed exactly as the segment before it did
+    (the same exit status and last output lines; or the one after it, where that ended first:
+    a dependency the scheduler dropped) before the chain made any progress past the
+    checkpoint it was submitted with: the command never ran here, and running it again would
+    repeat that. After progress the budget applies as ever: the command did run, so a
+    repeated crash may be the cluster's (a file system gone a while) or fixed meanwhile."""
+    crash = crashes.get(n)
+    if crash is None or mark.advanced_from(chain.baseline):
+        return ""
+    other = next((m for m in (n - 1, n + 1) if crashes.get(m) == crash), None)
+    if other is None:
+        return ""
+    code, tail = crash
+    first, then = sorted((n, other))
+    output = " | ".join(one_line(line, 200) for line in tail)
+    return (
+        f"segment {then} failed (exit {code}) as segment {first} did, with the same output, before any "
+        f"progress: running it again cannot help; fix it and submit the job file again. Output: {output}"
     )
 
 
@@ -486,14 +544,18 @@ def _removals(seg: Segment, facts: Facts) -> list[Action]:
     ]
 
 
-def _queue_ahead(chain: Chain, current: Segment, left: float, failures: int) -> list[Action]:
-    """Keep one successor queued behind ``current`` when the budgets allow it."""
+def _queue_ahead(
+    chain: Chain, current: Segment, left: float, failures: int, may_repeat: bool
+) -> list[Action]:
+    """Keep one successor queued behind ``current`` when the budgets allow it, and when
+    ``current`` cannot end the chain by repeating the crash of the segment before it
+    (``may_repeat``)."""
     spec = chain.spec
     if current.job_id is None:
         return []  # the dependency needs the job id
-    if failures >= spec.max_failures:
-        # One more failure ends the chain: a successor queued now could start
-        # and burn an allocation before the service sees that failure.
+    if failures >= spec.max_failures or may_repeat:
+        # One more failure (or the same crash again) ends the chain: a successor queued
+        # now could start and burn an allocation before the service sees that failure.
         return []
     after_current = left - current.walltime
     if after_current <= spec.grace:
