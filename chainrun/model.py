@@ -170,6 +170,8 @@ class JobSpec:
     params: tuple[tuple[str, str], ...] = ()
     rep: int = 0
     max_concurrent: Optional[int] = None  # [sweep]: at most this many of its chains under way at once
+    # A sweep chain's CHAINRUN_SEED, set by ``sweep.expand``; None: one from the chain id.
+    seed: Optional[int] = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -28,6 +28,7 @@ from typing import Any, Optional, Union
 from chainrun import heartbeat
 from chainrun.localrunner import alive
 from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Phase
+from chainrun.schedulers.segment import chain_seed
 from chainrun.store import DamagedChain, Glance, SegmentGlance, ran
 from chainrun.text import clip, escaped
 
@@ -456,6 +457,7 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
         "sweep": c.spec.sweep_name or None,
         "params": {k: json.loads(v) for k, v in c.spec.params} if c.spec.sweep_name else None,
         "rep": c.spec.rep if c.spec.sweep_name else None,
+        "seed": chain_seed(c.spec, c.id),
         "state": c.state.value,
         "reason": c.reason,
         "attention": attention(g, now) or None,

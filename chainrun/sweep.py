@@ -9,7 +9,9 @@ directory. The command gets each value as a ``{param}`` placeholder,
 substituted shell-quoted in one pass (a value that holds ``{other}`` stays as
 it is), and as ``CHAINRUN_PARAM_<NAME>``, ``CHAINRUN_PARAMS`` (JSON) and
 ``CHAINRUN_REP`` in its environment; ``checkpoint_dir`` may use ``{name}``,
-``{rep}`` and ``{param}`` (without any, ``/{name}`` is added).
+``{rep}`` and ``{param}`` (without any, ``/{name}`` is added). Each chain also gets its own
+seed (``CHAINRUN_SEED``): from the sweep's name, the configuration and the repetition, so the
+same chain submitted again gets the same one, and no two chains of a sweep share one.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ MAX_CHAINS = 100_000  # refused beyond this: a typo in a grid, not a sweep anyon
 _PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")  # {lr}, never bash's ${lr}
 _HASH_DIGITS = 8
 _SUFFIX_RESERVE = 1 + _HASH_DIGITS + 2  # "-" hash "-r", then the rep's digits
+SEED_LIMIT = 2**32  # seeds are below it: NumPy's legacy seed must be, torch, random and TF take them
 
 Config = tuple[tuple[str, str], ...]  # (name, value as JSON) in the job file's order
 
@@ -70,6 +73,12 @@ def digest(config: Config) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:_HASH_DIGITS]
 
 
+def seed_of(*words: str) -> int:
+    """A seed from ``words`` (stable: the same words, the same seed), below ``SEED_LIMIT``."""
+    whole = hashlib.sha256("\0".join(words).encode()).digest()
+    return int.from_bytes(whole[:4], "big") % SEED_LIMIT
+
+
 def max_base_name(reps: int) -> int:
     """The longest sweep name whose chains' names still fit the 64 characters allowed."""
     return 64 - _SUFFIX_RESERVE - len(str(max(0, reps - 1)))
@@ -80,13 +89,19 @@ def expand(spec: JobSpec) -> list[JobSpec]:
     if not spec.sweep:
         return [spec]
     out = []
+    seeds: set[int] = set()
     for config in spec.sweep:
         for rep in range(spec.reps):
-            out.append(_one(spec, config, rep))
+            # 32 bits can coincide (among 100,000 chains, about once): the later one moves on.
+            seed = seed_of(spec.name, digest(config), str(rep))
+            while seed in seeds:
+                seed = (seed + 1) % SEED_LIMIT
+            seeds.add(seed)
+            out.append(_one(spec, config, rep, seed))
     return out
 
 
-def _one(spec: JobSpec, config: Config, rep: int) -> JobSpec:
+def _one(spec: JobSpec, config: Config, rep: int, seed: int) -> JobSpec:
     name = f"{spec.name}-{digest(config)}-r{rep}"
     values = {k: param_text(v) for k, v in config}
 
@@ -121,4 +136,5 @@ def _one(spec: JobSpec, config: Config, rep: int) -> JobSpec:
         sweep_name=spec.name,
         params=config,
         rep=rep,
+        seed=seed,
     )

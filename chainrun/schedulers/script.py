@@ -14,7 +14,7 @@ from importlib import resources
 
 from chainrun import container
 from chainrun.schedulers.base import ArrayScheduler, Scheduler
-from chainrun.schedulers.segment import SegmentJob, code_dir, sweep_environment
+from chainrun.schedulers.segment import SegmentJob, chain_seed, code_dir, sweep_environment
 from chainrun.text import quote
 
 _PLACEHOLDER = re.compile(r"@@([A-Z_]+)@@")
@@ -47,6 +47,7 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
     values = {
         "CHAIN": q(job.chain_id),
         "SEGMENT": str(job.n),
+        "SEED": str(chain_seed(spec, job.chain_id)),
         "SEGMENT_PADDED": f"{job.n:04d}",
         "PREVIOUS": str(job.n - 1),
         "PREVIOUS_PADDED": f"{job.n - 1:04d}",
