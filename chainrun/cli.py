@@ -468,6 +468,7 @@ def status(
     or the state database cannot be read.
     """
     from chainrun import status as view
+    from chainrun import sweepstatus
 
     if watch is not None and as_json:
         raise UsageError("--watch draws a table for people; for scripts, run `status --json` in a loop")
@@ -478,15 +479,16 @@ def status(
     def draw(shown: Sequence[Shown], damaged: list[DamagedChain]) -> str:
         # Measured at each frame: a terminal resized under --watch gets the new width.
         width = shutil.get_terminal_size((view.WIDTH, 24)).columns if tty else view.WIDTH
-        one = chain_ref is not None and not group[0]
+        if group[0]:  # a sweep: its metrics compared, its chains named by their parameters
+            members = cast("Sequence[Chain]", shown)  # a sweep's chains are read in full
+            label = sweepstatus.label(members, width, verbose)
+            text = view.frame(ctx.obj, shown, time.time(), damaged, width=width, verbose=verbose, label=label)
+            return f"{sweepstatus.summary(chain_ref or '', members, width, verbose)}\n{text}"
+        one = chain_ref is not None
         # One chain asked for by name: all there is to know of it, its jobs included.
-        text = view.frame(
+        return view.frame(
             ctx.obj, shown, time.time(), damaged, width=width, verbose=verbose or one, tails=one
         )
-        if not group[0]:
-            return text
-        members = cast("Sequence[Chain]", shown)  # a sweep's chains are read in full
-        return f"{view.sweep_line(chain_ref or '', members, width)}\n{text}"
 
     with _store(ctx, readonly=True) as store:
 

@@ -55,6 +55,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.cli",
         "chainrun.plan",
         "chainrun.status",
+        "chainrun.sweepstatus",
         "chainrun.follow",
         "chainrun.control",
         "chainrun.api",
