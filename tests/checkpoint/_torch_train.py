@@ -58,12 +58,8 @@ def main() -> int:
     y = (x @ torch.randn(8, 1, generator=data)).tanh()
     dataset = TensorDataset(x, y)
     if args.sampler == "resumable":
-        loader = DataLoader(
-            dataset,
-            batch_size=8,
-            sampler=ResumableSampler(dataset, seed=None if args.no_seed else 7),
-            num_workers=args.workers,
-        )
+        sampler = ResumableSampler(dataset) if args.no_seed else ResumableSampler(dataset, seed=7)
+        loader = DataLoader(dataset, batch_size=8, sampler=sampler, num_workers=args.workers)
     else:
         loader = DataLoader(dataset, batch_size=8, shuffle=True, num_workers=args.workers)
 
