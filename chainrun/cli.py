@@ -462,7 +462,9 @@ def status(
     Below it, a line for each chain that needs attention (failed, stuck,
     damaged, retrying a submission, held by the scheduler); --verbose shows
     every chain's reason and details. With CHAIN, its details (its jobs too),
-    and for a failed chain the last lines of its failing segment's output.
+    and for a failed chain the last lines of its failing segment's output. With
+    a sweep's name, each metric compared over its configurations (mean and
+    spread over repetitions, best first) and its chains named by their parameters.
 
     Exits 0; 2 for an unknown CHAIN or a bad option; 1 when CHAIN is damaged
     or the state database cannot be read.
