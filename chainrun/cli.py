@@ -470,7 +470,6 @@ def status(
     or the state database cannot be read.
     """
     from chainrun import status as view
-    from chainrun import sweepstatus
 
     if watch is not None and as_json:
         raise UsageError("--watch draws a table for people; for scripts, run `status --json` in a loop")
@@ -482,6 +481,8 @@ def status(
         # Measured at each frame: a terminal resized under --watch gets the new width.
         width = shutil.get_terminal_size((view.WIDTH, 24)).columns if tty else view.WIDTH
         if group[0]:  # a sweep: its metrics compared, its chains named by their parameters
+            from chainrun import sweepstatus
+
             members = cast("Sequence[Chain]", shown)  # a sweep's chains are read in full
             label = sweepstatus.label(members, width, verbose)
             text = view.frame(ctx.obj, shown, time.time(), damaged, width=width, verbose=verbose, label=label)

@@ -27,8 +27,7 @@ from typing import Any, Optional, Union
 
 from chainrun import heartbeat
 from chainrun.localrunner import alive
-from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Phase
-from chainrun.schedulers.segment import chain_seed
+from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Phase, chain_seed
 from chainrun.store import DamagedChain, Glance, SegmentGlance, ran
 from chainrun.text import clip, escaped
 

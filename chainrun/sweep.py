@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from chainrun.errors import JobFileError
-from chainrun.model import JobSpec
+from chainrun.model import SEED_LIMIT, JobSpec, seed_of
 from chainrun.text import quote
 
 PARAM_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -33,7 +33,6 @@ MAX_CHAINS = 100_000  # refused beyond this: a typo in a grid, not a sweep anyon
 _PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")  # {lr}, never bash's ${lr}
 _HASH_DIGITS = 8
 _SUFFIX_RESERVE = 1 + _HASH_DIGITS + 2  # "-" hash "-r", then the rep's digits
-SEED_LIMIT = 2**32  # seeds are below it: NumPy's legacy seed must be, torch, random and TF take them
 
 Config = tuple[tuple[str, str], ...]  # (name, value as JSON) in the job file's order
 
@@ -71,12 +70,6 @@ def digest(config: Config) -> str:
     """The short, stable hash that names a configuration (its names and values, sorted)."""
     canonical = json.dumps({k: json.loads(v) for k, v in config}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:_HASH_DIGITS]
-
-
-def seed_of(*words: str) -> int:
-    """A seed from ``words`` (stable: the same words, the same seed), below ``SEED_LIMIT``."""
-    whole = hashlib.sha256("\0".join(words).encode()).digest()
-    return int.from_bytes(whole[:4], "big") % SEED_LIMIT
 
 
 def max_base_name(reps: int) -> int:

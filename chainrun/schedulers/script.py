@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from importlib import resources
 
 from chainrun import container
+from chainrun.model import chain_seed
 from chainrun.schedulers.base import ArrayScheduler, Scheduler
-from chainrun.schedulers.segment import SegmentJob, chain_seed, code_dir, sweep_environment
+from chainrun.schedulers.segment import SegmentJob, code_dir, sweep_environment
 from chainrun.text import quote
 
 _PLACEHOLDER = re.compile(r"@@([A-Z_]+)@@")

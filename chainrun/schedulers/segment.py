@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from chainrun.model import EndMarker, JobSpec, Progress, StartMarker
-from chainrun.sweep import param_text, seed_of
+from chainrun.sweep import param_text
 
 RUN_DIR_NAME = ".chainrun"
 FINAL_NAME = "final"
@@ -111,13 +111,6 @@ def sweep_environment(spec: JobSpec) -> list[tuple[str, str]]:
     pairs = [(f"CHAINRUN_PARAM_{k.upper()}", param_text(v)) for k, v in spec.params]
     everything = json.dumps({k: json.loads(v) for k, v in spec.params}, separators=(",", ":"))
     return [*pairs, ("CHAINRUN_PARAMS", everything), ("CHAINRUN_REP", str(spec.rep))]
-
-
-def chain_seed(spec: JobSpec, chain_id: str) -> int:
-    """The chain's ``CHAINRUN_SEED``, the same in each of its segments: a sweep chain's own
-    (from its sweep, configuration and repetition), else one from the chain id, so that each
-    chain submitted is a run of its own, also when the same job file is submitted again."""
-    return spec.seed if spec.seed is not None else seed_of(chain_id)
 
 
 def _fields(data: bytes) -> dict[str, str]:
