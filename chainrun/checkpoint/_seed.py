@@ -17,7 +17,7 @@ import warnings
 from typing import Optional
 
 SEED_VAR = "CHAINRUN_SEED"
-SEED_LIMIT = 2**32  # NumPy's legacy seed must be below it
+SEED_LIMIT = 2**32  # NumPy's legacy seed must be below it (model.SEED_LIMIT: the helper imports no chainrun)
 
 
 def chain_seed() -> Optional[int]:
