@@ -352,7 +352,9 @@ def status(
     Below it, a line for each chain that needs attention (failed, stuck,
     damaged, retrying a submission, held by the scheduler); --verbose shows
     every chain's reason and details. With CHAIN, its details (its jobs too),
-    and for a failed chain the last lines of its failing segment's output.
+    and for a failed chain the last lines of its failing segment's output. With
+    a sweep's name, each metric compared over its configurations (mean and
+    spread over repetitions, best first) and its chains named by their parameters.
 
     Exits 0; 2 for an unknown CHAIN or a bad option; 1 when CHAIN is damaged
     or the state database cannot be read.
@@ -368,15 +370,18 @@ def status(
     def draw(shown: Sequence[Shown], damaged: list[DamagedChain]) -> str:
         # Measured at each frame: a terminal resized under --watch gets the new width.
         width = shutil.get_terminal_size((view.WIDTH, 24)).columns if tty else view.WIDTH
-        one = chain_ref is not None and not group[0]
+        if group[0]:  # a sweep: its metrics compared, its chains named by their parameters
+            from chainrun import sweepstatus
+
+            members = cast("Sequence[Chain]", shown)  # a sweep's chains are read in full
+            label = sweepstatus.label(members, width, verbose)
+            text = view.frame(ctx.obj, shown, time.time(), damaged, width=width, verbose=verbose, label=label)
+            return f"{sweepstatus.summary(chain_ref or '', members, width, verbose)}\n{text}"
+        one = chain_ref is not None
         # One chain asked for by name: all there is to know of it, its jobs included.
-        text = view.frame(
+        return view.frame(
             ctx.obj, shown, time.time(), damaged, width=width, verbose=verbose or one, tails=one
         )
-        if not group[0]:
-            return text
-        members = cast("Sequence[Chain]", shown)  # a sweep's chains are read in full
-        return f"{view.sweep_line(chain_ref or '', members, width)}\n{text}"
 
     with _store(ctx, readonly=True) as store:
 

@@ -9,6 +9,7 @@ them through JSON.
 from __future__ import annotations
 
 import enum
+import hashlib
 import posixpath
 import signal as signals
 import time
@@ -125,6 +126,22 @@ class SchedulerSpec:
         return self.host or (self.hosts[0] if self.hosts else None)
 
 
+SEED_LIMIT = 2**32  # seeds are below it: NumPy's legacy seed must be; torch, random and TF take them
+
+
+def seed_of(*words: str) -> int:
+    """A seed from ``words`` (the same words, the same seed), below ``SEED_LIMIT``."""
+    whole = hashlib.sha256("\0".join(words).encode()).digest()
+    return int.from_bytes(whole[:4], "big") % SEED_LIMIT
+
+
+def chain_seed(spec: JobSpec, chain_id: str) -> int:
+    """The chain's ``CHAINRUN_SEED``, the same in each of its segments: a sweep chain's own
+    (from its sweep, configuration and repetition: ``sweep.expand``), else one from the chain
+    id, so that each chain submitted is a run of its own, also from the same job file."""
+    return spec.seed if spec.seed is not None else seed_of(chain_id)
+
+
 # JobSpec fields JSON gives back as lists, made tuples again by from_json.
 _SPEC_TUPLES = ("scheduler", "env", "inherit_env", "inherited", "container_options", "sweep", "params")
 
@@ -170,6 +187,8 @@ class JobSpec:
     params: tuple[tuple[str, str], ...] = ()
     rep: int = 0
     max_concurrent: Optional[int] = None  # [sweep]: at most this many of its chains under way at once
+    # A sweep chain's CHAINRUN_SEED, set by ``sweep.expand``; None: one from the chain id.
+    seed: Optional[int] = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -9,6 +9,7 @@ is the plan a person reads (segments, walltimes, budget, where the epoch comes f
 from __future__ import annotations
 
 import os
+import posixpath
 import shlex
 from collections.abc import Sequence
 
@@ -54,6 +55,7 @@ def summary(path: str, spec: JobSpec, chains: Sequence[JobSpec]) -> list[str]:
         for one in chains[:shown]:
             values = " ".join(f"{k}={param_text(v)}" for k, v in one.params)
             lines.append(f"    {one.name}  {one_line(values, 200)}")
+            lines.append(f"      checkpoint_dir {_within(spec.workdir, one.checkpoint_dir)}, seed {one.seed}")
         if len(chains) > shown:
             lines.append(f"    ... and {len(chains) - shown} more")
     return lines
@@ -137,19 +139,26 @@ def _plan(spec: JobSpec) -> list[tuple[str, str]]:
         plan.append(("container", f"{spec.container} ({spec.container_runtime})"))
     if spec.sweep:
         configs = f"{len(spec.sweep)} configurations x {spec.reps} repetitions"
-        plan.append(("sweep", f"{configs}: one chain each, with its own checkpoint_dir"))
+        plan.append(("sweep", f"{configs}: one chain each, with its own checkpoint_dir and seed"))
+        plan.append(("seed", "CHAINRUN_SEED, from the sweep's name, configuration and repetition"))
+    else:
+        plan.append(("seed", "CHAINRUN_SEED, the chain's own (from its id, made at submit)"))
     if spec.snapshot:
         plan.append(("code", f"a git snapshot of {snapshot.source_dir(spec)}'s repository, taken at submit"))
     return plan
 
 
+def _within(workdir: str, path: str) -> str:
+    """``path`` as the job file likely wrote it: relative to the workdir when inside it."""
+    rel = posixpath.relpath(path, workdir)
+    return path if rel == ".." or rel.startswith("../") else rel
+
+
 def _progress_source(spec: JobSpec) -> str:
     if spec.progress_file:
         return f"the epoch is {spec.progress_key} in {spec.progress_file}"
-    return (
-        f"chainrun.checkpoint's sidecar in {spec.checkpoint_dir}, "
-        "else the time of the newest file there (no epoch)"
-    )
+    where = "each chain's own checkpoint_dir (below)" if spec.sweep else spec.checkpoint_dir
+    return f"chainrun.checkpoint's sidecar in {where}, else the time of the newest file there (no epoch)"
 
 
 def _environment(spec: JobSpec) -> str:

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
 
 from chainrun import heartbeat, systemd
 from chainrun.lock import lock_for
-from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Phase
+from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Phase, chain_seed
 from chainrun.store import DamagedChain, Glance, SegmentGlance, ran
 from chainrun.store.database import DB_FILE
 from chainrun.text import clip, escaped
@@ -352,18 +352,22 @@ def _wrap(text: str, width: int, indent: str = "", more: str = "    ") -> list[s
     ) or [indent.rstrip()]
 
 
-def _columns(rows: list[tuple[str, ...]], width: int) -> list[str]:
-    """The rows aligned, dropping the columns of highest rank until they fit ``width``."""
-    keep = list(range(len(HEADER)))
-    chain_max = max(CHAIN_MAX, width * 3 // 10)
-    rows = [(_clip_id(r[0], chain_max), clip(r[1], STATE_MAX), *r[2:]) for r in rows]
+def columns(rows: Sequence[tuple[str, ...]], width: int, ranks: Sequence[int]) -> list[str]:
+    """The rows aligned, dropping the columns of highest rank (``ranks``, one a column; 0:
+    never dropped) until they fit ``width``."""
+    keep = list(range(len(ranks)))
     widths = [max(map(len, column)) for column in zip(*rows)]
-    for _, i in sorted(((rank, i) for i, (_, rank) in enumerate(COLUMNS) if rank), reverse=True):
+    for _, i in sorted(((rank, i) for i, rank in enumerate(ranks) if rank), reverse=True):
         if sum(widths[k] for k in keep) + 2 * (len(keep) - 1) <= width:
             break
         keep.remove(i)
     lines = ["  ".join(r[i].ljust(widths[i]) for i in keep).rstrip() for r in rows]
-    return [clip(line, width) for line in lines]  # a terminal narrower than CHAIN and STATE
+    return [clip(line, width) for line in lines]  # a terminal narrower than the columns kept
+
+
+# What names each chain in the table's first columns: their headings, and a chain's cells
+# (a sweep's chains are named by their parameters: ``sweepstatus.label``). None: its id.
+Label = tuple[tuple[str, ...], Callable[[Shown], tuple[str, ...]]]
 
 
 def table(
@@ -375,16 +379,25 @@ def table(
     verbose: bool = False,
     tails: bool = False,
     seen: Optional[float] = None,
+    label: Optional[Label] = None,
 ) -> str:
     """The chains as a table of one line each, at most ``width`` columns, then the lines
     about them: those needing attention (every chain's details when ``verbose``), and
     what is wrong with each damaged chain. ``tails``: a failed chain's last output
     lines and the command that shows the rest. ``verbose`` and ``tails`` need the
     chains read in full; the table alone, their glances. ``seen``: the last tick, when
-    no service runs (``last_tick``)."""
+    no service runs (``last_tick``). ``label``: what names each chain in the first
+    columns, instead of its id."""
     glances = [_glance(c) for c in chains]
-    rows = [HEADER, *(row(g, now, seen) for g in glances), *(damaged_row(d) for d in damaged)]
-    lines = _columns(rows, width)
+    chain_max = max(CHAIN_MAX, width * 3 // 10)
+    heads, cells = label or (HEADER[:1], lambda c: (_clip_id(c.id, chain_max),))
+    rows = [(*heads, *HEADER[1:])]
+    for c, g in zip(chains, glances):
+        cell = row(g, now, seen)
+        rows.append((*cells(c), clip(cell[1], STATE_MAX), *cell[2:]))
+    for d in damaged:
+        rows.append((_clip_id(d.id, chain_max), *("-" for _ in heads[1:]), *damaged_row(d)[1:]))
+    lines = columns(rows, width, (*(0 for _ in heads), *(rank for _, rank in COLUMNS[1:])))
     for c, g in zip(chains, glances):
         full = c if isinstance(c, Chain) else None
         if (verbose or tails) and full is None:
@@ -434,6 +447,7 @@ def frame(
     width: int = WIDTH,
     verbose: bool = False,
     tails: bool = False,
+    label: Optional[Label] = None,
 ) -> str:
     """What `chainrun status` prints: the table (or that there are no chains), then the service."""
     # A command to paste (indented four) is left whole: broken in two, it would not run.
@@ -444,29 +458,10 @@ def frame(
     )
     if not chains and not damaged:
         return f"no chains; submit one with `chainrun submit JOBFILE`\n{service}"
-    text = table(chains, now, damaged, width=width, verbose=verbose, tails=tails, seen=last_tick(home))
+    text = table(
+        chains, now, damaged, width=width, verbose=verbose, tails=tails, seen=last_tick(home), label=label
+    )
     return f"{text}\n{service}"
-
-
-def sweep_line(name: str, chains: Sequence[Chain], width: int = WIDTH) -> str:
-    """A sweep at a glance: its chains by state, a bar of how many have completed, and for
-    each metric the helper's sidecars report (``write_progress(metrics=...)``), the chains
-    with its lowest and highest value."""
-    states: dict[str, int] = {}
-    for c in chains:
-        states[c.state.value] = states.get(c.state.value, 0) + 1
-    done = states.get(ChainState.COMPLETED.value, 0)
-    counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items(), key=lambda kv: -kv[1]))
-    lines = [clip(f"sweep {name}: {bar(done, len(chains))} completed; {counts}", width)]
-    # Each metric the chains' sidecars report: its lowest and highest, and whose.
-    seen: dict[str, list[tuple[float, str]]] = {}
-    for c in chains:
-        for key, value in c.latest.metrics:
-            seen.setdefault(key, []).append((value, c.id))
-    for key, values in seen.items():
-        (low, low_id), (high, high_id) = min(values), max(values)
-        lines.append(clip(f"  {key}: lowest {low:.4g} ({low_id}), highest {high:.4g} ({high_id})", width))
-    return "\n".join(lines)
 
 
 def service_line(home: Path, now: float) -> str:
@@ -497,6 +492,7 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
         "sweep": c.spec.sweep_name or None,
         "params": {k: json.loads(v) for k, v in c.spec.params} if c.spec.sweep_name else None,
         "rep": c.spec.rep if c.spec.sweep_name else None,
+        "seed": chain_seed(c.spec, c.id),
         "state": c.state.value,
         "reason": c.reason,
         "attention": attention(g, now) or None,

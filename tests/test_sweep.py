@@ -4,18 +4,22 @@ values in its command and environment, its own checkpoint directory and a stable
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Callable
 
 import pytest
 from conftest import wait_for
 
-from chainrun import jobfile, sweep
+from chainrun import jobfile, status, sweep, sweepstatus
 from chainrun.errors import JobFileError
+from chainrun.model import Chain, ChainState
 
 TRAINER = Path(__file__).parent / "data" / "trainer.py"
+TORCH_TRAINER = Path(__file__).parent / "checkpoint" / "_torch_train.py"
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
 BASE = (
     'name = "lr"\ncommand = "python3 train.py --lr {lr} --tag {tag}"\ntotal_time = "1h"\nwalltime = "10m"\n'
@@ -140,6 +144,23 @@ def test_a_sweep_of_three_rates_times_two_runs_six_chains_each_with_its_own_valu
     assert head.startswith("sweep lrs: [") and head.endswith("6/6 completed; 6 completed")
 
 
+def test_check_on_a_sweep_shows_each_chains_own_checkpoint_dir_and_seed(
+    tmp_path: Path, chainrun: CLI
+) -> None:
+    """`check` lists each chain with the directory its checkpoints go to (placeholders filled
+    in) and its seed; no line shows checkpoint_dir's placeholders as if they were a path."""
+    path = tmp_path / "sweep.toml"
+    path.write_text(
+        BASE
+        + 'checkpoint_dir = "ck/{lr}-{rep}"\n[sweep]\nreps = 2\n[sweep.grid]\nlr = [0.1, 0.01]\ntag = ["x"]\n'
+    )
+    out = chainrun("check", str(path), check=True).stdout
+    for one in sweep.expand(jobfile.load(path)):
+        assert f"checkpoint_dir {os.path.relpath(one.checkpoint_dir, tmp_path)}, seed {one.seed}" in out
+    assert "checkpoint_dir ck/0.01-1, seed" in out
+    assert not any("{rep}" in line for line in out.splitlines()), out
+
+
 def test_cancel_sweep_asks_and_cancels_every_chain(tmp_path: Path, chainrun: CLI) -> None:
     work = tmp_path / "work"
     work.mkdir()
@@ -155,30 +176,219 @@ def test_cancel_sweep_asks_and_cancels_every_chain(tmp_path: Path, chainrun: CLI
     assert states == {"cancelled"}
 
 
-def test_the_sweep_line_counts_states_and_names_each_metrics_lowest_and_highest(tmp_path: Path) -> None:
-    """The metrics come from the helper's sidecar (write_progress(metrics=...)) through the
-    same reader the service uses, and the sweep's head line names whose is lowest and highest."""
+def sweep_chains(tmp_path: Path, metrics: list[dict[str, float]]) -> list[Chain]:
+    """The chains of a sweep of lr x batch, 2 repetitions, each with ``metrics`` (one a chain,
+    in expand's order) saved by the helper and read back by the reader the service uses."""
     from dataclasses import replace
 
     from chainrun import progress as reading
-    from chainrun import status
     from chainrun.checkpoint import write_progress
-    from chainrun.model import Chain, ChainState
     from chainrun.transport import LocalTransport
 
-    spec = load(tmp_path, BASE + '[sweep.grid]\nlr = [1, 2, 3]\ntag = ["x"]\n')
+    spec = load(
+        tmp_path,
+        BASE.replace("{tag}", "{batch}")
+        + "[sweep]\nreps = 2\n[sweep.grid]\nlr = [0.1, 0.01]\nbatch = [64, 128]\n",
+    )
     chains = []
-    for i, (one, loss) in enumerate(zip(sweep.expand(spec), (0.5, 0.125, 0.25))):
+    for i, (one, values) in enumerate(zip(sweep.expand(spec), metrics)):
         ckpt = tmp_path / f"ck{i}"
         ckpt.mkdir()
         (ckpt / "m.pt").write_bytes(b"weights")
-        write_progress(ckpt, epoch=3, step=0, file="m.pt", metrics={"loss": loss, "note": "text"})
+        write_progress(ckpt, epoch=3, step=0, file="m.pt", metrics={**values, "note": "text"})
         progress = reading.read(LocalTransport(), replace(one, checkpoint_dir=str(ckpt)))
-        assert progress is not None and progress.metrics == (("loss", loss),)
-        state = ChainState.COMPLETED if i else ChainState.ACTIVE
+        assert progress is not None
+        state = ChainState.COMPLETED if i % 3 else ChainState.ACTIVE
         chains.append(
-            Chain(id=f"{one.name}-00000{i}", spec=one, state=state, created_at=0.0, latest=progress)
+            Chain(id=f"{one.name}-a0b1c{i}", spec=one, state=state, created_at=0.0, latest=progress)
         )
-    head, metric = status.sweep_line("lr", chains, 120).splitlines()
-    assert head.startswith("sweep lr: [") and head.endswith("2/3 completed; 2 completed, 1 active")
-    assert metric == f"  loss: lowest 0.125 ({chains[1].id}), highest 0.5 ({chains[0].id})"
+    return chains
+
+
+def test_status_sweep_compares_each_metric_over_repetitions_best_first_in_80_columns(tmp_path: Path) -> None:
+    """Per configuration, the mean and spread of each metric over its repetitions, the best
+    first (lowest for a loss, highest for an accuracy), the parameters as columns, and how many
+    repetitions reported it; no line past 80 columns."""
+    chains = sweep_chains(
+        tmp_path,
+        [
+            {"val_loss": 0.5, "acc": 0.5},  # lr 0.1, batch 64, r0
+            {"val_loss": 0.7, "acc": 0.25},  # r1
+            {"val_loss": 0.25, "acc": 0.875},  # lr 0.1, batch 128
+            {"val_loss": 0.25, "acc": 0.625},
+            {"val_loss": 1.5},  # lr 0.01, batch 64: only r0 has reported an accuracy
+            {"val_loss": 0.5, "acc": 0.125},
+            {"val_loss": 1.0, "acc": 0.5},  # lr 0.01, batch 128
+            {"val_loss": 0.5, "acc": 0.5},
+        ],
+    )
+    text = sweepstatus.summary("lr", chains, 80)
+    assert max(map(len, text.splitlines())) <= 80
+    assert text.splitlines() == [
+        "sweep lr: [######....] 5/8 completed; 5 completed, 3 active",
+        "acc, highest first (mean and spread over repetitions):",
+        "  lr    batch  MEAN   SPREAD  REPS",
+        "  0.1   128    0.75   ±0.18   2 of 2",
+        "  0.01  128    0.5    ±0      2 of 2",
+        "  0.1   64     0.375  ±0.18   2 of 2",
+        "  0.01  64     0.125  -       1 of 2",
+        "val_loss, lowest first (mean and spread over repetitions):",
+        "  lr    batch  MEAN  SPREAD  REPS",
+        "  0.1   128    0.25  ±0      2 of 2",
+        "  0.1   64     0.6   ±0.14   2 of 2",
+        "  0.01  128    0.75  ±0.35   2 of 2",
+        "  0.01  64     1     ±0.71   2 of 2",
+    ]
+
+
+def test_status_sweep_names_chains_by_their_parameters_and_shows_hashes_only_verbose(tmp_path: Path) -> None:
+    """In the sweep's table a chain is its parameters and repetition, not its hashed name;
+    `-v` adds the configuration's hash (and each chain's id above its details)."""
+    chains = sweep_chains(tmp_path, [{"loss": 1.0}] * 8)
+    now = 1000.0
+    text = status.table(chains, now, label=sweepstatus.label(chains, 80))
+    lines = text.splitlines()
+    assert lines[0].split()[:4] == ["lr", "batch", "REP", "STATE"]
+    assert lines[1].split()[:4] == ["0.1", "64", "0", "active"]
+    hashes = {sweep.digest(c.spec.params) for c in chains}
+    assert not any(h in text for h in hashes) and max(map(len, lines)) <= 80
+    verbose = status.table(chains, now, verbose=True, label=sweepstatus.label(chains, 80, verbose=True))
+    assert verbose.splitlines()[0].split()[:4] == ["CONFIG", "lr", "batch", "REP"]
+    assert verbose.splitlines()[1].split()[0] == sweep.digest(chains[0].spec.params)
+    assert all(f"{c.id}:" in verbose for c in chains)
+    compared = sweepstatus.summary("lr", chains, 80, verbose=True).splitlines()
+    assert compared[2].split()[:3] == ["CONFIG", "lr", "batch"] and compared[3].split()[0] in hashes
+
+
+def test_many_long_parameters_still_fit_80_columns(tmp_path: Path) -> None:
+    """Six parameters with long values: each column is shortened with "…", no line passes 80."""
+    from chainrun.model import Progress
+
+    point = "[[sweep.points]]\n" + "".join(f'{k}_parameter = "{k * 30}"\n' for k in "abcdef")
+    spec = load(tmp_path, BASE + point + point.replace('"a', '"z'))
+    chains = [
+        Chain(
+            id=f"{one.name}-00000{i}",
+            spec=one,
+            state=ChainState.ACTIVE,
+            created_at=0.0,
+            latest=Progress(epoch=1, metrics=(("loss", 0.5 + i),)),
+        )
+        for i, one in enumerate(sweep.expand(spec))
+    ]
+    for verbose in (False, True):
+        text = sweepstatus.summary("lr", chains, 80, verbose) + "\n"
+        text += status.table(chains, 0.0, verbose=verbose, label=sweepstatus.label(chains, 80, verbose))
+        assert max(map(len, text.splitlines())) <= 80, text
+        assert "…" in text
+
+
+def test_a_sweep_without_metrics_says_how_to_report_them(tmp_path: Path) -> None:
+    """No chain has reported a metric yet: one line says where they come from."""
+    chains = sweep_chains(tmp_path, [{}] * 8)
+    assert sweepstatus.summary("lr", chains).splitlines()[1] == (
+        "no metrics yet: the helper's save(..., metrics={...}) reports them"
+    )
+
+
+def test_which_way_is_better_is_read_from_the_metrics_name() -> None:
+    """Losses, errors and the like are better low; accuracy and anything else, high."""
+    low = ("loss", "val_loss", "top1_err", "error_rate", "val/mse", "ppl", "epoch_time")
+    high = ("acc", "accuracy", "f1", "auc", "reward", "bleu", "precision")
+    assert all(sweepstatus.lower_is_better(m) for m in low)
+    assert not any(sweepstatus.lower_is_better(m) for m in high)
+
+
+def test_each_chain_of_a_sweep_gets_its_own_seed_the_same_at_every_submit(tmp_path: Path) -> None:
+    """CHAINRUN_SEED: distinct for every configuration and repetition, the same when the sweep is
+    submitted again, and within what NumPy's seed accepts."""
+    text = BASE + '[sweep]\nreps = 3\n[sweep.grid]\nlr = [0.1, 0.01, 0.001]\ntag = ["a", "b"]\n'
+    chains = sweep.expand(load(tmp_path, text))
+    seeds = [c.seed for c in chains]
+    assert len(set(seeds)) == len(chains) == 18
+    assert all(s is not None and 0 <= s < 2**32 for s in seeds)
+    assert [c.seed for c in sweep.expand(load(tmp_path, text))] == seeds
+    renamed = sweep.expand(load(tmp_path, text.replace('name = "lr"', 'name = "lr2"')))
+    assert not set(seeds) & {c.seed for c in renamed}
+
+
+def test_seeds_that_coincide_are_moved_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 bits of a hash can coincide (among 100,000 chains, about once): the later chain moves on."""
+    monkeypatch.setattr(sweep, "seed_of", lambda *words: 2**32 - 1)
+    chains = sweep.expand(load(tmp_path, BASE + '[sweep]\nreps = 3\n[sweep.grid]\nlr = [1]\ntag = ["a"]\n'))
+    assert [c.seed for c in chains] == [2**32 - 1, 0, 1]
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_repetitions_differ_and_each_resumes_as_one_uninterrupted_run_with_its_seed(
+    tmp_path: Path, chainrun: CLI, service: Callable[..., object]
+) -> None:
+    """Two repetitions of one configuration of a PyTorch script that seeds nothing, on the local
+    runner: each chain gets its own CHAINRUN_SEED, so the two train differently; each, stopped
+    mid-epoch by the walltime signal and resumed in a second segment, ends bit-equal to one
+    uninterrupted run with its seed; and `status SWEEP` compares their loss."""
+    torch = pytest.importorskip("torch")
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(TORCH_TRAINER, work / "torch_train.py")
+    args = "--epochs 2 --no-seed"
+    out = '--dir "$CHAINRUN_CHECKPOINT_DIR" --out "$CHAINRUN_CHECKPOINT_DIR/final.pt"'
+    # The trainer sends itself the walltime signal after batch 4 of epoch 0 (a resumed
+    # segment starts past it): two segments each, however long importing torch takes on a
+    # loaded machine.
+    (work / "sweep.toml").write_text(
+        'name = "seeds"\n'
+        f"command = {json.dumps(f'python3 torch_train.py {out} {args} --signal-at 0:4')}\n"
+        'total_time = "30m"\nwalltime = "10m"\ngrace = "1m"\ntarget_epoch = 2\n'
+        "[sweep]\nreps = 2\n[sweep.grid]\nlr = [0.01]\n"
+    )
+    chainrun("submit", str(work / "sweep.toml"), check=True)
+    service(interval=0.5)
+
+    def ended() -> bool:
+        out = json.loads(chainrun("status", "seeds", "--json", check=True).stdout)
+        return all(c["state"] in ("completed", "failed", "exhausted") for c in out)
+
+    wait_for(ended, 600, "the sweep's two chains to end")
+    chains = sorted(
+        json.loads(chainrun("status", "seeds", "--json", check=True).stdout), key=lambda c: c["rep"]
+    )
+    assert [c["state"] for c in chains] == ["completed", "completed"], [c["reason"] for c in chains]
+    assert [c["segments_run"] for c in chains] == [2, 2]
+    seeds = [c["seed"] for c in chains]
+    assert seeds[0] != seeds[1]
+    finals = [torch.load(work / "checkpoints" / c["name"] / "final.pt", weights_only=True) for c in chains]
+    assert not torch.equal(finals[0]["model"]["0.weight"], finals[1]["model"]["0.weight"])
+
+    for seed, final in zip(seeds, finals):
+        ref = tmp_path / f"reference-{seed}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CHAINRUN_")}
+        env.update(CHAINRUN_SEED=str(seed), PYTHONPATH=str(Path(__file__).parent.parent))
+        subprocess.run(
+            [
+                sys.executable,
+                str(TORCH_TRAINER),
+                "--dir",
+                str(ref),
+                "--out",
+                str(ref / "final.pt"),
+                *args.split(),
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+        expected = torch.load(ref / "final.pt", weights_only=True)
+        assert expected["model"].keys() == final["model"].keys()
+        assert all(torch.equal(expected["model"][k], final["model"][k]) for k in final["model"])
+        assert torch.equal(expected["rng"], final["rng"])
+
+    text = chainrun("status", "seeds", check=True).stdout
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 80
+    at = lines.index("loss, lowest first (mean and spread over repetitions):")
+    assert lines[at + 1].split() == ["lr", "MEAN", "SPREAD", "REPS"]
+    assert lines[at + 2].split()[0] == "0.01" and lines[at + 2].endswith("2 of 2")
+    assert any(line.split()[:4] == ["lr", "REP", "STATE", "PROGRESS"] for line in lines)

@@ -5,7 +5,8 @@ imports only the standard library (the framework helpers live in
 ``chainrun.checkpoint.torch`` and ``chainrun.checkpoint.tensorflow``). It
 provides the atomic write, the progress sidecar that chainrun's service reads
 (``chainrun-progress.json``), keep-last-K retention with verified fallback
-(``CheckpointDir``), and ``SegmentClock``, which says when to save and exit.
+(``CheckpointDir``), ``SegmentClock``, which says when to save and exit, and
+``chain_seed()``, the chain's own seed.
 Everything works the same without the chainrun service.
 """
 
@@ -29,6 +30,7 @@ from chainrun.checkpoint._progress import (
     read_progress,
     write_progress,
 )
+from chainrun.checkpoint._seed import SEED_VAR, chain_seed
 from chainrun.checkpoint._store import (
     CheckpointDir,
     CheckpointError,
@@ -40,6 +42,7 @@ from chainrun.checkpoint._store import (
 )
 
 __all__ = [
+    "SEED_VAR",
     "SIDECAR_NAME",
     "SIDECAR_VERSION",
     "TEMP_SUFFIX",
@@ -52,6 +55,7 @@ __all__ = [
     "SegmentClock",
     "Written",
     "atomic_write",
+    "chain_seed",
     "cleanup_temp_files",
     "encode_progress",
     "fsync_dir",

@@ -95,7 +95,9 @@ def write_progress(
     here (for scripts that write their own checkpoints); with them, the caller
     vouches that the file is already durable. ``segment`` defaults to
     ``CHAINRUN_SEGMENT``. Metric values may be numbers, bools, None or short
-    strings; NumPy and torch scalars are converted, NaN becomes ``"nan"``.
+    strings; NumPy and torch scalars are converted, NaN becomes ``"nan"``. Each
+    metric the sidecar already holds keeps its last value until a save reports
+    it again: a save mid-epoch, with no metrics, leaves them as the last one said.
     """
     root = os.fspath(directory)
     name = _relative_name(root, file)
@@ -114,7 +116,7 @@ def write_progress(
         "saved_at": time.time() if saved_at is None else saved_at,
         "done": done,
         "segment": segment_from_env() if segment is None else segment,
-        "metrics": {str(k): _plain(v) for k, v in (metrics or {}).items()},
+        "metrics": {**_last_metrics(root), **{str(k): _plain(v) for k, v in (metrics or {}).items()}},
     }
     data = encode_progress(progress)
     atomic_write(os.path.join(root, SIDECAR_NAME), data)
@@ -129,6 +131,15 @@ def load_progress(directory: Union[str, os.PathLike[str]]) -> Optional[dict[str,
     except FileNotFoundError:
         return None
     return read_progress(data)
+
+
+def _last_metrics(directory: str) -> dict[str, Any]:
+    """The metrics of the sidecar in ``directory``; none when there is none or it is unreadable."""
+    try:
+        progress = load_progress(directory)
+    except (OSError, ValueError):
+        return {}
+    return progress["metrics"] if progress is not None else {}
 
 
 def segment_from_env() -> Optional[int]:

@@ -87,12 +87,13 @@ class Resume(NamedTuple):
     extras: Mapping[str, Any] = MappingProxyType({})
 
     def loaded(self, saved: Mapping[str, Any]) -> Resume:
-        """This resume with the epoch, step, extras and metrics a checkpoint saved."""
+        """This resume with the epoch, step, extras and metrics a checkpoint saved (the metrics
+        over those its sidecar carried from earlier saves)."""
         return self._replace(
             epoch=saved["epoch"],
             step=saved["step"],
             extras=saved.get("extras") or {},
-            metrics=saved.get("metrics") or {},
+            metrics={**self.metrics, **(saved.get("metrics") or {})},
         )
 
     def skip(self, epoch: int) -> int:

@@ -13,6 +13,11 @@ generator (as set when the Checkpointer is made), the Python and NumPy RNG
 states, the epoch, the step and extras. TensorFlow's own ``checkpoint`` state
 file is updated after each commit, so ``tf.train.latest_checkpoint(directory)``
 names the committed checkpoint.
+
+Imported in a chain, it seeds Python's, NumPy's and TensorFlow's random numbers
+(``tf.random.set_seed``) from the chain's ``CHAINRUN_SEED`` unless the script has set
+TensorFlow's global seed already (see ``_seed``): seeding of the script's own after the
+import wins, and ``restore()`` puts back the states a checkpoint holds.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import tensorflow as tf
 
 from chainrun.checkpoint._atomic import atomic_write, fsync_dir, fsync_file, sha256_file
 from chainrun.checkpoint._clock import SegmentClock
+from chainrun.checkpoint._seed import chain_seed, seed_python_and_numpy
 from chainrun.checkpoint._store import CheckpointDir, CheckpointError, Resume, Saved
 
 FORMAT = "chainrun-tensorflow"
@@ -254,6 +260,19 @@ class Checkpointer:
 
 def _is_variable(value: Any) -> bool:
     return isinstance(value, tf.Variable) or hasattr(value, "assign")
+
+
+def _seed_unless_seeded() -> None:
+    """Seed from ``CHAINRUN_SEED`` unless the script set TensorFlow's global seed before
+    importing this module (as ``keras.utils.set_random_seed`` would, it seeds all three)."""
+    seed = chain_seed()
+    if seed is None or tf.compat.v1.get_seed(None)[0] is not None:
+        return
+    seed_python_and_numpy(seed)
+    tf.random.set_seed(seed)
+
+
+_seed_unless_seeded()
 
 
 def _capture_host_rng() -> dict[str, Any]:

@@ -13,6 +13,10 @@ When ``torch.distributed`` has a default process group of several ranks, the
 ranks act as one: ``should_stop()`` and ``save()`` are collective (every rank
 calls them at the same step), rank 0 alone writes the checkpoint and the
 progress sidecar, and ``restore()`` loads it on every rank.
+
+Imported in a chain, it seeds Python's, NumPy's and torch's random numbers from the chain's
+``CHAINRUN_SEED`` unless the script has seeded torch already (see ``_seed``): seeding of the
+script's own after the import wins, and ``restore()`` puts back the states a checkpoint holds.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import torch
 from torch.utils.data import BatchSampler, Sampler
 
 from chainrun.checkpoint._clock import SegmentClock
+from chainrun.checkpoint._seed import SEED_LIMIT, chain_seed, seed_python_and_numpy
 from chainrun.checkpoint._store import CheckpointDir, CheckpointError, CheckpointWarning, Resume, Saved
 
 FORMAT = "chainrun-torch"
@@ -52,16 +57,21 @@ class ResumableSampler(Sampler[int]):
     The order of epoch ``e`` is a permutation drawn from ``seed + e`` alone, so
     it does not depend on the global RNG and is the same in every process.
     ``set_epoch(epoch, start)`` skips the first ``start`` samples of that order.
+    Without a ``seed``: the chain's ``CHAINRUN_SEED``, else 0.
     """
 
-    def __init__(self, data_source: Union[Sized, int], *, shuffle: bool = True, seed: int = 0) -> None:
+    def __init__(
+        self, data_source: Union[Sized, int], *, shuffle: bool = True, seed: Optional[int] = None
+    ) -> None:
         super().__init__()
         n = data_source if isinstance(data_source, int) else len(data_source)
         if n < 0:
             raise ValueError(f"ResumableSampler needs a dataset size >= 0, got {n}")
         self.num_samples = n
         self.shuffle = shuffle
-        self.seed = seed
+        if seed is None:
+            seed = chain_seed()
+        self.seed = 0 if seed is None else seed
         self.epoch = 0
         self.start = 0
 
@@ -642,6 +652,21 @@ class _Stager:
                 out.copy_(t)
         self._seen[ident] = out
         return out
+
+
+def _seed_unless_seeded() -> None:
+    """Seed from ``CHAINRUN_SEED`` unless the script seeded torch before importing this module.
+    Torch seeds itself with 64 random bits at start; a seed set with ``manual_seed`` is below
+    ``SEED_LIMIT`` (as NumPy requires), so a smaller one says the script seeded already (the
+    64 random bits fall below it once in 2**32 starts)."""
+    seed = chain_seed()
+    if seed is None or torch.initial_seed() < SEED_LIMIT:
+        return
+    seed_python_and_numpy(seed)
+    torch.manual_seed(seed)  # the CPU generator and every CUDA device's
+
+
+_seed_unless_seeded()
 
 
 def _finish_at_exit(ref: weakref.ref[Checkpointer]) -> None:

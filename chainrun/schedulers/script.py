@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from importlib import resources
 
 from chainrun import container
+from chainrun.model import chain_seed
 from chainrun.schedulers.base import ArrayScheduler, Scheduler
 from chainrun.schedulers.segment import SegmentJob, code_dir, sweep_environment
 from chainrun.text import quote
@@ -47,6 +48,7 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
     values = {
         "CHAIN": q(job.chain_id),
         "SEGMENT": str(job.n),
+        "SEED": str(chain_seed(spec, job.chain_id)),
         "SEGMENT_PADDED": f"{job.n:04d}",
         "PREVIOUS": str(job.n - 1),
         "PREVIOUS_PADDED": f"{job.n - 1:04d}",

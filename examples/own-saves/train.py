@@ -65,7 +65,7 @@ def main() -> int:
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, "model.pt")
 
-    torch.manual_seed(0)
+    torch.manual_seed(int(os.environ.get("CHAINRUN_SEED", "0")))  # the chain's own seed; 0 outside chainrun
     g = torch.Generator().manual_seed(1234)
     x = torch.randn(32768, 64, generator=g)
     y = (x @ torch.randn(64, 10, generator=g)).argmax(dim=1)

@@ -39,12 +39,13 @@ def main() -> int:
 
     from chainrun.checkpoint.torch import Checkpointer, ResumableSampler
 
-    torch.manual_seed(0)
+    # No torch.manual_seed here: importing the helper seeded torch, NumPy and random from
+    # the chain's own CHAINRUN_SEED (a constant would make a sweep's repetitions copies).
     data = torch.Generator().manual_seed(1234)
     x = torch.randn(args.samples, 64, generator=data)
     y = (x @ torch.randn(64, 10, generator=data)).argmax(dim=1)
     dataset = TensorDataset(x, y)
-    loader = DataLoader(dataset, batch_size=128, sampler=ResumableSampler(dataset, seed=0))
+    loader = DataLoader(dataset, batch_size=128, sampler=ResumableSampler(dataset))
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

@@ -6,7 +6,7 @@ OneCycleLR schedule stepped per batch, a GradScaler whose scale changes, and a
 shuffling loader. ``--signal-at E:S`` sends the walltime signal to itself after
 batch S of epoch E; the test can also send one from outside. On the signal it
 saves, prints ``stopped``, and exits 0; at the end it writes every state to
-``--out`` for comparison.
+``--out`` for comparison. ``--no-seed`` leaves the seeding to the helper (``CHAINRUN_SEED``).
 """
 
 from __future__ import annotations
@@ -43,20 +43,23 @@ def main() -> int:
     parser.add_argument("--signal-at", default="")
     parser.add_argument("--async-save", action="store_true")
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument(
+        "--no-seed", action="store_true", help="seed nothing: the helper seeds from CHAINRUN_SEED"
+    )
     args = parser.parse_args()
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    np.random.seed(0)
-    random.seed(0)
+    if not args.no_seed:
+        torch.manual_seed(0)
+        np.random.seed(0)
+        random.seed(0)
     data = torch.Generator().manual_seed(42)
     x = torch.randn(96, 8, generator=data)
     y = (x @ torch.randn(8, 1, generator=data)).tanh()
     dataset = TensorDataset(x, y)
     if args.sampler == "resumable":
-        loader = DataLoader(
-            dataset, batch_size=8, sampler=ResumableSampler(dataset, seed=7), num_workers=args.workers
-        )
+        sampler = ResumableSampler(dataset) if args.no_seed else ResumableSampler(dataset, seed=7)
+        loader = DataLoader(dataset, batch_size=8, sampler=sampler, num_workers=args.workers)
     else:
         loader = DataLoader(dataset, batch_size=8, shuffle=True, num_workers=args.workers)
 

@@ -86,6 +86,17 @@ def test_write_progress_turns_scalars_into_json_and_nan_into_text(tmp_path: Path
     assert progress["metrics"] == {"loss": 0.5, "bad": "nan"}
 
 
+def test_a_save_without_metrics_carries_each_metrics_last_value(tmp_path: Path) -> None:
+    """A save mid-epoch reports no metrics: the sidecar (what `status` shows) keeps the last
+    values; a metric reported again takes its new value, the others stay."""
+    (tmp_path / "c.pt").write_bytes(b"x")
+    write_progress(tmp_path, epoch=1, step=0, file="c.pt", metrics={"loss": 0.5, "acc": 0.75})
+    assert write_progress(tmp_path, epoch=1, step=7, file="c.pt")["metrics"] == {"loss": 0.5, "acc": 0.75}
+    write_progress(tmp_path, epoch=2, step=0, file="c.pt", metrics={"loss": 0.25})
+    progress = load_progress(tmp_path)
+    assert progress is not None and progress["metrics"] == {"loss": 0.25, "acc": 0.75}
+
+
 @pytest.mark.parametrize(
     "metrics",
     [{"epoch": 5}, {"done": True}, {'a"b': 1}, {"nested": {"x": 1}}, {"text": 'say "done": true'}],

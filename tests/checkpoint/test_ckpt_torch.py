@@ -272,6 +272,20 @@ def test_checkpoint_holds_rng_states_extras_and_other_stateful_objects(tmp_path:
     assert torch.equal(ema2.n_averaged, ema.n_averaged)
 
 
+def test_metrics_survive_a_save_mid_epoch_in_the_sidecar_and_the_resume(tmp_path: Path) -> None:
+    """The walltime signal's save mid-epoch has no metrics at hand: the last ones are carried
+    into the sidecar, and a resume from that save gets them back."""
+    _, _, ckpt = small_setup(tmp_path)
+    ckpt.save(1, 0, metrics={"loss": 0.5})
+    ckpt.save(1, 4)
+    ckpt.wait()
+    progress = load_progress(tmp_path)
+    assert progress is not None and (progress["step"], progress["metrics"]) == (4, {"loss": 0.5})
+    _, _, again = small_setup(tmp_path)
+    resume = again.restore()
+    assert (resume.step, dict(resume.metrics)) == (4, {"loss": 0.5})
+
+
 def test_capture_and_restore_rng_round_trip() -> None:
     """capture_rng/restore_rng replay the same random numbers in every generator."""
     state = capture_rng()

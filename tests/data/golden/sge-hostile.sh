@@ -15,6 +15,7 @@ unset NOTIFY_SOCKET WATCHDOG_PID WATCHDOG_USEC LISTEN_PID LISTEN_FDS LISTEN_FDNA
     JOURNAL_STREAM INVOCATION_ID MANAGERPID
 export CHAINRUN_CHAIN=hostile-a1b2c3
 export CHAINRUN_SEGMENT=3
+export CHAINRUN_SEED=3928624171 # the chain's own, the same in each segment; [env] may set another
 export CHAINRUN_CHECKPOINT_DIR='/scratch/my runs/bob'"'"'s/ckpt'
 export CHAINRUN_SIGNAL=USR1
 export CHAINRUN_RUN_DIR='/scratch/my runs/bob'"'"'s/.chainrun/hostile-a1b2c3'

@@ -16,6 +16,7 @@ unset NOTIFY_SOCKET WATCHDOG_PID WATCHDOG_USEC LISTEN_PID LISTEN_FDS LISTEN_FDNA
     JOURNAL_STREAM INVOCATION_ID MANAGERPID
 export CHAINRUN_CHAIN=hostile-1a2b3c
 export CHAINRUN_SEGMENT=3
+export CHAINRUN_SEED=2704554860 # the chain's own, the same in each segment; [env] may set another
 export CHAINRUN_CHECKPOINT_DIR='/scratch/my run'"'"'s dir $x/ckpt '"'"'x'"'"''
 export CHAINRUN_SIGNAL=USR1
 export CHAINRUN_RUN_DIR='/scratch/my run'"'"'s dir $x/.chainrun/hostile-1a2b3c'
