@@ -203,8 +203,9 @@ def test_completed_beats_failed_when_both_apply() -> None:
     [
         (0.0, [Submit(n=2, walltime=100)]),
         (950.0, [Submit(n=2, walltime=50)]),  # last segment clamped to what is left
-        (989.0, [Submit(n=2, walltime=11)]),
-        (990.0, "exhausted"),  # what is left is not longer than grace
+        (988.0, [Submit(n=2, walltime=12)]),  # grace and the 2 s a start needs
+        (989.0, "exhausted"),  # what is left cannot start and save after the grace
+        (990.0, "exhausted"),
         (1000.0, "exhausted"),
     ],
 )

@@ -29,6 +29,7 @@ from chainrun.model import (
     Submit,
     Track,
 )
+from chainrun.schema import MIN_START
 
 
 def unsubmitted(n: int, **kw: object) -> object:
@@ -354,8 +355,28 @@ def test_no_successor_when_what_is_left_after_the_current_segment_is_only_grace(
     running = Facts(jobs={"j1": shown("j1", Phase.RUNNING)}, progress=BEFORE)
     left = SPEC.total_time - SPEC.walltime - SPEC.grace  # then exactly grace remains after segment 1
     assert decide(chain(seg(1), used=float(left)), running, NOW) == []
-    assert decide(chain(seg(1), used=float(left - 1)), running, NOW) == [
-        Submit(2, SPEC.grace + 1, after="j1")
+    assert decide(chain(seg(1), used=float(left - MIN_START + 1)), running, NOW) == []
+    assert decide(chain(seg(1), used=float(left - MIN_START)), running, NOW) == [
+        Submit(2, SPEC.grace + MIN_START, after="j1")
+    ]
+
+
+def test_a_last_segment_always_has_the_time_to_start_and_save_after_its_grace() -> None:
+    """With 10.5 s of total_time left and a 10 s grace, the last segment went out with a 10 s
+    walltime: signalled as it started, it died before it could save, and cost a failure. A
+    segment now gets at least grace + MIN_START, as `check` asks of the walltime; less than
+    that left spends the time budget."""
+    spent = (
+        "time budget spent: 16m30s of total_time 16m40s used; the 10s left is too short for a "
+        "segment (grace 10s + 2s to start); epoch 3"
+    )
+    assert decide(chain(used=SPEC.total_time - 10.5), Facts(progress=BEFORE), NOW) == [
+        Finish(ChainState.EXHAUSTED, spent)
+    ]
+    (short,) = decide(chain(used=SPEC.total_time - SPEC.grace - MIN_START + 0.5), Facts(progress=BEFORE), NOW)
+    assert isinstance(short, Finish) and short.state is ChainState.EXHAUSTED
+    assert decide(chain(used=SPEC.total_time - SPEC.grace - MIN_START), Facts(progress=BEFORE), NOW) == [
+        Submit(1, SPEC.grace + MIN_START)
     ]
 
 

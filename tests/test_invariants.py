@@ -247,7 +247,7 @@ CRASHING = (CRASH_HISTORIES, crashing)
             GENERAL,
         ),
         ("if failures > spec.max_failures:", "if failures > spec.max_failures + 1:", GENERAL),
-        ("int(after_current)), after=current.job_id)]", "int(after_current)), after=None)]", GENERAL),
+        ("walltime=walltime, after=current.job_id)]", "walltime=walltime, after=None)]", GENERAL),
         ("if crashes.get(m) == crash)", "if (crashes.get(m) or (0,))[0] == crash[0])", CRASHING),
         ("if crash is None or mark.advanced_from(chain.baseline):", "if crash is None:", CRASHING),
         ("    if repeated:\n", "    if False:\n", CRASHING),

@@ -29,6 +29,7 @@ from chainrun.model import (
     EndMarker,
     EndSegment,
     Finish,
+    JobSpec,
     ListedJob,
     Outcome,
     Phase,
@@ -40,6 +41,7 @@ from chainrun.model import (
     Track,
     Unstick,
 )
+from chainrun.schema import MIN_START
 from chainrun.text import one_line
 
 LOST_AFTER = 180.0  # seconds a job may be gone without a trace before it is "lost"
@@ -224,13 +226,20 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
     if not chain.segments and not facts.may_start:
         return actions  # it starts when one of its sweep's chains ends
     if not still:
-        if left <= spec.grace:
+        walltime = _walltime(spec, left)
+        if walltime is None:
+            short = ""
+            if left >= 1:
+                short = (
+                    f"; the {format_duration(left)} left is too short for a segment "
+                    f"(grace {format_duration(spec.grace)} + {MIN_START}s to start)"
+                )
             reason = (
                 f"time budget spent: {format_duration(used)} of total_time "
-                f"{format_duration(spec.total_time)} used; {best.describe()}"
+                f"{format_duration(spec.total_time)} used{short}; {best.describe()}"
             )
             return [*actions, Finish(ChainState.EXHAUSTED, reason)]
-        return [*actions, Submit(n=chain.next_n, walltime=min(spec.walltime, int(left)))]
+        return [*actions, Submit(n=chain.next_n, walltime=walltime)]
 
     for seg in still:
         if seg.phase is Phase.SUBMITTING:
@@ -557,10 +566,18 @@ def _queue_ahead(
         # One more failure (or the same crash again) ends the chain: a successor queued
         # now could start and burn an allocation before the service sees that failure.
         return []
-    after_current = left - current.walltime
-    if after_current <= spec.grace:
+    walltime = _walltime(spec, left - current.walltime)
+    if walltime is None:
         return []  # decided once the current segment has ended and its time is known
-    return [Submit(n=chain.next_n, walltime=min(spec.walltime, int(after_current)), after=current.job_id)]
+    return [Submit(n=chain.next_n, walltime=walltime, after=current.job_id)]
+
+
+def _walltime(spec: JobSpec, left: float) -> Optional[int]:
+    """The walltime of a new segment when ``left`` seconds of total_time remain: the job
+    file's, or what remains; None when that leaves under ``MIN_START`` after the grace, too
+    short to start the command and save (a segment signalled as it starts dies unsaved)."""
+    walltime = min(spec.walltime, int(left))
+    return walltime if walltime - spec.grace >= MIN_START else None
 
 
 def _finish(
