@@ -169,6 +169,21 @@ def test_cancel_without_a_service_keeps_the_time_and_progress_and_says_so_in_one
     assert table[-1].startswith(f"trained {format_duration(data['used_seconds'])} of 1h in 1 segment;")
 
 
+def run_piped(job: Path, interval: str, home: Path) -> tuple[subprocess.Popen[bytes], Reader]:
+    """`chainrun run JOB` with no terminal, its output read as it comes."""
+    read, write = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chainrun", "run", str(job), "--interval", interval],
+        stdin=subprocess.DEVNULL,
+        stdout=write,
+        stderr=write,
+        cwd=job.parent,
+        env=cli_env(home),
+    )
+    os.close(write)
+    return proc, Reader(read)
+
+
 def test_run_following_a_service_tells_segment_starts_and_ends_from_the_markers(
     tmp_path: Path, home: Path, chainrun: CLI, service: Service
 ) -> None:
@@ -184,17 +199,7 @@ def test_run_following_a_service_tells_segment_starts_and_ends_from_the_markers(
     )
     daemon = service(0.5)
     wait_for(lambda: (home / "service.status").exists(), 60, "the service's first tick")
-    read, write = os.pipe()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "chainrun", "run", str(job), "--interval", "0.5"],
-        stdin=subprocess.DEVNULL,
-        stdout=write,
-        stderr=write,
-        cwd=work,
-        env=cli_env(home),
-    )
-    os.close(write)
-    out = Reader(read)
+    proc, out = run_piped(job, "0.5", home)
     try:
         out.wait_for("segment 2 submitted after job")
         chain_id = chain_id_in(out.text)
@@ -228,17 +233,7 @@ def test_run_as_the_service_ticks_when_a_marker_shows_a_start_or_an_end(
         "name = \"mi\"\ncommand = 'while [ ! -e go ]; do sleep 0.1; done; echo finished'\n"
         'total_time = "5m"\nwalltime = "1m"\ngrace = "5s"\nmax_failures = 3\n'
     )
-    read, write = os.pipe()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "chainrun", "run", str(job), "--interval", "3600"],
-        stdin=subprocess.DEVNULL,
-        stdout=write,
-        stderr=write,
-        cwd=work,
-        env=cli_env(home),
-    )
-    os.close(write)
-    out = Reader(read)
+    proc, out = run_piped(job, "3600", home)
     try:
         out.wait_for("segment 1 is running", 120)  # the first tick submitted it; no other was due
         (work / "go").touch()
