@@ -211,6 +211,21 @@ class Reader:
         os.close(self.fd)
 
 
+def run_piped(job: Path, interval: str, home: Path) -> tuple[subprocess.Popen[bytes], Reader]:
+    """`chainrun run JOB` with no terminal, its output read as it comes."""
+    read, write = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chainrun", "run", str(job), "--interval", interval],
+        stdin=subprocess.DEVNULL,
+        stdout=write,
+        stderr=write,
+        cwd=job.parent,
+        env=cli_env(home),
+    )
+    os.close(write)
+    return proc, Reader(read)
+
+
 def chain_id_in(text: str) -> str:
     match = re.search(r"chain (\S+) submitted", text)
     assert match, text
@@ -379,17 +394,7 @@ def test_ctrl_c_without_a_terminal_stops_watching_without_asking(
 ) -> None:
     """No terminal on stdin: SIGINT stops watching at once; nothing is asked, the chain goes on."""
     job = write_job(tmp_path, WAIT_FOR_GO)
-    read, write = os.pipe()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "chainrun", "run", str(job), "--interval", "0.5"],
-        stdin=subprocess.DEVNULL,
-        stdout=write,
-        stderr=write,
-        cwd=job.parent,
-        env=cli_env(home),
-    )
-    os.close(write)
-    out = Reader(read)
+    proc, out = run_piped(job, "0.5", home)
     try:
         out.wait_for("segment 1 is running")
         chain_id = chain_id_in(out.text)

@@ -42,6 +42,15 @@ def job(
     return path
 
 
+def command_job(tmp_path: Path, command: str, fields: str) -> Path:
+    """A job file named "t" in ``tmp_path/work`` that runs ``command``, with ``fields`` (TOML) added."""
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    path = work / "job.toml"
+    path.write_text(f'name = "t"\ncommand = {json.dumps(command)}\n{fields}')
+    return path
+
+
 def status(chainrun: CLI, ref: str) -> dict:  # type: ignore[type-arg]
     out = chainrun("status", ref, "--json", check=True).stdout
     return json.loads(out)[0]  # type: ignore[no-any-return]
@@ -166,12 +175,10 @@ def test_a_failed_chain_keeps_the_last_lines_of_the_failing_segments_output(
     tail, so the failure explains itself without a second command."""
     from chainrun.store import Store
 
-    work = tmp_path / "work"
-    work.mkdir()
-    path = work / "job.toml"
-    path.write_text(
-        'name = "t"\ncommand = "for i in 1 2 3 4 5 6; do echo step $i; done; echo bad input >&2; exit 3"\n'
-        'total_time = "1m"\nwalltime = "10s"\ngrace = "1s"\nmax_failures = 0\n'
+    path = command_job(
+        tmp_path,
+        "for i in 1 2 3 4 5 6; do echo step $i; done; echo bad input >&2; exit 3",
+        'total_time = "1m"\nwalltime = "10s"\ngrace = "1s"\nmax_failures = 0\n',
     )
     assert chainrun("run", str(path), "--interval", "0.3").returncode == 1
     store = Store(home, readonly=True)
@@ -189,13 +196,10 @@ def test_a_missing_script_fails_the_chain_after_two_segments_not_the_whole_budge
 ) -> None:
     """`python missing.py` fails twice alike before any progress: the chain ends FAILED after two
     segments (max_failures = 3 would allow four runs), and says why with Python's own line."""
-    work = tmp_path / "work"
-    work.mkdir()
-    path = work / "job.toml"
-    path.write_text(
-        'name = "t"\ncommand = "python missing.py"\ntotal_time = "5m"\nwalltime = "10s"\ngrace = "2s"\n'
-        "max_failures = 3\n"
+    path = command_job(
+        tmp_path, "python missing.py", 'total_time = "5m"\nwalltime = "10s"\ngrace = "2s"\nmax_failures = 3\n'
     )
+    work = path.parent
     result = chainrun("run", str(path), "--interval", "0.3")
     assert result.returncode == 1, result.stdout + result.stderr
     st = status(chainrun, "t")
@@ -218,12 +222,10 @@ def test_a_segment_the_walltime_signal_killed_while_starting_names_the_readme_pa
 ) -> None:
     """A script still "importing" (sleeping, no handler set) when SIGUSR1 comes dies of it: the
     chain's reason names that likely cause and the README paragraph on making the clock first."""
-    work = tmp_path / "work"
-    work.mkdir()
-    path = work / "job.toml"
-    path.write_text(
-        'name = "t"\ncommand = "python3 -c \'import time; time.sleep(60)\'"\n'
-        'total_time = "1m"\nwalltime = "4s"\ngrace = "2s"\nmax_failures = 0\n'
+    path = command_job(
+        tmp_path,
+        "python3 -c 'import time; time.sleep(60)'",
+        'total_time = "1m"\nwalltime = "4s"\ngrace = "2s"\nmax_failures = 0\n',
     )
     assert chainrun("run", str(path), "--interval", "0.3").returncode == 1
     st = status(chainrun, "t")

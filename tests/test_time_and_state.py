@@ -6,18 +6,16 @@ service tells a segment's start and end from the run directory's markers."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from conftest import cli_env, wait_for
+from conftest import wait_for
 from test_decide import BEFORE, NOW, chain, seg
-from test_follow import Reader, chain_id_in
+from test_follow import chain_id_in, run_piped
 
 from chainrun import status as view
 from chainrun.decide import Facts, JobFacts, decide
@@ -167,21 +165,6 @@ def test_cancel_without_a_service_keeps_the_time_and_progress_and_says_so_in_one
     assert cells[:3] == ["1", seg1["job_id"], "cancelled"]
     assert cells[4] == cells[5] == format_duration(ran)
     assert table[-1].startswith(f"trained {format_duration(data['used_seconds'])} of 1h in 1 segment;")
-
-
-def run_piped(job: Path, interval: str, home: Path) -> tuple[subprocess.Popen[bytes], Reader]:
-    """`chainrun run JOB` with no terminal, its output read as it comes."""
-    read, write = os.pipe()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "chainrun", "run", str(job), "--interval", interval],
-        stdin=subprocess.DEVNULL,
-        stdout=write,
-        stderr=write,
-        cwd=job.parent,
-        env=cli_env(home),
-    )
-    os.close(write)
-    return proc, Reader(read)
 
 
 def test_run_following_a_service_tells_segment_starts_and_ends_from_the_markers(
