@@ -171,7 +171,7 @@ def submit(ctx: click.Context, jobfile_paths: tuple[str, ...], fresh: bool, yes:
     or a cluster cannot be reached.
     """
     from chainrun import control, jobfile
-    from chainrun.lock import InstanceLock
+    from chainrun.lock import lock_for
 
     specs = [jobfile.load(path) for path in _job_files(jobfile_paths)]
     total = sum(len(spec.sweep) * spec.reps or 1 for spec in specs)
@@ -181,7 +181,7 @@ def submit(ctx: click.Context, jobfile_paths: tuple[str, ...], fresh: bool, yes:
         submitted = control.submit_all(store, specs, fresh=fresh)
     for chain_id, _, _ in submitted:
         click.echo(chain_id)
-    if not InstanceLock(ctx.obj).held_elsewhere():
+    if not lock_for(ctx.obj).held_elsewhere():
         from chainrun.systemd import start_advice
 
         click.echo(f"note: no chainrun service is running; {start_advice(ctx.obj)}", err=True)

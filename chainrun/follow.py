@@ -38,7 +38,7 @@ import click
 
 from chainrun.engine import TickSummary
 from chainrun.errors import ChainrunError, TransportError
-from chainrun.lock import InstanceLock
+from chainrun.lock import lock_for
 from chainrun.markers import MarkerReader
 from chainrun.model import Chain, ChainState, Phase, Segment
 from chainrun.schedulers.segment import SegmentJob
@@ -464,7 +464,7 @@ def supervise(home: Path, store: Store, chain: Chain, interval: float) -> int:
     follower = Follower(store, chain.id)
     # A terminal that cannot move its cursor (TERM=dumb, as in an editor's shell) gets plain lines.
     view = View(tty=sys.stdout.isatty() and os.environ.get("TERM") not in ("dumb", "unknown"))
-    elsewhere = InstanceLock(home).held_elsewhere()
+    elsewhere = lock_for(home).held_elsewhere()
 
     def refresh(summary: Optional[TickSummary] = None, markers: bool = False) -> None:
         lines, now_chain, output = follower.poll(markers)
@@ -527,7 +527,7 @@ def supervise(home: Path, store: Store, chain: Chain, interval: float) -> int:
         view.close()
     final = store.chain(chain.id)
     if not final.state.final:
-        for line in going_on_lines(final, InstanceLock(home).held_elsewhere()):
+        for line in going_on_lines(final, lock_for(home).held_elsewhere()):
             click.echo(line)
         return EXIT_STOPPED_WATCHING
     for line in final_lines(final):
