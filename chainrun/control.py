@@ -59,9 +59,10 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     directory an active chain trains into is never moved. Returns every chain the job
     files name, in order.
     """
-    active = [Holder(chain_id, name, _claim(spec)) for chain_id, name, spec in store.unended()]
+    claims = _Claims(store.unended())
     out: list[Optional[Submitted]] = []  # None: stored below
     new: list[tuple[JobSpec, Progress]] = []
+    mines: list[Claim] = []  # the claim of each in ``new``
     pins: list[Optional[snapshot.Snapshot]] = []
     for spec in specs:
         preflight(spec)
@@ -71,8 +72,8 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
             spec, snap = snapshot.prepare(transport, spec)
             for one in sweep.expand(spec):
                 mine = _claim(one)
-                _within(one, mine, [other for other, _ in new])
-                held = holder(one.name, mine, active)
+                claims.take(one, mine)
+                held = claims.holder(one, mine)
                 if held is not None:
                     if held.name != one.name or fresh:
                         raise ChainrunError(_refusal(one, held, fresh))
@@ -88,6 +89,7 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
                     where = f"the checkpoint in {one.checkpoint_dir}"
                     raise ChainrunError(f"{where} is already complete ({why}){'' if fresh else again}")
                 new.append((one, baseline))
+                mines.append(mine)
                 pins.append(snap)
                 out.append(None)
         except TransportError as exc:
@@ -96,9 +98,9 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
             raise TransportError(f"cannot reach {spec.scheduler.first_host}: {exc}") from None
 
     def vet(unended: list[tuple[str, str, JobSpec]]) -> None:
-        now_active = [Holder(chain_id, name, _claim(spec)) for chain_id, name, spec in unended]
-        for one, _ in new:
-            held = holder(one.name, _claim(one), now_active)
+        now = _Claims(unended)
+        for (one, _), mine in zip(new, mines):
+            held = now.holder(one, mine)
             if held is not None:
                 meanwhile = " (it was submitted meanwhile; nothing stored)"
                 raise ChainrunError(_refusal(one, held, fresh) + meanwhile)
@@ -115,12 +117,12 @@ def claimed(store: Store, chains: Sequence[JobSpec]) -> list[str]:
     """``check``'s look at what ``submit`` would meet: refused (raised) when another active
     chain trains into one of these checkpoint directories; a note for each chain that is
     still active from an earlier submission, and would be returned as it is."""
-    active = [Holder(chain_id, name, _claim(spec)) for chain_id, name, spec in store.unended()]
+    claims = _Claims(store.unended())
     notes: list[str] = []
-    for i, one in enumerate(chains):
+    for one in chains:
         mine = _claim(one)
-        _within(one, mine, chains[:i])
-        held = holder(one.name, mine, active)
+        claims.take(one, mine)
+        held = claims.holder(one, mine)
         if held is not None and held.name != one.name:
             raise ChainrunError(_refusal(one, held, False))
         if held is not None:
@@ -136,14 +138,31 @@ def _claim(spec: JobSpec) -> Claim:
     return claim(spec, posixpath.normpath(path))
 
 
-def _within(spec: JobSpec, mine: Claim, others: Sequence[JobSpec]) -> None:
-    """Refuse a chain whose checkpoint directory another chain of this same submission has."""
-    for other in others:
-        if _claim(other).clashes(mine):
-            raise ChainrunError(
-                f"{spec.source}: checkpoint_dir {spec.checkpoint_dir} is also {other.name}'s, submitted "
-                "with it; give each job a checkpoint_dir of its own"
-            )
+class _Claims:
+    """The claims a submission meets, by directory (a sweep of thousands of chains resolves
+    each path once and compares it with the few that share it): the active chains', and
+    those of the submission's own chains so far."""
+
+    def __init__(self, unended: Sequence[tuple[str, str, JobSpec]]) -> None:
+        self._active: dict[str, list[Holder]] = {}
+        for chain_id, name, spec in unended:
+            theirs = _claim(spec)
+            self._active.setdefault(theirs.path, []).append(Holder(chain_id, name, theirs))
+        self._own: dict[str, list[tuple[JobSpec, Claim]]] = {}
+
+    def holder(self, spec: JobSpec, mine: Claim) -> Optional[Holder]:
+        """The active chain that holds ``spec``'s claim (see ``decide.claims.holder``)."""
+        return holder(spec.name, mine, self._active.get(mine.path, ()))
+
+    def take(self, spec: JobSpec, mine: Claim) -> None:
+        """Add ``spec``'s claim to the submission's; refused when another of its chains has it."""
+        for other, theirs in self._own.get(mine.path, ()):
+            if theirs.clashes(mine):
+                raise ChainrunError(
+                    f"{spec.source}: checkpoint_dir {spec.checkpoint_dir} is also {other.name}'s, submitted "
+                    "with it; give each job a checkpoint_dir of its own"
+                )
+        self._own.setdefault(mine.path, []).append((spec, mine))
 
 
 def _refusal(spec: JobSpec, held: Holder, fresh: bool) -> str:
