@@ -224,7 +224,13 @@ def status(chainrun: CLI, ref: str) -> dict[str, Any]:
 
 
 def ran(st: dict[str, Any]) -> list[dict[str, Any]]:
-    return [s for s in st["segments"] if s["started_at"] is not None]
+    """The segments that trained: each that started, less the successor queued ahead that
+    started just as its predecessor reached the goal and was cancelled for it (at most one,
+    the last, free of charge; its afterany dependency lets it start a second after)."""
+    started = [s for s in st["segments"] if s["started_at"] is not None]
+    late = [s for s in started if s["outcome"] == "cancelled" and s["reason"].startswith("chain completed")]
+    assert late in ([], started[-1:]) and not any(s["charged"] for s in late), late
+    return started[: len(started) - len(late)]
 
 
 def starts_in_log(work: Path, n: int) -> int:
