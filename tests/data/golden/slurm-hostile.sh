@@ -52,12 +52,17 @@ start_timer() {
     ) &
     timer=$!
 }
+# Whether the scheduler is preempting this job (it then sends the job's signal early,
+# and ends or requeues the job at the end of its grace time).
+preempting() { timeout 20 scontrol show job "${SLURM_JOB_ID:-}" 2>/dev/null | grep -Eq "(^|[[:space:]])PreemptTime=[0-9]"; }
 forward() {
     # Slurm may send --signal up to 60 s early (its limit checks are that
     # coarse), even before the command has set its handler: hold it until
     # the time asked for (a second or two early is clock granularity: passed
-    # on). TERM is never held: it may be a preemption or scancel.
-    if [ "$1" = "$CHAINRUN_SIGNAL" ] && [ "$1" != TERM ] && [ "$(date +%s)" -lt $((signal_at - 2)) ]; then
+    # on), unless it comes because the job is being preempted. TERM is never
+    # held: it may be a preemption or scancel.
+    if [ "$1" = "$CHAINRUN_SIGNAL" ] && [ "$1" != TERM ] && [ "$(date +%s)" -lt $((signal_at - 2)) ] &&
+        ! preempting; then
         echo "chainrun: SIG$1 came $((signal_at - $(date +%s)))s early; passing it on at walltime - grace"
         start_timer
         return
@@ -148,8 +153,8 @@ end_marker() { # exit-code original-code skipped
     (
         umask 077
         {
-            printf 'exit=%s\noriginal=%s\nsignal=%s\nskipped=%s\njob=%s\nat=%s\npath=%s\n' \
-                "$1" "$2" "$got" "$3" "$job" "$(date +%s)" "${PATH//$'\n'/ }"
+            printf 'exit=%s\noriginal=%s\nsignal=%s\nskipped=%s\npreempted=%s\njob=%s\nat=%s\npath=%s\n' \
+                "$1" "$2" "$got" "$3" "$preempted" "$job" "$(date +%s)" "${PATH//$'\n'/ }"
             snapshot
             if [ "$2" != 0 ] && [ -f "$marker.log" ]; then
                 tail -c 8192 -- "$marker.log" 2>/dev/null | tr '\r' '\n' |
@@ -206,6 +211,10 @@ snapshot() {
             sort -n | tail -n 1)"
 }
 
+# A job the scheduler requeued (preempted, its node lost) runs this script again: the
+# end marker of its earlier run is not this run's.
+preempted=""
+rm -f -- "$marker.end"
 (umask 077 && {
     printf 'job=%s\nhost=%s\nat=%s\n' "$job" "$(hostname)" "$(date +%s)"
     snapshot
@@ -288,5 +297,13 @@ code=$rc
 # state: never pass those on by accident. The original is in the marker.
 case $rc in 99 | 100) code=1 ;; esac
 echo "chainrun: segment 3 command exited $rc${got:+ after SIG$got}"
+if [ -n "$got" ] && preempting; then preempted=1; fi
 end_marker "$code" "$rc" 0
+if [ -n "$preempted" ]; then
+    # The scheduler ends the job as preempted, or requeues it, at the end of its grace
+    # time; a job that ended first would count as completed, and never be requeued.
+    echo "chainrun: segment 3 preempted: waiting for the scheduler to end or requeue the job"
+    trap 'exit "$code"' TERM
+    while [ "$(date +%s)" -lt "$CHAINRUN_DEADLINE" ]; do sleep 1; done
+fi
 exit "$code"
