@@ -117,7 +117,7 @@ class SlurmScheduler:
     # A job being preempted has a PreemptTime; with SlurmctldParameters=preempt_send_user_signal
     # its --signal comes then, at the start of the partition's GraceTime.
     preempting_shell: ClassVar[str] = (
-        'timeout 20 scontrol show job "${SLURM_JOB_ID:-}" 2>/dev/null'
+        '[ -n "${SLURM_JOB_ID:-}" ] && timeout 20 scontrol show job "$SLURM_JOB_ID" 2>/dev/null'
         ' | grep -Eq "(^|[[:space:]])PreemptTime=[0-9]"'
     )
     max_tasks: ClassVar[int] = 1000
