@@ -17,6 +17,7 @@ import fcntl
 import json
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
@@ -76,9 +77,59 @@ def scancel_tagged(chain_id: str) -> None:
         subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
 
 
+def _out(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout
+
+
+def preempt(jobs: list[str]) -> str:
+    """Submit a preemptor that takes the whole node, once only ``jobs`` (of the low
+    partitions) run there, and return its id once Slurm is preempting them all. A pending
+    job of ``high`` keeps the other tests' ``debug`` jobs from starting: one that finds a
+    ``debug`` job running (started just before it) is withdrawn and tried again."""
+    deadline = time.monotonic() + 600
+    node = _out("squeue", "--noheader", f"--jobs={jobs[0]}", "--format=%N").strip()
+    while True:
+        wait_for(
+            lambda: (
+                set(
+                    _out(
+                        "squeue", "--noheader", "--states=RUNNING", f"--nodelist={node}", "--format=%i"
+                    ).split()
+                )
+                <= set(jobs)
+            ),
+            max(1.0, deadline - time.monotonic()),
+            "the node to run only the chains' jobs",
+            every=1,
+        )
+        preemptor = _out(
+            "sbatch",
+            "--parsable",
+            "--partition=high",
+            "--exclusive",
+            "--job-name=chainrun-preemptor",
+            "--output=/dev/null",
+            "--wrap=sleep 5",
+        ).strip()
+        assert preemptor, "sbatch of the preemptor failed"
+        try:
+            wait_for(
+                lambda: all(re.search(r"\bPreemptTime=\d", _out("scontrol", "show", "job", j)) for j in jobs),
+                20,
+                "Slurm to preempt the chains' jobs",
+                every=1,
+            )
+            return preemptor
+        except AssertionError:
+            subprocess.run(["scancel", preemptor], capture_output=True, timeout=60)
+            if time.monotonic() > deadline:
+                raise
+
+
 def saved_when_stopped(log: str) -> int:
     """The epoch the training had saved when the signal stopped it (its first stop)."""
-    before = log.partition("stopping on signal")[0]
+    before, stopped, _ = log.partition("stopping on signal")
+    assert stopped, f"the command never got the signal:\n{log}"
     return int(re.findall(r"^epoch (\d+) done$", before, re.MULTILINE)[-1])
 
 
@@ -118,21 +169,7 @@ def test_preempted_segments_save_cost_nothing_requeue_resumes_and_cancel_goes_on
             )
 
         wait_for(both_training, 240, "both chains to train with a successor queued", every=1)
-        preemptor = subprocess.run(
-            [
-                "sbatch",
-                "--parsable",
-                "--partition=high",
-                "--exclusive",
-                "--job-name=chainrun-preemptor",
-                "--output=/dev/null",
-                "--wrap=sleep 5",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout.strip()
+        preemptor = preempt([segment(c, 1)["job_id"] for c in (requeue, cancel)])
 
         # CANCEL: the segment ends preempted, saved, charged nothing; the next one resumes.
         wait_for(
