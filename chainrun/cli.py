@@ -443,9 +443,10 @@ def history(ctx: click.Context, chain_ref: str) -> None:
     with _store(ctx, readonly=True) as store:
         # By id alone: the events of a damaged chain can still be read (its segments cannot).
         chain_id = store.resolve(chain_ref)
-        lines = shown.event_lines(store.events(chain_id))
+        events = store.events(chain_id)
+        lines = shown.event_lines(events)
         with suppress(ChainrunError):
-            lines += ["", *shown.segment_lines(store.chain(chain_id))]
+            lines += ["", *shown.segment_lines(store.chain(chain_id), events)]
     for line in lines:
         click.echo(line)
 

@@ -6,7 +6,9 @@ be worked out by hand.
 A segment's queue wait runs from when it could start (its submission, or for one queued
 ahead, its predecessor's end) to its start; one that never started waited until it was
 cancelled. Its running time runs from its start to its end; the training time after it
-is the chain's running times added up to it (what ``status`` calls trained).
+is the chain's running times added up to it (what ``status`` calls trained). The last
+line counts the chain's preemptions: segments that ended preempted, and jobs the scheduler
+preempted and requeued (each an event of kind "preempted").
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from datetime import datetime
 from typing import Optional
 
 from chainrun.fields import format_duration
-from chainrun.model import Chain, Segment
+from chainrun.model import Chain, Outcome, Segment
 from chainrun.store import Event
 
 HEADER = ("SEGMENT", "JOB", "OUTCOME", "QUEUED", "RAN", "TRAINED")
@@ -58,7 +60,15 @@ def _outcome(seg: Segment) -> str:
     return seg.outcome.value + (", charged" if seg.charged else "")
 
 
-def segment_lines(chain: Chain) -> list[str]:
+def preemptions(chain: Chain, events: Sequence[Event]) -> tuple[int, int]:
+    """How often the scheduler preempted the chain's jobs: in all, and of those how often
+    it requeued the job instead of ending it."""
+    requeued = sum(1 for ev in events if ev.kind == Outcome.PREEMPTED.value)
+    ended = sum(1 for s in chain.segments if s.outcome is Outcome.PREEMPTED)
+    return ended + requeued, requeued
+
+
+def segment_lines(chain: Chain, events: Sequence[Event] = ()) -> list[str]:
     """The table of the chain's segments and their times, then the total."""
     rows = [HEADER]
     trained = queued = 0.0
@@ -81,8 +91,11 @@ def segment_lines(chain: Chain) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     count = sum(1 for s in chain.segments if ran(s) is not None)
+    total, requeued = preemptions(chain, events)
+    again = f" ({requeued} requeued)" if requeued else ""
     lines.append(
         f"trained {format_duration(chain.used)} of {format_duration(chain.spec.total_time)}"
-        f" in {count} segment{'' if count == 1 else 's'}; waited {format_duration(queued)} in the queue"
+        f" in {count} segment{'' if count == 1 else 's'}; waited {format_duration(queued)} in the queue;"
+        f" preempted {total} time{'' if total == 1 else 's'}{again}"
     )
     return lines

@@ -2,7 +2,9 @@
 
 A segment's ``seg-NNNN.start`` and ``seg-NNNN.end`` never change once written whole, so
 the service reads each until it is there, then keeps it, and forgets it once the segment
-has ended in the store (``forget``). A marker half written reads as not there yet.
+has ended in the store (``forget``). A marker half written reads as not there yet. Only a
+job the scheduler requeued runs again and writes them anew: its end marker is read, not
+kept, while it waits to run again.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ class MarkerReader:
     def start(self, transport: Transport, chain: Chain, n: int) -> Optional[StartMarker]:
         return self._read(transport, chain, n, ".start", StartMarker, parse_start_marker)
 
-    def end(self, transport: Transport, chain: Chain, n: int) -> Optional[EndMarker]:
-        return self._read(transport, chain, n, ".end", EndMarker, parse_end_marker)
+    def end(self, transport: Transport, chain: Chain, n: int, keep: bool = True) -> Optional[EndMarker]:
+        return self._read(transport, chain, n, ".end", EndMarker, parse_end_marker, keep)
 
     def forget(self, chain_id: str, n: int) -> None:
         """Segment ``n`` has ended in the store: its markers are not read again."""
@@ -41,14 +43,15 @@ class MarkerReader:
         suffix: str,
         kind: type[_M],
         parse: Callable[[bytes], Optional[_M]],
+        keep: bool = True,
     ) -> Optional[_M]:
-        """Segment ``n``'s marker ``suffix``, read until it is there, then kept."""
+        """Segment ``n``'s marker ``suffix``, read until it is there, then kept (if ``keep``)."""
         key = (chain.id, n, suffix)
         kept = self._kept.get(key)
         if isinstance(kept, kind):
             return kept
         data = transport.read_file(SegmentJob(chain.id, n, chain.spec, 0).stem + suffix)
         marker = parse(data) if data is not None else None
-        if marker is not None:  # else not written yet (or not whole yet: read again next tick)
+        if marker is not None and keep:  # else not written yet (or not whole yet: read again next tick)
             self._kept[key] = marker
         return marker

@@ -288,6 +288,7 @@ class EndMarker:
     progress: Optional[Progress] = None
     path: str = ""  # the PATH the command ran with
     tail: tuple[str, ...] = ()  # the last lines of the command's output, when it failed
+    preempted: bool = False  # the signal came because the scheduler preempted the job
 
     @property
     def stopped_by_signal(self) -> bool:
@@ -307,6 +308,8 @@ class EndMarker:
         return self.original > 128 and not self.stopped_by_signal
 
     def outcome(self) -> Outcome:
+        if self.preempted:
+            return Outcome.PREEMPTED
         if self.stopped_by_signal:
             return Outcome.TIMEOUT
         return Outcome.COMPLETED if self.original == 0 else Outcome.FAILED
@@ -315,6 +318,8 @@ class EndMarker:
         if self.skipped:
             return "skipped: the goal was already reached"
         how = f"after SIG{self.signal}" if self.signal else "on its own"
+        if self.preempted:
+            how += " (the job was preempted)"
         return f"the command exited {self.original} {how}"
 
 
@@ -493,6 +498,7 @@ class Track:
     reason: str
     started_at: Optional[float]
     missing_since: Optional[float]
+    preempted: bool = False  # it ran, was preempted and is queued again (requeued)
 
 
 @dataclass(frozen=True)

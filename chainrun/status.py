@@ -30,7 +30,7 @@ from typing import Any, Optional, Union
 
 from chainrun import heartbeat, systemd
 from chainrun.lock import lock_for
-from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Phase, chain_seed
+from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Outcome, Phase, chain_seed
 from chainrun.store import DamagedChain, Glance, SegmentGlance, ran
 from chainrun.store.database import DB_FILE
 from chainrun.text import clip, escaped
@@ -281,6 +281,9 @@ def details(chain: Chain, now: float, seen: Optional[float] = None) -> list[str]
         since = f" for {short(upto - seg.started_at)}" if seg.started_at is not None else ""
         on = f" on {seg.host}" if seg.host else ""
         lines.append(f"segment {seg.n}: job {seg.job_id or '?'}{on} running{since}")
+    last = next((s for s in reversed(chain.segments) if s.outcome is not None), None)
+    if last is not None and last.outcome is Outcome.PREEMPTED and not chain.state.final:
+        lines.append(f"segment {last.n}: job {last.job_id} preempted, not charged; the chain goes on")
     nxt = None if chain.state.final else _upcoming(glance)
     if nxt is not None:
         job = (f"job {nxt.job_id} " if nxt.job_id else "") + (f"on {nxt.host} " if nxt.host else "")

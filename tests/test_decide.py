@@ -107,7 +107,8 @@ CRASHES = (Outcome.FAILED, Outcome.OOM, Outcome.NODE_FAIL, Outcome.CANCELLED, Ou
     list(itertools.product(FREE_WITH_PROGRESS + CRASHES, (True, False), (0, 1, 2))),
 )
 def test_every_outcome_progress_and_budget_edge(outcome: Outcome, advanced: bool, failures: int) -> None:
-    """Crashes always cost one; timeout/preempt/exit-0 cost one only without progress."""
+    """Crashes always cost one; timeout/exit-0 cost one only without progress; a preemption
+    never costs (the scheduler took the allocation back: not the training's fault)."""
     c = chain(seg(1), seg(2, Phase.PENDING), failures=failures)
     progress = AFTER if advanced else BEFORE
     code = 0 if outcome in FREE_WITH_PROGRESS else 1
@@ -115,7 +116,7 @@ def test_every_outcome_progress_and_budget_edge(outcome: Outcome, advanced: bool
 
     end = actions[0]
     assert isinstance(end, EndSegment)
-    expected_charge = outcome in CRASHES or not advanced
+    expected_charge = outcome in CRASHES or (not advanced and outcome is not Outcome.PREEMPTED)
     assert end.charged is expected_charge
     assert end.outcome is outcome
     assert end.progress == progress
@@ -582,3 +583,30 @@ def test_a_segment_the_walltime_signal_killed_before_it_saved_names_the_likely_c
     saved = replace(marker, original=0, exit_code=0)
     clean = JobFacts(listed=job.listed, end=saved)
     assert "killed" not in str(run(chain(seg(1)), {"j1": clean}, BEFORE)[0])  # exit 0 after it: no
+
+
+def test_a_preempted_job_requeued_by_the_scheduler_is_the_same_segment_queued_again() -> None:
+    """REQUEUE: the running job is listed pending again and its end marker says the command
+    saved on the preemption signal. The segment has not ended (the same job runs it again,
+    its queued successor waits for it): it is tracked as preempted and requeued, nothing is
+    submitted and nothing charged."""
+    saved = EndMarker(0, 0, "USR1", False, NOW - 5, progress=AFTER, preempted=True)
+    requeued = JobFacts(listed=ListedJob("j1", "j1", Phase.PENDING, reason="BeginTime"), end=saved)
+    c = chain(seg(1, started_at=NOW - 60), seg(2, Phase.PENDING, after="j1"))
+    actions = run(c, {"j1": requeued, "j2": shown("j2", Phase.PENDING, "Dependency")}, AFTER)
+    assert actions == [
+        Track(1, Phase.PENDING, "preempted, requeued; BeginTime", None, None, preempted=True),
+        Track(2, Phase.PENDING, "Dependency", None, None),
+    ]
+
+
+def test_a_preempted_job_that_ended_on_its_own_in_the_grace_time_is_preempted_not_timeout() -> None:
+    """A job that left the allocation during its grace time is COMPLETED to Slurm; the
+    wrapper's marker says the signal came with the preemption: "preempted", free of charge
+    even without progress."""
+    saved = EndMarker(0, 0, "USR1", False, NOW - 1, progress=BEFORE, preempted=True)
+    job = replace(ended("j1", Outcome.COMPLETED), end=saved)
+    end = run(chain(seg(1), seg(2, Phase.PENDING)), {"j1": job}, BEFORE)[0]
+    assert isinstance(end, EndSegment)
+    assert (end.outcome, end.charged) == (Outcome.PREEMPTED, False), end
+    assert "before any progress: not charged" in end.reason

@@ -1,6 +1,6 @@
 """Invariants of the chain state machine under random histories, through the real store: the
 rules of DESIGN.md's "Chain rules" that hold whatever happens, each checked at every step
-(a chain never completes below its target; a timeout or preemption with progress never costs
+(a chain never completes below its target; a timeout with progress, or any preemption, never costs
 budget, a crash always does; failures past the budget end the chain, and so does the same
 crash twice before any progress, nothing else before the budget is spent; a successor always
 waits on its predecessor)."""
@@ -172,15 +172,15 @@ def keeps_the_invariants(
 
 
 def check_endings(chain: Chain, actions: list[Action], best: int) -> None:
-    """A segment that ended on its walltime or by preemption with progress costs nothing; a
-    crash costs one (but chainrun's own cancel once the goal is met); the chain completes on
+    """A segment that ended on its walltime with progress, or by preemption at all, costs
+    nothing; a crash costs one (but chainrun's own cancel once the goal is met); the chain completes on
     its target only once the checkpoint has it."""
     mark = chain.progress
     for action in actions:
         if isinstance(action, EndSegment):
             advanced = action.progress.key > mark.key
-            if action.outcome in (Outcome.TIMEOUT, Outcome.PREEMPTED) and advanced:
-                assert not action.charged, f"charged for a {action.outcome.value} with progress: {action}"
+            if (action.outcome is Outcome.TIMEOUT and advanced) or action.outcome is Outcome.PREEMPTED:
+                assert not action.charged, f"charged for a {action.outcome.value}: {action}"
             ours = (
                 action.outcome is Outcome.CANCELLED and "after the goal was already reached" in action.reason
             )

@@ -301,7 +301,11 @@ def _ending(job: JobFacts) -> Optional[_Ending]:
         return None
     outcome = view.outcome if view is not None else None
     overridable = outcome is None or outcome in (Outcome.COMPLETED, Outcome.FAILED)
-    if marker is not None and overridable and (outcome is None or marker.stopped_by_signal):
+    if (
+        marker is not None
+        and overridable
+        and (outcome is None or marker.stopped_by_signal or marker.preempted)
+    ):
         outcome = marker.outcome()
     reasons = [r for r in (view.reason if view else "", marker.describe() if marker else "") if r]
     return _Ending(
@@ -333,16 +337,23 @@ def lost_at(missing_since: float) -> float:
 
 
 def _track(seg: Segment, job: JobFacts, now: float) -> list[Action]:
-    """Record what changed about a job that has not ended."""
+    """Record what changed about a job that has not ended. A job queued again after it
+    started was requeued by the scheduler: the same segment runs again from the
+    checkpoint, as the same job (its successor waits for it), so nothing has ended."""
     listed = job.listed
     if listed is None:  # gone from the scheduler's listing, no record of its end yet
         if seg.missing_since is not None:
             return []
         return [Track(seg.n, seg.phase, "gone from the queue", None, now)]
     started = listed.started_at if listed.started_at and not seg.started_at else None
-    if (listed.phase, listed.reason) == (seg.phase, seg.reason) and not seg.missing_since and not started:
+    reason = listed.reason
+    preempted = False
+    if listed.phase is Phase.PENDING and seg.started_at is not None:
+        preempted = job.end is not None and job.end.preempted
+        reason = ("preempted, requeued" if preempted else "requeued") + (f"; {reason}" if reason else "")
+    if (listed.phase, reason) == (seg.phase, seg.reason) and not seg.missing_since and not started:
         return []
-    return [Track(seg.n, listed.phase, listed.reason, started, None)]
+    return [Track(seg.n, listed.phase, reason, started, None, preempted)]
 
 
 def _end_progress(job: JobFacts, following: Optional[Segment], facts: Facts, current: Progress) -> Progress:
@@ -401,6 +412,10 @@ def _charge(ending: _Ending, advanced: bool, finished: bool, goal_met: bool) -> 
         return False, f"{outcome.value} after the goal was already reached{detail}"
     if outcome.crashed:
         return True, f"{outcome.value}{code}{detail}"
+    if outcome is Outcome.PREEMPTED:
+        # The scheduler took the allocation back: not the training's fault, progress or not.
+        made = "with progress" if advanced else "before any progress: not charged"
+        return False, f"{outcome.value}{code} {made}{detail}"
     if finished:
         return False, f"{outcome.value}{code}: the command finished on its own"
     if goal_met and not advanced:

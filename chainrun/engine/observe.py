@@ -92,7 +92,12 @@ class Observer:
                 continue
             listed = polled.jobs.get(seg.job_id)
             if listed is not None and listed.phase is Phase.PENDING and not listed.stuck:
-                jobs[seg.job_id] = JobFacts(listed=listed)
+                end = None
+                if seg.started_at is not None:
+                    # Requeued: its markers are of the run before, and it runs again.
+                    self.markers.forget(chain.id, seg.n)
+                    end = self.markers.end(transport, chain, seg.n, keep=False)
+                jobs[seg.job_id] = JobFacts(listed=listed, end=end)
                 continue
             start = self.markers.start(transport, chain, seg.n)
             if listed is not None and listed.phase is Phase.RUNNING and not listed.stuck:

@@ -35,6 +35,9 @@ class Scheduler(Protocol):
     # True when the scheduler cannot send the warning signal ``grace`` seconds
     # before its walltime kill; the wrapper then sends it to itself.
     wrapper_signals: ClassVar[bool]
+    # A shell command, run in the job, that succeeds while the scheduler is preempting
+    # the job (``false`` where it cannot tell, or never preempts).
+    preempting_shell: ClassVar[str]
 
     def helper_files(self) -> list[HelperFile]:
         """The files this backend's commands need where they run (none for a cluster's own

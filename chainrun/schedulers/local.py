@@ -32,6 +32,7 @@ _PHASES = {"pending": Phase.PENDING, "running": Phase.RUNNING, "ended": Phase.EN
 class LocalScheduler:
     kind: ClassVar[str] = "local"
     wrapper_signals: ClassVar[bool] = False
+    preempting_shell: ClassVar[str] = "false"
 
     def __init__(self, host: Optional[str] = None) -> None:
         self.host = host

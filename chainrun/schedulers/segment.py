@@ -167,6 +167,7 @@ def parse_end_marker(data: bytes) -> Optional[EndMarker]:
             original=int(fields.get("original") or fields["exit"]),
             signal=fields.get("signal", ""),
             skipped=fields.get("skipped") == "1",
+            preempted=fields.get("preempted") == "1",
             at=float(fields["at"]) if fields.get("at") else None,
             progress=_snapshot(fields),
             path=fields.get("path", ""),

@@ -100,6 +100,7 @@ class SgeScheduler:
     # (sge_facts.md, "Signals and limits"). The wrapper's own timer sends the
     # signal ``grace`` seconds before h_rt instead.
     wrapper_signals: ClassVar[bool] = True
+    preempting_shell: ClassVar[str] = "false"  # nothing in the job tells it
 
     def helper_files(self) -> list[HelperFile]:
         return []  # its tools are the cluster's own

@@ -114,6 +114,12 @@ def _exit_code(text: str, outcome: Optional[Outcome]) -> Optional[int]:
 class SlurmScheduler:
     kind: ClassVar[str] = "slurm"
     wrapper_signals: ClassVar[bool] = False
+    # A job being preempted has a PreemptTime; with SlurmctldParameters=preempt_send_user_signal
+    # its --signal comes then, at the start of the partition's GraceTime.
+    preempting_shell: ClassVar[str] = (
+        '[ -n "${SLURM_JOB_ID:-}" ] && timeout 20 scontrol show job "$SLURM_JOB_ID" 2>/dev/null'
+        ' | grep -Eq "(^|[[:space:]])PreemptTime=[0-9]"'
+    )
     max_tasks: ClassVar[int] = 1000
     task_index_shell: ClassVar[str] = "${SLURM_ARRAY_TASK_ID:-}"
     task_id_shell: ClassVar[str] = "${SLURM_ARRAY_JOB_ID:-}_${SLURM_ARRAY_TASK_ID:-}"

@@ -145,7 +145,8 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
         )
         if row is not None and row["phase"] != action.phase.value:
             text = f"segment {action.n} is {action.phase.value}"
-            event(db, chain_id, action.n, now, action.phase.value, text + _paren(action.reason))
+            kind = Outcome.PREEMPTED.value if action.preempted else action.phase.value
+            event(db, chain_id, action.n, now, kind, text + _paren(action.reason))
         elif action.missing_since is not None:
             event(db, chain_id, action.n, now, "missing", f"segment {action.n} {action.reason}")
     elif isinstance(action, Adopt):

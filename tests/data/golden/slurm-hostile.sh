@@ -26,6 +26,7 @@ export USER="${USER:-$(id -un)}" # not every scheduler sets it; ch-run refuses t
 # seconds (when walltime - grace is under its 60 s check interval), and bash's own
 # answer to SIGUSR1 is to die, before the command ran or any marker was written.
 got=""
+preempted="" # 1 once the scheduler is known to be preempting the job
 child=""
 child_started="" # the command's start (clock ticks after boot): with its PID, its identity
 signalled=""     # every process signalled, as PID:START
@@ -52,15 +53,23 @@ start_timer() {
     ) &
     timer=$!
 }
+# Whether the scheduler is preempting this job (it then sends the job's signal early,
+# and ends or requeues the job at the end of its grace time).
+preempting() { [ -n "${SLURM_JOB_ID:-}" ] && timeout 20 scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -Eq "(^|[[:space:]])PreemptTime=[0-9]"; }
 forward() {
     # Slurm may send --signal up to 60 s early (its limit checks are that
     # coarse), even before the command has set its handler: hold it until
     # the time asked for (a second or two early is clock granularity: passed
-    # on). TERM is never held: it may be a preemption or scancel.
+    # on), unless it comes because the job is being preempted. TERM is never
+    # held: it may be a preemption or scancel.
     if [ "$1" = "$CHAINRUN_SIGNAL" ] && [ "$1" != TERM ] && [ "$(date +%s)" -lt $((signal_at - 2)) ]; then
-        echo "chainrun: SIG$1 came $((signal_at - $(date +%s)))s early; passing it on at walltime - grace"
-        start_timer
-        return
+        if preempting; then
+            preempted=1
+        else
+            echo "chainrun: SIG$1 came $((signal_at - $(date +%s)))s early; passing it on at walltime - grace"
+            start_timer
+            return
+        fi
     fi
     got=$1
     if [ -n "$child" ]; then
@@ -70,6 +79,8 @@ forward() {
         if own_group; then group="-$child"; fi
         kill -s "$1" -- $group $(pids_of "$pids") 2>/dev/null || true
     fi
+    # Where Slurm signals a preemption only at the end of its grace time, with SIGTERM.
+    if [ "$1" = TERM ] && [ -z "$preempted" ] && preempting; then preempted=1; fi
 }
 # When a process started (clock ticks after boot; empty once it is gone). The kernel
 # gives a PID again once its process is gone (within seconds where pid_max is 32768):
@@ -148,8 +159,8 @@ end_marker() { # exit-code original-code skipped
     (
         umask 077
         {
-            printf 'exit=%s\noriginal=%s\nsignal=%s\nskipped=%s\njob=%s\nat=%s\npath=%s\n' \
-                "$1" "$2" "$got" "$3" "$job" "$(date +%s)" "${PATH//$'\n'/ }"
+            printf 'exit=%s\noriginal=%s\nsignal=%s\nskipped=%s\npreempted=%s\njob=%s\nat=%s\npath=%s\n' \
+                "$1" "$2" "$got" "$3" "$preempted" "$job" "$(date +%s)" "${PATH//$'\n'/ }"
             snapshot
             if [ "$2" != 0 ] && [ -f "$marker.log" ]; then
                 tail -c 8192 -- "$marker.log" 2>/dev/null | tr '\r' '\n' |
@@ -206,6 +217,9 @@ snapshot() {
             sort -n | tail -n 1)"
 }
 
+# A job the scheduler requeued (preempted, its node lost) runs this script again: the
+# end marker of its earlier run is not this run's.
+rm -f -- "$marker.end"
 (umask 077 && {
     printf 'job=%s\nhost=%s\nat=%s\n' "$job" "$(hostname)" "$(date +%s)"
     snapshot
@@ -289,4 +303,11 @@ code=$rc
 case $rc in 99 | 100) code=1 ;; esac
 echo "chainrun: segment 3 command exited $rc${got:+ after SIG$got}"
 end_marker "$code" "$rc" 0
+if [ -n "$preempted" ] && [ "$got" != TERM ]; then
+    # The scheduler ends the job as preempted, or requeues it, at the end of its grace
+    # time (SIGTERM); a job that ended first would count as completed, and never be requeued.
+    echo "chainrun: segment 3 preempted: waiting for the scheduler to end or requeue the job"
+    trap 'exit "$code"' TERM
+    while [ "$(date +%s)" -lt "$CHAINRUN_DEADLINE" ]; do sleep 1; done
+fi
 exit "$code"
