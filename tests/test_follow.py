@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -463,3 +464,79 @@ def test_the_end_of_a_large_log_is_read_alone(tmp_path: Path) -> None:
     text = read_tail(LocalTransport(), str(path), path.stat().st_size)
     assert len(text) <= OUTPUT_BYTES and text.startswith("line ")
     assert last_lines(text, 2) == [f"line {i} {'x' * 60}" for i in (4998, 4999)]
+
+
+# -- a sweep in the foreground ----------------------------------------------------------
+
+EXAMPLE_TRAINER = Path(__file__).resolve().parent.parent / "examples" / "python-api" / "train.py"
+SWEEP_PROMPT = "Stop watching (the sweep goes on) or cancel the whole sweep? [w/c] "
+
+
+def write_sweep(tmp_path: Path, command: str, values: str, extra: str = "") -> Path:
+    """A sweep ``sw`` of ``command`` over ``lr = [values]``, its chains two at a time."""
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    shutil.copy(EXAMPLE_TRAINER, work / "train.py")
+    path = work / "sweep.toml"
+    path.write_text(
+        f"name = \"sw\"\ncommand = '{command}'\n"
+        f'total_time = "5m"\nwalltime = "1m"\ngrace = "5s"\nmax_failures = 0\n{extra}'
+        f"[sweep]\nmax_concurrent = 2\n[sweep.grid]\nlr = [{values}]\n"
+    )
+    return path
+
+
+def sweep_states(chainrun: CLI) -> dict[str, str]:
+    return {c["id"]: c["state"] for c in json.loads(chainrun("status", "sw", "--json", check=True).stdout)}
+
+
+def test_run_of_a_sweep_off_a_terminal_shows_the_sweep_and_ends_with_its_comparison(
+    tmp_path: Path, chainrun: CLI
+) -> None:
+    """`run SWEEP` supervises every chain: each event names its chain; a progress line per
+    change gives the sweep's share done of its chains, its chains by state and the best
+    loss; it ends with the sweep's comparison and a line for the chain that failed; exit 1."""
+    job = write_sweep(
+        tmp_path,
+        "python3 train.py --lr {lr} --epochs 3 --epoch-time 0.3",
+        '0.1, 0.5, "bad"',
+        "target_epoch = 3\n",
+    )
+    result = chainrun("run", str(job), "--interval", "0.3", timeout=300)
+    out = result.stdout.splitlines()
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert out[0] == "sweep sw: 3 chains submitted"
+    states = sweep_states(chainrun)
+    assert sorted(states.values()) == ["completed", "completed", "failed"], states
+    (failed,) = [chain_id for chain_id, st in states.items() if st == "failed"]
+    for chain_id in states:
+        assert re.search(rf"^{CLOCK}{chain_id}: segment 1 is running$", result.stdout, re.M), chain_id
+    progress = [line[len("00:00:00  ") :] for line in out if re.match(rf"{CLOCK}sweep sw: ", line)]
+    assert progress and all(re.fullmatch(r"sweep sw: \d+% of 3 chains(, ETA \S+)?; .+", p) for p in progress)
+    assert all(a != b for a, b in zip(progress, progress[1:])), progress
+    assert any(re.search(r"; \d running", p) for p in progress), progress
+    assert any("queued" in p for p in progress), progress  # two at a time: the third waits
+    assert any(re.search(r"; best loss [\d.e-]+ \(lr=0\.[15] rep 0\)", p) for p in progress), progress
+    assert "sweep sw: [######....] 2/3 completed; 2 completed, 1 failed" in out
+    assert "loss, lowest first (mean and spread over repetitions):" in out
+    assert out[-1].startswith(f"chain {failed} failed: ")
+
+
+def test_ctrl_c_then_c_at_a_sweep_cancels_every_chain_and_leaves_no_job(
+    tmp_path: Path, terminal: Callable[[Path], Terminal], chainrun: CLI
+) -> None:
+    """On a terminal the area shows the sweep (its bar, its chains by state, a line per running
+    chain); Ctrl-C asks about the whole sweep, and `c` cancels all of its chains, the one still
+    waiting for a slot too: no job left, exit 1."""
+    term = terminal(write_sweep(tmp_path, WAIT_FOR_GO, "1, 2, 3"))
+    term.out.wait_for("segment 1 is running")
+    term.out.wait_for("of 3 chains")
+    term.out.wait_for("lr=1 rep 0")  # a running chain's line
+    term.type("\x03")
+    term.out.wait_for(SWEEP_PROMPT)
+    term.type("c\r")
+    assert term.exit_code() == 1, term.out.text
+    states = sweep_states(chainrun)
+    assert list(states.values()) == ["cancelled"] * 3, states
+    assert "sweep sw: [..........] 0/3 completed; 3 cancelled" in term.out.text
+    wait_for(lambda: all(live_jobs(c) == [] for c in states), 60, "the cancelled jobs to end")
