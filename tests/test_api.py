@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -228,3 +229,33 @@ def test_the_readme_shows_the_example_as_it_is() -> None:
     found = re.search(r"<!-- python-api example -->\n```python\n(.*?)```\n", readme, re.S)
     assert found is not None, "the README has no <!-- python-api example --> section"
     assert found.group(1) == (EXAMPLE / "sweep.py").read_text()
+
+
+def test_ctrl_c_in_a_wait_that_drives_raises_keyboard_interrupt_and_the_chain_goes_on(
+    tmp_path: Path, home: Path
+) -> None:
+    """Ctrl-C while ``wait`` is the service: KeyboardInterrupt in the script, the chain still
+    active with its job running, and the state directory free for a service."""
+    script = tmp_path / "wait.py"
+    script.write_text(
+        "import sys, chainrun\n"
+        "(chain,) = chainrun.submit(dict(name='k', command='sleep 600', workdir=sys.argv[1],"
+        " total_time='1h', walltime='10m'))\n"
+        "print(chain.id, flush=True)\n"
+        "try:\n    chain.wait()\nexcept KeyboardInterrupt:\n    print('interrupted', flush=True)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)], env=cli_env(home), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        (chain,) = chainrun.chains(proc.stdout.readline().strip(), home=home)
+        wait_for(lambda: chain.status()["segments"][:1] != [], 120, "the segment to be submitted")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 0 and proc.stdout.read() == "interrupted\n"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert chain.state == "active" and chain.status()["segments"][0]["phase"] in ("pending", "running")
+    assert chain.cancel() == "cancelled"  # no service holds the directory: done here, at once

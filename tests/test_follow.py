@@ -38,6 +38,7 @@ from chainrun.follow import (
 from chainrun.model import Chain, ChainState, Outcome, Phase, Progress, Segment
 from chainrun.schedulers import scheduler_for
 from chainrun.schedulers.segment import SegmentJob
+from chainrun.sweepfollow import sweep_frame
 from chainrun.transport import LocalTransport
 
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -472,6 +473,35 @@ EXAMPLE_TRAINER = Path(__file__).resolve().parent.parent / "examples" / "python-
 SWEEP_PROMPT = "Stop watching (the sweep goes on) or cancel the whole sweep? [w/c] "
 
 
+def sweep_chain(lr: str, *segments: Segment, **fields: Any) -> Chain:
+    spec = replace(SPEC, sweep_name="sw", params=(("lr", lr),), rep=0)
+    return replace(chain_with(*segments, **fields), id=f"sw-{lr}", spec=spec)
+
+
+def test_a_sweep_s_frame_shows_its_share_done_eta_counts_best_and_running_chains() -> None:
+    """A chain running at epoch 4 of 10, one waiting, one completed: 46% done; the ETA is the
+    running chain's 225 s plus, for the one not started, what the others take on average
+    (375 s and 300 s), one at a time; the lowest loss is the best; the running chain's line."""
+    running = Segment("sw-0.1", 1, 100, Phase.RUNNING, job_id="17", started_at=1000.0)
+    chains = [
+        sweep_chain("0.1", running, used=100.0, latest=Progress(epoch=4, metrics=(("loss", 0.5),))),
+        sweep_chain("0.2", Segment("sw-0.2", 1, 100, Phase.PENDING, job_id="18", reason="Priority")),
+        replace(
+            sweep_chain("0.3", used=300.0, latest=Progress(epoch=10, metrics=(("loss", 0.25),))),
+            state=ChainState.COMPLETED,
+        ),
+    ]
+    frame = sweep_frame("sw", chains, 1050.0)
+    assert (frame.done, frame.total, frame.head) == (1.4, 3, "46% of 3 chains  ETA 9m")
+    tally = "1 running, 1 queued, 1 completed; best loss 0.25 (lr=0.3 rep 0)"
+    assert frame.plain == f"sweep sw: 46% of 3 chains, ETA 9m; {tally}"
+    assert frame.lines == (
+        tally,
+        "  lr=0.1 rep 0  epoch 4/10 40%  segment 1 of 10 running as job 17  loss 0.5",
+    )
+    assert not frame.final and sweep_frame("sw", chains[2:], 1050.0).final
+
+
 def write_sweep(tmp_path: Path, command: str, values: str, extra: str = "") -> Path:
     """A sweep ``sw`` of ``command`` over ``lr = [values]``, its chains two at a time."""
     work = tmp_path / "work"
@@ -522,18 +552,29 @@ def test_run_of_a_sweep_off_a_terminal_shows_the_sweep_and_ends_with_its_compari
     assert out[-1].startswith(f"chain {failed} failed: ")
 
 
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["run-is-the-service", "a-service-runs"])
 def test_ctrl_c_then_c_at_a_sweep_cancels_every_chain_and_leaves_no_job(
-    tmp_path: Path, terminal: Callable[[Path], Terminal], chainrun: CLI
+    tmp_path: Path,
+    terminal: Callable[[Path], Terminal],
+    chainrun: CLI,
+    service: Callable[..., subprocess.Popen[bytes]],
+    home: Path,
+    elsewhere: bool,
 ) -> None:
     """On a terminal the area shows the sweep (its bar, its chains by state, a line per running
     chain); Ctrl-C asks about the whole sweep, and `c` cancels all of its chains, the one still
-    waiting for a slot too: no job left, exit 1."""
+    waiting for a slot too: no job left, exit 1; carried out by `run`, or by the service that
+    runs elsewhere while `run` follows."""
+    if elsewhere:
+        service()
+        wait_for(lambda: (home / "service.status").exists(), 120, "the service's first tick")
     term = terminal(write_sweep(tmp_path, WAIT_FOR_GO, "1, 2, 3"))
     term.out.wait_for("segment 1 is running")
     term.out.wait_for("of 3 chains")
     term.out.wait_for("lr=1 rep 0")  # a running chain's line
     term.type("\x03")
     term.out.wait_for(SWEEP_PROMPT)
+    assert ("a chainrun service is running; following the sweep" in term.out.text) is elsewhere
     term.type("c\r")
     assert term.exit_code() == 1, term.out.text
     states = sweep_states(chainrun)
