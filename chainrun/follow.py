@@ -253,6 +253,9 @@ class Follower:
     cannot be read (a dropped connection) keeps the line shown before.
     """
 
+    noun = "chain"
+    prompt = PROMPT
+
     def __init__(
         self,
         store: Store,
@@ -292,9 +295,6 @@ class Follower:
                     self._told.add(key)
                     lines.append(f"{stamp(at)}  {text}")
             return lines, chain, self._output
-
-    noun = "chain"
-    prompt = PROMPT
 
     def look(self, markers: bool) -> tuple[list[str], Callable[[float], Frame], list[tuple[str, str]]]:
         lines, chain, output = self.poll(markers)
