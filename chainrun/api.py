@@ -7,28 +7,38 @@ with the same one line); ``params`` and ``reps`` give or replace its
 one that runs (or starts later) picks the chains up. ``chains`` finds chains
 already stored. Each is a ``Chain``: a handle (state directory and id) whose
 ``state``, ``progress`` and ``status()`` read the store afresh at every call.
+``wait`` (and ``Chain.wait``) never waits on a chain that nothing moves: with no
+service running for the state directory, it is the service, as ``chainrun run``
+is, until the chains have ended.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-from chainrun import control, jobfile
+from chainrun import control, jobfile, logs
 from chainrun import model as _model
-from chainrun.errors import StoreUnavailable, UsageError
+from chainrun.constants import DEFAULT_INTERVAL
+from chainrun.errors import AlreadyRunning, StoreUnavailable, UsageError
+from chainrun.lock import lock_for
 from chainrun.model import JobSpec, Progress
 from chainrun.status import to_json
 from chainrun.store import Store, default_home
 
-__all__ = ["Chain", "chains", "submit"]
+if TYPE_CHECKING:
+    from chainrun.service import Service
+
+__all__ = ["Chain", "chains", "submit", "wait"]
 
 JobSource = Union[str, "os.PathLike[str]", Mapping[str, Any]]
 Params = Union[Mapping[str, Sequence[Any]], Sequence[Mapping[str, Any]]]
@@ -74,28 +84,8 @@ class Chain:
         return to_json(self._read(), time.time())
 
     def wait(self, timeout: Optional[float] = None, poll: float = POLL) -> str:
-        """Wait until the chain ends, looking every ``poll`` seconds; its final state.
-
-        A chain moves only while a service runs (``chainrun daemon``). Raises
-        TimeoutError when it has not ended within ``timeout`` seconds (None: no limit).
-        A moment the database is busy is waited out like any other look."""
-        if not (math.isfinite(poll) and poll > 0):
-            raise ValueError(f"poll={poll!r}: give a number of seconds above 0")
-        if timeout is not None and not timeout >= 0:
-            raise ValueError(f"timeout={timeout!r}: give a number of seconds, 0 or more, or None")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            try:
-                state = self._read().state
-            except StoreUnavailable:
-                state = None
-            if state is not None and state.final:
-                return state.value
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                now = "the database was busy" if state is None else f"still {state.value}"
-                raise TimeoutError(f"chain {self.id}: {now} after {timeout:g}s")
-            time.sleep(poll if left is None else min(poll, left))
+        """Wait until the chain ends; its final state. See ``chainrun.wait``."""
+        return wait([self], timeout, poll)[0]
 
     def cancel(self) -> str:
         """Cancel the chain, as ``chainrun cancel`` does: its queued and running jobs are
@@ -141,6 +131,117 @@ def submit(
     with _store(where) as store:
         submitted = control.submit_all(store, [spec], fresh=fresh)
     return [Chain(where, chain_id, one) for chain_id, one, _ in submitted]
+
+
+def wait(chains: Sequence[Chain], timeout: Optional[float] = None, poll: float = POLL) -> list[str]:
+    """Wait until every one of ``chains`` (a sweep's, say) has ended; their final states,
+    in order.
+
+    Chains move only while a service runs for their state directory. While one runs
+    (``chainrun daemon``, the systemd unit, a ``chainrun run``), this looks every ``poll``
+    seconds. While none does, this process is the service, as ``chainrun run`` is: it
+    ticks every chain of that directory until these have ended (or the timeout), and
+    stops. Raises TimeoutError when they have not all ended within ``timeout`` seconds
+    (None: no limit), and KeyboardInterrupt on Ctrl-C; the chains go on either way. A
+    service that cannot start here (a broken config, say) raises its ChainrunError at once.
+    """
+    if not (math.isfinite(poll) and poll > 0):
+        raise ValueError(f"poll={poll!r}: give a number of seconds above 0")
+    if timeout is not None and not timeout >= 0:
+        raise ValueError(f"timeout={timeout!r}: give a number of seconds, 0 or more, or None")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    homes = list(dict.fromkeys(c.home for c in chains))
+    while True:
+        states = {c: _final_state(c) for c in chains}
+        left = [c for c, state in states.items() if state is None]
+        if not left:
+            return [states[c] or "" for c in chains]
+        if deadline is not None and time.monotonic() >= deadline:
+            raise _late(chains, left, timeout or 0.0)
+        home = next(h for h in homes if any(c.home == h for c in left))
+        if not lock_for(home).held_elsewhere():
+            _drive(home, [c for c in left if c.home == home], deadline, poll)
+            continue
+        time.sleep(poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic())))
+
+
+def _final_state(chain: Chain) -> Optional[str]:
+    """The chain's final state, None while it is active (or the database is busy a moment)."""
+    try:
+        state = chain._read().state
+    except StoreUnavailable:
+        return None
+    return state.value if state.final else None
+
+
+def _late(chains: Sequence[Chain], left: Sequence[Chain], timeout: float) -> TimeoutError:
+    """What ``wait`` says of the chains ``left`` active at its timeout."""
+    if len(chains) == 1:
+        try:
+            now = f"still {left[0].state}"
+        except StoreUnavailable:
+            now = "the database was busy"
+        return TimeoutError(f"chain {left[0].id}: {now} after {timeout:g}s")
+    names = ", ".join(c.id for c in left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+    return TimeoutError(f"{len(left)} of {len(chains)} chains still active after {timeout:g}s: {names}")
+
+
+def _drive(home: Path, chains: Sequence[Chain], deadline: Optional[float], poll: float) -> None:
+    """Be the service for ``home`` until ``chains`` have ended or ``deadline`` (monotonic)
+    passes; return at once if another service took the directory meanwhile. Ticks come as
+    often as ``chainrun run``'s for their shortest walltime, and at least every ``poll``
+    seconds; KeyboardInterrupt when a signal stopped it first."""
+    from chainrun.service import Service
+
+    walltime = min(c._read().spec.walltime for c in chains)
+    step = max(0.2, min(poll, DEFAULT_INTERVAL, max(1.0, walltime / 8)))
+
+    def ended() -> bool:
+        return all(_final_state(c) is not None for c in chains)
+
+    with _trouble_only():
+        _run(Service(home, interval=step, stop_when=ended), deadline, ended)
+
+
+@contextmanager
+def _trouble_only() -> Iterator[None]:
+    """While ``wait`` is the service: its log lines on stderr only for trouble (warnings and
+    errors), as under ``chainrun run``, unless this process set chainrun's logging up itself;
+    after, the logging it had."""
+    if logs.configured():
+        yield
+        return
+    level = logging.getLogger().level
+    logs.setup("warning")
+    try:
+        yield
+    finally:
+        logs.reset()
+        logging.getLogger().setLevel(level)
+
+
+def _run(service: Service, deadline: Optional[float], ended: Callable[[], bool]) -> None:
+    """Run ``service`` until it stops, or ``deadline`` (monotonic) passes."""
+    late = threading.Event()
+
+    def stop_at_deadline() -> None:
+        late.set()
+        service.stop()
+
+    timer = None
+    if deadline is not None:
+        timer = threading.Timer(max(0.0, deadline - time.monotonic()), stop_at_deadline)
+        timer.daemon = True
+        timer.start()
+    try:
+        service.run()
+    except AlreadyRunning:
+        return  # started elsewhere meanwhile: it moves the chains; wait looks
+    finally:
+        if timer is not None:
+            timer.cancel()
+    if not late.is_set() and not ended():
+        raise KeyboardInterrupt
 
 
 def chains(name: Optional[str] = None, home: Union[str, os.PathLike[str], None] = None) -> list[Chain]:

@@ -27,7 +27,7 @@ from chainrun.constants import CONFIRM_ABOVE, DEFAULT_INTERVAL, VERSION
 from chainrun.errors import ChainrunError, StoreUnavailable, UsageError
 
 if TYPE_CHECKING:
-    from chainrun.model import Chain, JobSpec
+    from chainrun.model import Chain
     from chainrun.status import Shown
     from chainrun.store import DamagedChain, Store
 
@@ -104,15 +104,6 @@ def _store(ctx: click.Context, readonly: bool = False) -> Iterator[Store]:
         yield store
     finally:
         store.close()
-
-
-def _submit(store: Store, spec: JobSpec, fresh: bool = False) -> tuple[Chain, bool]:
-    """The chain of ``spec`` (not a sweep), and whether it was stored now: the one still
-    active from an earlier submission is returned as it is; see ``control.submit_all``."""
-    from chainrun import control
-
-    ((chain_id, _, new),) = control.submit_all(store, [spec], fresh)
-    return store.chain(chain_id), new
 
 
 @main.command()
@@ -218,30 +209,38 @@ def _job_files(args: Sequence[str]) -> list[str]:
 @_fresh
 @click.pass_context
 def run(ctx: click.Context, jobfile_path: str, interval: Optional[float], fresh: bool) -> None:
-    """Submit JOBFILE and supervise it here until the chain ends.
+    """Submit JOBFILE and supervise it here until the chain (or sweep) ends.
 
     Shows the chain's events, and its progress, ETA, segment and last line of
-    output (refreshed in place on a terminal, a line per change otherwise). If
-    a service already runs, it does the work and this command only follows.
-    Ctrl-C asks whether to stop watching (the chain goes on) or to cancel it.
+    output (refreshed in place on a terminal, a line per change otherwise). For
+    a sweep: every chain's events, the sweep's bar and ETA, its chains by state
+    with the best metric so far, and a line per running chain. If a service
+    already runs, it does the work and this command only follows. Ctrl-C asks
+    whether to stop watching (the chains go on) or to cancel the chain (the
+    whole sweep).
 
-    Exits 0 when the chain completes; 1 when it ends otherwise (failed, out of
-    time, cancelled); 130 when you stop watching and the chain goes on, as a
-    shell reports a command stopped by Ctrl-C; 2 for a bad job file or option.
+    Exits 0 when the chain (every chain of the sweep) completes; 1 when one ends
+    otherwise (failed, out of time, cancelled); 130 when you stop watching and
+    the chains go on, as a shell reports a command stopped by Ctrl-C; 2 for a bad
+    job file or option.
     """
-    from chainrun import follow, jobfile
+    from chainrun import control, follow, jobfile, sweepfollow
 
     spec = jobfile.load(jobfile_path)
-    if spec.sweep:
-        raise UsageError(
-            f"{jobfile_path} is a sweep, and `run` follows one chain: submit it with "
-            f"`chainrun submit {jobfile_path}` and follow it with `chainrun status {spec.name}`"
-        )
     with _store(ctx) as store:
-        chain, new = _submit(store, spec, fresh=fresh)
-        click.echo(f"chain {chain.id} submitted" if new else f"following chain {chain.id}, already running")
+        submitted = control.submit_all(store, [spec], fresh=fresh)
+        watch: follow.Watch
+        if spec.sweep:
+            watch = sweepfollow.SweepFollower(store, spec.name, [s.chain_id for s in submitted])
+            click.echo(sweepfollow.submitted_line(spec.name, [s.new for s in submitted]))
+        else:
+            ((chain_id, _, new),) = submitted
+            watch = follow.Follower(store, chain_id)
+            click.echo(
+                f"chain {chain_id} submitted" if new else f"following chain {chain_id}, already running"
+            )
         step = interval or min(DEFAULT_INTERVAL, max(1.0, spec.walltime / 8))
-        code = follow.supervise(ctx.obj, store, chain, step)
+        code = follow.supervise(ctx.obj, watch, step)
     sys.exit(code)
 
 

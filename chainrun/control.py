@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from chainrun import progress, snapshot, sweep
+from chainrun import jobfile, progress, snapshot, sweep
 from chainrun.decide.claims import Claim, Holder, claim, holder
 from chainrun.engine import Engine, TickSummary
 from chainrun.errors import ChainrunError, TransportError, UsageError
@@ -68,6 +68,7 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
         preflight(spec)
         transport = transport_for(spec.scheduler.first_host)
         try:
+            jobfile.container_where_it_runs(spec)
             # The code is captured once per job file: a sweep's chains all run the same commit.
             spec, snap = snapshot.prepare(transport, spec)
             for one in sweep.expand(spec):

@@ -1,5 +1,8 @@
 """``chainrun run``'s view of the chain it supervises, its Ctrl-C prompt and its last word.
 
+What is watched is a ``Watch``: one chain (``Follower``, below) or a sweep's chains
+(``sweepfollow``); ``View`` draws the ``Frame`` either makes, and ``supervise`` drives both.
+
 The chain's events print as lines. Under them a progress area shows how far
 the chain is (epochs of the target, or time used of the budget), the ETA,
 the current segment and its job's state, and the last line of the training
@@ -31,8 +34,9 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import click
 
@@ -54,6 +58,7 @@ EXIT_NOT_COMPLETED = 1  # failed, exhausted or cancelled
 # what a shell reports of a command stopped by Ctrl-C.
 EXIT_STOPPED_WATCHING = 130
 PROMPT = "Stop watching (the chain goes on) or cancel the chain? [w/c] "
+START_ADVICE = "it advances only while a service runs: `chainrun service install --now`, or `chainrun daemon`"
 TAIL_LINES = 5  # of a failing segment's output, under the final line
 OUTPUT_BYTES = 16384  # of a log's end, read for its last lines
 OUTPUT_WIDTH = 160  # characters of the output line in plain mode
@@ -67,6 +72,41 @@ NEWS_AGAIN = 5.0
 
 
 # -- what is shown: pure functions of a chain, its output and now -------------------
+
+
+@dataclass(frozen=True)
+class Frame:
+    """The progress area at one moment: a bar (``done`` of ``total``) with ``head`` beside it,
+    ``lines`` under it, the last line of output; off a terminal, the one ``plain`` line,
+    printed when ``key`` changed."""
+
+    done: float
+    total: float
+    head: str
+    lines: tuple[str, ...]
+    output: str
+    plain: str
+    key: tuple[object, ...]
+    final: bool
+
+
+def chain_frame(chain: Chain, output: str, now: float) -> Frame:
+    """One chain's frame: its progress and ETA, its segment (and since when it runs), its output."""
+    done, total, words = measure(chain, now)
+    seg = current(chain)
+    since = ""
+    if seg is not None and seg.phase is Phase.RUNNING and seg.started_at is not None:
+        since = f", {short(now - seg.started_at)}"
+    return Frame(
+        done,
+        total,
+        f"{words}  {eta_text(chain, now)}",
+        (f"{segment_text(chain)}{since}",),
+        output,
+        plain_line(chain, output, now),
+        plain_key(chain, output),
+        chain.state.final,
+    )
 
 
 def current(chain: Chain) -> Optional[Segment]:
@@ -159,11 +199,7 @@ def trouble_text(exc: ChainrunError, retry_in: float) -> str:
 def going_on_lines(chain: Chain, service_elsewhere: bool) -> list[str]:
     """What stopping watching leaves: the chain goes on, and how to look again."""
     lines = [f"chain {chain.id} goes on; see it with: chainrun status {chain.id}"]
-    if not service_elsewhere:
-        lines.append(
-            "it advances only while a service runs: `chainrun service install --now`, or `chainrun daemon`"
-        )
-    return lines
+    return lines if service_elsewhere else [*lines, START_ADVICE]
 
 
 def last_lines(text: str, n: int) -> list[str]:
@@ -172,7 +208,7 @@ def last_lines(text: str, n: int) -> list[str]:
     return [line for line in shown if line.strip()][-n:]
 
 
-def _clock(at: float) -> str:
+def stamp(at: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(at))
 
 
@@ -188,6 +224,27 @@ def read_tail(transport: Transport, path: str, size: int) -> str:
     return result.stdout.split("\n", 1)[-1] if result.ok else ""
 
 
+class Watch(Protocol):
+    """What ``supervise`` follows: one chain (``Follower``) or a sweep's chains."""
+
+    noun: str  # what is watched, in a word: "chain", "sweep"
+    prompt: str  # the first Ctrl-C's question
+
+    def look(self, markers: bool) -> tuple[list[str], Callable[[float], Frame], list[tuple[str, str]]]:
+        """The event lines not returned before, what the area shows (at a given time), and
+        the clusters (``cluster_key``) of the chains watched."""
+
+    def news(self) -> bool:
+        """Whether the markers show a segment's start or end the store has not recorded yet."""
+
+    def ended(self) -> bool: ...
+
+    def request_cancel(self) -> None: ...
+
+    def last_word(self, service_elsewhere: bool) -> tuple[list[str], int]:
+        """The lines after watching and the exit code: the end, or what goes on."""
+
+
 class Follower:
     """One chain as the store and its log have it: new events, the chain, the output line.
 
@@ -195,6 +252,9 @@ class Follower:
     at a time. The log is read only when its size or mtime changed; a log that
     cannot be read (a dropped connection) keeps the line shown before.
     """
+
+    noun = "chain"
+    prompt = PROMPT
 
     def __init__(
         self,
@@ -229,12 +289,23 @@ class Follower:
                 # not be the one it had (or lacked) when watching began.
                 host = seg.host or chain.spec.scheduler.first_host or None
                 self._read_output(host, SegmentJob(chain.id, seg.n, chain.spec, 0).log_path)
-            lines = [f"{_clock(ev.at)}  {ev.message}" for ev in events]
+            lines = [f"{stamp(ev.at)}  {ev.message}" for ev in events]
             for key, at, text in self._ahead(chain) if markers else []:
                 if key not in self._told:
                     self._told.add(key)
-                    lines.append(f"{_clock(at)}  {text}")
+                    lines.append(f"{stamp(at)}  {text}")
             return lines, chain, self._output
+
+    def look(self, markers: bool) -> tuple[list[str], Callable[[float], Frame], list[tuple[str, str]]]:
+        lines, chain, output = self.poll(markers)
+        return lines, lambda now: chain_frame(chain, output, now), [chain.cluster_key]
+
+    def last_word(self, service_elsewhere: bool) -> tuple[list[str], int]:
+        final = self.store.chain(self.chain_id)
+        if not final.state.final:
+            return going_on_lines(final, service_elsewhere), EXIT_STOPPED_WATCHING
+        code = EXIT_COMPLETED if final.state is ChainState.COMPLETED else EXIT_NOT_COMPLETED
+        return final_lines(final), code
 
     def news(self) -> bool:
         """Whether the markers show a start or an end the store has not recorded yet, not
@@ -304,7 +375,7 @@ class View:
         self._lock = threading.RLock()
         self._paused = False
         self._held: list[str] = []
-        self._current: Optional[tuple[Chain, str]] = None
+        self._draw: Optional[Callable[[float], Frame]] = None
         self._key: Optional[tuple[object, ...]] = None
         # While the cluster cannot be polled: why, since when, and when the next try is.
         self._trouble: Optional[tuple[ChainrunError, float, float]] = None
@@ -334,14 +405,19 @@ class View:
 
     def show(self, chain: Chain, output: str, now: float) -> None:
         """The chain as it is now; in plain mode a line only when its progress changed."""
+        self.show_frame(lambda at: chain_frame(chain, output, at), now)
+
+    def show_frame(self, draw: Callable[[float], Frame], now: float) -> None:
+        """What is watched, as ``draw`` makes it at any time (the area redraws it as time
+        passes); in plain mode a line only when its key changed."""
         with self._lock:
-            self._current = (chain, output)
-            if self._live is not None or self._paused or chain.state.final:
+            self._draw = draw
+            if self._live is not None or self._paused:
                 return
-            key = plain_key(chain, output)
-            if key != self._key:
-                self._key = key
-                click.echo(f"{_clock(now)}  {plain_line(chain, output, now)}")
+            frame = draw(now)
+            if not frame.final and frame.key != self._key:
+                self._key = frame.key
+                click.echo(f"{stamp(now)}  {frame.plain}")
 
     def trouble(self, exc: Optional[ChainrunError], retry_in: float, now: float) -> None:
         """The cluster could not be polled (``exc``; the next try in ``retry_in`` s), or
@@ -351,11 +427,11 @@ class View:
             if exc is None:
                 self._trouble = None
                 if before is not None:
-                    self.event(f"{_clock(now)}  connection back after {short(now - before[1])}; going on")
+                    self.event(f"{stamp(now)}  connection back after {short(now - before[1])}; going on")
                 return
             self._trouble = (exc, now if before is None else before[1], now + retry_in)
             if before is None:
-                self.event(f"{_clock(now)}  {trouble_text(exc, retry_in)}: {exc}")
+                self.event(f"{stamp(now)}  {trouble_text(exc, retry_in)}: {exc}")
 
     def pause(self) -> None:
         with self._lock:
@@ -391,33 +467,27 @@ class View:
         from rich.table import Table
         from rich.text import Text
 
-        shown = self._current
-        if shown is None:
+        draw = self._draw
+        if draw is None:
             return Text("waiting for the first tick ...", style="dim")
-        chain, output = shown
         now = time.time()
-        done, total, words = measure(chain, now)
+        frame = draw(now)
         top = Table.grid(padding=(0, 1))
-        bar = ProgressBar(total=total, completed=done, width=BAR_WIDTH)
-        top.add_row(bar, Text(f"{words}  {eta_text(chain, now)}"))
-        seg = current(chain)
-        since = ""
-        if seg is not None and seg.phase is Phase.RUNNING and seg.started_at is not None:
-            since = f", {short(now - seg.started_at)}"
-        lines: list[Any] = [top, Text(f"{segment_text(chain)}{since}")]
+        top.add_row(ProgressBar(total=frame.total, completed=frame.done, width=BAR_WIDTH), Text(frame.head))
+        lines: list[Any] = [top, *(Text(line, no_wrap=True, overflow="ellipsis") for line in frame.lines)]
         trouble = self._trouble
         if trouble is not None:
             lines.append(Text(trouble_text(trouble[0], max(0.0, trouble[2] - now)), style="yellow"))
-        if output:
-            lines.append(Text(f"> {output}", style="dim", no_wrap=True, overflow="ellipsis"))
+        if frame.output:
+            lines.append(Text(f"> {frame.output}", style="dim", no_wrap=True, overflow="ellipsis"))
         return Group(*lines)
 
 
 # -- Ctrl-C --------------------------------------------------------------------------
 
 
-def ask() -> str:
-    """The first Ctrl-C's question, in the main thread: ``c`` (cancel the chain) or ``w``
+def ask(prompt: str = PROMPT) -> str:
+    """The first Ctrl-C's question, in the main thread: ``c`` (cancel) or ``w``
     (stop watching). ``w`` as well for Enter, end of input, a second Ctrl-C, and a
     stdin that is not a terminal (then nothing is asked)."""
     if not sys.stdin.isatty():
@@ -427,7 +497,7 @@ def ask() -> str:
     try:
         click.echo("", err=True)  # the terminal's ^C has no newline of its own
         while True:
-            click.echo(PROMPT, nl=False, err=True)
+            click.echo(prompt, nl=False, err=True)
             answer = _read_line()
             word = answer.strip().lower()
             if not answer or word in ("", "w", "watch"):
@@ -454,47 +524,48 @@ def _read_line() -> str:
 # -- the whole ----------------------------------------------------------------------
 
 
-def supervise(home: Path, store: Store, chain: Chain, interval: float) -> int:
-    """Follow ``chain`` until it ends or the user stops watching; the exit code.
+def supervise(home: Path, watch: Watch, interval: float) -> int:
+    """Follow ``watch`` (a chain, or a sweep's chains) until it ends or the user stops
+    watching; the exit code.
 
     With no service running for ``home``, this process is the service (its ticks
-    refresh the view) until the chain ends; with one running elsewhere, it only
+    refresh the view) until the chains end; with one running elsewhere, it only
     follows, every ``interval`` seconds.
     """
-    follower = Follower(store, chain.id)
     # A terminal that cannot move its cursor (TERM=dumb, as in an editor's shell) gets plain lines.
     view = View(tty=sys.stdout.isatty() and os.environ.get("TERM") not in ("dumb", "unknown"))
     elsewhere = lock_for(home).held_elsewhere()
 
     def refresh(summary: Optional[TickSummary] = None, markers: bool = False) -> None:
-        lines, now_chain, output = follower.poll(markers)
+        lines, draw, clusters = watch.look(markers)
         for line in lines:
             view.event(line)
         now = time.time()
         if summary is not None:
             # The service ticks again after the interval, or sooner when the engine asks.
             retry_in = min(interval, summary.next_in if summary.next_in is not None else interval)
-            view.trouble(summary.unreachable.get(now_chain.cluster_key), retry_in, now)
-        view.show(now_chain, output, now)
+            trouble = (summary.unreachable.get(key) for key in clusters)
+            view.trouble(next((exc for exc in trouble if exc is not None), None), retry_in, now)
+        view.show_frame(draw, now)
 
     def interrupted() -> bool:
         """Ctrl-C: True to stop watching; a cancel is requested and watching goes on."""
         view.pause()
         try:
-            answer = ask()
+            answer = ask(watch.prompt)
             if answer == "c":  # its event says so; the next tick carries it out
-                follower.request_cancel()
+                watch.request_cancel()
         finally:
             view.resume()
         return answer != "c"
 
     try:
         if elsewhere:
-            view.event("a chainrun service is running; following the chain")
+            view.event(f"a chainrun service is running; following the {watch.noun}")
             while True:
                 try:
                     refresh(markers=True)  # the service elsewhere tells of a segment only as it ticks
-                    if follower.ended():
+                    if watch.ended():
                         break
                     time.sleep(min(interval, MARKER_STEP))
                 except KeyboardInterrupt:
@@ -502,20 +573,20 @@ def supervise(home: Path, store: Store, chain: Chain, interval: float) -> int:
                         break
         else:
             service = Service(
-                home, interval=interval, on_tick=refresh, stop_when=follower.ended, on_interrupt=interrupted
+                home, interval=interval, on_tick=refresh, stop_when=watch.ended, on_interrupt=interrupted
             )
             stop = threading.Event()
 
-            def watch() -> None:
+            def look() -> None:
                 """A start or an end the markers show first brings the next tick forward."""
                 while not stop.wait(MARKER_STEP):
                     try:
-                        if follower.news():
+                        if watch.news():
                             service.tick_now()
                     except ChainrunError:  # the database busy, say: the next look, or the tick, sees it
                         pass
 
-            watcher = threading.Thread(target=watch, name="markers", daemon=True)
+            watcher = threading.Thread(target=look, name="markers", daemon=True)
             watcher.start()
             try:
                 service.run()
@@ -525,11 +596,7 @@ def supervise(home: Path, store: Store, chain: Chain, interval: float) -> int:
             refresh()
     finally:
         view.close()
-    final = store.chain(chain.id)
-    if not final.state.final:
-        for line in going_on_lines(final, lock_for(home).held_elsewhere()):
-            click.echo(line)
-        return EXIT_STOPPED_WATCHING
-    for line in final_lines(final):
+    lines, code = watch.last_word(lock_for(home).held_elsewhere())
+    for line in lines:
         click.echo(line)
-    return EXIT_COMPLETED if final.state is ChainState.COMPLETED else EXIT_NOT_COMPLETED
+    return code

@@ -4,7 +4,8 @@ or can be made, the container image is there and a runtime on PATH runs it, and 
 a snapshot chain is in a git repository.
 
 A chain on another host (``scheduler.host`` or ``hosts``) is not checked against this
-machine's directories: its paths are the cluster's.
+machine's directories: its paths are the cluster's. Its container is checked where it runs
+(``container_where_it_runs``, at submit): the runtime on that machine's PATH, the image there.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from chainrun import container, schema, snapshot
-from chainrun.errors import JobFileError
+from chainrun.errors import JobFileError, TransportError
 from chainrun.fields import Fields, file_kind, path_shown, read_toml, why
 from chainrun.model import JobSpec
+from chainrun.transport import Transport, transport_for
 
 
 def load(
@@ -118,6 +120,25 @@ def _container(f: Fields, spec: JobSpec, environ: Mapping[str, str]) -> JobSpec:
     if problem:
         raise f.error("container", problem)
     return spec
+
+
+def container_where_it_runs(
+    spec: JobSpec, transports: Callable[[Optional[str]], Transport] = transport_for
+) -> None:
+    """The container's runtime and image are there on each machine that runs the segments (the
+    host, each host of a pool, else this one), as a segment's shell finds them: one probe
+    through the transport each (``container.probe_argv``). JobFileError naming the machine when
+    not; TransportError when one cannot be asked."""
+    if not spec.container:
+        return
+    for host in spec.scheduler.hosts or (spec.scheduler.host,):
+        where = host or "this machine"
+        result = transports(host).run(container.probe_argv(spec), timeout=60)
+        if not result.ok:
+            raise TransportError(f"cannot check the container on {where}: {result.describe()}")
+        problem = container.probe_problem(spec, result.stdout, where)
+        if problem:
+            raise JobFileError(f"{path_shown(spec.source)}: container: {problem}")
 
 
 def _local_dir(f: Fields, key: str, path: str, must_exist: bool) -> None:

@@ -249,6 +249,11 @@ def flush() -> None:
         handler.flush()
 
 
+def configured() -> bool:
+    """Whether ``setup`` was called in this process (and not ``reset`` since)."""
+    return _wanted is not None or bool(_handlers)
+
+
 def reset() -> None:
     """Undo ``setup`` and ``open_file``: structlog's defaults, none of our handlers."""
     import structlog

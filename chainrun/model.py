@@ -174,6 +174,7 @@ class JobSpec:
     container: Optional[str] = None  # the image the command runs in; None: none
     container_runtime: str = ""  # charliecloud, apptainer or singularity
     container_options: tuple[str, ...] = ()
+    container_gpus: bool = False  # the runtime's GPU option (Apptainer's --nv)
     snapshot: str = ""  # "git": every segment runs the code as it was at submit
     snapshot_commit: str = ""  # set at submit: the commit captured
     snapshot_subdir: str = ""  # where in that commit's tree the command runs

@@ -136,7 +136,8 @@ def _plan(spec: JobSpec) -> list[tuple[str, str]]:
         ("progress", _progress_source(spec)),
     ]
     if spec.container:
-        plan.append(("container", f"{spec.container} ({spec.container_runtime})"))
+        gpus = ", with the GPUs" if spec.container_gpus else ""
+        plan.append(("container", f"{spec.container} ({spec.container_runtime}{gpus})"))
     if spec.sweep:
         configs = f"{len(spec.sweep)} configurations x {spec.reps} repetitions"
         plan.append(("sweep", f"{configs}: one chain each, with its own checkpoint_dir and seed"))

@@ -82,6 +82,7 @@ TOP_KEYS = (
     "container",
     "container_runtime",
     "container_options",
+    "container_gpus",
     "snapshot",
     "sweep",
     "tensorboard_dir",
@@ -162,7 +163,7 @@ def parse(
     progress_file, progress_key = _progress(f, workdir, remote)
     tb = "tensorboard_dir"
     tensorboard_dir = _path(f, tb, ".", Path(workdir), remote) if tb in f.table else ""
-    image, runtime, container_options = _container(f, base, remote)
+    image, runtime, container_options, container_gpus = _container(f, base, remote)
     configs, reps, max_concurrent = _sweep(f, name)
     snap = f.get("snapshot", str, '"git" (run the code as it was at submit), or leave it out', max_bytes=16)
     f.checked("snapshot", snap, lambda v: v == "git", 'the only kind is "git"')
@@ -220,6 +221,7 @@ def parse(
         container=image,
         container_runtime=runtime,
         container_options=container_options,
+        container_gpus=container_gpus,
         snapshot=snap or "",
         tensorboard_dir=tensorboard_dir,
         sweep=configs,
@@ -435,9 +437,9 @@ def _options(f: Fields, key: str, example: str) -> tuple[str, ...]:
     return tuple(options)
 
 
-def _container(f: Fields, base: Path, remote: bool) -> tuple[Optional[str], str, tuple[str, ...]]:
+def _container(f: Fields, base: Path, remote: bool) -> tuple[Optional[str], str, tuple[str, ...], bool]:
     """``container``, its runtime ("" on this machine when not given: the machine's PATH
-    decides, ``jobfile``) and its options."""
+    decides, ``jobfile``), its options, and whether it gets the runtime's GPU option."""
     image = f.get(
         "container", str, "an image: a directory, a .sif or .sqfs file, or a URI", max_bytes=MAX_PATH_BYTES
     )
@@ -449,11 +451,12 @@ def _container(f: Fields, base: Path, remote: bool) -> tuple[Optional[str], str,
         "allowed: " + ", ".join(container.RUNTIMES),
     )
     options = _options(f, "container_options", '["--private-tmp"]')
+    gpus = f.get("container_gpus", bool, "true or false", default=False)
     if image is None:
-        for key in ("container_runtime", "container_options"):
+        for key in ("container_runtime", "container_options", "container_gpus"):
             if key in f.table:
                 raise f.error(key, "only applies with container = IMAGE")
-        return None, "", ()
+        return None, "", (), False
     f.checked("container", image, lambda v: v.strip(), "must name an image")
     if "://" not in image:  # a path; a URI (docker://, oras://, library://) the runtime pulls
         image = _resolve(f, "container", image, base, remote)
@@ -463,4 +466,4 @@ def _container(f: Fields, base: Path, remote: bool) -> tuple[Optional[str], str,
             "with scheduler.host set, say which runtime: "
             'container_runtime = "charliecloud", "apptainer" or "singularity"',
         )
-    return image, runtime or "", options
+    return image, runtime or "", options, gpus

@@ -69,18 +69,36 @@ def label(chains: Sequence[Chain], width: int = WIDTH, verbose: bool = False) ->
     return heads, name
 
 
+def states(chains: Sequence[Chain]) -> list[tuple[str, int]]:
+    """How many of ``chains`` are in each state, the most first."""
+    counts: dict[str, int] = {}
+    for c in chains:
+        counts[c.state.value] = counts.get(c.state.value, 0) + 1
+    return sorted(counts.items(), key=lambda kv: -kv[1])
+
+
+def metric_names(chains: Sequence[Chain]) -> list[str]:
+    """The metrics the chains' sidecars report, in the order they were first seen."""
+    names: dict[str, None] = {}
+    for c in chains:
+        names.update((key, None) for key, _ in c.latest.metrics)
+    return list(names)
+
+
+def config_text(chain: Chain) -> str:
+    """A sweep's chain in words, by its parameters and repetition: ``lr=0.1 bs=32 rep 1``."""
+    values = " ".join(f"{k}={param_text(v)}" for k, v in chain.spec.params)
+    return f"{values} rep {chain.spec.rep}" if values else chain.id
+
+
 def summary(name: str, chains: Sequence[Chain], width: int = WIDTH, verbose: bool = False) -> str:
     """The lines above a sweep's table: its chains by state and a bar of those completed,
     then each metric compared over the configurations."""
-    states: dict[str, int] = {}
-    for c in chains:
-        states[c.state.value] = states.get(c.state.value, 0) + 1
-    done = states.get(ChainState.COMPLETED.value, 0)
-    counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items(), key=lambda kv: -kv[1]))
+    counted = states(chains)
+    done = dict(counted).get(ChainState.COMPLETED.value, 0)
+    counts = ", ".join(f"{n} {state}" for state, n in counted)
     lines = [clip(f"sweep {name}: {bar(done, len(chains))} completed; {counts}", width)]
-    metrics: dict[str, None] = {}
-    for c in chains:
-        metrics.update((key, None) for key, _ in c.latest.metrics)
+    metrics = metric_names(chains)
     if not metrics:
         lines.append(clip("no metrics yet: the helper's save(..., metrics={...}) reports them", width))
     for metric in metrics:

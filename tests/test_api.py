@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -142,6 +143,36 @@ def test_wait_raises_timeout_error_while_the_chain_goes_on(tmp_path: Path, home:
     with pytest.raises(TimeoutError, match=f"chain {chain.id}: still active after 0.2s"):
         chain.wait(timeout=0.2, poll=0.05)
     assert chain.state == "active" and chain.progress.epoch is None
+    assert chain.cancel() == "cancelled"
+
+
+def test_wait_with_no_service_drives_the_chains_to_their_end_and_then_lets_go(
+    tmp_path: Path, home: Path, service: Service
+) -> None:
+    """No service runs: ``Chain.wait`` and ``chainrun.wait`` are the service, as `chainrun
+    run` is, until the chains have ended (never a silent wait for ever), then let go of
+    the state directory, so that a service can start after."""
+    shutil.copy(TRAINER, tmp_path / "trainer.py")
+    spec = job(tmp_path, "python3 trainer.py --epochs 3 --epoch-time 0.2", walltime="1m", target_epoch=3)
+    first, second = chainrun.submit(spec, params={"lr": [1, 2]}, home=home)
+    assert first.wait(timeout=120, poll=0.2) == "completed"
+    assert chainrun.wait([first, second], timeout=120) == ["completed", "completed"]
+    assert second.progress.epoch == 3
+    service(interval=0.3)  # the directory is free again: a service takes it
+    wait_for(lambda: (home / "service.status").exists(), 120, "the service's first tick")
+
+
+def test_submit_returns_the_sweep_s_chains_already_active_with_the_new_ones(
+    tmp_path: Path, home: Path
+) -> None:
+    """Submitting a sweep again with one more value stores only that chain, and returns the
+    handles of all three, the two already active among them, in the sweep's order."""
+    spec = job(tmp_path, "sleep 600", walltime="10m")
+    before = chainrun.submit(spec, params={"lr": [1, 2]}, home=home)
+    again = chainrun.submit(spec, params={"lr": [1, 2, 3]}, home=home)
+    assert again[:2] == before and [c.params for c in again] == [{"lr": 1}, {"lr": 2}, {"lr": 3}]
+    assert len(chainrun.chains("lrs", home=home)) == 3
+    assert [c.cancel() for c in again] == ["cancelled"] * 3
 
 
 @pytest.mark.parametrize(
@@ -198,3 +229,33 @@ def test_the_readme_shows_the_example_as_it_is() -> None:
     found = re.search(r"<!-- python-api example -->\n```python\n(.*?)```\n", readme, re.S)
     assert found is not None, "the README has no <!-- python-api example --> section"
     assert found.group(1) == (EXAMPLE / "sweep.py").read_text()
+
+
+def test_ctrl_c_in_a_wait_that_drives_raises_keyboard_interrupt_and_the_chain_goes_on(
+    tmp_path: Path, home: Path
+) -> None:
+    """Ctrl-C while ``wait`` is the service: KeyboardInterrupt in the script, the chain still
+    active with its job running, and the state directory free for a service."""
+    script = tmp_path / "wait.py"
+    script.write_text(
+        "import sys, chainrun\n"
+        "(chain,) = chainrun.submit(dict(name='k', command='sleep 600', workdir=sys.argv[1],"
+        " total_time='1h', walltime='10m'))\n"
+        "print(chain.id, flush=True)\n"
+        "try:\n    chain.wait()\nexcept KeyboardInterrupt:\n    print('interrupted', flush=True)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)], env=cli_env(home), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        (chain,) = chainrun.chains(proc.stdout.readline().strip(), home=home)
+        wait_for(lambda: chain.status()["segments"][:1] != [], 120, "the segment to be submitted")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 0 and proc.stdout.read() == "interrupted\n"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert chain.state == "active" and chain.status()["segments"][0]["phase"] in ("pending", "running")
+    assert chain.cancel() == "cancelled"  # no service holds the directory: done here, at once

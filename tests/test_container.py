@@ -3,12 +3,16 @@ the command inside. Chains that really run in a Charliecloud image are in test_c
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
+from conftest import have, need, wait_for
+from test_contract import SSH_CONFIG, TEST_IMAGE, _answers
 
 from chainrun import container, jobfile
 from chainrun.errors import JobFileError
@@ -16,6 +20,8 @@ from chainrun.schedulers.script import render_script
 from chainrun.schedulers.segment import SegmentJob
 from chainrun.schedulers.slurm import SlurmScheduler
 
+CLI = Callable[..., "subprocess.CompletedProcess[str]"]
+Service = Callable[..., "subprocess.Popen[bytes]"]
 BASE = 'name = "t"\ncommand = "python3 train.py"\ntotal_time = "2h"\nwalltime = "1h"\n'
 
 
@@ -145,3 +151,148 @@ def test_an_image_without_the_mount_point_is_refused_with_what_to_do(tmp_path: P
         for p in work.iterdir():
             p.unlink()
         work.rmdir()
+
+
+def test_container_gpus_renders_the_runtime_s_gpu_option(tmp_path: Path, image: Path) -> None:
+    """Apptainer and Singularity get --nv in the segment's command line; ch-run has no GPU
+    option (Charliecloud puts the driver's libraries into the image: ch-fromhost --nvidia), so
+    its line is as without container_gpus."""
+    for runtime in ("apptainer", "singularity"):
+        spec = load(
+            tmp_path,
+            f'container = "{image}"\ncontainer_runtime = "{runtime}"\ncontainer_gpus = true\n',
+            fake_runtime(tmp_path, runtime),
+        )
+        script = render_script(SlurmScheduler(), SegmentJob("t-1", 1, spec, 3600))
+        work = str(tmp_path)
+        words = [runtime, "exec", "--bind", work, "--pwd", work, "--nv", str(image)]
+        assert f"{shlex.join(words)} bash -c 'python3 train.py' &" in script
+    plain = load(tmp_path, f'container = "{image}"\n', fake_runtime(tmp_path, "ch-run"))
+    gpus = load(tmp_path, f'container = "{image}"\ncontainer_gpus = true\n', fake_runtime(tmp_path, "ch-run"))
+    assert container.argv(gpus, gpus.workdir) == container.argv(plain, plain.workdir)
+    with pytest.raises(JobFileError, match="only applies with container = IMAGE"):
+        load(tmp_path, "container_gpus = true\n", {})
+    with pytest.raises(JobFileError, match=r"container_gpus = 'yes': .*true or false"):
+        load(tmp_path, f'container = "{image}"\ncontainer_gpus = "yes"\n', fake_runtime(tmp_path, "ch-run"))
+
+
+def test_a_charliecloud_image_without_gpu_libraries_is_refused_at_submit_with_ch_fromhost(
+    tmp_path: Path, image: Path, chainrun: CLI
+) -> None:
+    """container_gpus with a Charliecloud image that lacks the driver's libraries: submit says
+    to run ch-fromhost --nvidia on it, and stores nothing; with libcuda.so in it, it is stored."""
+    need("ch-run", have("ch-run"), "apt-get install charliecloud")
+    path = tmp_path / "job.toml"
+    path.write_text(BASE + f'container = "{image}"\ncontainer_gpus = true\n')
+    refused = chainrun("submit", str(path))
+    assert refused.returncode == 2, refused.stderr
+    assert f"ch-fromhost --nvidia {image}" in refused.stderr and "\n" not in refused.stderr.strip()
+    assert chainrun("status", "--json", check=True).stdout.strip() == "[]"
+    libs = image / "usr" / "lib" / "x86_64-linux-gnu"
+    libs.mkdir(parents=True)
+    (libs / "libcuda.so.1").write_text("")
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    chainrun("cancel", chain_id, check=True)
+
+
+@pytest.mark.ssh
+@pytest.mark.parametrize(
+    ("runtime", "image", "needle"),
+    [
+        (
+            "apptainer",
+            str(TEST_IMAGE),
+            "apptainer (apptainer) is not on PATH on crtest-local, where the segments run",
+        ),
+        ("charliecloud", "/nonexistent/image", "/nonexistent/image: no such image on crtest-local"),
+    ],
+    ids=["runtime-missing-there", "image-missing-there"],
+)
+def test_the_container_is_checked_on_the_host_that_runs_the_segments(
+    tmp_path: Path, chainrun: CLI, monkeypatch: pytest.MonkeyPatch, runtime: str, image: str, needle: str
+) -> None:
+    """host set: the runtime and the image are looked for over SSH, on that host, at submit; a
+    missing one is one line naming the host, and nothing is stored."""
+    need("the test sshd", _answers("ssh", "-F", SSH_CONFIG, "crtest-local", "true"), "scripts/start-sshd")
+    monkeypatch.setenv("CHAINRUN_SSH_CONFIG", SSH_CONFIG)
+    path = tmp_path / "job.toml"
+    path.write_text(
+        BASE
+        + f'workdir = "/tmp"\ncheckpoint_dir = "/tmp/ck-{os.getpid()}"\ncontainer = "{image}"\n'
+        + f'container_runtime = "{runtime}"\n[scheduler]\nhost = "crtest-local"\n'
+    )
+    result = chainrun("submit", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert needle in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert chainrun("status", "--json", check=True).stdout.strip() == "[]"
+
+
+def test_an_image_missing_when_the_segment_runs_ends_the_chain_at_once_in_ch_run_s_words(
+    tmp_path: Path, chainrun: CLI, service: Service
+) -> None:
+    """The image is there at submit and gone when the first segment runs: real ch-run fails to
+    start the command, and the chain ends then, failed, one failure charged, with ch-run's own
+    message, not after spending max_failures = 3 on the same crash."""
+    need(
+        "the Charliecloud test image", have("ch-run") and TEST_IMAGE.is_dir(), "sudo scripts/build-test-image"
+    )
+    link = tmp_path / "img"
+    link.symlink_to(TEST_IMAGE)
+    path = tmp_path / "job.toml"
+    path.write_text(
+        'name = "t"\ncommand = "echo ran"\ntotal_time = "10m"\nwalltime = "1m"\nmax_failures = 3\n'
+        f'container = "{link}"\n'
+    )
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    link.unlink()
+    service()
+    wait_for(lambda: status(chainrun, chain_id)["state"] != "active", 180, "the chain to end")
+    st = status(chainrun, chain_id)
+    assert st["state"] == "failed" and st["failures"] == 1, st
+    assert [s["n"] for s in st["segments"] if s["charged"]] == [1], st["segments"]
+    assert f"ch-run could not start the command in {link}" in st["reason"], st["reason"]
+    assert "error: can't stat" in st["reason"] and str(link) in st["reason"], st["reason"]
+
+
+def status(chainrun: CLI, chain_id: str) -> dict[str, Any]:
+    return json.loads(chainrun("status", chain_id, "--json", check=True).stdout)[0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("runtime", "code", "last", "said"),
+    [
+        (
+            "apptainer",
+            255,
+            "\x1b[31mFATAL:   \x1b[0mcould not open image /x.sif: lstat /x.sif: no such file",
+            True,
+        ),
+        ("singularity", 255, "FATAL:   container creation failed: mount /proc->/proc error", True),
+        ("apptainer", 255, "Traceback: FATAL: in my own script", False),
+        ("apptainer", 1, "FATAL:   printed by the command, which exited 1", False),
+        (
+            "charliecloud",
+            31,
+            "ch-run[812]: error: can't stat: /img: No such file or directory (ch_core.c:255 2)",
+            True,
+        ),
+        ("charliecloud", 2, "ch-run[812]: error: can't stat: /img", False),
+        (
+            "charliecloud",
+            127,
+            "/var/spool/slurm/job12/slurm_script: line 240: ch-run: command not found",
+            True,
+        ),
+        ("charliecloud", 127, "bash: line 1: pyhton: command not found", False),
+    ],
+)
+def test_the_runtime_s_own_start_failure_is_told_by_its_exit_status_and_last_line(
+    tmp_path: Path, runtime: str, code: int, last: str, said: bool
+) -> None:
+    """Apptainer's sylog.Fatalf (FATAL:, exit 255), ch-run's error line with its exit status,
+    and bash not finding the runtime; not a command's own output or exit status."""
+    spec = load(tmp_path, f'container = "docker://x"\ncontainer_runtime = "{runtime}"\n', {})
+    found = container.start_failure(spec, code, ("an earlier line", last))
+    assert bool(found) is said, found
+    if said:
+        assert f"(exit {code})" in found or "not on PATH" in found

@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -37,6 +38,7 @@ from chainrun.follow import (
 from chainrun.model import Chain, ChainState, Outcome, Phase, Progress, Segment
 from chainrun.schedulers import scheduler_for
 from chainrun.schedulers.segment import SegmentJob
+from chainrun.sweepfollow import sweep_frame
 from chainrun.transport import LocalTransport
 
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -463,3 +465,119 @@ def test_the_end_of_a_large_log_is_read_alone(tmp_path: Path) -> None:
     text = read_tail(LocalTransport(), str(path), path.stat().st_size)
     assert len(text) <= OUTPUT_BYTES and text.startswith("line ")
     assert last_lines(text, 2) == [f"line {i} {'x' * 60}" for i in (4998, 4999)]
+
+
+# -- a sweep in the foreground ----------------------------------------------------------
+
+EXAMPLE_TRAINER = Path(__file__).resolve().parent.parent / "examples" / "python-api" / "train.py"
+SWEEP_PROMPT = "Stop watching (the sweep goes on) or cancel the whole sweep? [w/c] "
+
+
+def sweep_chain(lr: str, *segments: Segment, **fields: Any) -> Chain:
+    spec = replace(SPEC, sweep_name="sw", params=(("lr", lr),), rep=0)
+    return replace(chain_with(*segments, **fields), id=f"sw-{lr}", spec=spec)
+
+
+def test_a_sweep_s_frame_shows_its_share_done_eta_counts_best_and_running_chains() -> None:
+    """A chain running at epoch 4 of 10, one waiting, one completed: 46% done; the ETA is the
+    running chain's 225 s plus, for the one not started, what the others take on average
+    (375 s and 300 s), one at a time; the lowest loss is the best; the running chain's line."""
+    running = Segment("sw-0.1", 1, 100, Phase.RUNNING, job_id="17", started_at=1000.0)
+    chains = [
+        sweep_chain("0.1", running, used=100.0, latest=Progress(epoch=4, metrics=(("loss", 0.5),))),
+        sweep_chain("0.2", Segment("sw-0.2", 1, 100, Phase.PENDING, job_id="18", reason="Priority")),
+        replace(
+            sweep_chain("0.3", used=300.0, latest=Progress(epoch=10, metrics=(("loss", 0.25),))),
+            state=ChainState.COMPLETED,
+        ),
+    ]
+    frame = sweep_frame("sw", chains, 1050.0)
+    assert (frame.done, frame.total, frame.head) == (1.4, 3, "46% of 3 chains  ETA 9m")
+    tally = "1 running, 1 queued, 1 completed; best loss 0.25 (lr=0.3 rep 0)"
+    assert frame.plain == f"sweep sw: 46% of 3 chains, ETA 9m; {tally}"
+    assert frame.lines == (
+        tally,
+        "  lr=0.1 rep 0  epoch 4/10 40%  segment 1 of 10 running as job 17  loss 0.5",
+    )
+    assert not frame.final and sweep_frame("sw", chains[2:], 1050.0).final
+
+
+def write_sweep(tmp_path: Path, command: str, values: str, extra: str = "") -> Path:
+    """A sweep ``sw`` of ``command`` over ``lr = [values]``, its chains two at a time."""
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    shutil.copy(EXAMPLE_TRAINER, work / "train.py")
+    path = work / "sweep.toml"
+    path.write_text(
+        f"name = \"sw\"\ncommand = '{command}'\n"
+        f'total_time = "5m"\nwalltime = "1m"\ngrace = "5s"\nmax_failures = 0\n{extra}'
+        f"[sweep]\nmax_concurrent = 2\n[sweep.grid]\nlr = [{values}]\n"
+    )
+    return path
+
+
+def sweep_states(chainrun: CLI) -> dict[str, str]:
+    return {c["id"]: c["state"] for c in json.loads(chainrun("status", "sw", "--json", check=True).stdout)}
+
+
+def test_run_of_a_sweep_off_a_terminal_shows_the_sweep_and_ends_with_its_comparison(
+    tmp_path: Path, chainrun: CLI
+) -> None:
+    """`run SWEEP` supervises every chain: each event names its chain; a progress line per
+    change gives the sweep's share done of its chains, its chains by state and the best
+    loss; it ends with the sweep's comparison and a line for the chain that failed; exit 1."""
+    job = write_sweep(
+        tmp_path,
+        "python3 train.py --lr {lr} --epochs 3 --epoch-time 0.3",
+        '0.1, 0.5, "bad"',
+        "target_epoch = 3\n",
+    )
+    result = chainrun("run", str(job), "--interval", "0.3", timeout=300)
+    out = result.stdout.splitlines()
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert out[0] == "sweep sw: 3 chains submitted"
+    states = sweep_states(chainrun)
+    assert sorted(states.values()) == ["completed", "completed", "failed"], states
+    (failed,) = [chain_id for chain_id, st in states.items() if st == "failed"]
+    for chain_id in states:
+        assert re.search(rf"^{CLOCK}{chain_id}: segment 1 is running$", result.stdout, re.M), chain_id
+    progress = [line[len("00:00:00  ") :] for line in out if re.match(rf"{CLOCK}sweep sw: ", line)]
+    assert progress and all(re.fullmatch(r"sweep sw: \d+% of 3 chains(, ETA \S+)?; .+", p) for p in progress)
+    assert all(a != b for a, b in zip(progress, progress[1:])), progress
+    assert any(re.search(r"; \d running", p) for p in progress), progress
+    assert any("queued" in p for p in progress), progress  # two at a time: the third waits
+    assert any(re.search(r"; best loss [\d.e-]+ \(lr=0\.[15] rep 0\)", p) for p in progress), progress
+    assert "sweep sw: [######....] 2/3 completed; 2 completed, 1 failed" in out
+    assert "loss, lowest first (mean and spread over repetitions):" in out
+    assert out[-1].startswith(f"chain {failed} failed: ")
+
+
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["run-is-the-service", "a-service-runs"])
+def test_ctrl_c_then_c_at_a_sweep_cancels_every_chain_and_leaves_no_job(
+    tmp_path: Path,
+    terminal: Callable[[Path], Terminal],
+    chainrun: CLI,
+    service: Callable[..., subprocess.Popen[bytes]],
+    home: Path,
+    elsewhere: bool,
+) -> None:
+    """On a terminal the area shows the sweep (its bar, its chains by state, a line per running
+    chain); Ctrl-C asks about the whole sweep, and `c` cancels all of its chains, the one still
+    waiting for a slot too: no job left, exit 1; carried out by `run`, or by the service that
+    runs elsewhere while `run` follows."""
+    if elsewhere:
+        service()
+        wait_for(lambda: (home / "service.status").exists(), 120, "the service's first tick")
+    term = terminal(write_sweep(tmp_path, WAIT_FOR_GO, "1, 2, 3"))
+    term.out.wait_for("segment 1 is running")
+    term.out.wait_for("of 3 chains")
+    term.out.wait_for("lr=1 rep 0")  # a running chain's line
+    term.type("\x03")
+    term.out.wait_for(SWEEP_PROMPT)
+    assert ("a chainrun service is running; following the sweep" in term.out.text) is elsewhere
+    term.type("c\r")
+    assert term.exit_code() == 1, term.out.text
+    states = sweep_states(chainrun)
+    assert list(states.values()) == ["cancelled"] * 3, states
+    assert "sweep sw: [..........] 0/3 completed; 3 cancelled" in term.out.text
+    wait_for(lambda: all(live_jobs(c) == [] for c in states), 60, "the cancelled jobs to end")

@@ -57,6 +57,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.plan",
         "chainrun.status",
         "chainrun.sweepstatus",
+        "chainrun.sweepfollow",
         "chainrun.follow",
         "chainrun.history",
         "chainrun.control",

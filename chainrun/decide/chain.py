@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
+from chainrun import container
 from chainrun.fields import format_duration
 from chainrun.model import (
     NO_PROGRESS,
@@ -157,7 +158,8 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
             and ending.exit_code == 0
             and (spec.target_epoch is None or end_progress.epoch is None)
         )
-        if unrunnable is not None and _cannot_start(ending):
+        tail = job.end.tail if job.end is not None else ()
+        if unrunnable is not None and _cannot_start(spec, ending, tail):
             # Queued behind the first segment, it started and failed alike before the
             # service saw that segment end: one fault, charged once.
             charged, why = (
@@ -166,7 +168,6 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
             )
         else:
             charged, why = _charge(ending, advanced, finished, goal_met)
-        tail = job.end.tail if job.end is not None else ()
         crashes[seg.n] = _crash(ending.outcome, ending.exit_code, tail)
         if not repeated and not advanced:
             repeated = _repeated(chain, seg.n, crashes, mark)
@@ -431,18 +432,27 @@ def _charge(ending: _Ending, advanced: bool, finished: bool, goal_met: bool) -> 
     return False, f"{outcome.value}{code} with progress{detail}"
 
 
-def _cannot_start(ending: _Ending) -> bool:
-    return ending.outcome is Outcome.FAILED and ending.exit_code in (126, 127)
+def _cannot_start(spec: JobSpec, ending: _Ending, tail: tuple[str, ...]) -> bool:
+    """The command was never started: not found or not executable (exit 126 or 127), or
+    its container runtime could not start it (``container.start_failure``)."""
+    if ending.outcome is not Outcome.FAILED:
+        return False
+    return ending.exit_code in (126, 127) or bool(container.start_failure(spec, ending.exit_code, tail))
 
 
 def _unrunnable(chain: Chain, seg: Segment, job: JobFacts, ending: _Ending) -> str:
-    """Why the chain's first run of the command could not start it (exit 126 or 127), if so:
+    """Why the chain's first run of the command could not start it (exit 126 or 127, or the
+    container runtime's own failure: the image or the runtime missing where it ran), if so:
     every later segment would fail the same way, so the chain ends at once."""
-    if not _cannot_start(ending):
+    tail = job.end.tail if job.end is not None else ()
+    if not _cannot_start(chain.spec, ending, tail):
         return ""
     earlier = [s for s in chain.segments if s.n < seg.n]
     if any(s.outcome not in (Outcome.CANCELLED, Outcome.REJECTED) for s in earlier):
         return ""
+    runtime = container.start_failure(chain.spec, ending.exit_code, tail)
+    if runtime:
+        return f"{runtime}; fix the image or runtime on the machine the segments run on, then submit again"
     path = job.end.path if job.end is not None and job.end.path else dict(chain.spec.inherited).get("PATH")
     where = f"PATH was {path}" if path else "PATH was the service's own"
     return (

@@ -1,8 +1,8 @@
 """Run a sweep from Python: two learning rates, two runs of each, on this machine.
 
-Start a chainrun service first (`chainrun daemon` in another terminal), then
-run `python3 sweep.py` here. Each run is a chain of 10-second segments, each
-resuming where the one before stopped.
+Run `python3 sweep.py` here: with no chainrun service running, `wait` drives the
+chains itself; with one (`chainrun daemon`), it follows them. Each run is a chain
+of 10-second segments, each resuming where the one before stopped.
 """
 
 from pathlib import Path
