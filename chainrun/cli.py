@@ -431,21 +431,31 @@ def status(
 
 @main.command()
 @click.argument("chain_ref", metavar="CHAIN")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output: events, segments, totals.")
 @click.pass_context
-def history(ctx: click.Context, chain_ref: str) -> None:
+def history(ctx: click.Context, chain_ref: str, as_json: bool) -> None:
     """Show CHAIN's events: every decision with its reason; then each segment's queue wait,
-    running time and the chain's training time after it.
+    time training, time saving after the signal, gap to the next segment's start, and the
+    chain's training time after it; then what the allocation bought.
 
     Exits 0; 2 for an unknown CHAIN.
     """
     from chainrun import history as shown
 
+    now = time.time()
     with _store(ctx, readonly=True) as store:
         # By id alone: the events of a damaged chain can still be read (its segments cannot).
         chain_id = store.resolve(chain_ref)
-        lines = shown.event_lines(store.events(chain_id))
+        events = store.events(chain_id)
+        chain: Optional[Chain] = None
         with suppress(ChainrunError):
-            lines += ["", *shown.segment_lines(store.chain(chain_id))]
+            chain = store.chain(chain_id)
+    if as_json:
+        click.echo(json.dumps(shown.to_json(chain_id, events, chain, now), indent=2))
+        return
+    lines = shown.event_lines(events)
+    if chain is not None:
+        lines += ["", *shown.segment_lines(chain, now)]
     for line in lines:
         click.echo(line)
 

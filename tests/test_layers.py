@@ -59,6 +59,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.sweepstatus",
         "chainrun.follow",
         "chainrun.history",
+        "chainrun.accounting",
+        "chainrun.ui",
         "chainrun.control",
         "chainrun.api",
         "chainrun.tensorboard",

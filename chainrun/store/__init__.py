@@ -30,6 +30,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -47,6 +48,7 @@ from chainrun.store.rows import (
     Unreadable,
     decode_chain,
     decode_event,
+    decode_progress,
     decode_segment,
     decode_spec,
     word,
@@ -292,6 +294,21 @@ class Store:
             "SELECT * FROM events WHERE chain_id = ? AND id > ? ORDER BY id", (chain_id, after_id)
         )
         return [decode_event(r) for r in rows]
+
+    def progress_log(self, chain_id: str) -> list[tuple[float, Progress]]:
+        """Each new progress the ticks saw of the chain, with when, oldest first; none in a
+        database older than that record (a reader does not upgrade it), and a row that
+        cannot be read is left out."""
+        if not self._database.rows("SELECT 1 FROM sqlite_master WHERE name = 'progress_log'"):
+            return []
+        rows = self._database.rows(
+            "SELECT at, progress FROM progress_log WHERE chain_id = ? ORDER BY at, rowid", (chain_id,)
+        )
+        log = []
+        for r in rows:
+            with suppress(Unreadable):
+                log.append((float(r["at"]), decode_progress(r["progress"])))
+        return log
 
     def glance(self, ended_since: Optional[float]) -> tuple[list[Glance], list[DamagedChain]]:
         """What the status table shows of the chains ``shown`` selects, in its order, read

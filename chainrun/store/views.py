@@ -193,7 +193,8 @@ _SEGMENT_OK = f"""typeof(s.n) = 'integer' AND typeof(s.walltime) = 'integer'
     AND typeof(s.submitted_at) IN ('null', 'integer', 'real')
     AND typeof(s.started_at) IN ('null', 'integer', 'real')
     AND typeof(s.ended_at) IN ('null', 'integer', 'real')
-    AND typeof(s.missing_since) IN ('null', 'integer', 'real')"""
+    AND typeof(s.missing_since) IN ('null', 'integer', 'real')
+    AND typeof(s.signalled_at) IN ('null', 'integer', 'real')"""
 _RAN = (
     f"s.started_at IS NOT NULL OR s.phase = '{Phase.RUNNING.value}' OR (s.phase = '{Phase.ENDED.value}'"
     f" AND (s.outcome IS NULL OR s.outcome NOT IN ({', '.join(repr(o.value) for o in _NOT_RUN)})))"
