@@ -501,6 +501,58 @@ def logs(ctx: click.Context, chain_ref: str, segment: Optional[int], follow: boo
 
 
 @main.command()
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    help="The local port of the URL (default: a free one).",
+)
+@click.option(
+    "--bind",
+    default="127.0.0.1",
+    metavar="ADDRESS",
+    help="Listen on ADDRESS instead of this machine's loopback: anyone who reaches it with the URL can cancel.",
+)
+@click.option(
+    "--host",
+    "ssh_host",
+    default=None,
+    metavar="ALIAS",
+    help="Start the page on this SSH host (the login node where the service runs) and forward it here.",
+)
+@click.pass_context
+def ui(ctx: click.Context, port: int, bind: str, ssh_host: Optional[str]) -> None:
+    """Serve a web page of every chain: timelines, curves, accounting, sweeps compared.
+
+    Prints one URL, with a random token that every request must carry; it serves
+    until Ctrl-C. Only this machine can reach it unless --bind says otherwise.
+    With --host, the page runs on that host over SSH and a local port is forwarded
+    to it, surviving a dropped connection.
+
+    Exits 0 on Ctrl-C; 2 for a bad option or a port that is taken; 1 when the host
+    cannot start the page.
+    """
+    from chainrun import ui as page
+
+    if ssh_host is not None:
+        from chainrun.ui import remote
+
+        sys.exit(remote.serve(ssh_host, port, lambda line: click.echo(line, err=True), click.echo))
+    if bind not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(
+            f"chainrun: warning: the page listens on {bind}, not only this machine: anyone who can "
+            "reach it and learns the URL sees every chain and can cancel them",
+            err=True,
+        )
+    try:
+        page.serve(ctx.obj, bind, port, lambda url: click.echo(url))
+    except OSError as exc:
+        raise UsageError(
+            f"--bind {bind} --port {port}: cannot listen there ({exc.strerror or exc})"
+        ) from None
+
+
+@main.command()
 @click.argument("chain_ref", metavar="CHAIN")
 @click.option(
     "--port",

@@ -310,6 +310,18 @@ class Store:
                 log.append((float(r["at"]), decode_progress(r["progress"])))
         return log
 
+    def allocations(self, now: float) -> dict[str, tuple[float, float]]:
+        """Every chain's time allocated and time trained (``chainrun.accounting``'s totals),
+        by chain id, in one query; a chain none of whose segments started is not there."""
+        if not self._database.rows("SELECT 1 FROM sqlite_master WHERE name = 'progress_log'"):
+            return {}  # a database from before the signal time was kept
+        return {r[0]: (float(r[1]), float(r[2])) for r in self._database.rows(views.ALLOCATION_SQL, (now,))}
+
+    def data_version(self) -> int:
+        """A number that changes whenever another connection has written to the database
+        (SQLite's ``data_version``): what a live view watches."""
+        return int(self._database.rows("PRAGMA data_version")[0][0])
+
     def glance(self, ended_since: Optional[float]) -> tuple[list[Glance], list[DamagedChain]]:
         """What the status table shows of the chains ``shown`` selects, in its order, read
         from the few columns it uses (no chain is decoded whole: at a thousand chains that
