@@ -511,7 +511,7 @@ def logs(ctx: click.Context, chain_ref: str, segment: Optional[int], follow: boo
     "--bind",
     default="127.0.0.1",
     metavar="ADDRESS",
-    help="Listen on ADDRESS instead of this machine's loopback: anyone who reaches it with the URL can cancel.",
+    help="Listen on ADDRESS, not only this machine's loopback: whoever reaches it with the URL can cancel.",
 )
 @click.option(
     "--host",
@@ -520,8 +520,14 @@ def logs(ctx: click.Context, chain_ref: str, segment: Optional[int], follow: boo
     metavar="ALIAS",
     help="Start the page on this SSH host (the login node where the service runs) and forward it here.",
 )
+@click.option(
+    "--program",
+    default=None,
+    metavar="COMMAND",
+    help="With --host: the chainrun command there (default: `chainrun` on its login PATH).",
+)
 @click.pass_context
-def ui(ctx: click.Context, port: int, bind: str, ssh_host: Optional[str]) -> None:
+def ui(ctx: click.Context, port: int, bind: str, ssh_host: Optional[str], program: Optional[str]) -> None:
     """Serve a web page of every chain: timelines, curves, accounting, sweeps compared.
 
     Prints one URL, with a random token that every request must carry; it serves
@@ -537,7 +543,7 @@ def ui(ctx: click.Context, port: int, bind: str, ssh_host: Optional[str]) -> Non
     if ssh_host is not None:
         from chainrun.ui import remote
 
-        sys.exit(remote.serve(ssh_host, port, lambda line: click.echo(line, err=True), click.echo))
+        sys.exit(remote.serve(ssh_host, port, program, lambda line: click.echo(line, err=True), click.echo))
     if bind not in ("127.0.0.1", "localhost", "::1"):
         click.echo(
             f"chainrun: warning: the page listens on {bind}, not only this machine: anyone who can "

@@ -37,6 +37,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.snapshot",
         "chainrun.jobfile",
         "chainrun.testing",
+        "chainrun.detached",
     ),
     "memory": ("chainrun.store",),
     "service": (

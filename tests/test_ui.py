@@ -330,3 +330,59 @@ def test_another_bind_address_needs_the_option_and_warns(home: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_the_page_on_a_login_node_is_forwarded_here_and_survives_a_dropped_link(
+    tmp_path: Path, home: Path, chainrun: CLI
+) -> None:
+    """`chainrun ui --host ALIAS` starts the page over SSH where the state is (here a private
+    sshd whose sessions see this test's state directory) and prints one local URL: it shows
+    the chain, refuses a request without the token, serves again after sshd restarted, and
+    Ctrl-C stops the page on the host."""
+    from private_sshd import ALIAS, PrivateSSHD
+
+    job = _job(tmp_path / "work", "far", 'command = "true"\ntotal_time = "1h"\nwalltime = "5m"')
+    chain_id = chainrun("submit", str(job), check=True).stdout.strip()
+    sshd = PrivateSSHD(tmp_path, server=f"SetEnv CHAINRUN_HOME={home}")
+    sshd.start()
+    program = f"env PYTHONPATH={REPO} {sys.executable} -m chainrun"
+    err = tmp_path / "ui-stderr.txt"
+    with open(err, "w") as errors:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chainrun", "ui", "--host", ALIAS, "--program", program],
+            env={**cli_env(home), "CHAINRUN_SSH_CONFIG": str(sshd.config)},
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:") and "?token=" in url, err.read_text()
+        base = url.split("/?token=")[0]
+        assert chain_id in _get(url)[1]
+        assert _get(base + "/")[0] == 403
+        remote_port = int(err.read_text().split("from its port ")[1].split(";")[0])  # the host's own
+
+        def serves() -> bool:
+            try:
+                return _get(url)[0] == 200
+            except OSError:
+                return False
+
+        sshd.stop()
+        wait_for(lambda: not serves(), 30, "the URL to stop serving while sshd is down")
+        sshd.start()
+        wait_for(serves, 60, "the same URL to serve again after sshd restarted")
+        assert "connection lost" in err.read_text()
+        proc.send_signal(2)
+        assert proc.wait(120) == 0, err.read_text()
+        assert "chainrun ui stopped" in err.read_text()
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{remote_port}/", timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sshd.stop()
