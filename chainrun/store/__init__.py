@@ -27,6 +27,7 @@ history, logs): it never writes, never waits on a writer for more than
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -309,6 +310,17 @@ class Store:
             with suppress(Unreadable):
                 log.append((float(r["at"]), decode_progress(r["progress"])))
         return log
+
+    def metric_ranges(self, chain_ids: Sequence[str]) -> dict[str, dict[str, tuple[float, float]]]:
+        """Each metric's lowest and highest value over the chains' progress records, by chain
+        id and metric name, in one query (none in a database older than those records)."""
+        if not self._database.rows("SELECT 1 FROM sqlite_master WHERE name = 'progress_log'"):
+            return {}
+        ranges: dict[str, dict[str, tuple[float, float]]] = {}
+        for r in self._database.rows(views.METRIC_RANGE_SQL, (json.dumps(list(chain_ids)),)):
+            if isinstance(r[1], str):
+                ranges.setdefault(r[0], {})[r[1]] = (float(r[2]), float(r[3]))
+        return ranges
 
     def allocations(self, now: float) -> dict[str, tuple[float, float]]:
         """Every chain's time allocated and time trained (``chainrun.accounting``'s totals),

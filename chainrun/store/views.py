@@ -306,3 +306,12 @@ ALLOCATION_SQL = """SELECT chain_id,
         ended_at, min(?1, started_at + walltime)) - started_at))
 FROM segments WHERE typeof(started_at) IN ('integer', 'real') AND typeof(walltime) = 'integer'
     AND (ended_at IS NOT NULL OR phase = 'running') GROUP BY chain_id"""
+
+# Per chain and metric, the lowest and highest value its progress records held: a sweep's
+# best values without decoding every record (``?``: a JSON array of the chains' ids).
+METRIC_RANGE_SQL = """SELECT p.chain_id, json_extract(m.value, '$[0]'), min(json_extract(m.value, '$[1]')),
+    max(json_extract(m.value, '$[1]'))
+FROM progress_log p, json_each(p.progress, '$.metrics') m
+WHERE p.chain_id IN (SELECT value FROM json_each(?)) AND json_valid(p.progress)
+    AND json_type(m.value) = 'array' AND json_type(m.value, '$[1]') IN ('integer', 'real')
+GROUP BY p.chain_id, json_extract(m.value, '$[0]')"""

@@ -50,7 +50,8 @@ def layout(title: str, link: Links, main: str, live: bool = True) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<meta name="referrer" content="no-referrer">'
         f"<title>{escape(title)} · chainrun</title>"
-        f'<link rel="stylesheet" href="{link("/static/ui.css")}"></head>'
+        f'<link rel="stylesheet" href="{link("/static/ui.css")}">'
+        f'<link rel="icon" href="{link("/static/icon.svg")}"></head>'
         f'<body data-token="{escape(link.token)}" data-live="{int(live)}">'
         f'<header><a class="home" href="{link("/")}">chainrun</a> <span id="live"></span></header>'
         f'<main id="main">{main}</main><script src="{link("/static/ui.js")}"></script></body></html>'
@@ -261,24 +262,27 @@ def chain_page(chain: Chain, log: Log, link: Links, now: float) -> str:
     )
 
 
-def _best(log: Log, chain: Chain) -> dict[str, float]:
-    """Each metric's best value over the chain's progress (its latest when none was logged)."""
-    best: dict[str, float] = {}
-    for _, p in [*log, (0.0, chain.latest)]:
-        for name, value in p.metrics:
-            old = best.get(name)
-            better = old is None or (value < old if lower_is_better(name) else value > old)
-            if better:
-                best[name] = value
+def _best(ranges: Mapping[str, tuple[float, float]], chain: Chain) -> dict[str, float]:
+    """Each metric's best value over the chain's progress records (``ranges``: the lowest
+    and highest of each), or its latest where none was recorded."""
+    best = {name: low if lower_is_better(name) else high for name, (low, high) in ranges.items()}
+    for name, value in chain.latest.metrics:
+        best.setdefault(name, value)
     return best
 
 
 def sweep_page(
-    name: str, chains: Sequence[Chain], logs: Mapping[str, Log], link: Links, now: float, x: str, y: str
+    name: str,
+    chains: Sequence[Chain],
+    ranges: Mapping[str, Mapping[str, tuple[float, float]]],
+    link: Links,
+    now: float,
+    x: str,
+    y: str,
 ) -> str:
     params: dict[str, None] = {}
     metrics: dict[str, None] = {}
-    bests = {c.id: _best(logs.get(c.id, ()), c) for c in chains}
+    bests = {c.id: _best(ranges.get(c.id, {}), c) for c in chains}
     for c in chains:
         params.update((k, None) for k, _ in c.spec.params)
         metrics.update((k, None) for k in bests[c.id])

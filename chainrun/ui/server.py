@@ -27,15 +27,12 @@ from chainrun import control
 from chainrun import status as view
 from chainrun.accounting import account
 from chainrun.errors import ChainrunError
-from chainrun.logs import get_logger
 from chainrun.model import Chain
 from chainrun.store import Store
 from chainrun.ui import pages
 
-log = get_logger(__name__)
-
 STATIC = Path(__file__).parent / "static"
-_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
+_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml"}
 WATCH_EVERY = 0.5  # seconds between looks at whether the database changed, for /events
 PING_EVERY = 15.0  # a comment on the event stream this often, so a dead client is noticed
 MAX_FORM = 4096
@@ -73,7 +70,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("ui: %s", format % args)
+        """Requests are not logged: the URLs carry the token."""
 
     # -- answers ------------------------------------------------------------------------
     def _send(self, status: int, kind: str, body: bytes, extra: Optional[dict[str, str]] = None) -> None:
@@ -140,9 +137,9 @@ class Handler(BaseHTTPRequestHandler):
                 members = store.sweep(name)
                 if not members:
                     raise ChainrunError(f"no sweep {name!r}")
-                logs = {c.id: store.progress_log(c.id) for c in members}
+                ranges = store.metric_ranges([c.id for c in members])
                 x, y = query.get("x", [""])[0], query.get("y", [""])[0]
-                self._html(200, name, pages.sweep_page(name, members, logs, link, now, x, y), fragment)
+                self._html(200, name, pages.sweep_page(name, members, ranges, link, now, x, y), fragment)
             elif path == "/cancel":
                 self._confirm(store, query, link)
             elif path == "/api/chains":
