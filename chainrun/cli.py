@@ -538,13 +538,22 @@ def ui(ctx: click.Context, port: int, bind: str, ssh_host: Optional[str], progra
     Exits 0 on Ctrl-C; 2 for a bad option or a port that is taken; 1 when the host
     cannot start the page.
     """
-    from chainrun import ui as page
+    import ipaddress
 
+    from chainrun import ui as page
+    from chainrun.text import clip, escaped
+
+    if program is not None and ssh_host is None:
+        raise UsageError("--program names the chainrun command on the --host: give --host ALIAS too")
     if ssh_host is not None:
         from chainrun.ui import remote
 
         sys.exit(remote.serve(ssh_host, port, program, lambda line: click.echo(line, err=True), click.echo))
-    if bind not in ("127.0.0.1", "localhost", "::1"):
+    try:
+        bind = str(ipaddress.ip_address("127.0.0.1" if bind == "localhost" else bind))
+    except ValueError:
+        raise UsageError(f"--bind {clip(escaped(bind), 80)!r}: not an IP address of this machine") from None
+    if not ipaddress.ip_address(bind).is_loopback:
         click.echo(
             f"chainrun: warning: the page listens on {bind}, not only this machine: anyone who can "
             "reach it and learns the URL sees every chain and can cancel them",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -17,6 +18,7 @@ from conftest import have, need, wait_for
 
 from chainrun.accounting import account, gpus
 from chainrun.model import Chain, ChainState, JobSpec, Outcome, Phase, SchedulerSpec, Segment
+from chainrun.store import Store
 
 DATA = Path(__file__).parent / "data"
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -108,11 +110,12 @@ def _history(chainrun: CLI, chain_id: str) -> dict[str, Any]:
 
 
 def test_a_timed_out_segment_on_the_local_runner_accounts_its_save_after_the_signal(
-    tmp_path: Path, chainrun: CLI, service: Service
+    tmp_path: Path, home: Path, chainrun: CLI, service: Service
 ) -> None:
     """Walltime 10 s, grace 4 s: segment 1 gets the signal about 6 s in (its end marker says
-    when), saves and exits; history --json splits its time at the signal, counts the gap to
-    segment 2's start, and `status CHAIN` shows the totals in one line."""
+        when), saves and exits; history --json splits its time at the signal, counts the gap to
+        segment 2's start, and `status CHAIN` shows the totals in one line; the overview's
+    query of every chain's totals agrees."""
     work = tmp_path / "work"
     work.mkdir()
     shutil.copy(DATA / "trainer.py", work)
@@ -142,6 +145,14 @@ def test_a_timed_out_segment_on_the_local_runner_accounts_its_save_after_the_sig
     assert totals["allocated_seconds"] == pytest.approx(allocated)
     assert totals["trained_share"] == pytest.approx(totals["trained_seconds"] / allocated)
     assert totals["gpu_hours"] is None
+    # The web page's overview reads the same totals in one query for every chain.
+    store = Store(home, readonly=True)
+    try:
+        allocated_sql, trained_sql = store.allocations(time.time())[chain_id]
+    finally:
+        store.close()
+    assert allocated_sql == pytest.approx(totals["allocated_seconds"])
+    assert trained_sql == pytest.approx(totals["trained_seconds"])
     status = chainrun("status", chain_id, check=True).stdout
     assert "allocation: allocated " in status and "trained " in status, status
 
