@@ -236,7 +236,9 @@ def chain_page(chain: Chain, log: Log, link: Links, now: float) -> str:
     sweep = ""
     if chain.spec.sweep_name:
         sweep = f' · sweep <a href="{link.sweep(chain.spec.sweep_name)}">{escape(chain.spec.sweep_name)}</a>'
-    timeline = charts.timeline(acc, [_tip(s, chain) for s in acc.segments], chain.created_at, now)
+    # Up to now while it runs; an ended chain's timeline ends where it did.
+    until = chain.ended_at if chain.ended_at is not None else now
+    timeline = charts.timeline(acc, [_tip(s, chain) for s in acc.segments], chain.created_at, until)
     shown = [("queued", charts.QUEUE), ("saving", charts.SAVE), ("gap", charts.GAP)]
     shown += [(k, c) for k, c in charts.OUTCOME_COLOURS.items() if k in {s.outcome for s in acc.segments}]
     legend = "".join(
