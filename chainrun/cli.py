@@ -430,22 +430,31 @@ def status(
 
 @main.command()
 @click.argument("chain_ref", metavar="CHAIN")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output: events, segments, totals.")
 @click.pass_context
-def history(ctx: click.Context, chain_ref: str) -> None:
+def history(ctx: click.Context, chain_ref: str, as_json: bool) -> None:
     """Show CHAIN's events: every decision with its reason; then each segment's queue wait,
-    running time and the chain's training time after it.
+    time training, time saving after the signal, gap to the next segment's start, and the
+    chain's training time after it; then what the allocation bought.
 
     Exits 0; 2 for an unknown CHAIN.
     """
     from chainrun import history as shown
 
+    now = time.time()
     with _store(ctx, readonly=True) as store:
         # By id alone: the events of a damaged chain can still be read (its segments cannot).
         chain_id = store.resolve(chain_ref)
         events = store.events(chain_id)
-        lines = shown.event_lines(events)
+        chain: Optional[Chain] = None
         with suppress(ChainrunError):
-            lines += ["", *shown.segment_lines(store.chain(chain_id), events)]
+            chain = store.chain(chain_id)
+    if as_json:
+        click.echo(json.dumps(shown.to_json(chain_id, events, chain, now), indent=2))
+        return
+    lines = shown.event_lines(events)
+    if chain is not None:
+        lines += ["", *shown.segment_lines(chain, now, events)]
     for line in lines:
         click.echo(line)
 
@@ -488,6 +497,73 @@ def logs(ctx: click.Context, chain_ref: str, segment: Optional[int], follow: boo
             if not follow or chain.state.final:
                 break
             time.sleep(1.0)
+
+
+@main.command()
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    help="The local port of the URL (default: a free one).",
+)
+@click.option(
+    "--bind",
+    default="127.0.0.1",
+    metavar="ADDRESS",
+    help="Listen on ADDRESS, not only this machine's loopback: whoever reaches it with the URL can cancel.",
+)
+@click.option(
+    "--host",
+    "ssh_host",
+    default=None,
+    metavar="ALIAS",
+    help="Start the page on this SSH host (the login node where the service runs) and forward it here.",
+)
+@click.option(
+    "--program",
+    default=None,
+    metavar="COMMAND",
+    help="With --host: the chainrun command there (default: `chainrun` on its login PATH).",
+)
+@click.pass_context
+def ui(ctx: click.Context, port: int, bind: str, ssh_host: Optional[str], program: Optional[str]) -> None:
+    """Serve a web page of every chain: timelines, curves, accounting, sweeps compared.
+
+    Prints one URL, with a random token that every request must carry; it serves
+    until Ctrl-C. Only this machine can reach it unless --bind says otherwise.
+    With --host, the page runs on that host over SSH and a local port is forwarded
+    to it, surviving a dropped connection.
+
+    Exits 0 on Ctrl-C; 2 for a bad option or a port that is taken; 1 when the host
+    cannot start the page.
+    """
+    import ipaddress
+
+    from chainrun import ui as page
+    from chainrun.text import clip, escaped
+
+    if program is not None and ssh_host is None:
+        raise UsageError("--program names the chainrun command on the --host: give --host ALIAS too")
+    if ssh_host is not None:
+        from chainrun.ui import remote
+
+        sys.exit(remote.serve(ssh_host, port, program, lambda line: click.echo(line, err=True), click.echo))
+    try:
+        bind = str(ipaddress.ip_address("127.0.0.1" if bind == "localhost" else bind))
+    except ValueError:
+        raise UsageError(f"--bind {clip(escaped(bind), 80)!r}: not an IP address of this machine") from None
+    if not ipaddress.ip_address(bind).is_loopback:
+        click.echo(
+            f"chainrun: warning: the page listens on {bind}, not only this machine: anyone who can "
+            "reach it and learns the URL sees every chain and can cancel them",
+            err=True,
+        )
+    try:
+        page.serve(ctx.obj, bind, port, lambda url: click.echo(url))
+    except OSError as exc:
+        raise UsageError(
+            f"--bind {bind} --port {port}: cannot listen there ({exc.strerror or exc})"
+        ) from None
 
 
 @main.command()

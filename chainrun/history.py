@@ -1,27 +1,25 @@
 """``chainrun history``: a chain's events, every decision with its reason, then its segments'
-times: how long each waited in the queue once it could start, how long it ran, and the
-chain's training time when it ended, so that a gap between two timestamps never has to
-be worked out by hand.
-
-A segment's queue wait runs from when it could start (its submission, or for one queued
-ahead, its predecessor's end) to its start; one that never started waited until it was
-cancelled. Its running time runs from its start to its end; the training time after it
-is the chain's running times added up to it (what ``status`` calls trained). The last
-line counts the chain's preemptions: segments that ended preempted, and jobs the scheduler
-preempted and requeued (each an event of kind "preempted").
+times (``accounting``): how long each waited in the queue once it could start, how long
+it trained, how long its command took to exit after the signal (the save), the gap to its
+successor's start, and the chain's training time when it ended, so that a gap between two
+timestamps never has to be worked out by hand; then the chain's totals. ``to_json`` gives
+the same to scripts. The last line counts the chain's preemptions: segments that ended
+preempted, and jobs the scheduler preempted and requeued (each an event of kind
+"preempted").
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Optional
+from typing import Any, Optional
 
+from chainrun.accounting import SegmentAccount, account, describe
 from chainrun.fields import format_duration
-from chainrun.model import Chain, Outcome, Segment
+from chainrun.model import Chain, Outcome
 from chainrun.store import Event
 
-HEADER = ("SEGMENT", "JOB", "OUTCOME", "QUEUED", "RAN", "TRAINED")
+HEADER = ("SEGMENT", "JOB", "OUTCOME", "QUEUED", "TRAINING", "SAVING", "GAP", "TRAINED")
 
 
 def clock(at: float, date: bool = False) -> str:
@@ -33,31 +31,12 @@ def event_lines(events: Sequence[Event]) -> list[str]:
     return [f"{clock(ev.at, date=True)}  {ev.message}" for ev in events]
 
 
-def waited(seg: Segment, before: Optional[Segment]) -> Optional[float]:
-    """Seconds ``seg`` waited in the queue once it could start; None when that is not known
-    (not submitted, or still waiting)."""
-    if seg.submitted_at is None:
-        return None
-    ready = seg.submitted_at
-    if seg.after is not None and before is not None:
-        if before.ended_at is None:
-            return None  # its predecessor still runs: it is not waiting for the queue yet
-        ready = max(ready, before.ended_at)
-    until = seg.started_at if seg.started_at is not None else seg.ended_at
-    return None if until is None else max(0.0, until - ready)
+def _outcome(acc: SegmentAccount) -> str:
+    return acc.outcome + (", charged" if acc.charged else "")
 
 
-def ran(seg: Segment) -> Optional[float]:
-    """Seconds ``seg`` ran, once it has ended; None when it never started or still runs."""
-    if seg.started_at is None or seg.ended_at is None:
-        return None
-    return max(0.0, seg.ended_at - seg.started_at)
-
-
-def _outcome(seg: Segment) -> str:
-    if seg.outcome is None:
-        return seg.phase.value
-    return seg.outcome.value + (", charged" if seg.charged else "")
+def _cell(seconds: Optional[float]) -> str:
+    return "-" if seconds is None else format_duration(seconds)
 
 
 def preemptions(chain: Chain, events: Sequence[Event]) -> tuple[int, int]:
@@ -68,34 +47,49 @@ def preemptions(chain: Chain, events: Sequence[Event]) -> tuple[int, int]:
     return ended + requeued, requeued
 
 
-def segment_lines(chain: Chain, events: Sequence[Event] = ()) -> list[str]:
-    """The table of the chain's segments and their times, then the total."""
+def segment_lines(chain: Chain, now: float, events: Sequence[Event] = ()) -> list[str]:
+    """The table of the chain's segments and their times, then the totals and the
+    preemptions."""
+    acc = account(chain, now)
     rows = [HEADER]
-    trained = queued = 0.0
-    before: Optional[Segment] = None
-    for seg in chain.segments:
-        wait, time = waited(seg, before), ran(seg)
-        trained += time or 0.0
-        queued += wait or 0.0
+    trained = 0.0
+    for seg in acc.segments:
+        trained += seg.training or 0.0
         rows.append(
             (
                 str(seg.n),
                 seg.job_id or "-",
                 _outcome(seg),
-                "-" if wait is None else format_duration(wait),
-                "-" if time is None else format_duration(time),
-                format_duration(trained) if time is not None else "-",
+                _cell(seg.queued),
+                _cell(seg.training),
+                _cell(seg.saving),
+                _cell(seg.gap),
+                format_duration(trained) if seg.training is not None else "-",
             )
         )
-        before = seg
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
-    count = sum(1 for s in chain.segments if ran(s) is not None)
+    count = sum(1 for s in acc.segments if s.training is not None)
     total, requeued = preemptions(chain, events)
     again = f" ({requeued} requeued)" if requeued else ""
     lines.append(
         f"trained {format_duration(chain.used)} of {format_duration(chain.spec.total_time)}"
-        f" in {count} segment{'' if count == 1 else 's'}; waited {format_duration(queued)} in the queue;"
+        f" in {count} segment{'' if count == 1 else 's'}; {describe(acc, format_duration)};"
         f" preempted {total} time{'' if total == 1 else 's'}{again}"
     )
     return lines
+
+
+def to_json(chain_id: str, events: Sequence[Event], chain: Optional[Chain], now: float) -> dict[str, Any]:
+    """The same for scripts: the events, each segment's account and the chain's totals
+    (None for a chain whose segments cannot be read)."""
+    acc = account(chain, now) if chain is not None else None
+    return {
+        "id": chain_id,
+        "events": [
+            {"at": ev.at, "segment": ev.segment, "kind": ev.kind, "message": ev.message} for ev in events
+        ],
+        "segments": None if acc is None else [s.to_json() for s in acc.segments],
+        "totals": None if acc is None else acc.to_json(),
+        "preempted": None if chain is None else dict(zip(("times", "requeued"), preemptions(chain, events))),
+    }

@@ -290,6 +290,7 @@ class EndMarker:
     path: str = ""  # the PATH the command ran with
     tail: tuple[str, ...] = ()  # the last lines of the command's output, when it failed
     preempted: bool = False  # the signal came because the scheduler preempted the job
+    signalled_at: Optional[float] = None  # when the signal was passed on to the command
 
     @property
     def stopped_by_signal(self) -> bool:
@@ -348,6 +349,7 @@ class Segment:
     host: Optional[str] = None  # where a pool placed it (None: the chain's scheduler.host)
     array: Optional[str] = None  # a first segment sent as an array task: the array's name
     task: Optional[int] = None  # and its task index there
+    signalled_at: Optional[float] = None  # when the walltime (or another) signal reached its command
 
 
 @dataclass(frozen=True)
@@ -513,6 +515,7 @@ class EndSegment:
     reason: str
     progress: Progress
     tail: tuple[str, ...] = ()  # the last lines of the segment's output, when it failed
+    signalled_at: Optional[float] = None  # when the signal reached the command (end marker)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from chainrun import heartbeat, systemd
+from chainrun.accounting import account, describe
 from chainrun.lock import lock_for
 from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Outcome, Phase, chain_seed
 from chainrun.store import DamagedChain, Glance, SegmentGlance, ran
@@ -302,6 +303,7 @@ def details(chain: Chain, now: float, seen: Optional[float] = None) -> list[str]
         f"{glance.ran} of at most {chain.max_segments} segments run; "
         f"failures {failures_cell(glance)}"
     )
+    lines.append(f"allocation: {describe(account(chain, upto), short)}")
     placed = _placed(chain)
     if placed:
         lines.append(f"hosts: {placed}")
@@ -511,6 +513,7 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
         "total_seconds": c.spec.total_time,
         "segments_run": g.ran,
         "max_segments": c.max_segments,
+        "accounting": account(c, now).to_json(),
         "scheduler": c.spec.scheduler.kind,
         "host": c.host,
         "created_at": c.created_at,

@@ -857,6 +857,7 @@ STORE_MODULES = ("checked", "database", "migrations", "rows", "views", "writes")
             | {
                 "chainrun.model",
                 "chainrun.status",
+                "chainrun.accounting",  # status CHAIN's allocation line: pure arithmetic on the chain
                 "chainrun.heartbeat",
                 "chainrun.text",
                 "chainrun.localrunner",

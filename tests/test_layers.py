@@ -37,6 +37,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.snapshot",
         "chainrun.jobfile",
         "chainrun.testing",
+        "chainrun.detached",
     ),
     "memory": ("chainrun.store",),
     "service": (
@@ -60,6 +61,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.sweepfollow",
         "chainrun.follow",
         "chainrun.history",
+        "chainrun.accounting",
+        "chainrun.ui",
         "chainrun.control",
         "chainrun.api",
         "chainrun.tensorboard",

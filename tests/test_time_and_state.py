@@ -160,10 +160,12 @@ def test_cancel_without_a_service_keeps_the_time_and_progress_and_says_so_in_one
         for h in history
     ), history
     table = history[history.index("") + 1 :]
-    assert table[0].split() == ["SEGMENT", "JOB", "OUTCOME", "QUEUED", "RAN", "TRAINED"]
+    assert table[0].split() == ["SEGMENT", "JOB", "OUTCOME", "QUEUED", "TRAINING", "SAVING", "GAP", "TRAINED"]
     cells = table[1].split()
     assert cells[:3] == ["1", seg1["job_id"], "cancelled"]
-    assert cells[4] == cells[5] == format_duration(ran)
+    account = json.loads(chainrun("history", chain_id, "--json", check=True).stdout)["segments"][0]
+    assert abs(account["allocated_seconds"] - ran) < 1.0
+    assert cells[4] == cells[7] == format_duration(account["training_seconds"])
     assert table[-1].startswith(f"trained {format_duration(data['used_seconds'])} of 1h in 1 segment;")
 
 

@@ -185,6 +185,7 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
                 reason=why,
                 progress=end_progress if advanced else mark,
                 tail=tail,
+                signalled_at=job.end.signalled_at if job.end is not None else None,
             )
         )
         failures += charged

@@ -172,6 +172,7 @@ def parse_end_marker(data: bytes) -> Optional[EndMarker]:
             progress=_snapshot(fields),
             path=fields.get("path", ""),
             tail=_tail(data),
+            signalled_at=float(fields["signalled_at"]) if fields.get("signalled_at") else None,
         )
     except (KeyError, ValueError):
         return None

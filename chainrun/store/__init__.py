@@ -27,9 +27,11 @@ history, logs): it never writes, never waits on a writer for more than
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -47,6 +49,7 @@ from chainrun.store.rows import (
     Unreadable,
     decode_chain,
     decode_event,
+    decode_progress,
     decode_segment,
     decode_spec,
     word,
@@ -292,6 +295,44 @@ class Store:
             "SELECT * FROM events WHERE chain_id = ? AND id > ? ORDER BY id", (chain_id, after_id)
         )
         return [decode_event(r) for r in rows]
+
+    def progress_log(self, chain_id: str) -> list[tuple[float, Progress]]:
+        """Each new progress the ticks saw of the chain, with when, oldest first; none in a
+        database older than that record (a reader does not upgrade it), and a row that
+        cannot be read is left out."""
+        if not self._database.rows("SELECT 1 FROM sqlite_master WHERE name = 'progress_log'"):
+            return []
+        rows = self._database.rows(
+            "SELECT at, progress FROM progress_log WHERE chain_id = ? ORDER BY at, rowid", (chain_id,)
+        )
+        log = []
+        for r in rows:
+            with suppress(Unreadable):
+                log.append((float(r["at"]), decode_progress(r["progress"])))
+        return log
+
+    def metric_ranges(self, chain_ids: Sequence[str]) -> dict[str, dict[str, tuple[float, float]]]:
+        """Each metric's lowest and highest value over the chains' progress records, by chain
+        id and metric name, in one query (none in a database older than those records)."""
+        if not self._database.rows("SELECT 1 FROM sqlite_master WHERE name = 'progress_log'"):
+            return {}
+        ranges: dict[str, dict[str, tuple[float, float]]] = {}
+        for r in self._database.rows(views.METRIC_RANGE_SQL, (json.dumps(list(chain_ids)),)):
+            if isinstance(r[1], str):
+                ranges.setdefault(r[0], {})[r[1]] = (float(r[2]), float(r[3]))
+        return ranges
+
+    def allocations(self, now: float) -> dict[str, tuple[float, float]]:
+        """Every chain's time allocated and time trained (``chainrun.accounting``'s totals),
+        by chain id, in one query; a chain none of whose segments started is not there."""
+        if not self._database.rows("SELECT 1 FROM sqlite_master WHERE name = 'progress_log'"):
+            return {}  # a database from before the signal time was kept
+        return {r[0]: (float(r[1]), float(r[2])) for r in self._database.rows(views.ALLOCATION_SQL, (now,))}
+
+    def data_version(self) -> int:
+        """A number that changes whenever another connection has written to the database
+        (SQLite's ``data_version``): what a live view watches."""
+        return int(self._database.rows("PRAGMA data_version")[0][0])
 
     def glance(self, ended_since: Optional[float]) -> tuple[list[Glance], list[DamagedChain]]:
         """What the status table shows of the chains ``shown`` selects, in its order, read

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from chainrun.store.rows import brief
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # Migrations from version i to i+1 are MIGRATIONS[i]; index 0 creates the schema.
 MIGRATIONS: list[str] = [
@@ -92,6 +92,14 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE segments ADD COLUMN array TEXT;
     ALTER TABLE segments ADD COLUMN task INTEGER
+    """,
+    # 7: accounting and the web page's curves: when the signal reached a segment's
+    # command (its end marker), so that the time it ran splits into training and the save
+    # after the signal; and each new progress a tick saw (JSON, as ``chains.latest``).
+    """
+    ALTER TABLE segments ADD COLUMN signalled_at REAL;
+    CREATE TABLE progress_log (chain_id TEXT NOT NULL, at REAL NOT NULL, progress TEXT NOT NULL);
+    CREATE INDEX progress_by_chain ON progress_log (chain_id, at)
     """,
 ]
 

@@ -106,6 +106,11 @@ def _progress(value: Any, column: str) -> Progress:
         raise Unreadable(f"{column} is not progress ({exc})") from None
 
 
+def decode_progress(value: Any) -> Progress:
+    """A progress record as ``chains.latest`` and ``progress_log`` store it."""
+    return _progress(value, "progress")
+
+
 def decode_spec(value: Any) -> JobSpec:
     data = _json(value, "spec")
     try:
@@ -168,6 +173,7 @@ def decode_segment(row: sqlite3.Row) -> Segment:
             host=data["host"],
             array=data["array"],
             task=data["task"],
+            signalled_at=data["signalled_at"],
         )
         checked(segment)
     except Unreadable as exc:

@@ -90,6 +90,8 @@ class Glance(NamedTuple):
     segments: int  # how many it has
     ran: int  # how many of them ran (``ran``)
     live: tuple[SegmentGlance, ...]
+    name: str = ""  # the job file's name
+    sweep: str = ""  # the sweep's name, for a chain of a sweep
 
     @property
     def max_segments(self) -> int:
@@ -123,6 +125,8 @@ class Glance(NamedTuple):
             len(chain.segments),
             sum(1 for s in chain.segments if ran(s)),
             live,
+            spec.name,
+            spec.sweep_name,
         )
 
 
@@ -193,7 +197,8 @@ _SEGMENT_OK = f"""typeof(s.n) = 'integer' AND typeof(s.walltime) = 'integer'
     AND typeof(s.submitted_at) IN ('null', 'integer', 'real')
     AND typeof(s.started_at) IN ('null', 'integer', 'real')
     AND typeof(s.ended_at) IN ('null', 'integer', 'real')
-    AND typeof(s.missing_since) IN ('null', 'integer', 'real')"""
+    AND typeof(s.missing_since) IN ('null', 'integer', 'real')
+    AND typeof(s.signalled_at) IN ('null', 'integer', 'real')"""
 _RAN = (
     f"s.started_at IS NOT NULL OR s.phase = '{Phase.RUNNING.value}' OR (s.phase = '{Phase.ENDED.value}'"
     f" AND (s.outcome IS NULL OR s.outcome NOT IN ({', '.join(repr(o.value) for o in _NOT_RUN)})))"
@@ -216,7 +221,8 @@ GLANCE_SQL = f"""SELECT c.rowid, c.id, c.state, c.reason, c.failures, c.used, c.
     {", ".join(_field("c.spec", f"$.{name}") for name in _SPEC_FIELDS)},
     CASE WHEN json_valid(c.spec) THEN coalesce(json_array_length(c.spec, '$.scheduler.hosts'), 0) END,
     count(s.rowid), sum(CASE WHEN s.rowid IS NOT NULL AND ({_RAN}) THEN 1 ELSE 0 END),
-    sum(CASE WHEN s.rowid IS NULL OR ({_SEGMENT_OK}) THEN 0 ELSE 1 END)
+    sum(CASE WHEN s.rowid IS NULL OR ({_SEGMENT_OK}) THEN 0 ELSE 1 END),
+    c.name, coalesce({_field("c.spec", "$.sweep_name")}, '')
 FROM chains c LEFT JOIN segments s ON s.chain_id = c.id
 WHERE {{picked}} GROUP BY c.rowid ORDER BY c.created_at, c.rowid"""
 SEGMENT_GLANCE_SQL = f"""SELECT c.rowid,
@@ -243,6 +249,9 @@ def read_glance(r: sqlite3.Row, live: list[Optional[SegmentGlance]]) -> Optional
     if state not in _STATES:
         return None
     epoch, base, target, max_failures, total, walltime, concurrent, hosts, count, ran = r[9:19]
+    name, sweep = r[20:22]
+    if type(name) is not str or type(sweep) is not str:
+        return None
     segs = tuple(s for s in live if s is not None)
     return Glance(
         id_,
@@ -261,6 +270,8 @@ def read_glance(r: sqlite3.Row, live: list[Optional[SegmentGlance]]) -> Optional
         count,
         ran,
         segs,
+        name,
+        sweep,
     )
 
 
@@ -284,3 +295,23 @@ SUMMARY_SQL = """SELECT
     (SELECT COUNT(*) FROM chains WHERE state IN (?, ?)) AS active,
     (SELECT COUNT(*) FROM chains WHERE state = 'stuck') AS stuck,
     (SELECT COUNT(*) FROM chains WHERE state = 'failed') AS failed"""
+
+
+# Per chain, the time its segments held an allocation (start to end; a running one up to
+# ``?``: now, at most its walltime) and the part of it before the signal: the accounting's
+# totals (``chainrun.accounting``) for a table of every chain, in one query.
+ALLOCATION_SQL = """SELECT chain_id,
+    sum(max(0, coalesce(ended_at, min(?1, started_at + walltime)) - started_at)),
+    sum(max(0, coalesce(CASE WHEN signalled_at BETWEEN started_at AND ended_at THEN signalled_at END,
+        ended_at, min(?1, started_at + walltime)) - started_at))
+FROM segments WHERE typeof(started_at) IN ('integer', 'real') AND typeof(walltime) = 'integer'
+    AND (ended_at IS NOT NULL OR phase = 'running') GROUP BY chain_id"""
+
+# Per chain and metric, the lowest and highest value its progress records held: a sweep's
+# best values without decoding every record (``?``: a JSON array of the chains' ids).
+METRIC_RANGE_SQL = """SELECT p.chain_id, json_extract(m.value, '$[0]'), min(json_extract(m.value, '$[1]')),
+    max(json_extract(m.value, '$[1]'))
+FROM progress_log p, json_each(p.progress, '$.metrics') m
+WHERE p.chain_id IN (SELECT value FROM json_each(?)) AND json_valid(p.progress)
+    AND json_type(m.value) = 'array' AND json_type(m.value, '$[1]') IN ('integer', 'real')
+GROUP BY p.chain_id, json_extract(m.value, '$[0]')"""

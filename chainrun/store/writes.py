@@ -127,7 +127,11 @@ def record(
     """Record one tick of a chain in one transaction: the actions carried out (each
     with its reason), the newest progress seen, and what went wrong on the way."""
     if latest is not None:
-        db.execute("UPDATE chains SET latest = ? WHERE id = ?", (json.dumps(latest.to_json()), chain_id))
+        text = json.dumps(latest.to_json())
+        db.execute("UPDATE chains SET latest = ? WHERE id = ?", (text, chain_id))
+        db.execute(
+            "INSERT INTO progress_log (chain_id, at, progress) VALUES (?, ?, ?)", (chain_id, now, text)
+        )
     for action in actions:
         _apply(db, chain_id, action, now)
     for text in warnings:
@@ -181,8 +185,8 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
     elif isinstance(action, EndSegment):
         db.execute(
             "UPDATE segments SET phase = ?, outcome = ?, exit_code = ?, charged = ?, "
-            "ended_at = ?, reason = ?, tail = ?, started_at = COALESCE(started_at, ?) "
-            "WHERE chain_id = ? AND n = ?",
+            "ended_at = ?, reason = ?, tail = ?, started_at = COALESCE(started_at, ?), "
+            "signalled_at = ? WHERE chain_id = ? AND n = ?",
             (
                 Phase.ENDED.value,
                 action.outcome.value,
@@ -192,6 +196,7 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
                 action.reason,
                 json.dumps(list(action.tail)) if action.tail else None,
                 _started(action.ended_at, action.elapsed),
+                action.signalled_at,
                 *seg,
             ),
         )

@@ -26,6 +26,7 @@ export USER="${USER:-$(id -un)}" # not every scheduler sets it; ch-run refuses t
 # answer to SIGUSR1 is to die, before the command ran or any marker was written.
 got=""
 preempted="" # 1 once the scheduler is known to be preempting the job
+got_at="" # when the first signal was passed on to the command (epoch seconds)
 child=""
 child_started="" # the command's start (clock ticks after boot): with its PID, its identity
 signalled=""     # every process signalled, as PID:START
@@ -71,6 +72,7 @@ forward() {
         fi
     fi
     got=$1
+    [ -n "$got_at" ] || got_at=$(date +%s)
     if [ -n "$child" ]; then
         local pids group=""
         pids=$(command_pids)
@@ -158,8 +160,8 @@ end_marker() { # exit-code original-code skipped
     (
         umask 077
         {
-            printf 'exit=%s\noriginal=%s\nsignal=%s\nskipped=%s\npreempted=%s\njob=%s\nat=%s\npath=%s\n' \
-                "$1" "$2" "$got" "$3" "$preempted" "$job" "$(date +%s)" "${PATH//$'\n'/ }"
+            printf 'exit=%s\noriginal=%s\nsignal=%s\nsignalled_at=%s\nskipped=%s\npreempted=%s\njob=%s\nat=%s\npath=%s\n' \
+                "$1" "$2" "$got" "$got_at" "$3" "$preempted" "$job" "$(date +%s)" "${PATH//$'\n'/ }"
             snapshot
             if [ "$2" != 0 ] && [ -f "$marker.log" ]; then
                 tail -c 8192 -- "$marker.log" 2>/dev/null | tr '\r' '\n' |

@@ -1,0 +1,233 @@
+"""Where a chain's allocation went: each segment's queue wait, time training, time from the
+signal to the command's exit (the save and grace), the gap to its successor's start and its
+outcome; and per chain, the time allocated (every segment from its start to its end), the
+part of it that trained, the share that trained, and GPU-hours where the job asks for GPUs.
+
+Everything is computed from the times stored with each segment (the scheduler's submit,
+start and end, and the signal time from the wrapper's end marker) and ``now`` for the
+segment still running: the figures agree with the scheduler's own accounting (sacct's
+Submit/Start/End) to the second. A segment queued ahead waits in the queue only once it
+could start: from its submission or its predecessor's end, whichever is later.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from chainrun.model import Chain, Phase, SchedulerSpec, Segment
+
+# --gres=gpu:2, --gres=gpu:a100:2, --gres=gpu (one), in a comma list of resources.
+_GRES_GPU = re.compile(r"^gpu(?::[A-Za-z][\w.-]*)?(?::(\d+))?$")
+# --gpus=2, --gpus=a100:2 (Slurm); gpu=2 in SGE's -l list.
+_COUNT = re.compile(r"^(?:[A-Za-z0-9_.-]+:)?(\d+)$")
+
+
+def _tokens(options: tuple[str, ...]) -> list[str]:
+    """The options as the scheduler's command line reads them, ``--a=b`` split at ``=``."""
+    words: list[str] = []
+    for option in options:
+        try:
+            parts = shlex.split(option)
+        except ValueError:
+            parts = option.split()
+        for part in parts:
+            if part.startswith("--") and "=" in part:
+                words.extend(part.split("=", 1))
+            else:
+                words.append(part)
+    return words
+
+
+def _count(value: str) -> int:
+    found = _COUNT.match(value)
+    return int(found.group(1)) if found else 0
+
+
+def gpus(scheduler: SchedulerSpec) -> int:
+    """GPUs each segment's job holds: from ``--gres=gpu[:TYPE]:N`` (per node, times
+    ``--nodes``), ``--gpus[=TYPE:]N``/``-G N`` or ``--gpus-per-node`` (Slurm), ``-l gpu=N``
+    (SGE), or a pool's ``gpus_per_slot``; 0 when it asks for none."""
+    if scheduler.gpus_per_slot:
+        return scheduler.gpus_per_slot
+    words = _tokens(scheduler.options)
+    nodes, per_node, total = 1, 0, 0
+    for i, word in enumerate(words):
+        value = words[i + 1] if i + 1 < len(words) else ""
+        if word in ("--nodes", "-N") and value.split("-")[0].isdigit():
+            nodes = int(value.split("-")[0])
+        elif word == "--gres":
+            for item in value.split(","):
+                found = _GRES_GPU.match(item)
+                if found:
+                    per_node += int(found.group(1) or 1)
+        elif word == "--gpus-per-node":
+            per_node += _count(value)
+        elif word in ("--gpus", "-G"):
+            total += _count(value)
+        elif word.startswith("-G") and word[2:].isdigit():
+            total += int(word[2:])
+        elif word == "-l" and scheduler.kind == "sge":
+            for item in value.split(","):
+                name, _, count = item.partition("=")
+                total += _count(count) if name in ("gpu", "gpus") else 0
+    return total + per_node * nodes
+
+
+@dataclass(frozen=True)
+class SegmentAccount:
+    """One segment's times, in seconds; None where not known (yet)."""
+
+    n: int
+    job_id: Optional[str]
+    outcome: str  # how it ended, or its phase while it has not
+    charged: bool
+    submitted_at: Optional[float]
+    started_at: Optional[float]
+    signalled_at: Optional[float]
+    ended_at: Optional[float]
+    queued: Optional[float]  # from when it could start to its start (or its cancel)
+    training: Optional[float]  # from its start to the signal (or its end, or now)
+    saving: Optional[float]  # from the signal to the command's exit: the save and grace
+    gap: Optional[float]  # from its end to its successor's start
+
+    @property
+    def allocated(self) -> float:
+        """The time its job held the allocation."""
+        return (self.training or 0.0) + (self.saving or 0.0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "job_id": self.job_id,
+            "outcome": self.outcome,
+            "charged": self.charged,
+            "submitted_at": self.submitted_at,
+            "started_at": self.started_at,
+            "signalled_at": self.signalled_at,
+            "ended_at": self.ended_at,
+            "queued_seconds": self.queued,
+            "training_seconds": self.training,
+            "saving_seconds": self.saving,
+            "gap_seconds": self.gap,
+            "allocated_seconds": self.allocated,
+        }
+
+
+@dataclass(frozen=True)
+class ChainAccount:
+    """A chain's segments' accounts and their totals."""
+
+    segments: tuple[SegmentAccount, ...]
+    gpus: int  # per segment's job; 0: none asked for
+
+    @property
+    def allocated(self) -> float:
+        return sum(s.allocated for s in self.segments)
+
+    @property
+    def trained(self) -> float:
+        return sum(s.training or 0.0 for s in self.segments)
+
+    @property
+    def queued(self) -> float:
+        return sum(s.queued or 0.0 for s in self.segments)
+
+    @property
+    def saving(self) -> float:
+        return sum(s.saving or 0.0 for s in self.segments)
+
+    @property
+    def gaps(self) -> float:
+        return sum(s.gap or 0.0 for s in self.segments)
+
+    @property
+    def share(self) -> Optional[float]:
+        """The share of the allocated time that trained; None before any segment ran."""
+        return self.trained / self.allocated if self.allocated > 0 else None
+
+    @property
+    def gpu_hours(self) -> Optional[float]:
+        """GPU-hours allocated; None when the job asks for no GPUs."""
+        return self.allocated * self.gpus / 3600 if self.gpus else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "allocated_seconds": self.allocated,
+            "trained_seconds": self.trained,
+            "trained_share": self.share,
+            "queued_seconds": self.queued,
+            "saving_seconds": self.saving,
+            "gap_seconds": self.gaps,
+            "gpus": self.gpus,
+            "gpu_hours": self.gpu_hours,
+        }
+
+
+def _queued(seg: Segment, before: Optional[Segment]) -> Optional[float]:
+    if seg.submitted_at is None:
+        return None
+    ready = seg.submitted_at
+    if seg.after is not None and before is not None:
+        if before.ended_at is None:
+            return None  # its predecessor still runs: it is not waiting for the queue yet
+        ready = max(ready, before.ended_at)
+    until = seg.started_at if seg.started_at is not None else seg.ended_at
+    return None if until is None else max(0.0, until - ready)
+
+
+def _segment(seg: Segment, before: Optional[Segment], after: Optional[Segment], now: float) -> SegmentAccount:
+    start = seg.started_at
+    end = seg.ended_at
+    if end is None and seg.phase is Phase.RUNNING and start is not None:
+        end = max(start, min(now, start + seg.walltime))  # running: so far
+    signal = seg.signalled_at
+    if signal is not None and (start is None or end is None or not start <= signal <= end):
+        signal = None  # a clock that disagrees: the whole run counts as training
+    training = saving = None
+    if start is not None and end is not None:
+        training = max(0.0, (signal if signal is not None else end) - start)
+        saving = end - signal if signal is not None else 0.0
+    gap = None
+    if seg.ended_at is not None and after is not None and after.started_at is not None:
+        gap = max(0.0, after.started_at - seg.ended_at)
+    return SegmentAccount(
+        n=seg.n,
+        job_id=seg.job_id,
+        outcome=seg.outcome.value if seg.outcome is not None else seg.phase.value,
+        charged=seg.charged,
+        submitted_at=seg.submitted_at,
+        started_at=seg.started_at,
+        signalled_at=seg.signalled_at,
+        ended_at=seg.ended_at,
+        queued=_queued(seg, before),
+        training=training,
+        saving=saving,
+        gap=gap,
+    )
+
+
+def account(chain: Chain, now: float) -> ChainAccount:
+    """The chain's accounts; a running segment counts up to ``now``. A segment's successor
+    is the next one that started (a successor cancelled while queued never ran)."""
+    segs = chain.segments
+    accounts = []
+    for i, seg in enumerate(segs):
+        after = next((s for s in segs[i + 1 :] if s.started_at is not None), None)
+        accounts.append(_segment(seg, segs[i - 1] if i else None, after, now))
+    return ChainAccount(tuple(accounts), gpus(chain.spec.scheduler))
+
+
+def describe(acc: ChainAccount, short: Callable[[float], str]) -> str:
+    """The totals in one line, durations written by ``short``: ``allocated 3h10m, trained
+    2h55m (92%); queued 12m, saving 3m, gaps 40s; 1.6 GPU-hours``."""
+    share = f" ({acc.share:.0%})" if acc.share is not None else ""
+    text = (
+        f"allocated {short(acc.allocated)}, trained {short(acc.trained)}{share}; "
+        f"queued {short(acc.queued)}, saving {short(acc.saving)}, gaps {short(acc.gaps)}"
+    )
+    if acc.gpu_hours is not None:
+        text += f"; {acc.gpu_hours:.1f} GPU-hours ({acc.gpus} GPU{'s' if acc.gpus > 1 else ''} a job)"
+    return text

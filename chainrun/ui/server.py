@@ -1,0 +1,275 @@
+"""The web page's server: the standard library's threading HTTP server over the read model
+``status`` uses, opened read-only for each request.
+
+Safe by default: every request must carry the session's random token (``?token=``), or
+it is answered 403, the pages, the event stream, the JSON and the static files alike;
+the one thing that writes, a cancel, is a POST that must also carry the session's CSRF
+token from the confirmation form, and is refused when the browser says it comes from
+another site. Every answer forbids inline script, framing and referrers, so a chain's
+text can neither run nor leak the token. The event stream (``/events``) tells an open
+page that the database changed (SQLite's ``data_version``), and the page fetches its
+main part again.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import threading
+import time
+from contextlib import closing
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from chainrun import control
+from chainrun import status as view
+from chainrun.accounting import account
+from chainrun.errors import ChainrunError
+from chainrun.model import Chain
+from chainrun.store import Store
+from chainrun.ui import pages
+
+STATIC = Path(__file__).parent / "static"
+_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml"}
+WATCH_EVERY = 0.5  # seconds between looks at whether the database changed, for /events
+PING_EVERY = 15.0  # a comment on the event stream this often, so a dead client is noticed
+MAX_FORM = 4096
+_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+
+
+class Server(ThreadingHTTPServer):
+    """The page's server, with what its handlers need: the state directory and the secrets."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], home: Path, token: str, csrf: str) -> None:
+        super().__init__(address, Handler)
+        self.home = home
+        self.token = token
+        self.csrf = csrf
+        self.stopping = threading.Event()
+
+    def shutdown(self) -> None:
+        self.stopping.set()  # ends the event streams
+        super().shutdown()
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Requests are not logged: the URLs carry the token."""
+
+    # -- answers ------------------------------------------------------------------------
+    def _send(self, status: int, kind: str, body: bytes, extra: Optional[dict[str, str]] = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in {**_HEADERS, **(extra or {})}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _html(self, status: int, title: str, main: str, fragment: bool, live: bool = True) -> None:
+        text = main if fragment else pages.layout(title, pages.Links(self.server.token), main, live)
+        self._send(status, "text/html; charset=utf-8", text.encode())
+
+    def _json(self, data: Any) -> None:
+        self._send(200, "application/json", json.dumps(data).encode())
+
+    def _refuse(self, status: int, text: str) -> None:
+        self._send(status, "text/plain; charset=utf-8", (text + "\n").encode())
+
+    def _authorised(self, query: dict[str, list[str]]) -> bool:
+        given = query.get("token", [""])[0]
+        return hmac.compare_digest(given.encode(), self.server.token.encode())
+
+    # -- requests -----------------------------------------------------------------------
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        if not self._authorised(query):
+            self._refuse(403, "forbidden: open the URL `chainrun ui` printed, with its token")
+            return
+        path = unquote(url.path)
+        fragment = query.get("fragment") == ["1"]
+        try:
+            if path == "/events":
+                self._events()
+            elif path.startswith("/static/"):
+                self._static(path[len("/static/") :])
+            else:
+                self._page(path, query, fragment)
+        except ChainrunError as exc:
+            self._html(404, "not found", pages.message(str(exc)), fragment, live=False)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _page(self, path: str, query: dict[str, list[str]], fragment: bool) -> None:
+        link = pages.Links(self.server.token)
+        now = time.time()
+        with _store(self.server.home) as store:
+            if path == "/":
+                chains, _ = store.glance(None)
+                self._html(200, "chains", pages.overview(chains, store.allocations(now), link, now), fragment)
+            elif path.startswith("/chain/"):
+                chain = store.chain(store.resolve(path[len("/chain/") :]))
+                main = pages.chain_page(chain, store.progress_log(chain.id), link, now)
+                self._html(200, chain.id, main, fragment)
+            elif path.startswith("/sweep/"):
+                name = path[len("/sweep/") :]
+                members = store.sweep(name)
+                if not members:
+                    raise ChainrunError(f"no sweep {name!r}")
+                ranges = store.metric_ranges([c.id for c in members])
+                x, y = query.get("x", [""])[0], query.get("y", [""])[0]
+                self._html(200, name, pages.sweep_page(name, members, ranges, link, now, x, y), fragment)
+            elif path == "/cancel":
+                self._confirm(store, query, link)
+            elif path == "/api/chains":
+                chains, _ = store.glance(None)
+                allocations = store.allocations(now)
+                self._json([_glance_json(g, allocations.get(g.id), now) for g in chains])
+            elif path.startswith("/api/chain/"):
+                chain = store.chain(store.resolve(path[len("/api/chain/") :]))
+                self._json(_chain_json(chain, store.progress_log(chain.id), now))
+            else:
+                self._html(404, "not found", pages.message(f"nothing at {path}"), fragment, live=False)
+
+    def _confirm(self, store: Store, query: dict[str, list[str]], link: pages.Links) -> None:
+        chain_ref, sweep = query.get("chain", [""])[0], query.get("sweep", [""])[0]
+        if sweep:
+            if not store.sweep(sweep):
+                raise ChainrunError(f"no sweep {sweep!r}")
+            main = pages.confirm(
+                f"sweep {sweep}", {"sweep": sweep}, self.server.csrf, link, link.sweep(sweep)
+            )
+        else:
+            chain = store.chain(store.resolve(chain_ref))
+            main = pages.confirm(
+                f"chain {chain.id}", {"chain": chain.id}, self.server.csrf, link, link.chain(chain.id)
+            )
+        self._html(200, "cancel", main, False, live=False)
+
+    def _static(self, name: str) -> None:
+        path = STATIC / name
+        if "/" in name or path.suffix not in _TYPES or not path.is_file():
+            self._refuse(404, f"no file {name}")
+            return
+        self._send(200, _TYPES[path.suffix], path.read_bytes())
+
+    def _events(self) -> None:
+        """Server-sent events: ``change`` whenever the database changed; a comment now and
+        then, so that a client that went away ends the stream."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        for name, value in _HEADERS.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.close_connection = True
+        with _store(self.server.home) as store:
+            seen = store.data_version()
+            pinged = time.monotonic()
+            self.wfile.write(b"retry: 2000\n\n")
+            self.wfile.flush()
+            while not self.server.stopping.wait(WATCH_EVERY):
+                now = store.data_version()
+                if now != seen:
+                    seen = now
+                    self.wfile.write(f"event: change\ndata: {now}\n\n".encode())
+                    self.wfile.flush()
+                elif time.monotonic() - pinged > PING_EVERY:
+                    pinged = time.monotonic()
+                    self.wfile.write(b": ping\n\n")
+                    self.wfile.flush()
+
+    def do_POST(self) -> None:
+        url = urlsplit(self.path)
+        if not self._authorised(parse_qs(url.query)):
+            self._refuse(403, "forbidden: open the URL `chainrun ui` printed, with its token")
+            return
+        if unquote(url.path) != "/cancel":
+            self._refuse(404, "only a cancel is posted here")
+            return
+        if self.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
+            self._refuse(403, "forbidden: a cancel must come from this page")
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_FORM:
+            self._refuse(413, "form too large")
+            return
+        form = parse_qs(self.rfile.read(length).decode("utf-8", "replace"))
+        given = form.get("csrf", [""])[0]
+        if not hmac.compare_digest(given.encode(), self.server.csrf.encode()):
+            self._refuse(403, "forbidden: the cancel form's check does not match; open the page again")
+            return
+        try:
+            self._cancel(form)
+        except ChainrunError as exc:
+            self._html(409, "not cancelled", pages.message(f"not cancelled: {exc}"), False, live=False)
+
+    def _cancel(self, form: dict[str, list[str]]) -> None:
+        link = pages.Links(self.server.token)
+        with _store(self.server.home, readonly=False) as store:
+            sweep = form.get("sweep", [""])[0]
+            targets = (
+                store.sweep(sweep) if sweep else [store.chain(store.resolve(form.get("chain", [""])[0]))]
+            )
+            if not targets:
+                raise ChainrunError(f"no sweep {sweep!r}")
+            going = [c for c in targets if not c.state.final]
+            if going:
+                control.cancel(self.server.home, store, going)
+        back = link.sweep(sweep) if sweep else link.chain(targets[0].id)
+        self.send_response(303)
+        self.send_header("Location", back.replace("&amp;", "&"))
+        self.send_header("Content-Length", "0")
+        for name, value in _HEADERS.items():
+            self.send_header(name, value)
+        self.end_headers()
+
+
+def _store(home: Path, readonly: bool = True) -> closing[Store]:
+    """A store for one request: read-only unless asked."""
+    return closing(Store(home, readonly=readonly))
+
+
+def _glance_json(g: Any, allocation: Optional[tuple[float, float]], now: float) -> dict[str, Any]:
+    return {
+        "id": g.id,
+        "name": g.name,
+        "sweep": g.sweep or None,
+        "state": g.state.value,
+        "state_text": view.state_cell(g, now),
+        "epoch": g.epoch,
+        "target_epoch": g.target_epoch,
+        "eta_seconds": view.eta(g, now),
+        "failures": g.failures,
+        "max_failures": g.max_failures,
+        "allocated_seconds": allocation[0] if allocation else 0.0,
+        "trained_seconds": allocation[1] if allocation else 0.0,
+    }
+
+
+def _chain_json(chain: Chain, progress: pages.Log, now: float) -> dict[str, Any]:
+    acc = account(chain, now)
+    data = view.to_json(chain, now)
+    data["accounting"] = {**acc.to_json(), "segments": [s.to_json() for s in acc.segments]}
+    data["progress_log"] = [{"at": at, **p.to_json()} for at, p in progress]
+    return data

@@ -1,0 +1,388 @@
+"""`chainrun ui`, the web page, as a user sees it: in a real headless Chromium (selenium)
+over the real `chainrun ui` and service and local runner, and over plain HTTP for what a
+page does not show (every request without the token refused, the cancel's CSRF check).
+Screenshots of each page go to the test's own directory; with CHAINRUN_UPDATE_SCREENSHOT=1
+the chain page's is also written to docs/ui.png (the README's).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytest
+from conftest import REPO, cli_env, have, need, wait_for
+
+from chainrun.ui.charts import FAILURE
+
+CLI = Callable[..., "subprocess.CompletedProcess[str]"]
+Service = Callable[..., "subprocess.Popen[bytes]"]
+
+# Trains toward argv[1] epochs, argv[2] seconds each, saving progress and two metrics
+# through the helper; its segment 2 crashes at once, leaving markup in its output.
+TRAIN = """\
+import os, signal, sys, time
+from chainrun.checkpoint import load_progress, write_progress
+ck = os.environ["CHAINRUN_CHECKPOINT_DIR"]
+os.makedirs(ck, exist_ok=True)
+if os.environ["CHAINRUN_SEGMENT"] == os.environ.get("CRASH_IN", "0"):
+    print("<script>window.pwned = 1</script> CUDA error: device-side assert", flush=True)
+    sys.exit(3)
+stop = []
+signal.signal(getattr(signal, "SIG" + os.environ["CHAINRUN_SIGNAL"]), lambda *_: stop.append(1))
+found = load_progress(ck)
+epoch = found["epoch"] if found else 0
+lr = float(os.environ.get("CHAINRUN_PARAM_LR", "0.1"))
+while epoch < int(sys.argv[1]) and not stop:
+    until = time.time() + float(sys.argv[2])
+    while time.time() < until and not stop:
+        time.sleep(0.05)
+    if stop:
+        break
+    epoch += 1
+    with open(os.path.join(ck, "model.ckpt"), "w") as f:
+        f.write(str(epoch))
+    write_progress(ck, epoch=epoch, step=0, file="model.ckpt", metrics={"loss": lr / epoch, "acc": 1 - lr / epoch})
+"""
+
+
+def _job(work: Path, name: str, body: str) -> Path:
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "train.py").write_text(TRAIN)
+    job = work / f"{name}.toml"
+    job.write_text(f'name = "{name}"\n{body}\n[env]\nPYTHONPATH = "{REPO}"\n')
+    return job
+
+
+@pytest.fixture
+def ui(home: Path) -> Iterator[Callable[..., str]]:
+    """Start `chainrun ui` (with ``args``); its one line of output, the URL. Stopped at the end."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*args: str) -> str:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chainrun", "ui", *args],
+            env=cli_env(home),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(proc)
+        assert proc.stdout is not None
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(60)
+        assert line and line[0].startswith("http://127.0.0.1:"), (line, proc.poll())
+        return line[0].strip()
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """A headless Chromium from the system's packages, driven by selenium."""
+    need(
+        "Chromium and chromedriver",
+        have("chromium") and have("chromedriver"),
+        "apt-get install chromium chromium-driver (scripts/test installs them)",
+    )
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service as Driver
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or "chromium"
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Driver(shutil.which("chromedriver")), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _get(url: str, data: Optional[bytes] = None, headers: Optional[dict[str, str]] = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=data, headers=headers or {})
+
+    class Stay(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    try:
+        with urllib.request.build_opener(Stay).open(request, timeout=30) as answer:
+            return answer.status, answer.read(200_000).decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _chain(url: str, chain_id: str) -> dict[str, Any]:
+    base, token = url.split("/?token=")
+    status, body = _get(f"{base}/api/chain/{chain_id}?token={token}")
+    assert status == 200, body
+    return json.loads(body)  # type: ignore[no-any-return]
+
+
+def test_the_page_shows_a_chain_its_timeline_and_curves_and_follows_it_live(
+    tmp_path: Path, chainrun: CLI, service: Service, ui: Callable[..., str], browser: Any
+) -> None:
+    """A chain on the local runner crosses three segments, the second crashing: the overview
+    lists it with its state; its page draws one bar per segment, the crash in the failure
+    colour, its output tail as text (the <script> in it never runs), the epoch plot with a
+    point per saved epoch; and the open page shows segment 3 once it starts, without a reload."""
+    from selenium.webdriver.common.by import By
+
+    job = _job(
+        tmp_path / "work",
+        "looks",
+        'command = "CRASH_IN=2 python3 train.py 5 3"\ntotal_time = "1h"\nwalltime = "15s"\ngrace = "5s"\n'
+        "target_epoch = 5\nmax_failures = 2",
+    )
+    chain_id = chainrun("submit", str(job), check=True).stdout.strip()
+    service(0.3)
+    url = ui()
+    wait_for(
+        lambda: any(s["phase"] == "running" for s in _chain(url, chain_id)["segments"]), 120, "segment 1"
+    )
+    browser.get(url)
+    row = browser.find_element(By.CSS_SELECTOR, f'tr.chain[data-id="{chain_id}"]')
+    assert row.find_element(By.CSS_SELECTOR, "td.state").text.startswith("running"), row.text
+    browser.save_screenshot(str(tmp_path / "overview.png"))
+
+    browser.get(url.replace("/?", f"/chain/{chain_id}?"))
+    browser.execute_script("window.notReloaded = true")
+    wait_for(lambda: len(_chain(url, chain_id)["segments"]) >= 3, 180, "segment 3 submitted")
+
+    def bars() -> int:
+        return len(browser.find_elements(By.CSS_SELECTOR, "#timeline g.segment"))
+
+    wait_for(lambda: bars() >= 3, 60, "the open page showing segment 3")
+    assert browser.execute_script("return window.notReloaded") is True  # updated in place
+    wait_for(lambda: _chain(url, chain_id)["state"] == "completed", 180, "the chain to complete")
+    data = _chain(url, chain_id)
+    wait_for(lambda: bars() == len(data["segments"]) and "completed" in _state(browser), 60, "the final page")
+    crashed = browser.find_element(By.CSS_SELECTOR, '#timeline g.segment[data-n="2"]')
+    assert crashed.get_attribute("data-outcome") == "failed"
+    assert crashed.find_element(By.CSS_SELECTOR, "rect.training").get_attribute("fill") == FAILURE
+    saved = {p["epoch"] for p in data["progress_log"] if p["epoch"] is not None}
+    assert saved == set(range(1, data["epoch"] + 1))  # every epoch the script saved was seen
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#epochs circle.point")) == len(saved)
+    assert browser.find_elements(By.CSS_SELECTOR, "svg.plot circle.point")  # the metrics too
+    tail = browser.find_element(By.CSS_SELECTOR, 'table.segments tr[data-n="2"] .tail').text
+    assert "<script>window.pwned = 1</script> CUDA error" in tail
+    assert browser.execute_script("return window.pwned") is None
+    crashed.click()
+    assert "job " in browser.find_element(By.ID, "detail").text
+    assert browser.execute_script("return window.notReloaded") is True
+    browser.save_screenshot(str(tmp_path / "chain.png"))
+    _keep_for_readme(browser, tmp_path / "chain.png")
+
+
+def _state(browser: Any) -> str:
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return str(browser.find_element(By.ID, "state").text)
+    except WebDriverException:  # the part was being replaced
+        return ""
+
+
+def _keep_for_readme(browser: Any, shot: Path) -> None:
+    """With CHAINRUN_UPDATE_SCREENSHOT=1, the README's picture is this page at a laptop's size."""
+    import os
+
+    if os.environ.get("CHAINRUN_UPDATE_SCREENSHOT") == "1":
+        (REPO / "docs").mkdir(exist_ok=True)
+        shutil.copy(shot, REPO / "docs" / "ui.png")
+
+
+def test_a_sweep_page_compares_configurations_and_a_cancel_asks_first(
+    tmp_path: Path, chainrun: CLI, service: Service, ui: Callable[..., str], browser: Any
+) -> None:
+    """A sweep of two learning rates: its section on the overview, its page's table sorted
+    by a click on a column, its plot of lr against the best loss with a point per chain;
+    then "Cancel sweep…" asks, and only the confirmation cancels it."""
+    from selenium.webdriver.common.by import By
+
+    job = _job(
+        tmp_path / "work",
+        "sw",
+        # Three epochs, then nothing more to show: the page holds still while it is read.
+        'command = "python3 train.py 3 0.3 && sleep 600"\ntotal_time = "1h"\nwalltime = "5m"\n'
+        "target_epoch = 4\n[sweep.grid]\nlr = [0.5, 0.05]",
+    )
+    chainrun("submit", str(job), check=True)
+    service(0.3)
+    url = ui()
+    base, token = url.split("/?token=")
+
+    def plotted() -> int:
+        status, body = _get(f"{base}/sweep/sw?token={token}&fragment=1")
+        return body.partition('id="scatter"')[2].count("<circle") if status == 200 else 0
+
+    wait_for(lambda: plotted() == 2, 120, "both chains reporting their metrics")
+    wait_for(
+        lambda: all(c["epoch"] == 3 for c in json.loads(chainrun("status", "--json").stdout)),
+        120,
+        "both chains at their last epoch",
+    )
+    browser.get(url)
+    assert browser.find_element(By.CSS_SELECTOR, "details.sweep summary").text.startswith(
+        "sweep sw: 2 chains"
+    )
+    browser.find_element(By.CSS_SELECTOR, "details.sweep summary a").click()
+    table = browser.find_element(By.ID, "configs")
+    lr = [th.text for th in table.find_elements(By.TAG_NAME, "th")].index("lr")
+    header = table.find_elements(By.TAG_NAME, "th")[lr]
+    header.click()
+    column = [r.find_elements(By.TAG_NAME, "td")[lr].text for r in table.find_elements(By.TAG_NAME, "tr")[1:]]
+    assert column == ["0.05", "0.5"]
+    header.click()
+    column = [r.find_elements(By.TAG_NAME, "td")[lr].text for r in table.find_elements(By.TAG_NAME, "tr")[1:]]
+    assert column == ["0.5", "0.05"]
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#scatter circle.point")) == 2
+    browser.save_screenshot(str(tmp_path / "sweep.png"))
+    browser.find_element(By.LINK_TEXT, "Cancel sweep…").click()
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Cancel sweep sw?"
+    assert all(c["state"] == "active" for c in json.loads(chainrun("status", "--json", check=True).stdout))
+    browser.find_element(By.ID, "confirm").click()
+    wait_for(
+        lambda: all(c["state"] == "cancelled" for c in json.loads(chainrun("status", "--json").stdout)),
+        120,
+        "the sweep cancelled",
+    )
+
+
+def test_without_the_token_nothing_is_served_and_a_cancel_needs_its_form(
+    tmp_path: Path, home: Path, chainrun: CLI, ui: Callable[..., str]
+) -> None:
+    """403 for the page, the event stream, the JSON, the static files and a posted cancel
+    without the token (or with a wrong one); a cancel with the token but not the form's
+    CSRF check, or from another site, is refused too, and only the whole form cancels.
+    A chain id and a reason holding markup come back escaped."""
+    job = _job(
+        tmp_path / "work", "tok", 'command = "python3 train.py 1000 1"\ntotal_time = "1h"\nwalltime = "5m"'
+    )
+    chain_id = chainrun("submit", str(job), check=True).stdout.strip()
+    hostile = "<script>alert(1)</script>"
+    db = sqlite3.connect(home / "chainrun.db")
+    with db:
+        db.execute(
+            "UPDATE chains SET reason = ? WHERE id = ?", (f"{hostile} <img src=x onerror=alert(2)>", chain_id)
+        )
+        db.execute(
+            "INSERT INTO chains (id, name, spec, state, created_at) SELECT ?, name, spec, state, created_at "
+            "FROM chains WHERE id = ?",
+            (hostile, chain_id),
+        )
+    db.close()
+    url = ui()
+    base, token = url.split("/?token=")
+    paths = ["/", "/events", "/api/chains", f"/api/chain/{chain_id}", f"/chain/{chain_id}", "/static/ui.js"]
+    for path in paths:
+        for query in ("", "?token=", "?token=" + token[:-1] + ("A" if token[-1] != "A" else "B")):
+            status, _ = _get(base + path + query)
+            assert status == 403, (path, query)
+    form = urllib.parse.urlencode({"chain": chain_id, "csrf": "guess"}).encode()
+    assert _get(f"{base}/cancel", form)[0] == 403
+    assert _get(f"{base}/cancel?token={token}", form)[0] == 403
+    status, page = _get(f"{base}/?token={token}")
+    assert status == 200 and hostile not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    status, page = _get(f"{base}/chain/{chain_id}?token={token}")
+    assert status == 200 and "<img" not in page and "&lt;img src=x onerror=alert(2)&gt;" in page
+    status, confirm = _get(f"{base}/cancel?token={token}&chain={chain_id}")
+    csrf = confirm.split('name="csrf" value="')[1].split('"')[0]
+    good = urllib.parse.urlencode({"chain": chain_id, "csrf": csrf}).encode()
+    assert _get(f"{base}/cancel?token={token}", good, {"Sec-Fetch-Site": "cross-site"})[0] == 403
+    assert json.loads(chainrun("status", chain_id, "--json", check=True).stdout)[0]["state"] == "active"
+    status, _ = _get(f"{base}/cancel?token={token}", good, {"Sec-Fetch-Site": "same-origin"})
+    assert status == 303
+    assert json.loads(chainrun("status", chain_id, "--json", check=True).stdout)[0]["state"] == "cancelled"
+
+
+def test_another_bind_address_needs_the_option_and_warns(home: Path) -> None:
+    """--bind 0.0.0.0 listens there, and says on stderr who can then reach the page."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chainrun", "ui", "--bind", "0.0.0.0"],
+        env=cli_env(home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None and proc.stdout is not None
+        warning = proc.stderr.readline()
+        assert "warning: the page listens on 0.0.0.0" in warning
+        assert proc.stdout.readline().startswith("http://127.0.0.1:")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_the_page_on_a_login_node_is_forwarded_here_and_survives_a_dropped_link(
+    tmp_path: Path, home: Path, chainrun: CLI
+) -> None:
+    """`chainrun ui --host ALIAS` starts the page over SSH where the state is (here a private
+    sshd whose sessions see this test's state directory) and prints one local URL: it shows
+    the chain, refuses a request without the token, serves again after sshd restarted, and
+    Ctrl-C stops the page on the host."""
+    from private_sshd import ALIAS, PrivateSSHD
+
+    job = _job(tmp_path / "work", "far", 'command = "true"\ntotal_time = "1h"\nwalltime = "5m"')
+    chain_id = chainrun("submit", str(job), check=True).stdout.strip()
+    sshd = PrivateSSHD(tmp_path, server=f"SetEnv CHAINRUN_HOME={home}")
+    sshd.start()
+    program = f"env PYTHONPATH={REPO} {sys.executable} -m chainrun"
+    err = tmp_path / "ui-stderr.txt"
+    with open(err, "w") as errors:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chainrun", "ui", "--host", ALIAS, "--program", program],
+            env={**cli_env(home), "CHAINRUN_SSH_CONFIG": str(sshd.config)},
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:") and "?token=" in url, err.read_text()
+        base = url.split("/?token=")[0]
+        assert chain_id in _get(url)[1]
+        assert _get(base + "/")[0] == 403
+        remote_port = int(err.read_text().split("from its port ")[1].split(";")[0])  # the host's own
+
+        def serves() -> bool:
+            try:
+                return _get(url)[0] == 200
+            except OSError:
+                return False
+
+        sshd.stop()
+        wait_for(lambda: not serves(), 30, "the URL to stop serving while sshd is down")
+        sshd.start()
+        wait_for(serves, 60, "the same URL to serve again after sshd restarted")
+        assert "connection lost" in err.read_text()
+        proc.send_signal(2)
+        assert proc.wait(120) == 0, err.read_text()
+        assert "chainrun ui stopped" in err.read_text()
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{remote_port}/", timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sshd.stop()
