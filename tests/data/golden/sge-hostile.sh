@@ -122,6 +122,30 @@ command_pids() {
         done
     done
 }
+# While the service is away the segment queues its own successor: the launcher the service
+# leaves in the run directory when the chain may carry itself (chainrun.carry) says, now and
+# then while the command runs and once when it has ended, and prints when to ask again.
+carrier=""
+carry_once() {
+    [ -x "$CHAINRUN_RUN_DIR/carry" ] || return 0
+    "$CHAINRUN_RUN_DIR/carry" "$CHAINRUN_RUN_DIR" 3 "$job" </dev/null || true
+}
+start_carrier() {
+    [ -x "$CHAINRUN_RUN_DIR/carry" ] || return 0
+    (
+        trap '' USR1 USR2 ALRM # the walltime signal is the command's
+        again=$(carry_once)
+        while [ -n "$again" ] && [ "$again" -gt 0 ] 2>/dev/null; do
+            while [ "$again" -gt 0 ]; do
+                sleep 1
+                kill -0 "$$" 2>/dev/null || exit 0
+                again=$((again - 1))
+            done
+            again=$(carry_once)
+        done
+    ) &
+    carrier=$!
+}
 trap 'forward USR1' USR1
 trap 'forward USR2' USR2
 trap 'forward TERM' TERM
@@ -261,6 +285,7 @@ set +m
 if [ -n "$got" ]; then forward "$got"; fi # it came before the command
 # A scheduler that sends no warning before its walltime kill (SGE) gets ours.
 if [ -n "1" ]; then start_timer; fi
+start_carrier
 while :; do
     wait "$child"
     kill -0 "$child" 2>/dev/null || break
@@ -282,10 +307,12 @@ if [ -n "$left" ]; then
     done
 fi
 if [ -n "$timer" ]; then kill "$timer" 2>/dev/null || true; fi
+if [ -n "$carrier" ]; then kill "$carrier" 2>/dev/null || true; fi
 code=$rc
 # SGE reschedules a job that exits 99 and puts one that exits 100 in error
 # state: never pass those on by accident. The original is in the marker.
 case $rc in 99 | 100) code=1 ;; esac
 echo "chainrun: segment 3 command exited $rc${got:+ after SIG$got}"
 end_marker "$code" "$rc" 0
+carry_once >/dev/null # with this segment's end known
 exit "$code"
