@@ -189,9 +189,11 @@ class JobSpec:
     max_concurrent: Optional[int] = None  # [sweep]: at most this many of its chains under way at once
     # A sweep chain's CHAINRUN_SEED, set by ``sweep.expand``; None: one from the chain id.
     seed: Optional[int] = None
-    # While the service is away, a segment queues its own successor (``decide.carry``);
-    # False: the job file's self_queue = false, or a cluster whose nodes cannot submit.
+    # While the service is away, a segment queues its own successor (``decide.carry``),
+    # unless the job file says self_queue = false, or the probe at submit found that the
+    # cluster's nodes cannot submit (why, in words).
     self_queue: bool = True
+    nodes_cannot_submit: str = ""
 
     @property
     def max_segments(self) -> int:

@@ -28,6 +28,7 @@ from chainrun.model import (
     NO_PROGRESS,
     Adopt,
     Carried,
+    CommandResult,
     EndMarker,
     ListedJob,
     Phase,
@@ -35,6 +36,8 @@ from chainrun.model import (
     StartMarker,
     Submit,
 )
+from chainrun.schedulers.sge import SgeScheduler
+from chainrun.schedulers.slurm import SlurmScheduler
 
 cluster = test_contract.cluster  # the contract's fixtures: the scheduler, shared, and the workdir
 work = test_contract.work
@@ -179,10 +182,14 @@ def test_the_chain_carries_itself_while_the_service_is_away_and_the_service_reco
     the crash-looping chain beside it (SIGSTOP) stops after its budget, not at its segment
     limit. Back, the service adopts them: every segment has its outcome, the failures are
     what decide charges, and the trainer's lock never saw two segments at once."""
-    target = 40  # epochs: five segments and more of the cluster's walltime
-    training = write_job(
-        work, cluster, f"python3 trainer.py --exclusive --epochs {target} --epoch-time 1", target_epoch=target
+    # Each segment trains at most 8 s (Slurm's shortest walltime is a minute, and its signal
+    # comes 10-40 s into it; the timeout's USR1 makes the trainer save and exit 0): forty
+    # epochs take five segments and more on every scheduler.
+    target = 40
+    command = (
+        f"timeout --preserve-status -s USR1 8 python3 trainer.py --exclusive --epochs {target} --epoch-time 1"
     )
+    training = write_job(work, cluster, command, target_epoch=target)
     chains = {"training": chainrun("submit", str(training), check=True).stdout.strip()}
     if how == "SIGSTOP":
         crashing = write_job(
@@ -206,7 +213,7 @@ def test_the_chain_carries_itself_while_the_service_is_away_and_the_service_reco
     training_id = chains["training"]
     wait_for(
         lambda: judged_alone(work, training_id) >= 2 and all(gone(cluster, c) for c in chains.values()),
-        60 * cluster.walltime + 300,
+        20 * cluster.walltime + 300,
         "the chains to end with the service away",
     )
     assert carried(work, training_id) >= 4, "five segments and more went on without the service"
@@ -237,3 +244,80 @@ def test_the_chain_carries_itself_while_the_service_is_away_and_the_service_reco
         starts = [(logs / f"seg-{n:04d}.log").read_text().count("of chain") for n in (1, 2, 3)]
         assert crash["failures"] == 3 and starts == [1, 1, 1] and not (logs / "seg-0004.log").exists()
         assert [s["charged"] for s in crash["segments"] if s["started_at"]] == [True] * 3, crash["segments"]
+
+
+# -- clusters whose nodes cannot submit, and the setting that turns it off ------------------
+
+
+def answer(out: str, rc: int = 0) -> CommandResult:
+    return CommandResult(("probe",), rc, out, "")
+
+
+PARTITION = (
+    "PartitionName=gpu AllowGroups=ALL AllocNodes={alloc} Default=YES QoS=N/A Nodes={nodes} State=UP\n"
+    "PartitionName=cpu AllowGroups=ALL AllocNodes=ALL Default=NO Nodes=c[1-4] State=UP\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("alloc", "nodes", "allowed"),
+    [
+        ("ALL", "gpu[01-08]", True),
+        ("login[1-2]", "gpu[01-08]", False),
+        ("login1,gpu[01-08,10]", "gpu[01-08]", True),
+        ("login1,gpu[01-07]", "gpu[01-08]", False),
+    ],
+)
+def test_slurm_nodes_may_submit_when_the_partitions_allocnodes_include_them(
+    alloc: str, nodes: str, allowed: bool
+) -> None:
+    """A partition's AllocNodes (scontrol show partition) lists where jobs may be submitted from."""
+    slurm = SlurmScheduler()
+    assert slurm.node_submit_argvs("gpu") == [["scontrol", "show", "partition", "--oneliner", "gpu"]]
+    why = slurm.parse_node_submit([answer(PARTITION.format(alloc=alloc, nodes=nodes))])
+    assert (why == "") is allowed, why
+    if not allowed:
+        assert f"AllocNodes={alloc}" in why and "gpu" in why
+    assert slurm.parse_node_submit([answer("", rc=1)]) == ""  # cannot tell: the segment finds out
+
+
+def test_sge_nodes_may_submit_when_every_execution_host_is_a_submit_host() -> None:
+    """qconf -ss (submit hosts) must hold every host of qconf -sel (execution hosts)."""
+    sge = SgeScheduler()
+    assert sge.node_submit_argvs(None) == [["qconf", "-ss"], ["qconf", "-sel"]]
+    assert sge.parse_node_submit([answer("login1\nnode1.cluster\n"), answer("node1\n")]) == ""
+    why = sge.parse_node_submit([answer("login1\n"), answer("node1\nnode2\n")])
+    assert "node1, node2" in why and "qconf -ss" in why
+
+
+@pytest.mark.parametrize("cluster", ALL, indirect=True)
+def test_check_says_what_happens_while_the_service_is_away(
+    cluster: Cluster, work: Path, chainrun: CLI
+) -> None:
+    """On this machine's local runner, Slurm and SGE the nodes may submit: `check` says a
+    running segment queues the next itself; self_queue = false turns it off, and says so."""
+    path = write_job(work, cluster, "python3 trainer.py")
+    out = chainrun("check", str(path), check=True).stdout
+    assert "a running segment queues the next itself once the service is silent for" in out, out
+    path.write_text("self_queue = false\n" + path.read_text())
+    out = chainrun("check", str(path), check=True).stdout
+    assert "the chain waits for the service (self-queueing off: self_queue = false)" in out, out
+
+
+@pytest.mark.slow
+def test_with_self_queue_false_the_chain_waits_for_the_service_as_before(
+    work: Path, chainrun: CLI, service: Service
+) -> None:
+    """Turned off, a chain goes one successor ahead without the service, and no further."""
+    path = write_job(work, test_contract.CLUSTERS["local"], "python3 trainer.py --epochs 1000 --epoch-time 1")
+    path.write_text("self_queue = false\n" + path.read_text())
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    proc = service(interval=0.5)
+    wait_for(
+        lambda: sum(1 for s in status(chainrun, chain_id)["segments"] if s["job_id"]) >= 2, 60, "a successor"
+    )
+    proc.send_signal(signal.SIGSTOP)
+    wait_for(lambda: judged_alone(work, chain_id) >= 2, 120, "two segments to end")
+    assert carried(work, chain_id) == 0 and not (run_dir(work, chain_id) / "carry").exists()
+    proc.send_signal(signal.SIGCONT)
+    chainrun("cancel", chain_id, check=True)

@@ -71,9 +71,20 @@ class Verdict:
 
 def applies(spec: JobSpec) -> bool:
     """Whether a chain's segments may queue their successors: not when the job file says
-    ``self_queue = false`` (or a probe at submit found the nodes cannot submit), and not on
+    ``self_queue = false`` or the probe at submit found the nodes cannot submit, and not on
     a cluster reached over SSH, where the service's heartbeat is not on the nodes' file system."""
-    return spec.self_queue and not spec.scheduler.remote
+    return not off_because(spec)
+
+
+def off_because(spec: JobSpec) -> str:
+    """Why a chain's segments never queue their successors; "" when they may."""
+    if not spec.self_queue:
+        return "self_queue = false"
+    if spec.nodes_cannot_submit:
+        return f"the cluster's nodes cannot submit jobs: {spec.nodes_cannot_submit}"
+    if spec.scheduler.remote:
+        return "the service's heartbeat is on this machine, not on the cluster reached over SSH"
+    return ""
 
 
 def away_bound(spec: JobSpec, interval: Optional[float]) -> float:
@@ -85,8 +96,9 @@ def away_bound(spec: JobSpec, interval: Optional[float]) -> float:
 def carry(alone: Alone, now: float) -> Verdict:
     """Whether segment ``alone.n`` queues its successor now, and why (not)."""
     spec = alone.spec
-    if not spec.self_queue:
-        return Verdict(None, None, "self-queueing is off for this chain")
+    off = off_because(spec)
+    if off:
+        return Verdict(None, None, f"self-queueing is off ({off})")
     if alone.final:
         return Verdict(None, None, "the chain has ended")
     waiting = _silence(alone, now)
