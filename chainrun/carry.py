@@ -66,8 +66,15 @@ def leave_record(transport: Transport, chain: Chain, home: Path) -> None:
         "spec": chain.spec.to_json(),
     }
     where = run_dir(chain.spec, chain.id)
-    transport.write_file(posixpath.join(where, CARRY_NAME), json.dumps(record).encode())
-    rundir.write_script(transport, posixpath.join(where, LAUNCHER_NAME), _launcher(chain.spec, home))
+    # Written only when changed: most submissions find both as they left them (a sweep's
+    # first segments, a successor queued ahead before anything ended), and a write syncs.
+    record_path, launcher_path = posixpath.join(where, CARRY_NAME), posixpath.join(where, LAUNCHER_NAME)
+    data = json.dumps(record).encode()
+    if transport.read_file(record_path) != data:
+        transport.write_file(record_path, data)
+    launcher = _launcher(chain.spec, home)
+    if transport.read_file(launcher_path) != launcher.encode():
+        rundir.write_script(transport, launcher_path, launcher)
 
 
 def _launcher(spec: JobSpec, home: Path) -> str:
