@@ -105,10 +105,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if len(args) != 4 or not args[1].isdigit():
         print("usage: python -m chainrun.carry RUN_DIR SEGMENT JOB running|ended", file=sys.stderr)
         return 2
-    where, n, job_id = args[0], int(args[1]), args[2]
+    where, n, job_id, ended = args[0], int(args[1]), args[2], args[3] == "ended"
     deadline = os.environ.get("CHAINRUN_DEADLINE", "")
     try:
-        again = ask(LocalTransport(), where, n, job_id, time.time(), float(deadline) if deadline else None)
+        again = ask(
+            LocalTransport(), where, n, job_id, time.time(), ended, float(deadline) if deadline else None
+        )
     except (ChainrunError, OSError, ValueError, KeyError, TypeError) as exc:
         say(n, f"cannot queue its successor ({exc}); the service queues it when it is back")
         return 0
@@ -118,7 +120,13 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def ask(
-    transport: Transport, where: str, n: int, job_id: str, now: float, deadline: Optional[float] = None
+    transport: Transport,
+    where: str,
+    n: int,
+    job_id: str,
+    now: float,
+    ended: bool = False,
+    deadline: Optional[float] = None,
 ) -> Optional[float]:
     """Ask ``decide.carry`` once for segment ``n``, and queue its successor if it says so;
     when to ask again (None: never)."""
@@ -148,6 +156,7 @@ def ask(
         heard_at=_number(beat.get("at")),
         interval=_number(beat.get("interval")),
         deadline=deadline,
+        ended=ended,
     )
     verdict = carry(alone, now)
     if verdict.submit is None:

@@ -93,12 +93,14 @@ def test_an_ended_segment_leaves_a_ticking_service_to_it_and_waits_for_one_that_
     """Its command has ended: a service heard a tick ago queues the next itself (nothing to
     wait for); one silent for three ticks is waited for up to the bound, and not past the walltime."""
     done = marked(0, 5)
-    ticking = carry(alone(done, heard=NOW - 5), NOW)
+    ticking = carry(alone(done, heard=NOW - 5, ended=True), NOW)
     assert ticking.submit is None and ticking.again is None
-    missed = carry(alone(done, heard=NOW - 40, deadline=NOW + 3600), NOW)
+    missed = carry(alone(done, heard=NOW - 40, deadline=NOW + 3600, ended=True), NOW)
     assert missed.submit is None and missed.again is not None
-    late = carry(alone(done, heard=NOW - 40, deadline=NOW + 60), NOW)
+    late = carry(alone(done, heard=NOW - 40, deadline=NOW + 60, ended=True), NOW)
     assert late.submit is not None and late.submit.n == 2
+    judged = carry(alone(heard=NOW - 5, n=1, known=Known(1, 0, 600.0, NO_PROGRESS), ended=True), NOW)
+    assert judged.submit is None and judged.again is None  # the service already judged it: there
 
 
 @pytest.mark.parametrize(
@@ -107,13 +109,28 @@ def test_an_ended_segment_leaves_a_ticking_service_to_it_and_waits_for_one_that_
         ((marked(0, None),), {"final": True}, "ended"),
         ((marked(0, None),), {"spec": replace(LONG, self_queue=False)}, "off"),
         ((marked(0, None),), {"progress": Progress(epoch=100)}, "goal"),
-        ((marked(90, 100),), {}, "goal"),
+        ((marked(90, 100),), {"ended": True}, "goal"),
         ((marked(0, None),), {"known": Known(0, 2, 0.0, NO_PROGRESS)}, "may fail"),
-        ((marked(0, 0, code=1), marked(0, 0, code=1), marked(0, 0, code=1)), {}, "3 failures"),
+        ((marked(0, 0, code=1), marked(0, 0, code=1), marked(0, 0, code=1)), {"ended": True}, "3 failures"),
         ((marked(0, None),), {"known": Known(0, 0, 99 * 3600.0, NO_PROGRESS)}, "time budget"),
         ((marked(0, None),), {"n": 100}, "segments"),
+        (
+            (marked(0, 5, signal_=""),),
+            {"ended": True, "spec": replace(LONG, target_epoch=None)},
+            "on its own",
+        ),
     ],
-    ids=["final", "off", "goal-now", "goal-left", "budget-if-it-fails", "crash-loop", "time", "count"],
+    ids=[
+        "final",
+        "off",
+        "goal-now",
+        "goal-left",
+        "budget-if-it-fails",
+        "crash-loop",
+        "time",
+        "count",
+        "exit-0",
+    ],
 )
 def test_a_segment_never_queues_past_the_target_final_budgets_or_segment_count(
     since: tuple[JobFacts, ...], kw: dict[str, object], why: str
@@ -127,9 +144,9 @@ def test_crashes_since_the_service_last_recorded_count_against_the_budget_as_dec
     """Two crashes after the service's record: one more failure is allowed (max_failures 2), so
     the segment that ended third queues the next; a third crash spends the budget."""
     crash = marked(0, 0, code=1)
-    assert carry(alone(crash, crash), NOW).submit is not None
+    assert carry(alone(crash, crash, ended=True), NOW).submit is not None
     assert carry(alone(crash, crash, marked(0, None)), NOW).submit is None  # and this one may fail
-    progressed = carry(alone(crash, crash, marked(0, 3)), NOW)
+    progressed = carry(alone(crash, crash, marked(0, 3), ended=True), NOW)
     assert progressed.submit is not None and progressed.submit.n == 4
 
 

@@ -57,6 +57,7 @@ class Alone:
     heard_at: Optional[float]  # the service's last tick (its heartbeat), None: never
     interval: Optional[float] = None  # the service's tick interval, as its heartbeat says
     deadline: Optional[float] = None  # when the asking segment's walltime ends
+    ended: bool = False  # the asking segment's command has ended (its end marker written)
 
 
 @dataclass(frozen=True)
@@ -106,12 +107,11 @@ def carry(alone: Alone, now: float) -> Verdict:
         return waiting
     silent = now - alone.heard_at if alone.heard_at is not None else math.inf
     failures, used, mark = alone.known.failures, alone.known.used, alone.known.mark
-    running = True  # the asking segment's command still runs: its end marker is not there
+    running = not alone.ended  # then the asking segment may still fail, and use its walltime
     for i, job in enumerate(alone.since):
-        last = i == len(alone.since) - 1
         judged = charge_by_markers(job, mark)
-        if judged is None and last:
-            break
+        if judged is None and running and i == len(alone.since) - 1:
+            break  # the asking segment, still running
         if judged is None:  # ended without a trace (a node lost, say): the worst
             charged, elapsed = True, float(spec.walltime)
         else:
@@ -120,7 +120,6 @@ def carry(alone: Alone, now: float) -> Verdict:
                 return Verdict(None, None, "the command finished on its own")
         failures += charged
         used += elapsed
-        running = not last
     if running:
         used += spec.walltime
     best = alone.progress if alone.progress.key > mark.key or alone.progress.done else mark
@@ -155,7 +154,7 @@ def _silence(alone: Alone, now: float) -> Optional[Verdict]:
         return None
     silent = now - alone.heard_at
     again = min(ASK_EVERY, bound - silent + 1)
-    if not alone.since or alone.since[-1].end is None:
+    if not alone.ended:
         return Verdict(None, again, "the service is there")
     if alone.interval is None or silent < TICKS_AWAY * alone.interval:
         return Verdict(None, None, "the service is there: it queues the next segment")
