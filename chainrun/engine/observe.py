@@ -66,7 +66,7 @@ def _carried(polled: Polled, chain: Chain) -> dict[int, Carried]:
     claims, from the chain's newest segment on (itself, when it was never submitted). Looked
     for unless that segment waits in the queue, which is the usual case (a successor
     queued ahead): no segment after it can have run yet."""
-    last = chain.segments[-1] if chain.segments else None
+    last = max(chain.segments, key=lambda s: s.n, default=None)
     if last is None or not applies(chain.spec):
         return {}
     if last.job_id is not None:

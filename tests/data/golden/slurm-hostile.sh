@@ -125,27 +125,23 @@ command_pids() {
 }
 # While the service is away the segment queues its own successor: the launcher the service
 # leaves in the run directory when the chain may carry itself (chainrun.carry) says, now and
-# then while the command runs and once when it has ended, and prints when to ask again.
+# then while the command runs and when it has ended, and prints when to ask again.
 carrier=""
-carry_once() {
-    [ -x "$CHAINRUN_RUN_DIR/carry" ] || return 0
-    "$CHAINRUN_RUN_DIR/carry" "$CHAINRUN_RUN_DIR" 3 "$job" </dev/null || true
+carry_once() { # running|ended
+    "$CHAINRUN_RUN_DIR/carry" "$CHAINRUN_RUN_DIR" 3 "$job" "$1" </dev/null || true
 }
-start_carrier() {
+carry_on() { # running|ended: asks until told not to ask again
     [ -x "$CHAINRUN_RUN_DIR/carry" ] || return 0
-    (
-        trap '' USR1 USR2 ALRM # the walltime signal is the command's
-        again=$(carry_once)
-        while [ -n "$again" ] && [ "$again" -gt 0 ] 2>/dev/null; do
-            while [ "$again" -gt 0 ]; do
-                sleep 1
-                kill -0 "$$" 2>/dev/null || exit 0
-                again=$((again - 1))
-            done
-            again=$(carry_once)
+    local again
+    again=$(carry_once "$1")
+    while [ -n "$again" ] && [ "$again" -gt 0 ] 2>/dev/null; do
+        while [ "$again" -gt 0 ]; do
+            sleep 1
+            kill -0 "$$" 2>/dev/null || return 0
+            again=$((again - 1))
         done
-    ) &
-    carrier=$!
+        again=$(carry_once "$1")
+    done
 }
 trap 'forward USR1' USR1
 trap 'forward USR2' USR2
@@ -286,7 +282,11 @@ set +m
 if [ -n "$got" ]; then forward "$got"; fi # it came before the command
 # A scheduler that sends no warning before its walltime kill (SGE) gets ours.
 if [ -n "" ]; then start_timer; fi
-start_carrier
+(
+    trap '' USR1 USR2 ALRM # the walltime signal is the command's
+    carry_on running
+) &
+carrier=$!
 while :; do
     wait "$child"
     kill -0 "$child" 2>/dev/null || break
@@ -315,5 +315,5 @@ code=$rc
 case $rc in 99 | 100) code=1 ;; esac
 echo "chainrun: segment 3 command exited $rc${got:+ after SIG$got}"
 end_marker "$code" "$rc" 0
-carry_once >/dev/null # with this segment's end known
+carry_on ended # with this segment's end known
 exit "$code"
