@@ -26,7 +26,7 @@ from typing import Any, Optional
 from chainrun import heartbeat, progress, rundir
 from chainrun.cluster import Cluster
 from chainrun.decide import JobFacts
-from chainrun.decide.carry import ASK_EVERY, Alone, Known, Verdict, applies, away_bound, carry
+from chainrun.decide.carry import ASK_EVERY, TICKS_AWAY, Alone, Known, Verdict, applies, away_bound, carry
 from chainrun.errors import ChainrunError, SchedulerError
 from chainrun.model import NO_PROGRESS, Chain, JobSpec, Progress
 from chainrun.schedulers import scheduler_for
@@ -78,9 +78,11 @@ def leave_record(transport: Transport, chain: Chain, home: Path) -> None:
 
 
 def _launcher(spec: JobSpec, home: Path) -> str:
-    """The wrapper's way in: while the heartbeat is younger than the bound (at its smallest:
-    the service's interval may make it longer), it says when to ask again with no
-    interpreter started; else it runs ``main`` with the service's interpreter and chainrun."""
+    """The wrapper's way in. What ``decide.carry`` would answer from the heartbeat's age alone
+    is answered here, with no interpreter started (as most questions are): a running
+    segment asks again while the heartbeat is younger than the bound (at its smallest: the
+    service's interval may make it longer); an ended one leaves it to a service that ticks.
+    Else it runs ``main`` with the service's interpreter and chainrun."""
     bound = int(away_bound(spec, None))
     status = shlex.quote(str(home / heartbeat.STATUS_FILE))
     root = str(Path(__file__).resolve().parent.parent)
@@ -93,6 +95,10 @@ def _launcher(spec: JobSpec, home: Path) -> str:
         f'if [ "$4" = running ] && [ "$age" -lt {bound} ]; then\n'
         f"    wait=$(({bound} - age + 1)); [ $wait -gt {int(ASK_EVERY)} ] && wait={int(ASK_EVERY)}\n"
         '    echo "$wait"; exit 0\n'
+        "fi\n"
+        f"interval=$(grep -o '\"interval\": [0-9]*' {status} 2>/dev/null | grep -o '[0-9]*$')\n"
+        f'if [ "$4" = ended ] && [ -n "$interval" ] && [ "$age" -lt $(({TICKS_AWAY} * interval)) ]; then\n'
+        "    exit 0 # the service ticks (its interval in whole seconds): it queues the next segment\n"
         "fi\n"
         f'exec {shlex.quote(sys.executable)} -I -c {shlex.quote(code)} {shlex.quote(root)} "$@"\n'
     )
