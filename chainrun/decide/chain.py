@@ -107,14 +107,16 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
 
 def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
     adopted = _adopt_carried(chain, facts)
-    if adopted:
-        return adopted  # judged from next tick on, in order, as if the service had queued them
+    if adopted and not chain.cancel_requested:
+        return [*adopted]  # judged from next tick on, in order, as if the service had queued them
     spec = chain.spec
     live = sorted(chain.live, key=lambda s: s.n)
     current = facts.progress if facts.progress is not None else chain.progress
     mark = chain.progress
     if chain.cancel_requested:
-        return _finish(facts, live, ChainState.CANCELLED, "cancelled by user", current, mark, now)
+        cancels = [Cancel(n=a.n, job_id=a.job_id, reason="chain cancelled") for a in adopted]
+        finish = _finish(facts, live, ChainState.CANCELLED, "cancelled by user", current, mark, now)
+        return [*adopted, *cancels, *finish]
     rejected = next((s for s in chain.segments if s.outcome is Outcome.REJECTED), None)
     if rejected is not None:
         return _finish(facts, live, ChainState.FAILED, rejected.reason, current, mark, now)
@@ -527,13 +529,13 @@ def _job_of(seg: Segment, facts: Facts) -> Optional[str]:
     return (carried.job_id if carried is not None else "") or facts.found.get(seg.n)
 
 
-def _adopt_carried(chain: Chain, facts: Facts) -> list[Action]:
+def _adopt_carried(chain: Chain, facts: Facts) -> list[Adopt]:
     """The segments that queued each other while the service was away, from the next one
     on: recorded first, so that the store holds every job of the chain before any of them
     is judged, and before the chain ends (cancelling those still queued). One whose
     submission never answered, and that no listing shows, is left to the usual submission
     (the local runner's submit by name, or a second job of one segment, removed)."""
-    actions: list[Action] = []
+    actions: list[Adopt] = []
     n = chain.next_n
     while n in facts.carried:
         carried = facts.carried[n]
