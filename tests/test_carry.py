@@ -348,3 +348,27 @@ def test_with_self_queue_false_the_chain_waits_for_the_service_as_before(
     assert carried(work, chain_id) == 0 and not (run_dir(work, chain_id) / "carry").exists()
     proc.send_signal(signal.SIGCONT)
     chainrun("cancel", chain_id, check=True)
+
+
+@pytest.mark.slow
+def test_a_cancel_while_the_service_is_gone_ends_the_segments_it_queued_too(
+    work: Path, chainrun: CLI, service: Service
+) -> None:
+    """The service killed, a segment queues the next itself; `chainrun cancel` (no service: it
+    ticks alone) adopts and cancels it with the rest, and nothing of the chain runs on."""
+    local = test_contract.CLUSTERS["local"]
+    path = write_job(work, local, "python3 trainer.py --exclusive --epochs 1000 --epoch-time 1")
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    proc = service(interval=0.5)
+    wait_for(
+        lambda: sum(1 for s in status(chainrun, chain_id)["segments"] if s["job_id"]) >= 2, 60, "a successor"
+    )
+    proc.kill()
+    proc.wait()
+    wait_for(lambda: carried(work, chain_id) >= 1, 120, "a segment to queue the next itself")
+    wait_for(lambda: "job=" in next(run_dir(work, chain_id).glob("seg-*.queued")).read_text(), 30, "its job")
+    chainrun("cancel", chain_id, check=True)
+    st = status(chainrun, chain_id)
+    assert st["state"] == "cancelled" and all(s["phase"] == "ended" for s in st["segments"]), st["segments"]
+    assert len(st["segments"]) >= 3, st["segments"]
+    wait_for(lambda: gone(local, chain_id), 60, "the chain's jobs to end")
