@@ -122,7 +122,7 @@ def check(ctx: click.Context, jobfile_path: str, show_script: bool) -> None:
     """
     from chainrun import control, jobfile, plan, sweep
 
-    spec = jobfile.load(jobfile_path)
+    spec = plan.probe_nodes(jobfile.load(jobfile_path))
     chains = sweep.expand(spec)
     script, argv = plan.preflight(chains[0])
     with _store(ctx, readonly=True) as store:

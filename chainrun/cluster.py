@@ -16,7 +16,7 @@ from typing import Callable, Optional, TypeVar
 
 from chainrun import rundir
 from chainrun.model import CommandResult, JobSpec, ListedJob
-from chainrun.schedulers.base import ArrayScheduler, Scheduler, parse_cancel
+from chainrun.schedulers.base import ArrayScheduler, NodeSubmitProbe, Scheduler, parse_cancel
 from chainrun.schedulers.script import render_script
 from chainrun.schedulers.segment import SegmentJob
 from chainrun.transport import Transport
@@ -91,6 +91,16 @@ class Cluster:
         if argv is None:
             return None
         return self.call(argv, self.scheduler.parse_accounting, POLL_TIMEOUT)
+
+    def nodes_cannot_submit(self, queue: Optional[str]) -> str:
+        """Why this cluster's compute nodes cannot submit jobs (to ``queue``), from its
+        configuration; "" when they can, or when the backend cannot tell."""
+        if not isinstance(self.scheduler, NodeSubmitProbe):
+            return ""
+        results = [
+            self.call(argv, lambda r: r, POLL_TIMEOUT) for argv in self.scheduler.node_submit_argvs(queue)
+        ]
+        return self.scheduler.parse_node_submit(results)
 
     def explain(self, job_id: str) -> str:
         """The scheduler's own words for why a job is held in an error state; "" if none."""

@@ -25,7 +25,7 @@ from chainrun.errors import ChainrunError, TransportError, UsageError
 from chainrun.lock import lock_for
 from chainrun.model import NO_PROGRESS, Chain, JobSpec, Progress
 from chainrun.notify import Hooks, Notifier
-from chainrun.plan import preflight
+from chainrun.plan import preflight, probe_nodes
 from chainrun.service import NOTIFY_WAIT
 from chainrun.store import Store
 from chainrun.transport import Transport, transport_for
@@ -66,6 +66,9 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     pins: list[Optional[snapshot.Snapshot]] = []
     for spec in specs:
         preflight(spec)
+        spec = probe_nodes(spec)
+        if spec.nodes_cannot_submit:
+            _note(f"{spec.name}: {spec.nodes_cannot_submit}: no segment queues its successor itself")
         transport = transport_for(spec.scheduler.first_host)
         try:
             jobfile.container_where_it_runs(spec)

@@ -1,6 +1,7 @@
 """The heartbeat file (``service.status`` in the state directory): the running service's pid,
-the time of its last tick and its one-line status, written after every tick and read by
-``chainrun status`` (which need not import the service for it). A service that stops leaves
+the time of its last tick, its tick interval and its one-line status, written after every
+tick and read by ``chainrun status`` (which need not import the service for it) and by a
+segment that would carry the chain while the service is away (``chainrun.carry``). A service that stops leaves
 the time of its last tick (and no pid): what ``status`` shows is as of then.
 """
 
@@ -15,11 +16,14 @@ from typing import Any, Optional
 STATUS_FILE = "service.status"
 
 
-def write(home: Path, status: str) -> None:
-    """Say, atomically, that this process ticked now, and how it went; OSError if it cannot."""
+def write(home: Path, status: str, interval: float) -> None:
+    """Say, atomically, that this process ticked now (and ticks every ``interval`` seconds),
+    and how it went; OSError if it cannot."""
     path = Path(home) / STATUS_FILE
     tmp = path.with_name(f".{STATUS_FILE}.tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "at": time.time(), "status": status}))
+    tmp.write_text(
+        json.dumps({"pid": os.getpid(), "at": time.time(), "status": status, "interval": interval})
+    )
     os.replace(tmp, path)
 
 

@@ -301,13 +301,26 @@ def _below(root: int, processes: dict[int, tuple[int, int, str]]) -> set[int]:
     return found
 
 
-def _kill_job(job: subprocess.Popen[bytes]) -> None:
+def _supervisors(root: Path) -> set[int]:
+    """The supervisors of the jobs queued here: one that a job submitted (its successor,
+    queued while the service is away) is the scheduler's, never part of that job."""
+    found = set()
+    for jobdir in (root / "jobs").iterdir() if (root / "jobs").exists() else []:
+        pid = _pid(jobdir / "supervisor.pid")
+        if pid is not None and not (jobdir / "end.json").exists():
+            found.add(pid)
+    return found
+
+
+def _kill_job(job: subprocess.Popen[bytes], root: Path) -> None:
     """SIGKILL all the job started: its session, and what it orphaned in any session, which
-    the supervisor (a subreaper) inherits; then wait, up to KILL_WAIT, until they are gone,
-    reaping the orphans. The job's own exit status is left for ``job.poll`` to collect."""
+    the supervisor (a subreaper) inherits, other jobs' supervisors aside; then wait, up to
+    KILL_WAIT, until they are gone, reaping the orphans. The job's own exit status is left
+    for ``job.poll`` to collect."""
     me = os.getpid()
     processes = _processes()
     killed = {pid for pid, (_, sid, _) in processes.items() if sid == job.pid} | _below(me, processes)
+    killed -= _supervisors(root)
     for pid in killed:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
@@ -426,12 +439,12 @@ def supervise(jobdir: Path) -> int:
                 why, term_at = "timeout", now
                 proc.send_signal(signal.SIGTERM)
             if term_at is not None and now >= term_at + KILL_WAIT:
-                _kill_job(proc)
+                _kill_job(proc, root)
             records.flush()
             time.sleep(TICK)
     finally:
         # Like a scheduler: nothing outlives the job, nor a supervisor that failed.
-        _kill_job(proc)
+        _kill_job(proc, root)
     rc = proc.returncode
     outcome = why or ("completed" if rc == 0 else "failed")
     end = {"outcome": outcome, "exit_code": rc, "started_at": started, "ended_at": time.time()}

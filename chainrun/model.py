@@ -190,6 +190,16 @@ class JobSpec:
     max_concurrent: Optional[int] = None  # [sweep]: at most this many of its chains under way at once
     # A sweep chain's CHAINRUN_SEED, set by ``sweep.expand``; None: one from the chain id.
     seed: Optional[int] = None
+    # While the service is away, a segment queues its own successor (``decide.carry``),
+    # unless the job file says self_queue = false, or the probe at submit found that the
+    # cluster's nodes cannot submit (why, in words).
+    self_queue: bool = True
+    nodes_cannot_submit: str = ""
+
+    @property
+    def max_segments(self) -> int:
+        """Segments the time budget allows if every one uses its whole walltime."""
+        return -(-self.total_time // self.walltime)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -409,7 +419,7 @@ class Chain:
     @property
     def max_segments(self) -> int:
         """Segments the time budget allows if every one uses its whole walltime."""
-        return -(-self.spec.total_time // self.spec.walltime)
+        return self.spec.max_segments
 
 
 @dataclass(frozen=True)
@@ -445,11 +455,24 @@ class Submit:
 @dataclass(frozen=True)
 class Adopt:
     """Record ``job_id`` as segment ``n``'s job: a submission that answered, or one an
-    interrupted service left behind."""
+    interrupted service left behind. With ``walltime``, a segment not yet in the store: one
+    that the segment before it queued while the service was away (``Carried``)."""
 
     n: int
     job_id: str
     how: str
+    walltime: Optional[int] = None
+    after: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Carried:
+    """A successor that a segment queued itself while the service was away, as its claim
+    (``seg-NNNN.queued``, written before the submission) says."""
+
+    job_id: str  # "" while its submission has not answered (or never did)
+    walltime: int
+    after: str  # the job of the segment that queued it
 
 
 @dataclass(frozen=True)

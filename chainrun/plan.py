@@ -12,9 +12,12 @@ import os
 import posixpath
 import shlex
 from collections.abc import Sequence
+from dataclasses import replace
 
 from chainrun import rundir, snapshot
-from chainrun.errors import JobFileError, SchedulerError
+from chainrun.cluster import Cluster
+from chainrun.decide.carry import applies, away_bound, off_because
+from chainrun.errors import JobFileError, SchedulerError, TransportError
 from chainrun.fields import format_duration
 from chainrun.model import JobSpec, new_chain_id
 from chainrun.schedulers import scheduler_for
@@ -41,6 +44,21 @@ def preflight(spec: JobSpec) -> tuple[str, list[str]]:
     if not spec.scheduler.remote:
         rundir.trust_run_dir(LocalTransport(), spec, None, create=False)
     return script, argv
+
+
+def probe_nodes(spec: JobSpec) -> JobSpec:
+    """For a chain whose segments may queue their successors while the service is away,
+    ask the cluster's configuration whether its compute nodes may submit jobs at all (at
+    check and submit); where they may not, the spec says why and the chain waits for the
+    service as before. Where it cannot be told, a segment's own submission finds out."""
+    if not applies(spec):
+        return spec
+    cluster = Cluster(scheduler_for(spec.scheduler.kind, None), LocalTransport())
+    try:
+        why = cluster.nodes_cannot_submit(spec.scheduler.queue)
+    except (TransportError, SchedulerError):
+        return spec
+    return replace(spec, nodes_cannot_submit=why) if why else spec
 
 
 def summary(path: str, spec: JobSpec, chains: Sequence[JobSpec]) -> list[str]:
@@ -134,6 +152,7 @@ def _plan(spec: JobSpec) -> list[tuple[str, str]]:
         ("signal", f"SIG{spec.signal} {format_duration(spec.grace)} before each walltime"),
         ("environment", _environment(spec)),
         ("progress", _progress_source(spec)),
+        ("away", _away(spec)),
     ]
     if spec.container:
         gpus = ", with the GPUs" if spec.container_gpus else ""
@@ -147,6 +166,15 @@ def _plan(spec: JobSpec) -> list[tuple[str, str]]:
     if spec.snapshot:
         plan.append(("code", f"a git snapshot of {snapshot.source_dir(spec)}'s repository, taken at submit"))
     return plan
+
+
+def _away(spec: JobSpec) -> str:
+    """What happens while the service is away, beyond the successor queued ahead."""
+    off = off_because(spec)
+    if off:
+        return f"after one walltime the chain waits for the service (self-queueing off: {off})"
+    bound = format_duration(int(away_bound(spec, None)))
+    return f"a running segment queues the next itself once the service is silent for {bound} (self_queue)"
 
 
 def _within(workdir: str, path: str) -> str:

@@ -86,6 +86,7 @@ TOP_KEYS = (
     "snapshot",
     "sweep",
     "tensorboard_dir",
+    "self_queue",
 )
 SCHEDULER_KEYS = ("kind", "host", "queue", "options", "hosts", "slots", "gpus_per_slot")
 MAX_HOSTS = 1000  # hosts in a pool
@@ -206,6 +207,12 @@ def parse(
     f.checked("on_end", on_end, lambda c: c.strip(), "must be a non-empty command")
     webhook = f.get("webhook", str, "an http:// or https:// URL", max_bytes=MAX_URL_BYTES)
     f.checked("webhook", webhook, web_url, "must be an http:// or https:// URL with a valid host")
+    self_queue = f.get(
+        "self_queue",
+        bool,
+        "true (segments queue their successor while the service is away) or false",
+        default=True,
+    )
 
     return JobSpec(
         name=name,
@@ -236,6 +243,7 @@ def parse(
         on_end=on_end,
         webhook=webhook,
         source=path,
+        self_queue=self_queue,
     )
 
 

@@ -360,7 +360,7 @@ class Service:
 
     def _write_status(self) -> None:
         try:
-            heartbeat.write(self.home, self.status_line)
+            heartbeat.write(self.home, self.status_line, self.interval)
         except OSError as exc:
             if not self._status_failed:  # once until it works again: a full disk fails every tick
                 path = str(self.home / heartbeat.STATUS_FILE)

@@ -49,6 +49,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.sdnotify",
         "chainrun.config",
         "chainrun.notify",
+        "chainrun.carry",
     ),
     "face": (
         "chainrun",  # the package itself: the Python API, loaded on first use

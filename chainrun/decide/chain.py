@@ -25,6 +25,7 @@ from chainrun.model import (
     Action,
     Adopt,
     Cancel,
+    Carried,
     Chain,
     ChainState,
     EndMarker,
@@ -74,6 +75,8 @@ class Facts:
     tagged: Mapping[int, tuple[ListedJob, ...]] = field(default_factory=dict)
     # Job ids the start markers of segments being submitted name.
     found: Mapping[int, str] = field(default_factory=dict)
+    # By N: segments that the segment before them queued while the service was away.
+    carried: Mapping[int, Carried] = field(default_factory=dict)
     progress: Optional[Progress] = NO_PROGRESS  # the checkpoint now; None: unreadable
     # False for a sweep's chain not under way yet while max_concurrent of its chains are.
     may_start: bool = True
@@ -104,12 +107,17 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
 
 
 def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
+    adopted = _adopt_carried(chain, facts)
+    if adopted and not chain.cancel_requested:
+        return [*adopted]  # judged from next tick on, in order, as if the service had queued them
     spec = chain.spec
     live = sorted(chain.live, key=lambda s: s.n)
     current = facts.progress if facts.progress is not None else chain.progress
     mark = chain.progress
     if chain.cancel_requested:
-        return _finish(facts, live, ChainState.CANCELLED, "cancelled by user", current, mark, now)
+        cancels = [Cancel(n=a.n, job_id=a.job_id, reason="chain cancelled") for a in adopted]
+        finish = _finish(facts, live, ChainState.CANCELLED, "cancelled by user", current, mark, now)
+        return [*adopted, *cancels, *finish]
     rejected = next((s for s in chain.segments if s.outcome is Outcome.REJECTED), None)
     if rejected is not None:
         return _finish(facts, live, ChainState.FAILED, rejected.reason, current, mark, now)
@@ -228,7 +236,7 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
     if not chain.segments and not facts.may_start:
         return actions  # it starts when one of its sweep's chains ends
     if not still:
-        walltime = _walltime(spec, left)
+        walltime = next_walltime(spec, left)
         if walltime is None:
             short = ""
             if left >= 1:
@@ -403,6 +411,21 @@ def _stopped(
     )
 
 
+def charge_by_markers(job: JobFacts, mark: Progress) -> Optional[tuple[bool, Progress, float]]:
+    """What a segment that ended as its markers alone say costs, as ``decide`` charges it:
+    whether it is charged, the checkpoint it left and the time it ran (its end minus its
+    start); None while it has no end marker."""
+    ending = _ending(job) if job.end is not None else None
+    if ending is None or job.end is None:
+        return None
+    end = job.end.progress if job.end.progress is not None else mark
+    start = job.start.progress if job.start is not None and job.start.progress is not None else mark
+    charged, _ = _charge(ending, end.advanced_from(start), False, job.end.skipped)
+    began = job.start.at if job.start is not None else None
+    elapsed = max(0.0, job.end.at - began) if job.end.at is not None and began is not None else 0.0
+    return charged, end if end.key > mark.key else mark, elapsed
+
+
 def _charge(ending: _Ending, advanced: bool, finished: bool, goal_met: bool) -> tuple[bool, str]:
     """Whether a segment's end costs failure budget, and the words for it."""
     outcome = ending.outcome
@@ -528,7 +551,28 @@ def _job_of(seg: Segment, facts: Facts) -> Optional[str]:
     pick = running or sorted(tagged, key=lambda j: (j.ended_at or 0.0, j.job_id))[-1:]
     if pick:
         return pick[0].job_id
-    return facts.found.get(seg.n)
+    carried = facts.carried.get(seg.n)
+    return (carried.job_id if carried is not None else "") or facts.found.get(seg.n)
+
+
+def _adopt_carried(chain: Chain, facts: Facts) -> list[Adopt]:
+    """The segments that queued each other while the service was away, from the next one
+    on: recorded first, so that the store holds every job of the chain before any of them
+    is judged, and before the chain ends (cancelling those still queued). One whose
+    submission never answered, and that no listing shows, is left to the usual submission
+    (the local runner's submit by name, or a second job of one segment, removed)."""
+    actions: list[Adopt] = []
+    n = chain.next_n
+    while n in facts.carried:
+        carried = facts.carried[n]
+        tagged = facts.tagged.get(n, ())
+        job_id = carried.job_id or (tagged[0].job_id if tagged else "")
+        if not job_id:
+            break
+        how = f"queued by segment {n - 1} while the service was away"
+        actions.append(Adopt(n=n, job_id=job_id, how=how, walltime=carried.walltime, after=carried.after))
+        n += 1
+    return actions
 
 
 def _extras(seg: Segment, facts: Facts) -> list[ListedJob]:
@@ -592,13 +636,13 @@ def _queue_ahead(
         # One more failure (or the same crash again) ends the chain: a successor queued
         # now could start and burn an allocation before the service sees that failure.
         return []
-    walltime = _walltime(spec, left - current.walltime)
+    walltime = next_walltime(spec, left - current.walltime)
     if walltime is None:
         return []  # decided once the current segment has ended and its time is known
     return [Submit(n=chain.next_n, walltime=walltime, after=current.job_id)]
 
 
-def _walltime(spec: JobSpec, left: float) -> Optional[int]:
+def next_walltime(spec: JobSpec, left: float) -> Optional[int]:
     """The walltime of a new segment when ``left`` seconds of total_time remain: the job
     file's, or what remains; None when that leaves under ``MIN_START`` after the grace, too
     short to start the command and save (a segment signalled as it starts dies unsaved)."""

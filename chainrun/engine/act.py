@@ -2,7 +2,8 @@
 
 A ``Finish`` first writes the final marker (a successor that starts anyway exits at
 once); cancels go out in one command; a submission is journaled (the one write before the
-tick's record), then made. A pool's new segment goes to a host with a free slot
+tick's record), then made, with what its segment needs to carry the chain while the
+service is away (``carry.leave_record``). A pool's new segment goes to a host with a free slot
 (``placement.place``) or waits unsubmitted, saying why (``placement.waiting_change``).
 On a backend with job arrays, the first segments of a sweep's chains go out together after
 the cluster's chains have acted (``submit_arrays``): one array job per set of chains whose
@@ -17,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from chainrun import rundir
+from chainrun import carry, rundir
 from chainrun.decide import placement
 from chainrun.decide.retry import after_submit, array_refused
 from chainrun.engine.observe import Key, Polled
@@ -144,6 +145,7 @@ class Executor:
         job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime, sub.after)
         try:
             rundir.trust_run_dir(polled.cluster.transport, chain.spec, chain.id, ran_there=chain.ran_on(host))
+            carry.leave_record(polled.cluster.transport, chain, self.store.home)
             job_id = polled.cluster.submit(job)
         except (TransportError, SchedulerError, UnsafePathError) as exc:
             return after_submit(sub.n, attempts, exc, now)
@@ -212,6 +214,7 @@ class Executor:
             job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime)
             try:
                 rundir.trust_run_dir(cluster.transport, chain.spec, chain.id)
+                carry.leave_record(cluster.transport, chain, self.store.home)
                 cluster.write_script(job)
             except (TransportError, SchedulerError, UnsafePathError) as exc:
                 outcome.append((step, after_submit(sub.n, attempts, exc, now)))  # that chain's alone

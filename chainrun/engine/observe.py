@@ -15,13 +15,14 @@ from dataclasses import dataclass, replace
 
 from chainrun.cluster import Cluster
 from chainrun.decide import Facts, JobFacts
+from chainrun.decide.carry import applies
 from chainrun.decide.retry import accounting_again, accounting_due
 from chainrun.errors import SchedulerError, TransportError
 from chainrun.logs import get_logger
 from chainrun.markers import MarkerReader
-from chainrun.model import Chain, ListedJob, Phase
+from chainrun.model import Carried, Chain, ListedJob, Phase
 from chainrun.progress import ProgressReader
-from chainrun.schedulers.segment import ARRAY_PREFIX, parse_tag
+from chainrun.schedulers.segment import ARRAY_PREFIX, SegmentJob, parse_claim, parse_tag
 
 log = get_logger(__name__)
 
@@ -58,6 +59,29 @@ def poll(key: Key, cluster: Cluster) -> Polled:
             found = tagged[chain_id]
             found[n] = (*found.get(n, ()), job)
     return Polled(key, cluster, jobs, tagged, tasks)
+
+
+def _carried(polled: Polled, chain: Chain) -> dict[int, Carried]:
+    """The successors that segments queued themselves while the service was away, by their
+    claims, from the chain's newest segment on (itself, when it was never submitted). Looked
+    for unless that segment waits in the queue, which is the usual case (a successor
+    queued ahead): no segment after it can have run yet."""
+    last = max(chain.segments, key=lambda s: s.n, default=None)
+    if last is None or not applies(chain.spec):
+        return {}
+    if last.job_id is not None:
+        listed = polled.jobs.get(last.job_id)
+        if listed is not None and listed.phase is Phase.PENDING:
+            return {}
+    found: dict[int, Carried] = {}
+    n = last.n if last.job_id is None else last.n + 1
+    while True:
+        data = polled.cluster.transport.read_file(SegmentJob(chain.id, n, chain.spec, 0).claim_path)
+        claim = parse_claim(data) if data is not None else None
+        if claim is None:
+            return found
+        found[n] = claim
+        n += 1
 
 
 class Observer:
@@ -110,6 +134,7 @@ class Observer:
             jobs=jobs,
             tagged=tagged,
             found=found,
+            carried=_carried(polled, chain),
             progress=self.progress.progress(transport, chain.spec),
         )
 

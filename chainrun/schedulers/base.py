@@ -99,6 +99,19 @@ class ArrayScheduler(Scheduler, Protocol):
         """The index of a task in the listing, or None if ``job_id`` is no array task."""
 
 
+@runtime_checkable
+class NodeSubmitProbe(Protocol):
+    """An optional capability: a backend that can tell from its configuration whether its
+    compute nodes may submit jobs (which a segment needs to queue its own successor while the
+    service is away). A backend without it is taken to allow it (the local runner does)."""
+
+    def node_submit_argvs(self, queue: Optional[str]) -> list[list[str]]:
+        """The commands whose answers tell, for jobs sent to ``queue`` (None: the default)."""
+
+    def parse_node_submit(self, results: Sequence[CommandResult]) -> str:
+        """Why the nodes cannot submit, in a line; "" when they can or it cannot be told."""
+
+
 def command_error(
     tool: str, result: CommandResult, transient: re.Pattern[str], missing: str
 ) -> SchedulerError:

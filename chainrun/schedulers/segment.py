@@ -6,10 +6,12 @@ next to the training that holds its script, log and markers. The wrapper every
 backend runs (``segment.sh``, rendered by ``script``) leaves markers:
 ``seg-NNNN.start`` and ``seg-NNNN.end``, each with the checkpoint as the
 segment found and left it, read here into the model's ``StartMarker`` and
-``EndMarker``; and ``final``, written when the chain ends so that a successor
-that starts anyway exits at once. A sweep's first segments may share one array
-job: its tasks run those same segment scripts, under the array's name
-``cr@CHAIN``.
+``EndMarker``; ``final``, written when the chain ends so that a successor
+that starts anyway exits at once; and ``seg-NNNN.queued``, the claim of a
+successor that the segment before it queued while the service was away
+(``Carried``), beside ``carry.json``, what the service last recorded. A sweep's
+first segments may share one array job: its tasks run those same segment
+scripts, under the array's name ``cr@CHAIN``.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import posixpath
 from dataclasses import dataclass
 from typing import Optional
 
-from chainrun.model import EndMarker, JobSpec, Progress, StartMarker
+from chainrun.model import Carried, EndMarker, JobSpec, Progress, StartMarker
 from chainrun.sweep import param_text
 
 RUN_DIR_NAME = ".chainrun"
 FINAL_NAME = "final"
+CARRY_NAME = "carry.json"  # what the service last recorded of the chain, for chainrun.carry
+CLAIM_SUFFIX = ".queued"
 CODE_DIR = "code"  # in RUN_DIR_NAME: the code snapshots (snapshot = "git"), one per commit
 TAG_PREFIX = "cr."
 
@@ -58,6 +62,11 @@ class SegmentJob:
     @property
     def log_path(self) -> str:
         return self.stem + ".log"
+
+    @property
+    def claim_path(self) -> str:
+        """Made (exclusively) by the segment before this one when it queues this one itself."""
+        return self.stem + CLAIM_SUFFIX
 
 
 def tag_for(chain_id: str, n: int) -> str:
@@ -149,6 +158,26 @@ def _snapshot(fields: dict[str, str]) -> Optional[Progress]:
         step=None if step is None else int(step),
         saved_at=saved if epoch is not None or saved is not None else mtime,
         done=fields.get("ckpt_done") == "true",
+    )
+
+
+def claim_text(walltime: int, after: str) -> bytes:
+    """A claim as made, before the submission; ``claim_job`` adds the job once it answered."""
+    return f"walltime={walltime}\nafter={after}\n".encode()
+
+
+def claim_job(job_id: str) -> bytes:
+    return f"job={job_id}\n".encode()
+
+
+def parse_claim(data: bytes) -> Optional[Carried]:
+    """A successor's claim; None while it is not whole."""
+    fields = _fields(data)
+    walltime = _number(fields.get("walltime"), int)
+    if walltime is None or "after" not in fields:
+        return None
+    return Carried(
+        job_id=fields.get("job", "").strip(), walltime=int(walltime), after=fields["after"].strip()
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import ClassVar, Optional
 
@@ -205,6 +206,19 @@ class SgeScheduler:
 
     def explain_argv(self, job_id: str) -> Optional[list[str]]:
         return ["qstat", "-j", job_id]
+
+    def node_submit_argvs(self, queue: Optional[str]) -> list[list[str]]:
+        return [["qconf", "-ss"], ["qconf", "-sel"]]
+
+    def parse_node_submit(self, results: Sequence[CommandResult]) -> str:
+        """Only submit hosts (``qconf -ss``) may qsub: every execution host must be one."""
+        if len(results) != 2 or not all(r.ok for r in results):
+            return ""
+        submit, execution = ({h.split(".")[0] for h in r.stdout.split()} for r in results)
+        missing = sorted(execution - submit)
+        if not missing:
+            return ""
+        return f"execution hosts {', '.join(missing)} are no submit hosts (qconf -ss)"
 
     def parse_explain(self, result: CommandResult) -> str:
         # "error reason    1:      11/25/2026 22:15:11 [0:2863]: error: can't chdir to ..."

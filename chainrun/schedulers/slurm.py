@@ -74,6 +74,42 @@ def slurm_time(seconds: int) -> str:
     return f"{days}-{rest // 60:02d}:{rest % 60:02d}:00"
 
 
+def _words(line: str) -> list[tuple[str, str]]:
+    """``Key=Value`` words of an ``scontrol --oneliner`` line."""
+    return [tuple(w.split("=", 1)) for w in line.split() if "=" in w]  # type: ignore[misc]
+
+
+def hostlist(text: str) -> Optional[set[str]]:
+    """The hosts of a Slurm hostlist (``vm``, ``node[01-03,7],login1``); None for one this
+    cannot read."""
+    items, depth, word = [], 0, ""
+    for ch in text:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            items.append(word)
+            word = ""
+        else:
+            word += ch
+    items.append(word)
+    hosts: set[str] = set()
+    for item in filter(None, items):
+        match = re.fullmatch(r"([^\[\]]*)\[([0-9,-]+)\]([^\[\]]*)", item)
+        if match is None:
+            if "[" in item or "]" in item:
+                return None
+            hosts.add(item)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for part in ranges.split(","):
+            first, _, last = part.partition("-")
+            if not first.isdigit() or (last and not last.isdigit()):
+                return None
+            hosts.update(
+                f"{prefix}{i:0{len(first)}d}{suffix}" for i in range(int(first), int(last or first) + 1)
+            )
+    return hosts
+
+
 def _stamp(text: str) -> Optional[float]:
     """A time printed under SLURM_TIME_FORMAT=%s; "N/A", "NONE", "Unknown" are no time."""
     return float(text) if text.strip().isdigit() else None
@@ -264,3 +300,23 @@ class SlurmScheduler:
 
     def parse_explain(self, result: CommandResult) -> str:
         return ""
+
+    def node_submit_argvs(self, queue: Optional[str]) -> list[list[str]]:
+        return [["scontrol", "show", "partition", "--oneliner", *([queue] if queue else [])]]
+
+    def parse_node_submit(self, results: Sequence[CommandResult]) -> str:
+        """A partition's ``AllocNodes`` lists the hosts jobs may be submitted to it from:
+        ALL, or hosts that must include the partition's own nodes."""
+        if len(results) != 1 or not results[0].ok:
+            return ""
+        lines = [dict(_words(line)) for line in results[0].stdout.splitlines() if "PartitionName=" in line]
+        part = lines[0] if len(lines) == 1 else next((p for p in lines if p.get("Default") == "YES"), None)
+        if part is None or part.get("AllocNodes", "ALL") == "ALL":
+            return ""
+        allowed, nodes = hostlist(part["AllocNodes"]), hostlist(part.get("Nodes", ""))
+        if allowed is None or nodes is None or nodes <= allowed:
+            return ""
+        return (
+            f"partition {part.get('PartitionName')} takes jobs from AllocNodes={part['AllocNodes']} "
+            f"only, not from its nodes {part.get('Nodes')}"
+        )

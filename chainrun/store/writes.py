@@ -154,6 +154,12 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
         elif action.missing_since is not None:
             event(db, chain_id, action.n, now, "missing", f"segment {action.n} {action.reason}")
     elif isinstance(action, Adopt):
+        if action.walltime is not None:  # queued by the segment before it: not journaled here
+            db.execute(
+                "INSERT OR IGNORE INTO segments (chain_id, n, walltime, phase, after, submitted_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (*seg, action.walltime, Phase.PENDING.value, action.after, now),
+            )
         db.execute(
             "UPDATE segments SET job_id = ?, phase = CASE WHEN phase = ? THEN ? ELSE phase END, "
             "retry_at = NULL, missing_since = NULL WHERE chain_id = ? AND n = ?",

@@ -136,6 +136,26 @@ command_pids() {
         done
     done
 }
+# While the service is away the segment queues its own successor: the launcher the service
+# leaves in the run directory when the chain may carry itself (chainrun.carry) says, now and
+# then while the command runs and when it has ended, and prints when to ask again.
+carrier=""
+carry_once() { # running|ended
+    "$CHAINRUN_RUN_DIR/carry" "$CHAINRUN_RUN_DIR" 3 "$job" "$1" </dev/null || true
+}
+carry_on() { # running|ended: asks until told not to ask again
+    [ -x "$CHAINRUN_RUN_DIR/carry" ] || return 0
+    local again
+    again=$(carry_once "$1")
+    while [ -n "$again" ] && [ "$again" -gt 0 ] 2>/dev/null; do
+        while [ "$again" -gt 0 ]; do
+            sleep 1
+            kill -0 "$$" 2>/dev/null || return 0
+            again=$((again - 1))
+        done
+        again=$(carry_once "$1")
+    done
+}
 trap 'forward USR1' USR1
 trap 'forward USR2' USR2
 trap 'forward TERM' TERM
@@ -278,6 +298,11 @@ set +m
 if [ -n "$got" ]; then forward "$got"; fi # it came before the command
 # A scheduler that sends no warning before its walltime kill (SGE) gets ours.
 if [ -n "" ]; then start_timer; fi
+(
+    trap '' USR1 USR2 ALRM # the walltime signal is the command's
+    carry_on running
+) &
+carrier=$!
 while :; do
     wait "$child"
     kill -0 "$child" 2>/dev/null || break
@@ -299,6 +324,7 @@ if [ -n "$left" ]; then
     done
 fi
 if [ -n "$timer" ]; then kill "$timer" 2>/dev/null || true; fi
+if [ -n "$carrier" ]; then kill "$carrier" 2>/dev/null || true; fi
 code=$rc
 # SGE reschedules a job that exits 99 and puts one that exits 100 in error
 # state: never pass those on by accident. The original is in the marker.
@@ -312,4 +338,5 @@ if [ -n "$preempted" ] && [ "$got" != TERM ]; then
     trap 'exit "$code"' TERM
     while [ "$(date +%s)" -lt "$CHAINRUN_DEADLINE" ]; do sleep 1; done
 fi
+carry_on ended # with this segment's end known (a preempted job never gets here)
 exit "$code"

@@ -1,0 +1,234 @@
+"""The chain carries itself while the service is away: ``python -m chainrun.carry``, which a
+segment's wrapper runs now and then while its command runs, and when it has ended.
+
+It reads what it can in the run directory (``carry.json``, what the service recorded when
+it last submitted; the markers of the segments since; the final marker; the checkpoint) and
+the service's heartbeat, asks ``decide.carry`` whether to queue the successor, and if so
+claims it (``seg-NNNN.queued``, made exclusively: never two successors of one segment),
+makes sure the scheduler lists no job under its tag, and submits it exactly as the service
+would, for the service to adopt when it returns. It prints the seconds until it wants to be
+asked again (nothing: never, for this segment); what it did, it says on stderr, in the
+segment's log. The service leaves ``carry.json`` and the ``carry`` launcher there
+(``leave_record``) when the chain may carry itself (``decide.carry.applies``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from chainrun import heartbeat, progress, rundir
+from chainrun.cluster import Cluster
+from chainrun.decide import JobFacts
+from chainrun.decide.carry import ASK_EVERY, TICKS_AWAY, Alone, Known, Verdict, applies, away_bound, carry
+from chainrun.errors import ChainrunError, SchedulerError
+from chainrun.model import NO_PROGRESS, Chain, JobSpec, Progress
+from chainrun.schedulers import scheduler_for
+from chainrun.schedulers.segment import (
+    CARRY_NAME,
+    FINAL_NAME,
+    SegmentJob,
+    claim_job,
+    claim_text,
+    parse_end_marker,
+    parse_start_marker,
+    parse_tag,
+    run_dir,
+)
+from chainrun.transport import LocalTransport, Transport
+
+LAUNCHER_NAME = "carry"  # in the run directory: runs this module with the service's interpreter
+# Never handed on to the successor's submission: the segment's own, set again by its wrapper.
+_JOB_ONLY = ("CHAINRUN_", "SLURM_", "SBATCH_")
+_KEPT = ("CHAINRUN_HOME", "SLURM_CONF")
+
+
+def leave_record(transport: Transport, chain: Chain, home: Path) -> None:
+    """Write what a segment needs to carry the chain alone (before each submission): the
+    chain as recorded now, and the launcher its wrapper looks for; nothing for a chain that
+    may not carry itself. Raises TransportError when it cannot be written."""
+    if not applies(chain.spec):
+        return
+    ended = [s for s in chain.segments if not s.phase.live]
+    record = {
+        "chain": chain.id,
+        "home": str(home),
+        "through": max((s.n for s in ended), default=0),
+        "failures": chain.failures,
+        "used": chain.used,
+        "mark": chain.progress.to_json(),
+        "spec": chain.spec.to_json(),
+    }
+    where = run_dir(chain.spec, chain.id)
+    # Written only when changed: most submissions find both as they left them (a sweep's
+    # first segments, a successor queued ahead before anything ended), and a write syncs.
+    record_path, launcher_path = posixpath.join(where, CARRY_NAME), posixpath.join(where, LAUNCHER_NAME)
+    data = json.dumps(record).encode()
+    if transport.read_file(record_path) != data:
+        transport.write_file(record_path, data)
+    launcher = _launcher(chain.spec, home)
+    if transport.read_file(launcher_path) != launcher.encode():
+        rundir.write_script(transport, launcher_path, launcher)
+
+
+def _launcher(spec: JobSpec, home: Path) -> str:
+    """The wrapper's way in. What ``decide.carry`` would answer from the heartbeat's age alone
+    is answered here, with no interpreter started (as most questions are): a running
+    segment asks again while the heartbeat is younger than the bound (at its smallest: the
+    service's interval may make it longer); an ended one leaves it to a service that ticks.
+    Else it runs ``main`` with the service's interpreter and chainrun."""
+    bound = int(away_bound(spec, None))
+    status = shlex.quote(str(home / heartbeat.STATUS_FILE))
+    root = str(Path(__file__).resolve().parent.parent)
+    code = (
+        "import sys; sys.path.insert(0, sys.argv.pop(1)); from chainrun.carry import main; sys.exit(main())"
+    )
+    return (
+        "#!/bin/sh\n"
+        f"age=$(( $(date +%s) - $(stat -c %Y {status} 2>/dev/null || echo 0) ))\n"
+        f'if [ "$4" = running ] && [ "$age" -lt {bound} ]; then\n'
+        f"    wait=$(({bound} - age + 1)); [ $wait -gt {int(ASK_EVERY)} ] && wait={int(ASK_EVERY)}\n"
+        '    echo "$wait"; exit 0\n'
+        "fi\n"
+        f"interval=$(grep -o '\"interval\": [0-9]*' {status} 2>/dev/null | grep -o '[0-9]*$')\n"
+        f'if [ "$4" = ended ] && [ -n "$interval" ] && [ "$age" -lt $(({TICKS_AWAY} * interval)) ]; then\n'
+        "    exit 0 # the service ticks (its interval in whole seconds): it queues the next segment\n"
+        "fi\n"
+        f'exec {shlex.quote(sys.executable)} -I -c {shlex.quote(code)} {shlex.quote(root)} "$@"\n'
+    )
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``RUN_DIR N JOB running|ended``: ask once for segment N (job JOB) of the chain in
+    RUN_DIR, whose command runs or has ended; its walltime ends at $CHAINRUN_DEADLINE."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 4 or not args[1].isdigit():
+        print("usage: python -m chainrun.carry RUN_DIR SEGMENT JOB running|ended", file=sys.stderr)
+        return 2
+    where, n, job_id, ended = args[0], int(args[1]), args[2], args[3] == "ended"
+    deadline = os.environ.get("CHAINRUN_DEADLINE", "")
+    try:
+        again = ask(
+            LocalTransport(), where, n, job_id, time.time(), ended, float(deadline) if deadline else None
+        )
+    except (ChainrunError, OSError, ValueError, KeyError, TypeError) as exc:
+        say(n, f"cannot queue its successor ({exc}); the service queues it when it is back")
+        return 0
+    if again is not None:
+        print(f"{again:.0f}")
+    return 0
+
+
+def ask(
+    transport: Transport,
+    where: str,
+    n: int,
+    job_id: str,
+    now: float,
+    ended: bool = False,
+    deadline: Optional[float] = None,
+) -> Optional[float]:
+    """Ask ``decide.carry`` once for segment ``n``, and queue its successor if it says so;
+    when to ask again (None: never)."""
+    data = transport.read_file(posixpath.join(where, CARRY_NAME))
+    if data is None or not job_id:
+        return None
+    record: dict[str, Any] = json.loads(data)
+    spec = JobSpec.from_json(record["spec"])
+    chain_id = str(record["chain"])
+    home = Path(record["home"])
+    rundir.trust_run_dir(transport, spec, chain_id, create=False)
+    known = Known(
+        through=int(record["through"]),
+        failures=int(record["failures"]),
+        used=float(record["used"]),
+        mark=Progress.from_json(record["mark"]),
+    )
+    beat = heartbeat.read(home) or {}
+    alone = Alone(
+        spec=spec,
+        n=n,
+        job_id=job_id,
+        known=known,
+        since=[_markers(transport, spec, chain_id, m) for m in range(known.through + 1, n + 1)],
+        progress=progress.read(transport, spec) or NO_PROGRESS,
+        final=transport.stat(posixpath.join(where, FINAL_NAME)) is not None,
+        heard_at=_number(beat.get("at")),
+        interval=_number(beat.get("interval")),
+        deadline=deadline,
+        ended=ended,
+    )
+    verdict = carry(alone, now)
+    if verdict.submit is None:
+        if verdict.again is None:
+            say(n, f"will not queue segment {n + 1} itself: {verdict.reason}")
+        return verdict.again
+    return _queue(transport, home, spec, chain_id, verdict)
+
+
+def _queue(
+    transport: Transport, home: Path, spec: JobSpec, chain_id: str, verdict: Verdict
+) -> Optional[float]:
+    """Claim the successor, make sure no job has its tag, submit it; when to ask again."""
+    sub = verdict.submit
+    assert sub is not None
+    job = SegmentJob(chain_id, sub.n, spec, sub.walltime, sub.after)
+    _environment(home)
+    cluster = Cluster(scheduler_for(spec.scheduler.kind, None), transport)
+    queued = [j for j in cluster.poll().values() if parse_tag(j.name) == (chain_id, sub.n)]
+    if queued:
+        say(sub.n - 1, f"finds segment {sub.n} queued already as job {queued[0].job_id}")
+        return None
+    try:
+        fd = os.open(job.claim_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return None  # claimed already: the tag is the lock
+    with os.fdopen(fd, "wb") as claim:
+        claim.write(claim_text(sub.walltime, sub.after or ""))
+        claim.flush()
+        try:
+            job_id = cluster.submit(job)
+        except SchedulerError as exc:
+            os.unlink(job.claim_path)  # nothing was queued: free to try again
+            say(sub.n - 1, f"could not queue segment {sub.n}: {exc}")
+            return ASK_EVERY if exc.transient else None
+        claim.write(claim_job(job_id))
+    say(sub.n - 1, f"queued segment {sub.n} as job {job_id} after job {sub.after}: {verdict.reason}")
+    return None
+
+
+def _markers(transport: Transport, spec: JobSpec, chain_id: str, m: int) -> JobFacts:
+    stem = SegmentJob(chain_id, m, spec, 0).stem
+    start = transport.read_file(stem + ".start")
+    end = transport.read_file(stem + ".end")
+    return JobFacts(
+        start=parse_start_marker(start) if start is not None else None,
+        end=parse_end_marker(end) if end is not None else None,
+    )
+
+
+def _environment(home: Path) -> None:
+    """The submission's environment: the segment's own variables go (the successor's wrapper
+    sets its own); the local runner's state is the service's."""
+    for key in list(os.environ):
+        if key.startswith(_JOB_ONLY) and key not in _KEPT:
+            del os.environ[key]
+    os.environ["CHAINRUN_HOME"] = str(home)
+
+
+def _number(value: object) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def say(n: int, text: str) -> None:
+    print(f"chainrun: segment {n} {text}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

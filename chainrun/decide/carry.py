@@ -1,0 +1,176 @@
+"""What a segment may do alone while the service is away: queue its own successor.
+
+One successor is queued ahead, so the chain goes on through one walltime without the
+service. For longer, the running segment's wrapper asks ``carry`` (through ``chainrun.carry``)
+now and then, and once more when its command has ended: once the service has not been heard
+from for longer than ``away_bound``, and no successor of this segment is queued, it queues
+one, under the same tag as the service would, for the service to adopt when it returns
+(``chain._adopt_carried``). The rule is deliberately smaller than ``decide``'s: never past
+the target, the final marker, the time budget or the segment count; the failures the
+service recorded, plus those the markers of the segments since show (charged as ``decide``
+charges them, ``charge_by_markers``), plus the running segment's own should it fail, stay
+within ``max_failures``, as for a successor queued ahead. What it leaves out (a crash that
+repeats word for word, what accounting knows) ``decide`` applies when the service is back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+from chainrun.decide.chain import JobFacts, charge_by_markers, next_walltime
+from chainrun.fields import format_duration
+from chainrun.model import JobSpec, Progress, Submit
+
+AWAY_CAP = 300.0  # a few minutes: the longest the service may be silent before a segment acts
+TICKS_AWAY = 3  # ...and never less than this many of the service's ticks
+ASK_EVERY = 30.0  # the longest wait between two questions of a segment
+DEADLINE_MARGIN = 10.0  # an ended segment acts this long before its walltime ends, at the latest
+
+
+@dataclass(frozen=True)
+class Known:
+    """The chain as the service recorded it when it last submitted (the run directory's
+    ``carry.json``): segments up to ``through`` are judged there."""
+
+    through: int
+    failures: int
+    used: float
+    mark: Progress  # the progress when segment ``through`` ended
+
+
+@dataclass(frozen=True)
+class Alone:
+    """What a segment's wrapper can read in the run directory, for ``carry``."""
+
+    spec: JobSpec
+    n: int  # the asking segment
+    job_id: str  # its job: the successor's dependency
+    known: Known
+    # The markers of segments ``known.through + 1`` .. ``n``, in order (the asking one's end
+    # marker absent while its command runs).
+    since: Sequence[JobFacts]
+    progress: Progress  # the checkpoint now
+    final: bool  # the chain has ended (the final marker)
+    heard_at: Optional[float]  # the service's last tick (its heartbeat), None: never
+    interval: Optional[float] = None  # the service's tick interval, as its heartbeat says
+    deadline: Optional[float] = None  # when the asking segment's walltime ends
+    ended: bool = False  # the asking segment's command has ended (its end marker written)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``submit``: queue it now; else ask again in ``again`` seconds (None: never, for
+    this segment); ``reason`` in words either way."""
+
+    submit: Optional[Submit]
+    again: Optional[float]
+    reason: str
+
+
+def applies(spec: JobSpec) -> bool:
+    """Whether a chain's segments may queue their successors: not when the job file says
+    ``self_queue = false`` or the probe at submit found the nodes cannot submit, and not on
+    a cluster reached over SSH, where the service's heartbeat is not on the nodes' file system."""
+    return not off_because(spec)
+
+
+def off_because(spec: JobSpec) -> str:
+    """Why a chain's segments never queue their successors; "" when they may."""
+    if not spec.self_queue:
+        return "self_queue = false"
+    if spec.nodes_cannot_submit:
+        return f"the cluster's nodes cannot submit jobs: {spec.nodes_cannot_submit}"
+    if spec.scheduler.remote:
+        return "the service's heartbeat is on this machine, not on the cluster reached over SSH"
+    return ""
+
+
+def away_bound(spec: JobSpec, interval: Optional[float]) -> float:
+    """How long the service may be silent before a segment queues its own successor: the
+    smaller of a few minutes and half a walltime, and at least a few of its ticks."""
+    return max(min(AWAY_CAP, spec.walltime / 2), TICKS_AWAY * (interval or 0.0))
+
+
+def carry(alone: Alone, now: float) -> Verdict:
+    """Whether segment ``alone.n`` queues its successor now, and why (not)."""
+    spec = alone.spec
+    off = off_because(spec)
+    if off:
+        return Verdict(None, None, f"self-queueing is off ({off})")
+    if alone.final:
+        return Verdict(None, None, "the chain has ended")
+    waiting = _silence(alone, now)
+    if waiting is not None:
+        return waiting
+    silent = now - alone.heard_at if alone.heard_at is not None else math.inf
+    failures, used, mark = alone.known.failures, alone.known.used, alone.known.mark
+    running = not alone.ended  # then the asking segment may still fail, and use its walltime
+    for i, job in enumerate(alone.since):
+        judged = charge_by_markers(job, mark)
+        if judged is None and running and i == len(alone.since) - 1:
+            break  # the asking segment, still running
+        if judged is None:  # ended without a trace (a node lost, say): the worst
+            charged, elapsed = True, float(spec.walltime)
+        else:
+            charged, mark, elapsed = judged
+            if _finished(spec, job):
+                return Verdict(None, None, "the command finished on its own")
+        failures += charged
+        used += elapsed
+    if running:
+        used += spec.walltime
+    best = alone.progress if alone.progress.key > mark.key or alone.progress.done else mark
+    if best.done or (spec.target_epoch is not None and (best.epoch or 0) >= spec.target_epoch):
+        return Verdict(None, None, f"the goal is reached ({best.describe()})")
+    if failures + running > spec.max_failures:
+        return Verdict(
+            None,
+            None,
+            f"{failures} failures{' (and this segment may fail)' if running else ''}; "
+            f"max_failures = {spec.max_failures}: the service decides when it is back",
+        )
+    if alone.n + 1 > spec.max_segments:
+        return Verdict(None, None, f"segment {alone.n + 1} would pass the {spec.max_segments} segments")
+    walltime = next_walltime(spec, spec.total_time - used)
+    if walltime is None:
+        return Verdict(None, None, f"the time budget is spent ({format_duration(used)} used)")
+    heard = "never" if math.isinf(silent) else f"not for {format_duration(silent)}"
+    return Verdict(
+        Submit(n=alone.n + 1, walltime=walltime, after=alone.job_id), None, f"service heard {heard}"
+    )
+
+
+def _silence(alone: Alone, now: float) -> Optional[Verdict]:
+    """None once the service has been silent long enough for the segment to act; else what
+    to do meanwhile. While the command runs: ask again once the bound may have passed. Once
+    it has ended (a crash, or the walltime signal), the segment cannot wait long: a service
+    that ticks (its last tick within a few intervals) queues the next segment itself; one
+    that missed its ticks is waited for up to the bound, never past the walltime."""
+    bound = away_bound(alone.spec, alone.interval)
+    if alone.heard_at is None or now - alone.heard_at >= bound:
+        return None
+    silent = now - alone.heard_at
+    again = min(ASK_EVERY, bound - silent + 1)
+    if not alone.ended:
+        return Verdict(None, again, "the service is there")
+    if alone.interval is None or silent < TICKS_AWAY * alone.interval:
+        return Verdict(None, None, "the service is there: it queues the next segment")
+    if alone.deadline is not None and now + (bound - silent) >= alone.deadline - DEADLINE_MARGIN:
+        return None  # the walltime ends before the bound: the missed ticks must do
+    return Verdict(None, again, "the service missed its ticks")
+
+
+def _finished(spec: JobSpec, job: JobFacts) -> bool:
+    """Exit 0 before the walltime with no target, or no epoch to compare it with: the run
+    is over (``decide`` ends such a chain completed)."""
+    end = job.end
+    return (
+        end is not None
+        and end.original == 0
+        and not end.signal
+        and not end.skipped
+        and (spec.target_epoch is None or end.progress is None or end.progress.epoch is None)
+    )

@@ -1,0 +1,374 @@
+"""The chain goes on while the service is away (issue 24 part 3).
+
+``decide.carry`` is the small rule a segment applies alone, pinned by table tests here; the
+service adopts what the segments queued when it returns (``decide`` reconciles). The whole
+runs on the local runner, the real Slurm and the real SGE: the service is stopped (SIGSTOP,
+or SIGKILL with no restart) while a chain needs five segments and more; the chain goes on,
+segment after segment, and completes; back, the service shows every segment with its
+outcome and charges what ``decide`` charges, and no two segments ever ran at once (the
+trainer's lock). A crash-looping command beside it stops after its failure budget.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import test_contract
+from conftest import wait_for
+from test_contract import ALL, CLI, Cluster, Service, status, write_job
+from test_decide import NOW, SPEC, chain, seg
+
+from chainrun.decide import Facts, JobFacts, decide
+from chainrun.decide.carry import AWAY_CAP, Alone, Known, away_bound, carry
+from chainrun.model import (
+    NO_PROGRESS,
+    Adopt,
+    Carried,
+    CommandResult,
+    EndMarker,
+    ListedJob,
+    Phase,
+    Progress,
+    StartMarker,
+    Submit,
+)
+from chainrun.schedulers.sge import SgeScheduler
+from chainrun.schedulers.slurm import SlurmScheduler
+
+cluster = test_contract.cluster  # the contract's fixtures: the scheduler, shared, and the workdir
+work = test_contract.work
+
+# -- the rule a segment applies alone ------------------------------------------------------
+
+LONG = replace(SPEC, walltime=3600, total_time=100 * 3600, max_failures=2, target_epoch=100)
+BOUND = away_bound(LONG, 10.0)
+NOTHING_KNOWN = Known(0, 0, 0.0, NO_PROGRESS)
+
+
+def marked(start: int, end: Optional[int], code: int = 0, signal_: str = "USR1") -> JobFacts:
+    """A segment by its markers: the epoch it found, and the one it left (None: still running)."""
+    found = StartMarker("j", NOW - 3000, Progress(epoch=start, saved_at=float(start)))
+    if end is None:
+        return JobFacts(start=found)
+    left = Progress(epoch=end, saved_at=float(end))
+    return JobFacts(
+        start=found, end=EndMarker(code, code, signal_ if code == 0 else "", False, NOW - 60, left)
+    )
+
+
+def alone(
+    *since: JobFacts,
+    heard: Optional[float] = NOW - BOUND - 1,
+    known: Known = NOTHING_KNOWN,
+    **kw: object,
+) -> Alone:
+    fields: dict[str, object] = dict(
+        spec=LONG, n=len(since), job_id="41", known=known, since=since, progress=NO_PROGRESS, final=False
+    )
+    fields.update(kw)
+    return Alone(heard_at=heard, interval=10.0, **fields)  # type: ignore[arg-type]
+
+
+def test_the_bound_is_the_smaller_of_a_few_minutes_and_half_a_walltime_and_never_under_three_ticks() -> None:
+    """Half a walltime for a short one, a few minutes for a long one, three ticks at least."""
+    assert away_bound(replace(SPEC, walltime=60), None) == 30
+    assert away_bound(LONG, None) == AWAY_CAP
+    assert away_bound(replace(SPEC, walltime=60), 20.0) == 60
+
+
+def test_a_running_segment_waits_while_the_service_ticks_then_queues_its_successor_after_its_job() -> None:
+    """Heard within the bound: ask again later; silent past it: the next segment, after this job."""
+    running = marked(0, None)
+    heard = carry(alone(running, heard=NOW - 20), NOW)
+    assert heard.submit is None and heard.again is not None and 0 < heard.again <= 30
+    silent = carry(alone(running), NOW)
+    assert silent.submit == Submit(n=2, walltime=3600, after="41"), silent.reason
+
+
+def test_an_ended_segment_leaves_a_ticking_service_to_it_and_waits_for_one_that_missed_its_ticks() -> None:
+    """Its command has ended: a service heard a tick ago queues the next itself (nothing to
+    wait for); one silent for three ticks is waited for up to the bound, and not past the walltime."""
+    done = marked(0, 5)
+    ticking = carry(alone(done, heard=NOW - 5, ended=True), NOW)
+    assert ticking.submit is None and ticking.again is None
+    missed = carry(alone(done, heard=NOW - 40, deadline=NOW + 3600, ended=True), NOW)
+    assert missed.submit is None and missed.again is not None
+    late = carry(alone(done, heard=NOW - 40, deadline=NOW + 60, ended=True), NOW)
+    assert late.submit is not None and late.submit.n == 2
+    judged = carry(alone(heard=NOW - 5, n=1, known=Known(1, 0, 600.0, NO_PROGRESS), ended=True), NOW)
+    assert judged.submit is None and judged.again is None  # the service already judged it: there
+
+
+@pytest.mark.parametrize(
+    ("since", "kw", "why"),
+    [
+        ((marked(0, None),), {"final": True}, "ended"),
+        ((marked(0, None),), {"spec": replace(LONG, self_queue=False)}, "off"),
+        ((marked(0, None),), {"progress": Progress(epoch=100)}, "goal"),
+        ((marked(90, 100),), {"ended": True}, "goal"),
+        ((marked(0, None),), {"known": Known(0, 2, 0.0, NO_PROGRESS)}, "may fail"),
+        ((marked(0, 0, code=1), marked(0, 0, code=1), marked(0, 0, code=1)), {"ended": True}, "3 failures"),
+        ((marked(0, None),), {"known": Known(0, 0, 99 * 3600.0, NO_PROGRESS)}, "time budget"),
+        ((marked(0, None),), {"n": 100}, "segments"),
+        (
+            (marked(0, 5, signal_=""),),
+            {"ended": True, "spec": replace(LONG, target_epoch=None)},
+            "on its own",
+        ),
+    ],
+    ids=[
+        "final",
+        "off",
+        "goal-now",
+        "goal-left",
+        "budget-if-it-fails",
+        "crash-loop",
+        "time",
+        "count",
+        "exit-0",
+    ],
+)
+def test_a_segment_never_queues_past_the_target_final_budgets_or_segment_count(
+    since: tuple[JobFacts, ...], kw: dict[str, object], why: str
+) -> None:
+    """Each limit stops it for good (no asking again), saying which."""
+    verdict = carry(alone(*since, **kw), NOW)
+    assert verdict.submit is None and verdict.again is None and why in verdict.reason, verdict
+
+
+def test_crashes_since_the_service_last_recorded_count_against_the_budget_as_decide_counts_them() -> None:
+    """Two crashes after the service's record: one more failure is allowed (max_failures 2), so
+    the segment that ended third queues the next; a third crash spends the budget."""
+    crash = marked(0, 0, code=1)
+    assert carry(alone(crash, crash, ended=True), NOW).submit is not None
+    assert carry(alone(crash, crash, marked(0, None)), NOW).submit is None  # and this one may fail
+    progressed = carry(alone(crash, crash, marked(0, 3), ended=True), NOW)
+    assert progressed.submit is not None and progressed.submit.n == 4
+
+
+def test_back_the_service_adopts_every_segment_queued_while_it_was_away_before_judging_any() -> None:
+    """Segments 2 and 3 were queued by the segment before each: recorded first, in order,
+    with their walltime and dependency; nothing is submitted, nothing judged in that tick."""
+    c = chain(seg(1, job="j1"))
+    ran = JobFacts(listed=ListedJob("j1", "cr.x.1", Phase.ENDED, exit_code=0))
+    carried = {2: Carried("j2", 600, "j1"), 3: Carried("", 600, "j2"), 5: Carried("j5", 600, "j4")}
+    listed = ListedJob("j3", "cr.x.3", Phase.RUNNING)
+    facts = Facts(jobs={"j1": ran}, carried=carried, tagged={3: (listed,)}, progress=NO_PROGRESS)
+    actions = decide(c, facts, NOW)
+    assert [(a.n, a.job_id, a.walltime, a.after) for a in actions if isinstance(a, Adopt)] == [
+        (2, "j2", 600, "j1"),
+        (3, "j3", 600, "j2"),  # its claim never got the job id: the listing has it under its tag
+    ]
+    assert all(isinstance(a, Adopt) for a in actions)
+    # A cancel meanwhile (`chainrun cancel` ticking alone) ends them too, in the same tick.
+    cancelled = decide(replace(c, cancel_requested=True), facts, NOW)
+    assert [(type(a).__name__, getattr(a, "n", None)) for a in cancelled] == [
+        ("Adopt", 2),
+        ("Adopt", 3),
+        ("Cancel", 2),
+        ("Cancel", 3),
+        ("Cancel", 1),
+        ("Finish", None),
+    ]
+
+
+# -- the whole, on every scheduler ----------------------------------------------------------
+
+
+def run_dir(work: Path, chain_id: str) -> Path:
+    return work / ".chainrun" / chain_id
+
+
+def judged_alone(work: Path, chain_id: str) -> int:
+    """Segments whose command ran to its end (skips aside), by their end markers."""
+    ends = run_dir(work, chain_id).glob("seg-*.end")
+    return sum(1 for end in ends if "skipped=0" in end.read_text())
+
+
+def carried(work: Path, chain_id: str) -> int:
+    """Segments that the segment before them queued."""
+    return len(list(run_dir(work, chain_id).glob("seg-*.queued")))
+
+
+def gone(cluster: Cluster, chain_id: str) -> bool:
+    return cluster.live_jobs(chain_id) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGSTOP", "SIGKILL"])
+@pytest.mark.parametrize("cluster", ALL, indirect=True)
+def test_the_chain_carries_itself_while_the_service_is_away_and_the_service_reconciles(
+    cluster: Cluster, work: Path, chainrun: CLI, service: Service, how: str
+) -> None:
+    """Stopped (SIGSTOP) or killed with no restart while a chain has five segments and more to
+    go, the service misses them all: each segment queues the next, the chain completes, and
+    the crash-looping chain beside it (SIGSTOP) stops after its budget, not at its segment
+    limit. Back, the service adopts them: every segment has its outcome, the failures are
+    what decide charges, and the trainer's lock never saw two segments at once."""
+    # Each segment trains at most 8 s (Slurm's shortest walltime is a minute, and its signal
+    # comes 10-40 s into it; the timeout's USR1 makes the trainer save and exit 0): forty
+    # epochs take five segments and more on every scheduler.
+    target = 40
+    command = (
+        f"timeout --preserve-status -s USR1 8 python3 trainer.py --exclusive --epochs {target} --epoch-time 1"
+    )
+    training = write_job(work, cluster, command, target_epoch=target)
+    chains = {"training": chainrun("submit", str(training), check=True).stdout.strip()}
+    if how == "SIGSTOP":
+        crashing = write_job(
+            work,
+            cluster,
+            "echo try $CHAINRUN_SEGMENT; sleep 2; python3 trainer.py --mode crash",
+            name="crashing",
+            checkpoint_dir="crash-checkpoints",
+            max_failures=2,
+        )
+        chains["crashing"] = chainrun("submit", str(crashing), check=True).stdout.strip()
+    proc = service(interval=0.5)
+
+    def queued_ahead(ref: str) -> bool:
+        return sum(1 for s in status(chainrun, ref)["segments"] if s["job_id"]) >= 2
+
+    wait_for(lambda: all(queued_ahead(c) for c in chains.values()), 180, "successors queued ahead")
+    proc.send_signal(getattr(signal, how))
+    if how == "SIGKILL":
+        proc.wait()
+    training_id = chains["training"]
+    wait_for(
+        lambda: judged_alone(work, training_id) >= 2 and all(gone(cluster, c) for c in chains.values()),
+        20 * cluster.walltime + 300,
+        "the chains to end with the service away",
+    )
+    assert carried(work, training_id) >= 4, "five segments and more went on without the service"
+    sidecar = (work / "checkpoints" / "chainrun-progress.json").read_text()
+    assert f'"epoch": {target}' in sidecar, sidecar
+    if how == "SIGSTOP":
+        proc.send_signal(signal.SIGCONT)
+    else:
+        service(interval=0.5)
+    wait_for(
+        lambda: all(status(chainrun, c)["state"] != "active" for c in chains.values()),
+        180,
+        "the service to reconcile",
+    )
+    st = status(chainrun, training_id)
+    assert st["state"] == "completed", st["reason"]
+    numbers = [s["n"] for s in st["segments"]]
+    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 6, numbers
+    assert all(s["phase"] == "ended" and s["outcome"] for s in st["segments"]), st["segments"]
+    assert st["failures"] == 0 and not any(s["charged"] for s in st["segments"]), st["segments"]
+    history = chainrun("history", training_id, check=True).stdout
+    assert history.count("while the service was away") == carried(work, training_id), history
+    assert not (work / "overlaps.log").exists(), (work / "overlaps.log").read_text()
+    if how == "SIGSTOP":
+        crash = status(chainrun, chains["crashing"])
+        assert crash["state"] == "failed" and "failure budget spent" in crash["reason"], crash["reason"]
+        logs = run_dir(work, crash["id"])
+        starts = [(logs / f"seg-{n:04d}.log").read_text().count("of chain") for n in (1, 2, 3)]
+        assert crash["failures"] == 3 and starts == [1, 1, 1] and not (logs / "seg-0004.log").exists()
+        assert [s["charged"] for s in crash["segments"] if s["started_at"]] == [True] * 3, crash["segments"]
+
+
+# -- clusters whose nodes cannot submit, and the setting that turns it off ------------------
+
+
+def answer(out: str, rc: int = 0) -> CommandResult:
+    return CommandResult(("probe",), rc, out, "")
+
+
+PARTITION = (
+    "PartitionName=gpu AllowGroups=ALL AllocNodes={alloc} Default=YES QoS=N/A Nodes={nodes} State=UP\n"
+    "PartitionName=cpu AllowGroups=ALL AllocNodes=ALL Default=NO Nodes=c[1-4] State=UP\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("alloc", "nodes", "allowed"),
+    [
+        ("ALL", "gpu[01-08]", True),
+        ("login[1-2]", "gpu[01-08]", False),
+        ("login1,gpu[01-08,10]", "gpu[01-08]", True),
+        ("login1,gpu[01-07]", "gpu[01-08]", False),
+    ],
+)
+def test_slurm_nodes_may_submit_when_the_partitions_allocnodes_include_them(
+    alloc: str, nodes: str, allowed: bool
+) -> None:
+    """A partition's AllocNodes (scontrol show partition) lists where jobs may be submitted from."""
+    slurm = SlurmScheduler()
+    assert slurm.node_submit_argvs("gpu") == [["scontrol", "show", "partition", "--oneliner", "gpu"]]
+    why = slurm.parse_node_submit([answer(PARTITION.format(alloc=alloc, nodes=nodes))])
+    assert (why == "") is allowed, why
+    if not allowed:
+        assert f"AllocNodes={alloc}" in why and "gpu" in why
+    assert slurm.parse_node_submit([answer("", rc=1)]) == ""  # cannot tell: the segment finds out
+
+
+def test_sge_nodes_may_submit_when_every_execution_host_is_a_submit_host() -> None:
+    """qconf -ss (submit hosts) must hold every host of qconf -sel (execution hosts)."""
+    sge = SgeScheduler()
+    assert sge.node_submit_argvs(None) == [["qconf", "-ss"], ["qconf", "-sel"]]
+    assert sge.parse_node_submit([answer("login1\nnode1.cluster\n"), answer("node1\n")]) == ""
+    why = sge.parse_node_submit([answer("login1\n"), answer("node1\nnode2\n")])
+    assert "node1, node2" in why and "qconf -ss" in why
+
+
+@pytest.mark.parametrize("cluster", ALL, indirect=True)
+def test_check_says_what_happens_while_the_service_is_away(
+    cluster: Cluster, work: Path, chainrun: CLI
+) -> None:
+    """On this machine's local runner, Slurm and SGE the nodes may submit: `check` says a
+    running segment queues the next itself; self_queue = false turns it off, and says so."""
+    path = write_job(work, cluster, "python3 trainer.py")
+    out = chainrun("check", str(path), check=True).stdout
+    assert "a running segment queues the next itself once the service is silent for" in out, out
+    path.write_text("self_queue = false\n" + path.read_text())
+    out = chainrun("check", str(path), check=True).stdout
+    assert "the chain waits for the service (self-queueing off: self_queue = false)" in out, out
+
+
+@pytest.mark.slow
+def test_with_self_queue_false_the_chain_waits_for_the_service_as_before(
+    work: Path, chainrun: CLI, service: Service
+) -> None:
+    """Turned off, a chain goes one successor ahead without the service, and no further."""
+    path = write_job(work, test_contract.CLUSTERS["local"], "python3 trainer.py --epochs 1000 --epoch-time 1")
+    path.write_text("self_queue = false\n" + path.read_text())
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    proc = service(interval=0.5)
+    wait_for(
+        lambda: sum(1 for s in status(chainrun, chain_id)["segments"] if s["job_id"]) >= 2, 60, "a successor"
+    )
+    proc.send_signal(signal.SIGSTOP)
+    wait_for(lambda: judged_alone(work, chain_id) >= 2, 120, "two segments to end")
+    assert carried(work, chain_id) == 0 and not (run_dir(work, chain_id) / "carry").exists()
+    proc.send_signal(signal.SIGCONT)
+    chainrun("cancel", chain_id, check=True)
+
+
+@pytest.mark.slow
+def test_a_cancel_while_the_service_is_gone_ends_the_segments_it_queued_too(
+    work: Path, chainrun: CLI, service: Service
+) -> None:
+    """The service killed, a segment queues the next itself; `chainrun cancel` (no service: it
+    ticks alone) adopts and cancels it with the rest, and nothing of the chain runs on."""
+    local = test_contract.CLUSTERS["local"]
+    path = write_job(work, local, "python3 trainer.py --exclusive --epochs 1000 --epoch-time 1")
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    proc = service(interval=0.5)
+    wait_for(
+        lambda: sum(1 for s in status(chainrun, chain_id)["segments"] if s["job_id"]) >= 2, 60, "a successor"
+    )
+    proc.kill()
+    proc.wait()
+    wait_for(lambda: carried(work, chain_id) >= 1, 120, "a segment to queue the next itself")
+    wait_for(lambda: "job=" in next(run_dir(work, chain_id).glob("seg-*.queued")).read_text(), 30, "its job")
+    chainrun("cancel", chain_id, check=True)
+    st = status(chainrun, chain_id)
+    assert st["state"] == "cancelled" and all(s["phase"] == "ended" for s in st["segments"]), st["segments"]
+    assert len(st["segments"]) >= 3, st["segments"]
+    wait_for(lambda: gone(local, chain_id), 60, "the chain's jobs to end")
