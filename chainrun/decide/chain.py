@@ -165,7 +165,14 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
                 f"{ending.outcome.value} (exit {ending.exit_code}): the same as segment {unrunnable[0]}",
             )
         else:
-            charged, why = _charge(ending, advanced, finished, goal_met)
+            # Readable now, and not behind where the segment started (a node lost mid-save
+            # may have left it behind, or torn).
+            intact = (
+                facts.progress is not None
+                and NO_PROGRESS.key < end_progress.key
+                and start.key <= end_progress.key
+            )
+            charged, why = _charge(ending, advanced, finished, goal_met, end_progress if intact else None)
         tail = job.end.tail if job.end is not None else ()
         crashes[seg.n] = _crash(ending.outcome, ending.exit_code, tail)
         if not repeated and not advanced:
@@ -390,8 +397,11 @@ def _stopped(
     )
 
 
-def _charge(ending: _Ending, advanced: bool, finished: bool, goal_met: bool) -> tuple[bool, str]:
-    """Whether a segment's end costs failure budget, and the words for it."""
+def _charge(
+    ending: _Ending, advanced: bool, finished: bool, goal_met: bool, intact: Optional[Progress]
+) -> tuple[bool, str]:
+    """Whether a segment's end costs failure budget, and the words for it. ``intact``: the
+    checkpoint the segment left, where it is readable and not behind the one it started from."""
     outcome = ending.outcome
     code = "" if ending.exit_code is None else f" (exit {ending.exit_code})"
     detail = f": {ending.reason}" if ending.reason else ""
@@ -399,6 +409,10 @@ def _charge(ending: _Ending, advanced: bool, finished: bool, goal_met: bool) -> 
         # Cancelled because the goal was reached, by a service that died before
         # it could record the cancel: that was chainrun's own doing.
         return False, f"{outcome.value} after the goal was already reached{detail}"
+    if outcome is Outcome.NODE_FAIL and intact is not None:
+        # The machine's fault, not the command's, and nothing saved was lost: only the
+        # time since the last save, which counts against total_time as any segment does.
+        return False, f"{outcome.value}{code}{detail}; the checkpoint is intact ({intact.describe()}): free"
     if outcome.crashed:
         return True, f"{outcome.value}{code}{detail}"
     if finished:
