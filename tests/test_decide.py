@@ -25,6 +25,7 @@ from chainrun.model import (
     Phase,
     Progress,
     Segment,
+    StartMarker,
     Submit,
     Track,
 )
@@ -107,8 +108,10 @@ CRASHES = (Outcome.FAILED, Outcome.OOM, Outcome.NODE_FAIL, Outcome.CANCELLED, Ou
     list(itertools.product(FREE_WITH_PROGRESS + CRASHES, (True, False), (0, 1, 2))),
 )
 def test_every_outcome_progress_and_budget_edge(outcome: Outcome, advanced: bool, failures: int) -> None:
-    """Crashes always cost one; timeout/exit-0 cost one only without progress; a preemption
-    never costs (the scheduler took the allocation back: not the training's fault)."""
+    """Crashes always cost one, but a node failure that left the checkpoint intact (here: the
+    one the segment started from, or a later one) costs nothing; timeout/exit-0 cost one only
+    without progress; a preemption never costs (the scheduler took the allocation back: not
+    the training's fault)."""
     c = chain(seg(1), seg(2, Phase.PENDING), failures=failures)
     progress = AFTER if advanced else BEFORE
     code = 0 if outcome in FREE_WITH_PROGRESS else 1
@@ -116,7 +119,9 @@ def test_every_outcome_progress_and_budget_edge(outcome: Outcome, advanced: bool
 
     end = actions[0]
     assert isinstance(end, EndSegment)
-    expected_charge = outcome in CRASHES or (not advanced and outcome is not Outcome.PREEMPTED)
+    expected_charge = outcome is not Outcome.NODE_FAIL and (
+        outcome in CRASHES or (not advanced and outcome is not Outcome.PREEMPTED)
+    )
     assert end.charged is expected_charge
     assert end.outcome is outcome
     assert end.progress == progress
@@ -134,6 +139,33 @@ def test_every_outcome_progress_and_budget_edge(outcome: Outcome, advanced: bool
         assert kinds(actions) == ["EndSegment"]
     else:
         assert actions[1:] == [Submit(n=3, walltime=100, after="j2")]
+
+
+@pytest.mark.parametrize(
+    ("progress", "charged"),
+    [
+        (AFTER, False),  # saved since the segment started
+        (BEFORE, False),  # as it started: only the time since is lost
+        (Progress(epoch=2, saved_at=50.0), True),  # behind: the failure took a save with it
+        (None, True),  # unreadable now
+        (NO_PROGRESS, True),  # nothing ever saved: nothing to keep intact
+    ],
+)
+def test_a_node_failure_is_free_while_the_checkpoint_is_intact(
+    progress: Optional[Progress], charged: bool
+) -> None:
+    """A node that died under a segment is the cluster's fault: free while the checkpoint is
+    readable and not behind the one the segment started from, and the chain goes on."""
+    start = JobFacts(
+        listed=ended("j1", Outcome.NODE_FAIL, None).listed, start=StartMarker("j1", NOW - 90, BEFORE)
+    )
+    actions = run(chain(seg(1), seg(2, Phase.PENDING), failures=2), {"j1": start}, progress, NOW)
+    end = actions[0]
+    assert isinstance(end, EndSegment) and end.outcome is Outcome.NODE_FAIL
+    assert end.charged is charged, end.reason
+    assert ("checkpoint is intact" in end.reason) is not charged, end.reason
+    # On its last life (failures = max_failures): a charge ends the chain, else segment 2 runs.
+    assert kinds(actions) == (["EndSegment", "Cancel", "Finish"] if charged else ["EndSegment"])
 
 
 def test_no_progress_reason_names_it() -> None:

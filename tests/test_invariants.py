@@ -22,6 +22,7 @@ from mutants import mutant
 from chainrun.decide import Facts, JobFacts, decide
 from chainrun.decide import chain as chain_rules
 from chainrun.model import (
+    NO_PROGRESS,
     Action,
     Adopt,
     Cancel,
@@ -173,7 +174,8 @@ def keeps_the_invariants(
 
 def check_endings(chain: Chain, actions: list[Action], best: int) -> None:
     """A segment that ended on its walltime with progress, or by preemption at all, costs
-    nothing; a crash costs one (but chainrun's own cancel once the goal is met); the chain completes on
+    nothing; a crash costs one (but chainrun's own cancel once the goal is met, and a node
+    failure that left the checkpoint intact); the chain completes on
     its target only once the checkpoint has it."""
     mark = chain.progress
     for action in actions:
@@ -184,7 +186,16 @@ def check_endings(chain: Chain, actions: list[Action], best: int) -> None:
             ours = (
                 action.outcome is Outcome.CANCELLED and "after the goal was already reached" in action.reason
             )
-            if action.outcome.crashed and not ours:  # a cancel of chainrun's own, the goal met, is free
+            # A node failure that left the checkpoint intact (not behind the chain's) is free.
+            intact = (
+                action.outcome is Outcome.NODE_FAIL
+                and "checkpoint is intact" in action.reason
+                and NO_PROGRESS.key < action.progress.key
+                and mark.key <= action.progress.key
+            )
+            if (
+                action.outcome.crashed and not ours and not intact
+            ):  # a cancel of chainrun's own, the goal met, is free
                 assert action.charged, f"a {action.outcome.value} not charged: {action}"
             if advanced:
                 mark = action.progress

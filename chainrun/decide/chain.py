@@ -175,7 +175,9 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
                 f"{ending.outcome.value} (exit {ending.exit_code}): the same as segment {unrunnable[0]}",
             )
         else:
-            charged, why = _charge(ending, advanced, finished, goal_met)
+            # Readable now (a node lost mid-save may have left it torn, or behind).
+            intact = _intact(end_progress, start) if facts.progress is not None else None
+            charged, why = _charge(ending, advanced, finished, goal_met, intact)
         crashes[seg.n] = _crash(ending.outcome, ending.exit_code, tail)
         if not repeated and not advanced:
             repeated = _repeated(chain, seg.n, crashes, mark)
@@ -420,14 +422,24 @@ def charge_by_markers(job: JobFacts, mark: Progress) -> Optional[tuple[bool, Pro
         return None
     end = job.end.progress if job.end.progress is not None else mark
     start = job.start.progress if job.start is not None and job.start.progress is not None else mark
-    charged, _ = _charge(ending, end.advanced_from(start), False, job.end.skipped)
+    intact = _intact(job.end.progress, start) if job.end.progress is not None else None
+    charged, _ = _charge(ending, end.advanced_from(start), False, job.end.skipped, intact)
     began = job.start.at if job.start is not None else None
     elapsed = max(0.0, job.end.at - began) if job.end.at is not None and began is not None else 0.0
     return charged, end if end.key > mark.key else mark, elapsed
 
 
-def _charge(ending: _Ending, advanced: bool, finished: bool, goal_met: bool) -> tuple[bool, str]:
-    """Whether a segment's end costs failure budget, and the words for it."""
+def _intact(end: Progress, start: Progress) -> Optional[Progress]:
+    """The checkpoint a segment left, when it holds progress and is not behind the one the
+    segment started from; None otherwise."""
+    return end if NO_PROGRESS.key < end.key and start.key <= end.key else None
+
+
+def _charge(
+    ending: _Ending, advanced: bool, finished: bool, goal_met: bool, intact: Optional[Progress]
+) -> tuple[bool, str]:
+    """Whether a segment's end costs failure budget, and the words for it. ``intact``: the
+    checkpoint the segment left, where it is readable and not behind the one it started from."""
     outcome = ending.outcome
     code = "" if ending.exit_code is None else f" (exit {ending.exit_code})"
     detail = f": {ending.reason}" if ending.reason else ""
@@ -435,6 +447,10 @@ def _charge(ending: _Ending, advanced: bool, finished: bool, goal_met: bool) -> 
         # Cancelled because the goal was reached, by a service that died before
         # it could record the cancel: that was chainrun's own doing.
         return False, f"{outcome.value} after the goal was already reached{detail}"
+    if outcome is Outcome.NODE_FAIL and intact is not None:
+        # The machine's fault, not the command's, and nothing saved was lost: only the
+        # time since the last save, which counts against total_time as any segment does.
+        return False, f"{outcome.value}{code}{detail}; the checkpoint is intact ({intact.describe()}): free"
     if outcome.crashed:
         return True, f"{outcome.value}{code}{detail}"
     if outcome is Outcome.PREEMPTED:
