@@ -23,10 +23,9 @@ from typing import Optional
 from chainrun.errors import ChainrunError, TransportError
 from chainrun.model import JobSpec
 from chainrun.rundir import trust_run_dir
-from chainrun.schedulers.segment import CODE_DIR, RUN_DIR_NAME
+from chainrun.schedulers.segment import RUN_DIR_NAME, code_names, code_root
 from chainrun.transport import LocalTransport, Transport
 
-DONE = ".chainrun-unpacked"  # written last: a partly unpacked snapshot is unpacked again
 REF_PREFIX = "refs/chainrun/"
 GIT_TIMEOUT = 300
 
@@ -66,11 +65,15 @@ def capture(spec: JobSpec) -> Snapshot:
         raise SnapshotError(f'{where} is not inside a git repository; snapshot = "git" needs one')
     subdir = os.path.relpath(os.path.realpath(where), os.path.realpath(top))
     subdir = "" if subdir == "." else subdir
-    excluded = [
-        p
-        for p in (spec.checkpoint_dir, posixpath.join(spec.workdir, RUN_DIR_NAME))
-        if not spec.scheduler.remote
-    ]
+    # What chainrun reads and writes in the workdir is never code: the checkpoint and
+    # TensorBoard directories, the progress file, .chainrun (for a remote host, the same names
+    # relative to the job file's directory, which stands for the workdir there).
+    excluded = []
+    run_dir = posixpath.join(spec.workdir, RUN_DIR_NAME)
+    for p in (spec.checkpoint_dir, spec.tensorboard_dir, spec.progress_file, run_dir):
+        rel = posixpath.relpath(p, spec.workdir) if p else "."
+        if rel not in (".", "..") and not rel.startswith("../"):
+            excluded.append(os.path.join(where, rel))
     pathspec = ["."] + [f":(top,exclude){os.path.relpath(p, top)}" for p in excluded if _inside(p, top)]
     with tempfile.TemporaryDirectory(prefix="chainrun-snapshot-") as tmp:
         env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
@@ -104,13 +107,15 @@ def prepare(transport: Transport, spec: JobSpec) -> tuple[JobSpec, Optional[Snap
 
 def deliver(transport: Transport, spec: JobSpec, snap: Snapshot) -> None:
     """Unpack the commit into ``WORKDIR/.chainrun/code/<commit>`` where the chain runs, once."""
-    target = posixpath.join(spec.workdir, RUN_DIR_NAME, CODE_DIR, snap.commit)
-    if transport.stat(posixpath.join(target, DONE)) is not None:
+    target = code_root(spec)
+    done = code_names(spec)
+    if transport.stat(done) is not None:
         return  # an earlier chain of the same code unpacked it
     with tempfile.TemporaryDirectory(prefix="chainrun-snapshot-") as tmp:
         archive = Path(tmp) / "code.tar"
         _git(snap.repo, "archive", "--format=tar", "-o", str(archive), snap.commit)
         data = archive.read_bytes()
+    names = _git(snap.repo, "ls-tree", "-r", "-t", "-z", "--name-only", snap.commit).encode()
     tar = target + ".tar"
     try:
         transport.makedirs(target, 0o700)
@@ -118,7 +123,7 @@ def deliver(transport: Transport, spec: JobSpec, snap: Snapshot) -> None:
         result = transport.run(["tar", "-x", "-f", tar, "-C", target], timeout=GIT_TIMEOUT)
         if not result.ok:
             raise TransportError(f"unpacking the code snapshot failed: {result.describe()}")
-        transport.write_file(posixpath.join(target, DONE), snap.commit.encode() + b"\n")
+        transport.write_file(done, names)  # last: a partly unpacked snapshot is unpacked again
     finally:
         transport.run(["rm", "-f", "--", tar], timeout=60)
 
