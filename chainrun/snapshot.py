@@ -7,8 +7,11 @@ temporary index, so the user's index, working tree and branch are never
 touched. The commit is kept under ``refs/chainrun/<chain-id>`` (``git log
 refs/chainrun/<id>`` finds it) and unpacked once per commit into
 ``WORKDIR/.chainrun/code/<commit>/`` where the chain runs (over SFTP for a
-remote host), which every segment then runs from. ``checkpoint_dir`` and the
-run directory stay outside the snapshot: they must persist across segments.
+remote host), which every segment then runs from, with everything else of the
+workdir linked in (the wrapper, ``segment.sh``). What chainrun reads there (the
+checkpoint and TensorBoard directories, the progress file, the run directory)
+stays outside the snapshot. ``chainrun gc`` (``cleanup``) removes the refs and
+code of chains that ended long ago.
 """
 
 from __future__ import annotations
@@ -93,6 +96,28 @@ def pin(snap: Snapshot, chain_id: str) -> None:
     _git(snap.repo, "update-ref", REF_PREFIX + chain_id, snap.commit)
 
 
+def unpin(spec: JobSpec, chain_id: str) -> bool:
+    """Drop ``refs/chainrun/<chain-id>`` from the repository the chain's code came from;
+    False when there is none (the repository or the ref is gone)."""
+    top = repository(source_dir(spec))
+    ref = REF_PREFIX + chain_id
+    if top is None or not _has(top, ref):
+        return False
+    _git(top, "update-ref", "-d", ref)
+    return True
+
+
+def remove(transport: Transport, spec: JobSpec) -> bool:
+    """Delete the unpacked code of a snapshot chain where it ran; False when it is gone."""
+    target = code_root(spec)
+    if transport.stat(target) is None:
+        return False
+    result = transport.run(["rm", "-rf", "--", target], timeout=GIT_TIMEOUT)
+    if not result.ok:
+        raise TransportError(f"removing {target} failed: {result.describe()}")
+    return True
+
+
 def prepare(transport: Transport, spec: JobSpec) -> tuple[JobSpec, Optional[Snapshot]]:
     """For a snapshot chain, capture the code and unpack it where the chain runs; the spec
     then names the commit. Before the chain is stored: a failure here stores nothing."""
@@ -133,6 +158,14 @@ def _head(top: str) -> Optional[str]:
         return _git(top, "rev-parse", "--verify", "-q", "HEAD").strip() or None
     except SnapshotError:
         return None  # a repository with no commit yet
+
+
+def _has(top: str, ref: str) -> bool:
+    try:
+        _git(top, "rev-parse", "--verify", "-q", ref)
+    except SnapshotError:
+        return False
+    return True
 
 
 def _identity(top: str) -> dict[str, str]:

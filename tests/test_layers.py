@@ -48,6 +48,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.sdnotify",
         "chainrun.config",
         "chainrun.notify",
+        "chainrun.cleanup",
     ),
     "face": (
         "chainrun",  # the package itself: the Python API, loaded on first use

@@ -201,3 +201,50 @@ def test_check_refuses_a_snapshot_outside_a_git_repository_in_one_line(tmp_path:
     result = chainrun("check", str(path))
     assert result.returncode == 2
     assert result.stderr.strip().endswith("is not inside a git repository") and result.stderr.count("\n") == 1
+
+
+def test_gc_removes_the_snapshots_of_chains_that_ended_long_ago_never_one_in_use(
+    tmp_path: Path,
+    chainrun: CLI,
+    service: Callable[..., subprocess.Popen[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`chainrun gc` and the service remove refs/chainrun/ID and the unpacked code of chains that
+    ended more than gc_after ago; a sweep's code directory stays while one of its chains runs."""
+    config = tmp_path / "config"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+    repo = make_repo(tmp_path / "repo")
+    job = repo / "sweep.toml"
+    job.write_text(
+        'name = "gc"\ncommand = "sleep {t}"\ntotal_time = "30m"\nwalltime = "10m"\nsnapshot = "git"\n'
+        "[[sweep.points]]\nt = 0\n[[sweep.points]]\nt = 600\n"
+    )
+    assert chainrun("submit", str(job)).returncode == 0
+    first = service(interval=0.3)
+
+    def chains() -> dict[str, dict]:  # type: ignore[type-arg]
+        out = json.loads(chainrun("status", "gc", "--json", "--all", check=True).stdout)
+        return {c["params"]["t"]: c for c in out}
+
+    wait_for(lambda: chains()[0]["state"] == "completed", 120, "the short chain to complete")
+    short, long = chains()[0]["id"], chains()[600]["id"]
+    refs = lambda: git(repo, "for-each-ref", "--format=%(refname)", "refs/chainrun/").split()  # noqa: E731
+    (code,) = (repo / ".chainrun" / "code").iterdir()
+    kept = chainrun("gc", check=True).stdout
+    assert kept.strip() == "nothing to remove" and f"refs/chainrun/{short}" in refs()
+
+    def collected() -> bool:
+        assert chainrun("gc", "--older-than", "1s").returncode == 0
+        return f"refs/chainrun/{short}" not in refs()
+
+    wait_for(collected, 60, "gc --older-than 1s to remove the short chain's ref")
+    assert refs() == [f"refs/chainrun/{long}"] and (code / "train.py").exists(), "the long chain runs there"
+
+    chainrun("cancel", long, check=True)
+    wait_for(lambda: chains()[600]["state"] == "cancelled", 120, "the long chain to be cancelled")
+    first.terminate()
+    first.wait(60)
+    (config / "chainrun").mkdir(parents=True)
+    (config / "chainrun" / "config.toml").write_text('gc_after = "1s"\n')
+    service(interval=0.3)
+    wait_for(lambda: not refs() and not code.exists(), 60, "the service to remove the last ref and the code")
