@@ -206,7 +206,7 @@ def parse(
     webhook = f.get("webhook", str, "an http:// or https:// URL", max_bytes=MAX_URL_BYTES)
     f.checked("webhook", webhook, web_url, "must be an http:// or https:// URL with a valid host")
 
-    return JobSpec(
+    spec = JobSpec(
         name=name,
         command=command,
         workdir=workdir,
@@ -235,6 +235,8 @@ def parse(
         webhook=webhook,
         source=path,
     )
+    sweep.check(spec)
+    return spec
 
 
 def _start_and_save(f: Fields, kind: str, walltime: int, grace: int) -> None:
@@ -382,6 +384,7 @@ def _sweep(f: Fields, name: str) -> tuple[tuple[sweep.Config, ...], int, Optiona
     fg = Fields(f.path, grid, "sweep.grid.")
     for key, values in grid.items():
         fg.checked(key, key, sweep.PARAM_RE.fullmatch, "a parameter name is letters, digits and _")
+        fg.checked(key, key, lambda k: k not in sweep.RESERVED, "{name} and {rep} are chainrun's")
         if not isinstance(values, list) or not values:
             raise fg.error(key, "expected a non-empty list of values")
         for value in values:
@@ -394,6 +397,7 @@ def _sweep(f: Fields, name: str) -> tuple[tuple[sweep.Config, ...], int, Optiona
         fp = Fields(f.path, point, f"sweep.points[{i}].")
         for key, value in point.items():
             fp.checked(key, key, sweep.PARAM_RE.fullmatch, "a parameter name is letters, digits and _")
+            fp.checked(key, key, lambda k: k not in sweep.RESERVED, "{name} and {rep} are chainrun's")
             _param_value(fp, key, value)
     total = sweep.count(grid, points, reps)
     if total > sweep.MAX_CHAINS:
