@@ -318,6 +318,48 @@ def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
 
 
 @main.command()
+@click.option(
+    "--older-than",
+    metavar="DURATION",
+    help="Keep what chains that ended more recently ran (default: the config's gc_after, else 7d).",
+)
+@click.pass_context
+def gc(ctx: click.Context, older_than: Optional[str]) -> None:
+    """Remove the code snapshots of chains that ended long ago.
+
+    Their refs (refs/chainrun/ID) and unpacked code (WORKDIR/.chainrun/code/COMMIT),
+    never what a chain that has not ended (or ended more recently) runs: a code
+    directory shared with such a chain stays. The service does this at start and
+    once a day.
+    Exits 0; 1 when something could not be removed (a host out of reach).
+    """
+    import time
+
+    from chainrun import cleanup
+    from chainrun.config import load_config
+    from chainrun.fields import DURATION_HELP, parse_duration
+
+    keep = load_config().gc_after or cleanup.DEFAULT_GC_AFTER
+    if older_than is not None:
+        try:
+            keep = parse_duration(older_than)
+        except ValueError:
+            raise UsageError(f"--older-than {older_than}: not {DURATION_HELP}") from None
+    with _store(ctx) as store:
+        done = cleanup.collect(store, time.time(), keep)
+    for chain_id in done.refs:
+        click.echo(f"removed ref refs/chainrun/{chain_id}")
+    for where in done.code:
+        click.echo(f"removed {where}")
+    if not done.refs and not done.code:
+        click.echo("nothing to remove")
+    for problem in done.problems:
+        click.echo(f"chainrun: {problem}", err=True)
+    if done.problems:
+        sys.exit(1)
+
+
+@main.command()
 @click.argument("chain_ref", metavar="[CHAIN]", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output, every field.")
 @click.option(

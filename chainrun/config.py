@@ -1,6 +1,7 @@
 """The service config (``$XDG_CONFIG_HOME/chainrun/config.toml``): the defaults a job file may
-override (``on_end``, ``webhook``) and the service's tick ``interval``, read and checked with
-the job file's error style.
+override (``on_end``, ``webhook``), the service's tick ``interval`` and how long the code
+snapshots of ended chains are kept (``gc_after``), read and checked with the job file's
+error style.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Optional
 
 from chainrun.fields import Fields, parse_duration, read_toml, web_url
 
-CONFIG_KEYS = ("on_end", "webhook", "interval")
+CONFIG_KEYS = ("on_end", "webhook", "interval", "gc_after")
 # Seconds between ticks: faster would only load the scheduler, slower would
 # leave a segment's end unnoticed for too long (and 1e300 overflows the clock).
 MIN_INTERVAL = 0.2
@@ -27,6 +28,7 @@ class ServiceConfig:
     on_end: Optional[str] = None
     webhook: Optional[str] = None
     interval: Optional[float] = None  # seconds between ticks
+    gc_after: Optional[int] = None  # seconds after its end that a chain's code snapshot is kept
     path: str = ""
 
 
@@ -63,7 +65,8 @@ def parse_config(data: dict[str, Any], path: str) -> ServiceConfig:
             interval = parse_interval(value)
         except ValueError as exc:
             raise f.error("interval", str(exc)) from None
-    return ServiceConfig(on_end=on_end, webhook=webhook, interval=interval, path=path)
+    gc_after = f.duration("gc_after")
+    return ServiceConfig(on_end=on_end, webhook=webhook, interval=interval, gc_after=gc_after, path=path)
 
 
 def parse_interval(value: str | float) -> float:

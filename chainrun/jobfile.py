@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from chainrun import container, schema, snapshot
+from chainrun import container, schema, snapshot, sweep
 from chainrun.errors import JobFileError, TransportError
 from chainrun.fields import Fields, file_kind, path_shown, read_toml, why
 from chainrun.model import JobSpec
@@ -57,8 +57,14 @@ def parse(
     spec = replace(spec, source=str(Path(path).resolve()) if path else "")
     f = Fields(path, data)
     remote = spec.scheduler.remote
+    templated = bool(sweep.placeholders(spec.workdir))
+    if spec.snapshot and templated:
+        raise f.error("snapshot", "needs one workdir for all chains; take the placeholders out of workdir")
     if not remote:
-        _local_dir(f, "workdir", spec.workdir, must_exist=True)
+        # A workdir of placeholders is each chain's own, made at its first segment: its
+        # directory above the first placeholder must be there.
+        fixed = os.path.dirname(spec.workdir[: spec.workdir.find("{")]) if templated else spec.workdir
+        _local_dir(f, "workdir", fixed, must_exist=True)
         _local_dir(f, "checkpoint_dir", spec.checkpoint_dir, must_exist=False)
         spec = _container(f, spec, environ or {})
     if spec.snapshot and snapshot.repository(snapshot.source_dir(spec)) is None:

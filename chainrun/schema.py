@@ -214,7 +214,7 @@ def parse(
         default=True,
     )
 
-    return JobSpec(
+    spec = JobSpec(
         name=name,
         command=command,
         workdir=workdir,
@@ -245,6 +245,8 @@ def parse(
         source=path,
         self_queue=self_queue,
     )
+    sweep.check(spec)
+    return spec
 
 
 def _start_and_save(f: Fields, kind: str, walltime: int, grace: int) -> None:
@@ -392,6 +394,7 @@ def _sweep(f: Fields, name: str) -> tuple[tuple[sweep.Config, ...], int, Optiona
     fg = Fields(f.path, grid, "sweep.grid.")
     for key, values in grid.items():
         fg.checked(key, key, sweep.PARAM_RE.fullmatch, "a parameter name is letters, digits and _")
+        fg.checked(key, key, lambda k: k not in sweep.RESERVED, "{name} and {rep} are chainrun's")
         if not isinstance(values, list) or not values:
             raise fg.error(key, "expected a non-empty list of values")
         for value in values:
@@ -404,6 +407,7 @@ def _sweep(f: Fields, name: str) -> tuple[tuple[sweep.Config, ...], int, Optiona
         fp = Fields(f.path, point, f"sweep.points[{i}].")
         for key, value in point.items():
             fp.checked(key, key, sweep.PARAM_RE.fullmatch, "a parameter name is letters, digits and _")
+            fp.checked(key, key, lambda k: k not in sweep.RESERVED, "{name} and {rep} are chainrun's")
             _param_value(fp, key, value)
     total = sweep.count(grid, points, reps)
     if total > sweep.MAX_CHAINS:

@@ -14,7 +14,8 @@ signal handlers. SIGTERM and SIGINT stop the service: queued jobs keep
 running in the scheduler and are picked up on the next start. (With an
 ``on_interrupt``, a SIGINT first asks it, in the main thread while the ticks
 go on, whether to stop: ``chainrun run``'s prompt.) SIGHUP re-reads the
-service config and re-opens the log file without stopping the ticks.
+service config and re-opens the log file without stopping the ticks. At start and
+once a day, the code snapshots of chains that ended long ago are removed (``cleanup``).
 
 A database that cannot be used for a while (its disk full, read-only, or
 locked by another process) is an outage, not a failure: it is logged when
@@ -43,7 +44,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Optional
 
-from chainrun import heartbeat, logs
+from chainrun import cleanup, heartbeat, logs
 from chainrun.config import MIN_INTERVAL, ServiceConfig, load_config
 from chainrun.constants import DEFAULT_INTERVAL
 from chainrun.engine import Engine, TickSummary
@@ -148,6 +149,16 @@ class Service:
                     id="watchdog",
                     misfire_grace_time=None,
                 )
+            self.scheduler.add_job(  # in the ticks' thread too: the store is theirs
+                self._collect,
+                "interval",
+                seconds=cleanup.GC_EVERY,
+                next_run_time=datetime.now(timezone.utc),
+                max_instances=1,
+                coalesce=True,
+                id="gc",
+                misfire_grace_time=None,
+            )
             log.info(
                 "service started",
                 home=str(self.home),
@@ -300,6 +311,15 @@ class Service:
             if again and not self.stopping.is_set():
                 self._schedule_tick(wanted)
             self.idle.set()
+
+    def _collect(self) -> None:
+        """``chainrun gc``, at start and once a day: what chains that ended long ago ran."""
+        if self.store is None or self.stopping.is_set():
+            return
+        try:
+            cleanup.collect(self.store, time.time(), self.config.gc_after or cleanup.DEFAULT_GC_AFTER)
+        except ChainrunError as exc:  # the database away, say: tomorrow again
+            log.warning("collecting old code snapshots failed", error=str(exc))
 
     def _ping(self) -> None:
         if not self.stopping.is_set():

@@ -7,8 +7,11 @@ temporary index, so the user's index, working tree and branch are never
 touched. The commit is kept under ``refs/chainrun/<chain-id>`` (``git log
 refs/chainrun/<id>`` finds it) and unpacked once per commit into
 ``WORKDIR/.chainrun/code/<commit>/`` where the chain runs (over SFTP for a
-remote host), which every segment then runs from. ``checkpoint_dir`` and the
-run directory stay outside the snapshot: they must persist across segments.
+remote host), which every segment then runs from, with everything else of the
+workdir linked in (the wrapper, ``segment.sh``). What chainrun reads there (the
+checkpoint and TensorBoard directories, the progress file, the run directory)
+stays outside the snapshot. ``chainrun gc`` (``cleanup``) removes the refs and
+code of chains that ended long ago.
 """
 
 from __future__ import annotations
@@ -23,10 +26,9 @@ from typing import Optional
 from chainrun.errors import ChainrunError, TransportError
 from chainrun.model import JobSpec
 from chainrun.rundir import trust_run_dir
-from chainrun.schedulers.segment import CODE_DIR, RUN_DIR_NAME
+from chainrun.schedulers.segment import RUN_DIR_NAME, code_names, code_root
 from chainrun.transport import LocalTransport, Transport
 
-DONE = ".chainrun-unpacked"  # written last: a partly unpacked snapshot is unpacked again
 REF_PREFIX = "refs/chainrun/"
 GIT_TIMEOUT = 300
 
@@ -66,11 +68,15 @@ def capture(spec: JobSpec) -> Snapshot:
         raise SnapshotError(f'{where} is not inside a git repository; snapshot = "git" needs one')
     subdir = os.path.relpath(os.path.realpath(where), os.path.realpath(top))
     subdir = "" if subdir == "." else subdir
-    excluded = [
-        p
-        for p in (spec.checkpoint_dir, posixpath.join(spec.workdir, RUN_DIR_NAME))
-        if not spec.scheduler.remote
-    ]
+    # What chainrun reads and writes in the workdir is never code: the checkpoint and
+    # TensorBoard directories, the progress file, .chainrun (for a remote host, the same names
+    # relative to the job file's directory, which stands for the workdir there).
+    excluded = []
+    run_dir = posixpath.join(spec.workdir, RUN_DIR_NAME)
+    for p in (spec.checkpoint_dir, spec.tensorboard_dir, spec.progress_file, run_dir):
+        rel = posixpath.relpath(p, spec.workdir) if p else "."
+        if rel not in (".", "..") and not rel.startswith("../"):
+            excluded.append(os.path.join(where, rel))
     pathspec = ["."] + [f":(top,exclude){os.path.relpath(p, top)}" for p in excluded if _inside(p, top)]
     with tempfile.TemporaryDirectory(prefix="chainrun-snapshot-") as tmp:
         env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
@@ -90,6 +96,28 @@ def pin(snap: Snapshot, chain_id: str) -> None:
     _git(snap.repo, "update-ref", REF_PREFIX + chain_id, snap.commit)
 
 
+def unpin(spec: JobSpec, chain_id: str) -> bool:
+    """Drop ``refs/chainrun/<chain-id>`` from the repository the chain's code came from;
+    False when there is none (the repository or the ref is gone)."""
+    top = repository(source_dir(spec))
+    ref = REF_PREFIX + chain_id
+    if top is None or not _has(top, ref):
+        return False
+    _git(top, "update-ref", "-d", ref)
+    return True
+
+
+def remove(transport: Transport, spec: JobSpec) -> bool:
+    """Delete the unpacked code of a snapshot chain where it ran; False when it is gone."""
+    target = code_root(spec)
+    if transport.stat(target) is None:
+        return False
+    result = transport.run(["rm", "-rf", "--", target], timeout=GIT_TIMEOUT)
+    if not result.ok:
+        raise TransportError(f"removing {target} failed: {result.describe()}")
+    return True
+
+
 def prepare(transport: Transport, spec: JobSpec) -> tuple[JobSpec, Optional[Snapshot]]:
     """For a snapshot chain, capture the code and unpack it where the chain runs; the spec
     then names the commit. Before the chain is stored: a failure here stores nothing."""
@@ -104,13 +132,15 @@ def prepare(transport: Transport, spec: JobSpec) -> tuple[JobSpec, Optional[Snap
 
 def deliver(transport: Transport, spec: JobSpec, snap: Snapshot) -> None:
     """Unpack the commit into ``WORKDIR/.chainrun/code/<commit>`` where the chain runs, once."""
-    target = posixpath.join(spec.workdir, RUN_DIR_NAME, CODE_DIR, snap.commit)
-    if transport.stat(posixpath.join(target, DONE)) is not None:
+    target = code_root(spec)
+    done = code_names(spec)
+    if transport.stat(done) is not None:
         return  # an earlier chain of the same code unpacked it
     with tempfile.TemporaryDirectory(prefix="chainrun-snapshot-") as tmp:
         archive = Path(tmp) / "code.tar"
         _git(snap.repo, "archive", "--format=tar", "-o", str(archive), snap.commit)
         data = archive.read_bytes()
+    names = _git(snap.repo, "ls-tree", "-r", "-t", "-z", "--name-only", snap.commit).encode()
     tar = target + ".tar"
     try:
         transport.makedirs(target, 0o700)
@@ -118,7 +148,7 @@ def deliver(transport: Transport, spec: JobSpec, snap: Snapshot) -> None:
         result = transport.run(["tar", "-x", "-f", tar, "-C", target], timeout=GIT_TIMEOUT)
         if not result.ok:
             raise TransportError(f"unpacking the code snapshot failed: {result.describe()}")
-        transport.write_file(posixpath.join(target, DONE), snap.commit.encode() + b"\n")
+        transport.write_file(done, names)  # last: a partly unpacked snapshot is unpacked again
     finally:
         transport.run(["rm", "-f", "--", tar], timeout=60)
 
@@ -128,6 +158,14 @@ def _head(top: str) -> Optional[str]:
         return _git(top, "rev-parse", "--verify", "-q", "HEAD").strip() or None
     except SnapshotError:
         return None  # a repository with no commit yet
+
+
+def _has(top: str, ref: str) -> bool:
+    try:
+        _git(top, "rev-parse", "--verify", "-q", ref)
+    except SnapshotError:
+        return False
+    return True
 
 
 def _identity(top: str) -> dict[str, str]:

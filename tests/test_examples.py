@@ -161,3 +161,43 @@ def test_instructions_run_as_written(name: str, file: str, tmp_path: Path, home:
         if command.startswith("chainrun run"):
             status = json.loads(sh(f"chainrun status {chain} --json", work, home).stdout)
             assert status[0]["state"] == "completed", status[0]
+
+
+# What a newcomer would take for something gone wrong, in what the demo shows.
+ALARMING = re.compile(r"warn|traceback|error|exception|deprecat|_conversion_method_template", re.I)
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_the_demo_on_a_fresh_clone_shows_no_warning_or_traceback(tmp_path: Path, home: Path) -> None:
+    """`scripts/demo` in a fresh copy of the repository (its own .venv, with what the demo
+    installs and nothing of this one's) completes its chain, and from the chain's first line on
+    shows no warning, error or traceback: the training's own progress, as its last line too.
+    Before, PyTorch without NumPy warned at each segment's start (`cpu =
+    _conversion_method_template(...)`, the last line the live view showed). The install's own
+    output is left out: it depends on the machine's pip configuration, not on chainrun."""
+    pytest.importorskip("torch")
+    clone = tmp_path / "chainrun"
+    files = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True)
+    for name in files.stdout.decode().split("\0"):
+        if name and (REPO / name).is_file():
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, clone / name)
+    env = {**cli_env(home), **ONE_THREAD}
+    env.pop("PYTHONPATH")  # the demo's own install, not this checkout
+    env.pop("VIRTUAL_ENV", None)
+    result = subprocess.run(
+        ["scripts/demo"],
+        cwd=clone,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # in the order a terminal shows them
+        text=True,
+        timeout=2 * COMMAND_TIMEOUT,
+    )
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:]
+    shown = out[out.index("chain quickstart-") :].splitlines()
+    assert any("chain completed" in line for line in shown), out[-3000:]
+    alarming = [line for line in shown if ALARMING.search(line)]
+    assert not alarming, "\n".join(alarming[:10])

@@ -50,6 +50,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.config",
         "chainrun.notify",
         "chainrun.carry",
+        "chainrun.cleanup",
     ),
     "face": (
         "chainrun",  # the package itself: the Python API, loaded on first use

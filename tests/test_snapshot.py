@@ -22,6 +22,30 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
 
 
+# What an ordinary ML repository does (issue 23): data and checkpoints are gitignored and reached
+# by relative path, and its tools make output directories of their own where it runs.
+TRAIN = """\
+import json, os, signal, sys, time
+epochs, stop = int(sys.argv[1]), []
+signal.signal(signal.SIGUSR1, lambda *_: stop.append(1))
+data = open("data/x.txt").read().strip()
+epoch = json.load(open("ckpt/state.json"))["epoch"] if os.path.exists("ckpt/state.json") else 0
+with open("ckpt/versions.txt", "a") as f:
+    f.write(open("version.txt").read())
+os.makedirs("outputs", exist_ok=True)
+while epoch < epochs and not stop:
+    time.sleep(1)
+    epoch += 1
+    with open("ckpt/state.json.tmp", "w") as f:
+        json.dump({"epoch": epoch, "data": data}, f)
+    os.replace("ckpt/state.json.tmp", "ckpt/state.json")
+    with open("runs/events.txt", "a") as f:
+        f.write(f"{epoch}\\n")
+    with open("outputs/log.txt", "a") as f:
+        f.write(f"{epoch}\\n")
+"""
+
+
 def make_repo(path: Path) -> Path:
     """A repository with a committed trainer and version file, then an uncommitted edit of the
     version and an untracked file: what a user has mid-work."""
@@ -29,18 +53,24 @@ def make_repo(path: Path) -> Path:
     git(path, "init", "-q", "-b", "main")
     git(path, "config", "user.name", "Test User")
     git(path, "config", "user.email", "test@example.org")
-    shutil.copy(TRAINER, path / "trainer.py")
+    (path / "train.py").write_text(TRAIN)
     (path / "version.txt").write_text("v1\n")
-    (path / ".gitignore").write_text("data/\n")
+    (path / ".gitignore").write_text("data/\nckpt/\nruns/\noutputs/\n")
     git(path, "add", ".")
     git(path, "commit", "-q", "-m", "v1")
     (path / "version.txt").write_text("v2\n")  # the uncommitted edit the chain must run
     (path / "notes.py").write_text("# untracked, not ignored: in the snapshot\n")
-    (path / "data").mkdir()
-    (path / "data" / "big.bin").write_bytes(b"\0" * 1024)  # ignored: not in the snapshot
+    make_data(path)
     git(path, "add", "notes.py")  # staged: the index must come through unchanged too
     (path / "notes.py").write_text("# untracked, not ignored: in the snapshot (edited)\n")
     return path
+
+
+def make_data(workdir: Path) -> None:
+    """The gitignored data the training reads by relative path: never in the snapshot."""
+    (workdir / "data").mkdir()
+    (workdir / "data" / "x.txt").write_text("the data\n")
+    (workdir / "data" / "big.bin").write_bytes(b"\0" * 1024)
 
 
 def repo_state(repo: Path) -> tuple[str, bytes, str, str]:
@@ -57,26 +87,20 @@ def write_job(repo: Path, host: str = "", workdir: Path | None = None) -> Path:
     # Slurm (over SSH) signals 10-40 s into a one-minute job, and later while its controller is
     # away (another test stops it): 90 s of training is more than one job holds, whenever it comes.
     epochs, walltime, grace = (90, "1m", "50s") if host else (6, "5s", "2s")
-    command = (
-        'cat version.txt >> "$CHAINRUN_CHECKPOINT_DIR/versions.txt"; '
-        f"exec python3 trainer.py --epochs {epochs} --epoch-time 1"
-    )
     lines = [
         'name = "snap"',
-        f"command = {json.dumps(command)}",
+        f'command = "exec python3 train.py {epochs}"',
         'total_time = "30m"',
         f'walltime = "{walltime}"',
         f'grace = "{grace}"',
         f"target_epoch = {epochs}",
         'snapshot = "git"',
+        'checkpoint_dir = "ckpt"',
+        'progress = "ckpt/state.json:epoch"',
+        'tensorboard_dir = "runs"',
     ]
     if workdir is not None:
-        lines += [
-            f"workdir = {json.dumps(str(workdir))}",
-            f"checkpoint_dir = {json.dumps(str(workdir / 'ckpt'))}",
-        ]
-    else:
-        lines.append('checkpoint_dir = "ckpt"')
+        lines.append(f"workdir = {json.dumps(str(workdir))}")
     if host:
         lines += ["[scheduler]", 'kind = "slurm"', f"host = {json.dumps(host)}"]
     path = repo / "chain.toml"
@@ -104,7 +128,9 @@ def run_to_the_end(chainrun: CLI, service: Callable[..., object], chain_id: str)
     return json.loads(chainrun("status", chain_id, "--json", check=True).stdout)[0]  # type: ignore[no-any-return]
 
 
-def check_chain(repo: Path, chainrun: CLI, service: Callable[..., object], path: Path, ckpt: Path) -> None:
+def check_chain(repo: Path, chainrun: CLI, service: Callable[..., object], path: Path, workdir: Path) -> None:
+    """The chain runs the submitted code, reads the workdir's gitignored data, and leaves its
+    checkpoints, TensorBoard files and outputs in the workdir, where status reads them."""
     before = repo_state(repo)
     submitted = chainrun("submit", str(path))
     assert submitted.returncode == 0, submitted.stderr
@@ -121,9 +147,19 @@ def check_chain(repo: Path, chainrun: CLI, service: Callable[..., object], path:
     assert st["state"] == "completed", st["reason"]
     ran = [s for s in st["segments"] if s["started_at"] is not None]
     assert len(ran) >= 2, "the chain should span segments"
-    versions = (ckpt / "versions.txt").read_text().splitlines()
+    versions = (workdir / "ckpt" / "versions.txt").read_text().splitlines()
     told = [(s["n"], s["outcome"], s["ran"], s["reason"]) for s in st["segments"]]
     assert versions == ["v2"] * len(versions) and len(versions) >= 2, (versions, told)
+    assert st["failures"] == 0, told
+    state = json.loads((workdir / "ckpt" / "state.json").read_text())
+    assert state == {"epoch": st["target_epoch"], "data": "the data"}
+    assert (workdir / "runs" / "events.txt").read_text().split() == [
+        str(e + 1) for e in range(state["epoch"])
+    ]
+    assert len((workdir / "outputs" / "log.txt").read_text().split()) == state["epoch"]
+    (code,) = (workdir / ".chainrun" / "code").iterdir()
+    assert all((code / name).is_symlink() for name in ("data", "ckpt", "runs", "outputs"))
+    assert (code / "version.txt").read_text() == "v2\n"
 
 
 def test_a_local_snapshot_chain_runs_the_submitted_code_and_leaves_the_repository_as_it_was(
@@ -131,7 +167,7 @@ def test_a_local_snapshot_chain_runs_the_submitted_code_and_leaves_the_repositor
 ) -> None:
     repo = make_repo(tmp_path / "repo")
     path = write_job(repo)
-    check_chain(repo, chainrun, service, path, repo / "ckpt")
+    check_chain(repo, chainrun, service, path, repo)
 
 
 @pytest.mark.slow
@@ -152,10 +188,9 @@ def test_a_snapshot_chain_over_ssh_runs_the_submitted_code_uploaded_once(
     repo = make_repo(tmp_path / "laptop")
     remote = tmp_path / "cluster work"
     remote.mkdir()
+    make_data(remote)
     path = write_job(repo, host="root-local", workdir=remote)
-    check_chain(repo, chainrun, service, path, remote / "ckpt")
-    unpacked = list((remote / ".chainrun" / "code").iterdir())
-    assert len(unpacked) == 1 and (unpacked[0] / "version.txt").read_text() == "v2\n"
+    check_chain(repo, chainrun, service, path, remote)
 
 
 def test_check_refuses_a_snapshot_outside_a_git_repository_in_one_line(tmp_path: Path, chainrun: CLI) -> None:
@@ -166,3 +201,50 @@ def test_check_refuses_a_snapshot_outside_a_git_repository_in_one_line(tmp_path:
     result = chainrun("check", str(path))
     assert result.returncode == 2
     assert result.stderr.strip().endswith("is not inside a git repository") and result.stderr.count("\n") == 1
+
+
+def test_gc_removes_the_snapshots_of_chains_that_ended_long_ago_never_one_in_use(
+    tmp_path: Path,
+    chainrun: CLI,
+    service: Callable[..., subprocess.Popen[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`chainrun gc` and the service remove refs/chainrun/ID and the unpacked code of chains that
+    ended more than gc_after ago; a sweep's code directory stays while one of its chains runs."""
+    config = tmp_path / "config"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+    repo = make_repo(tmp_path / "repo")
+    job = repo / "sweep.toml"
+    job.write_text(
+        'name = "gc"\ncommand = "sleep {t}"\ntotal_time = "30m"\nwalltime = "10m"\nsnapshot = "git"\n'
+        "[[sweep.points]]\nt = 0\n[[sweep.points]]\nt = 600\n"
+    )
+    assert chainrun("submit", str(job)).returncode == 0
+    first = service(interval=0.3)
+
+    def chains() -> dict[str, dict]:  # type: ignore[type-arg]
+        out = json.loads(chainrun("status", "gc", "--json", "--all", check=True).stdout)
+        return {c["params"]["t"]: c for c in out}
+
+    wait_for(lambda: chains()[0]["state"] == "completed", 120, "the short chain to complete")
+    short, long = chains()[0]["id"], chains()[600]["id"]
+    refs = lambda: git(repo, "for-each-ref", "--format=%(refname)", "refs/chainrun/").split()  # noqa: E731
+    (code,) = (repo / ".chainrun" / "code").iterdir()
+    kept = chainrun("gc", check=True).stdout
+    assert kept.strip() == "nothing to remove" and f"refs/chainrun/{short}" in refs()
+
+    def collected() -> bool:
+        assert chainrun("gc", "--older-than", "1s").returncode == 0
+        return f"refs/chainrun/{short}" not in refs()
+
+    wait_for(collected, 60, "gc --older-than 1s to remove the short chain's ref")
+    assert refs() == [f"refs/chainrun/{long}"] and (code / "train.py").exists(), "the long chain runs there"
+
+    chainrun("cancel", long, check=True)
+    wait_for(lambda: chains()[600]["state"] == "cancelled", 120, "the long chain to be cancelled")
+    first.terminate()
+    first.wait(60)
+    (config / "chainrun").mkdir(parents=True)
+    (config / "chainrun" / "config.toml").write_text('gc_after = "1s"\n')
+    service(interval=0.3)
+    wait_for(lambda: not refs() and not code.exists(), 60, "the service to remove the last ref and the code")

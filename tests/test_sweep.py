@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -54,11 +55,12 @@ def test_a_grid_times_repetitions_makes_one_chain_each_with_stable_names(tmp_pat
 
 def test_checkpoint_dir_placeholders_and_values_that_stay_as_they_are(tmp_path: Path) -> None:
     text = (
-        'name = "s"\ncommand = "echo {x} ${x} {unknown}"\ntotal_time = "1h"\nwalltime = "10m"\n'
+        'name = "s"\ncommand = "echo {x} ${x} {a,b} {1..3} {{x}} {{"\ntotal_time = "1h"\nwalltime = "10m"\n'
         'checkpoint_dir = "ck/{x}-{rep}"\n[[sweep.points]]\nx = "{rep}"\n[[sweep.points]]\nx = 3\n'
     )
     a, b = sweep.expand(load(tmp_path, text))
-    assert a.command == "echo '{rep}' ${x} {unknown}"  # one pass: a value is never expanded again
+    # One pass: a value is never expanded again; bash's ${x} and brace expansion stay as they are.
+    assert a.command == "echo '{rep}' ${x} {a,b} {1..3} {x} {"
     assert a.checkpoint_dir == str(tmp_path / "ck" / "{rep}-0") and b.checkpoint_dir == str(
         tmp_path / "ck" / "3-0"
     )
@@ -92,6 +94,84 @@ def test_a_path_unsafe_value_in_checkpoint_dir_is_refused(tmp_path: Path) -> Non
     text = BASE.replace('walltime = "10m"\n', 'walltime = "10m"\ncheckpoint_dir = "ck/{tag}"\n')
     with pytest.raises(JobFileError, match="cannot be part of a directory name"):
         sweep.expand(load(tmp_path, text + '[sweep.grid]\nlr = [1]\ntag = ["../up"]\n'))
+
+
+def test_an_unknown_placeholder_is_refused_at_check_and_submit_naming_it_and_a_close_match(
+    tmp_path: Path, chainrun: CLI
+) -> None:
+    """Before, `--bs {batch}` with only `batch_size` in the sweep passed check and ran with a
+    literal {batch}. Now check and submit refuse it in one line: the file, the name, the
+    names known and the closest one; nothing is stored."""
+    path = tmp_path / "sweep.toml"
+    path.write_text(
+        'name = "lr"\ncommand = "python3 train.py --lr {lr} --bs {batch}"\ntotal_time = "1h"\n'
+        'walltime = "10m"\n[sweep.grid]\nlr = [0.1]\nbatch_size = [64]\n'
+    )
+    for verb in ("check", "submit"):
+        result = chainrun(verb, str(path))
+        assert result.returncode == 2, (verb, result.stdout, result.stderr)
+        assert result.stderr == (
+            f"chainrun: {path}: command uses {{batch}}, which is unknown (did you mean {{batch_size}}?); "
+            "known: {lr}, {batch_size}, {name}, {rep}; write {{ or }} for a literal brace\n"
+        )
+    assert json.loads(chainrun("status", "--json", "--all", check=True).stdout) == []
+
+
+@pytest.mark.parametrize(
+    ("field", "line"),
+    [
+        ("command", 'command = "python3 train.py --epochs {epochs}"'),
+        ("env.DATA", 'command = "true"\n[env]\nDATA = "/data/{dataset}"'),
+        (
+            "scheduler.options",
+            'command = "true"\n[scheduler]\nkind = "slurm"\noptions = ["--gres=gpu:{gpu}"]',
+        ),
+        ("workdir", 'command = "true"\nworkdir = "runs/{run}"'),
+        ("checkpoint_dir", 'command = "true"\ncheckpoint_dir = "ck/{run}"'),
+        ("tensorboard_dir", 'command = "true"\ntensorboard_dir = "tb/{run}"'),
+    ],
+)
+def test_every_field_that_takes_placeholders_refuses_an_unknown_one(
+    tmp_path: Path, field: str, line: str
+) -> None:
+    """A chain that is no sweep knows {name} alone: anything else is a typo, in any field."""
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(JobFileError) as err:
+        load(tmp_path, f'name = "one"\ntotal_time = "1h"\nwalltime = "10m"\n{line}\n')
+    assert f"{field} uses {{" in str(err.value) and "known: {name};" in str(err.value)
+
+
+def test_placeholders_fill_env_options_and_paths_and_every_value_stays_quoted(tmp_path: Path) -> None:
+    """`--gres=gpu:{gpus}`, [env] values, workdir and tensorboard_dir are filled in by the same
+    renderer as the command; in the batch script each value is quoted as a whole, so a value of
+    quotes and $(...) arrives as it is and a line break cannot start a directive."""
+    from chainrun.schedulers import scheduler_for
+    from chainrun.schedulers.script import render_script
+    from chainrun.schedulers.segment import SegmentJob
+
+    (tmp_path / "runs").mkdir()
+    hostile = "it's $(touch pwned)"
+    text = (
+        'name = "p"\ncommand = "echo {tag}"\ntotal_time = "1h"\nwalltime = "10m"\n'
+        'workdir = "runs/{gpus}"\ntensorboard_dir = "tb/{name}"\n'
+        '[env]\nTAG = "<{tag}>"\n[scheduler]\nkind = "slurm"\noptions = ["--gres=gpu:{gpus}"]\n'
+        f"[sweep.grid]\ngpus = [2]\ntag = {json.dumps([hostile])}\n"
+    )
+    (one,) = sweep.expand(load(tmp_path, text))
+    assert one.workdir == str(tmp_path / "runs" / "2")
+    assert one.tensorboard_dir == str(tmp_path / "runs" / "2" / "tb" / one.name)
+    assert one.checkpoint_dir == str(tmp_path / "runs" / "2" / "checkpoints" / one.name)
+    assert one.scheduler.options == ("--gres=gpu:2",) and one.env == (("TAG", f"<{hostile}>"),)
+    script = render_script(scheduler_for("slurm", None), SegmentJob(one.name + "-a1b2c3", 1, one, 600))
+    assert "\n#SBATCH --gres=gpu:2\n" in script
+    assert "\nexport TAG='<it'\"'\"'s $(touch pwned)>'\n" in script
+    assert one.command == "echo " + shlex.quote(hostile)
+    assert f"\nbash -c {shlex.quote(one.command)} &\n" in script
+    broken = text.replace("gpu:{gpus}", "gpu:{tag}").replace(
+        json.dumps([hostile]), '["a\\n#SBATCH --wrap=x"]'
+    )
+    with pytest.raises(JobFileError, match=r"scheduler\.options uses a placeholder whose value"):
+        sweep.expand(load(tmp_path, broken))
 
 
 @pytest.mark.slow
@@ -265,7 +345,7 @@ def test_many_long_parameters_still_fit_80_columns(tmp_path: Path) -> None:
     from chainrun.model import Progress
 
     point = "[[sweep.points]]\n" + "".join(f'{k}_parameter = "{k * 30}"\n' for k in "abcdef")
-    spec = load(tmp_path, BASE + point + point.replace('"a', '"z'))
+    spec = load(tmp_path, BASE.replace(" --lr {lr} --tag {tag}", "") + point + point.replace('"a', '"z'))
     chains = [
         Chain(
             id=f"{one.name}-00000{i}",

@@ -15,7 +15,7 @@ from importlib import resources
 from chainrun import container
 from chainrun.model import chain_seed
 from chainrun.schedulers.base import ArrayScheduler, Scheduler
-from chainrun.schedulers.segment import SegmentJob, code_dir, sweep_environment
+from chainrun.schedulers.segment import SegmentJob, code_dir, code_names, made_dirs, sweep_environment
 from chainrun.text import quote
 
 _PLACEHOLDER = re.compile(r"@@([A-Z_]+)@@")
@@ -64,7 +64,11 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
         "TARGET": q("" if spec.target_epoch is None else str(spec.target_epoch)),
         "PROGRESS_FILE": q(spec.progress_file or ""),
         "PROGRESS_KEY": q(spec.progress_key),
-        "WORKDIR": q(code_dir(spec)),
+        "WORKDIR": q(spec.workdir),
+        "CODE": q(code_dir(spec)),
+        "CODE_NAMES": q(code_names(spec) if spec.snapshot_commit else ""),
+        "CODE_PATH": q(f"{spec.snapshot_subdir}/" if spec.snapshot_subdir else ""),
+        "MADE_DIRS": " ".join(q(d) for d in made_dirs(spec)),
         "COMMAND": q(spec.command),
         "CONTAINER": "".join(f"{q(word)} " for word in container.argv(spec, code_dir(spec))),
     }

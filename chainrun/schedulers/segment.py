@@ -29,6 +29,7 @@ FINAL_NAME = "final"
 CARRY_NAME = "carry.json"  # what the service last recorded of the chain, for chainrun.carry
 CLAIM_SUFFIX = ".queued"
 CODE_DIR = "code"  # in RUN_DIR_NAME: the code snapshots (snapshot = "git"), one per commit
+CODE_NAMES = ".chainrun-names"  # in a snapshot's directory: its paths, written once it is unpacked
 TAG_PREFIX = "cr."
 
 
@@ -100,13 +101,31 @@ def run_dir(spec: JobSpec, chain_id: str) -> str:
     return posixpath.join(spec.workdir, RUN_DIR_NAME, chain_id)
 
 
+def code_root(spec: JobSpec) -> str:
+    """Where a snapshot chain's commit is unpacked."""
+    return posixpath.join(spec.workdir, RUN_DIR_NAME, CODE_DIR, spec.snapshot_commit)
+
+
 def code_dir(spec: JobSpec) -> str:
     """Where the command runs: the workdir, or a snapshot chain's unpacked commit (at the
     job's subdirectory of its repository)."""
     if not spec.snapshot_commit:
         return spec.workdir
-    base = posixpath.join(spec.workdir, RUN_DIR_NAME, CODE_DIR, spec.snapshot_commit)
+    base = code_root(spec)
     return posixpath.join(base, spec.snapshot_subdir) if spec.snapshot_subdir else base
+
+
+def code_names(spec: JobSpec) -> str:
+    """The list of every path of a snapshot's tree (NUL-separated), written last when it was
+    unpacked: what is the snapshot's own in its directory, and what the command made there."""
+    return posixpath.join(code_root(spec), CODE_NAMES)
+
+
+def made_dirs(spec: JobSpec) -> list[str]:
+    """What the wrapper makes besides the checkpoint directory, before the command starts: the
+    directories chainrun reads, so that a snapshot chain's links reach them from the start."""
+    wanted = [spec.tensorboard_dir, posixpath.dirname(spec.progress_file or "")]
+    return [d for d in dict.fromkeys(wanted) if d and d != spec.workdir]
 
 
 def final_path(spec: JobSpec, chain_id: str) -> str:

@@ -19,6 +19,7 @@ export CHAINRUN_SEED=3928624171 # the chain's own, the same in each segment; [en
 export CHAINRUN_CHECKPOINT_DIR='/scratch/my runs/bob'"'"'s/ckpt'
 export CHAINRUN_SIGNAL=USR1
 export CHAINRUN_RUN_DIR='/scratch/my runs/bob'"'"'s/.chainrun/hostile-a1b2c3'
+export CHAINRUN_WORKDIR='/scratch/my runs/bob'"'"'s'
 export CHAINRUN_DEADLINE=$(( $(date +%s) + 14400 ))
 export USER="${USER:-$(id -un)}" # not every scheduler sets it; ch-run refuses to start without it
 # The signals are caught from here on: Slurm may send --signal in the job's first
@@ -273,13 +274,50 @@ if [ -n "$skip" ]; then
     exit 0
 fi
 
-workdir='/scratch/my runs/bob'"'"'s'
-if ! cd "$workdir"; then
-    echo "chainrun: cannot enter workdir $workdir" >&2
+codedir='/scratch/my runs/bob'"'"'s' # where the command starts: the workdir, or a snapshot chain's code
+if ! cd "$codedir"; then
+    echo "chainrun: cannot enter workdir $codedir" >&2
     end_marker 2 2 0
     exit 2
 fi
-(umask 077 && mkdir -p -- "$CHAINRUN_CHECKPOINT_DIR")
+(umask 077 && mkdir -p -- "$CHAINRUN_CHECKPOINT_DIR" )
+# The code of a snapshot chain holds only the snapshot (its paths in $names, NUL-separated):
+# everything else of the workdir is reachable there under its own name, as a link to the
+# workdir's entry (within a directory both have, likewise), made before each segment. What the
+# command made there beside the snapshot's own files moves to the workdir before and after each
+# segment: a new directory where the workdir has none, a file always (an atomic save replaces
+# the link to the workdir's file with a file of its own), so no output stays hidden in the code.
+share() { # code-dir workdir-dir path-in-the-tree/
+    local entry name
+    for entry in "$1"/* "$1"/.[!.]* "$1"/..?*; do
+        name=${entry##*/}
+        case $name in .git | .chainrun* | __pycache__) continue ;; esac
+        if [ -L "$entry" ] || [ ! -e "$entry" ] || grep -qzxF -- "$3$name" "$names"; then
+            continue
+        elif [ -f "$entry" ]; then
+            mv -f -- "$entry" "$2/$name" 2>/dev/null || true
+        elif [ ! -e "$2/$name" ] && [ ! -L "$2/$name" ]; then
+            mv -- "$entry" "$2/$name" 2>/dev/null || true
+        fi
+    done
+    for entry in "$2"/* "$2"/.[!.]* "$2"/..?*; do
+        [ -e "$entry" ] || [ -L "$entry" ] || continue
+        name=${entry##*/}
+        case $name in .git | .chainrun* | __pycache__) continue ;; esac
+        if [ ! -e "$1/$name" ] && [ ! -L "$1/$name" ]; then
+            ln -s -- "$entry" "$1/$name" 2>/dev/null || true
+        elif [ -d "$1/$name" ] && [ ! -L "$1/$name" ] && [ -d "$entry" ] && [ ! -L "$entry" ]; then
+            share "$1/$name" "$entry" "$3$name/"
+        fi
+    done
+}
+names=''
+shared() { # a snapshot chain's code (unpacked by a chainrun that lists its paths), with its workdir
+    if [ "$codedir" != "$CHAINRUN_WORKDIR" ] && [ -f "$names" ]; then
+        share "$codedir" "$CHAINRUN_WORKDIR" ''
+    fi
+}
+shared
 
 # bash runs traps only between commands, so the command runs in the
 # background and the wrapper waits; signals are forwarded to it. It runs in
@@ -324,6 +362,7 @@ if [ -n "$left" ]; then
 fi
 if [ -n "$timer" ]; then kill "$timer" 2>/dev/null || true; fi
 if [ -n "$carrier" ]; then kill "$carrier" 2>/dev/null || true; fi
+shared
 code=$rc
 # SGE reschedules a job that exits 99 and puts one that exits 100 in error
 # state: never pass those on by accident. The original is in the marker.
