@@ -31,6 +31,7 @@ from chainrun.errors import JobFileError
 from chainrun.fields import tomllib
 from chainrun.follow import Follower
 from chainrun.jobfile import parse
+from chainrun.localrunner import machine_dir
 from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, SchedulerSpec
 from chainrun.schedulers.local import LocalScheduler, runner_path, runner_source
 from chainrun.schedulers.segment import SegmentJob
@@ -245,7 +246,7 @@ def test_an_unreachable_host_makes_its_chains_wait_and_new_chains_go_elsewhere(p
 def _intervals(state: Path, prefix: str) -> list[tuple[float, float]]:
     """The (start, end) of every job named ``prefix...`` a host's runner ran, from its own records."""
     spans = []
-    for jobdir in state.glob("local/jobs/*"):
+    for jobdir in machine_dir(state / "local").glob("jobs/*"):
         end = json.loads((jobdir / "end.json").read_text())
         if json.loads((jobdir / "job.json").read_text())["name"].startswith(prefix) and end.get("started_at"):
             spans.append((end["started_at"], end["ended_at"]))
@@ -353,7 +354,7 @@ def test_a_pool_of_two_ssh_hosts_runs_four_chains_never_two_at_once_on_a_host(
             sshd.stop()
         # The runners' supervisors and jobs outlive their sshd: cancel what a failure left.
         for _, state in hosts.values():
-            for jobdir in state.glob("local/jobs/*"):
+            for jobdir in machine_dir(state / "local").glob("jobs/*"):
                 (jobdir / "cancel").touch()
 
 
