@@ -136,7 +136,8 @@ def check(ctx: click.Context, jobfile_path: str, show_script: bool) -> None:
     script, argv = plan.preflight(chains[0])
     with _store(ctx, readonly=True) as store:
         notes = control.claimed(store, chains)
-    for line in plan.summary(jobfile_path, spec, chains):
+    shared = control.probe_shared(spec)[1] if spec.scheduler.hosts else ""
+    for line in plan.summary(jobfile_path, spec, chains, shared):
         click.echo(line)
     for line in plan.warnings(spec) + notes:
         click.echo(line, err=True)

@@ -15,10 +15,11 @@ import posixpath
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from chainrun import progress, snapshot, sweep
+from chainrun import progress, rundir, snapshot, sweep
 from chainrun.decide.claims import Claim, Holder, claim, holder
 from chainrun.engine import Engine, TickSummary
 from chainrun.errors import ChainrunError, TransportError, UsageError
@@ -66,6 +67,10 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     pins: list[Optional[snapshot.Snapshot]] = []
     for spec in specs:
         preflight(spec)
+        if spec.scheduler.hosts:
+            shared, words = probe_shared(spec)
+            _note(f"{spec.name}: workdir {spec.workdir} {words}")
+            spec = replace(spec, scheduler=replace(spec.scheduler, workdir_shared=shared))
         transport = transport_for(spec.scheduler.first_host)
         try:
             # The code is captured once per job file: a sweep's chains all run the same commit.
@@ -111,6 +116,11 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
             snapshot.pin(snap, chain_id)
     stored = iter(Submitted(chain_id, one, True) for chain_id, (one, _) in zip(ids, new))
     return [item or next(stored) for item in out]
+
+
+def probe_shared(spec: JobSpec) -> tuple[Optional[bool], str]:
+    """Whether a pool's workdir is one directory on all its hosts, found out through them."""
+    return rundir.probe_shared(spec, transport_for)
 
 
 def claimed(store: Store, chains: Sequence[JobSpec]) -> list[str]:

@@ -15,11 +15,13 @@ from typing import Any, Optional
 STATUS_FILE = "service.status"
 
 
-def write(home: Path, status: str) -> None:
-    """Say, atomically, that this process ticked now, and how it went; OSError if it cannot."""
+def write(home: Path, status: str, hosts: Optional[dict[str, Any]] = None) -> None:
+    """Say, atomically, that this process ticked now, and how it went (and, for pools, how
+    each host answered: ``hosts``, read by ``status --hosts``); OSError if it cannot."""
     path = Path(home) / STATUS_FILE
     tmp = path.with_name(f".{STATUS_FILE}.tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "at": time.time(), "status": status}))
+    beat = {"pid": os.getpid(), "at": time.time(), "status": status, "hosts": hosts or {}}
+    tmp.write_text(json.dumps(beat))
     os.replace(tmp, path)
 
 
@@ -29,7 +31,8 @@ def stopped(home: Path) -> None:
     last = read(home) or {}
     path = Path(home) / STATUS_FILE
     tmp = path.with_name(f".{STATUS_FILE}.tmp")
-    tmp.write_text(json.dumps({"at": last.get("at"), "status": last.get("status"), "stopped": time.time()}))
+    kept = {"at": last.get("at"), "status": last.get("status"), "hosts": last.get("hosts") or {}}
+    tmp.write_text(json.dumps({**kept, "stopped": time.time()}))
     os.replace(tmp, path)
 
 

@@ -530,7 +530,9 @@ def poll(args: argparse.Namespace) -> int:
             line.update(reason=end.get("reason", ""))
             line.update(started_at=end.get("started_at"), ended_at=end.get("ended_at"), slot=end.get("slot"))
         elif _restarted(jobdir / "supervisor.pid"):
-            line.update(state="ended", outcome="node_fail", reason="the machine restarted while the job was on it")
+            line.update(
+                state="ended", outcome="node_fail", reason="the machine restarted while the job was on it"
+            )
         elif not _supervisor_alive(jobdir / "supervisor.pid"):
             line.update(state="ended", outcome="node_fail", reason="the local supervisor died")
         elif start is not None:

@@ -77,6 +77,8 @@ def new_chain_id(name: str) -> str:
     return f"{name}-{secrets.token_hex(3)}"
 
 
+HOST_TIMEOUT = 600  # a pool host's default host_timeout: 10 minutes without an answer
+
 # How the reason of a pool's chain begins while it waits, unsubmitted, for a free slot.
 WAITING_FOR_A_SLOT = "waiting for a "
 
@@ -94,6 +96,11 @@ class SchedulerSpec:
     hosts: tuple[str, ...] = ()
     slots: Optional[int] = None  # None: no limit (the local runner on one machine)
     gpus_per_slot: Optional[int] = None
+    # Seconds a pool's host may not answer before its running segments count as lost.
+    host_timeout: int = HOST_TIMEOUT
+    # Whether the workdir is one directory on every host of the pool, as found at submit by
+    # a probe file (None: not found out; a chain then keeps to the host it ran on).
+    workdir_shared: Optional[bool] = None
 
     @property
     def cluster_key(self) -> tuple[str, str]:
@@ -206,6 +213,8 @@ class JobSpec:
                 hosts=tuple(sched.get("hosts", ())),
                 slots=sched.get("slots"),
                 gpus_per_slot=sched.get("gpus_per_slot"),
+                host_timeout=sched.get("host_timeout", HOST_TIMEOUT),
+                workdir_shared=sched.get("workdir_shared"),
             ),
             env=tuple((k, v) for k, v in data["env"]),
             inherit_env=tuple(data.get("inherit_env", ())),
@@ -419,6 +428,7 @@ class ListedJob:
     # Held by the scheduler in an error state (SGE's Eqw, Slurm's
     # DependencyNeverSatisfied): it will never run on its own.
     stuck: bool = False
+    slot: Optional[int] = None  # the local runner's slot it holds (a pool: its GPUs follow)
 
 
 # Actions returned by decide(); the engine carries them out in order and

@@ -181,7 +181,9 @@ def test_full_home_when_the_job_starts_costs_nothing(small_home: Path, tmp_path:
 
     wait_for(lambda: running_until(tmp_path / "started"), 60, "the job's command to start")
     wait_for(lambda: running_until(got), 60, "the walltime signal, on a full disk")
-    assert not (machine_dir(home / "local") / "jobs" / str(job_id) / "start.json").exists(), "the disk was not full"
+    assert not (machine_dir(home / "local") / "jobs" / str(job_id) / "start.json").exists(), (
+        "the disk was not full"
+    )
     filler.unlink()
 
     line = ended(home, job_id)
@@ -206,7 +208,9 @@ def test_full_home_when_the_job_ends_costs_nothing(small_home: Path, tmp_path: P
     wait_for(lambda: poll(home)[job_id]["state"] == "running", 60, "the job to run")
     wait_for(lambda: (tmp_path / "child").exists(), 60, "the script's child")
     script_pid = int((tmp_path / "pids").read_text())
-    supervisor = int((machine_dir(home / "local") / "jobs" / str(job_id) / "supervisor.pid").read_text().split()[0])
+    supervisor = int(
+        (machine_dir(home / "local") / "jobs" / str(job_id) / "supervisor.pid").read_text().split()[0]
+    )
 
     filler = fill(home)
     go.touch()
@@ -217,12 +221,17 @@ def test_full_home_when_the_job_ends_costs_nothing(small_home: Path, tmp_path: P
     while time.monotonic() < until:
         line = poll(home)[job_id]
         assert line["state"] == "running", f"poll said {line} while end.json could not be written"
-    assert not (machine_dir(home / "local") / "jobs" / str(job_id) / "end.json").exists(), "the disk was not full"
+    assert not (machine_dir(home / "local") / "jobs" / str(job_id) / "end.json").exists(), (
+        "the disk was not full"
+    )
     filler.unlink()
 
     line = ended(home, job_id)
     assert (line["outcome"], line["exit_code"]) == ("failed", 3), line
-    assert json.loads((machine_dir(home / "local") / "jobs" / str(job_id) / "end.json").read_text())["exit_code"] == 3
+    assert (
+        json.loads((machine_dir(home / "local") / "jobs" / str(job_id) / "end.json").read_text())["exit_code"]
+        == 3
+    )
     assert not alive(int((tmp_path / "child").read_text())), "a process of the job outlived it"
     wait_for(lambda: not alive(supervisor), 60, "the supervisor to exit")
 

@@ -28,12 +28,12 @@ import pytest
 import structlog
 from conftest import REPO, cli_env, have, need, wait_for
 
-from chainrun.localrunner import machine_dir
 from chainrun import config as service_config
 from chainrun import heartbeat, jobfile, logs, sdnotify, systemd
 from chainrun import service as service_module
 from chainrun.engine import TickSummary
 from chainrun.errors import JobFileError, StoreUnavailable
+from chainrun.localrunner import machine_dir
 from chainrun.model import NO_PROGRESS
 from chainrun.store import Store
 

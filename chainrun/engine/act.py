@@ -95,9 +95,7 @@ class Executor:
             elif isinstance(action, Submit):
                 target = self._place(polled, chain, action, tick)
                 if target is None:  # a pool with no free slot: the chain waits, unsubmitted
-                    waiting = placement.waiting_reason(
-                        chain.spec.scheduler.hosts, tick.reached(chain.spec.scheduler.kind)
-                    )
+                    waiting = placement.waiting_reason(chain, tick.reached(chain.spec.scheduler.kind))
                     continue
                 done.append(self.submit(target, chain, action))
             else:
@@ -117,7 +115,8 @@ class Executor:
             for host in sched.hosts
             if (sched.kind, host) in tick.polled
         }
-        host = placement.place(sched.hosts, chain.host if chain.segments else None, free)
+        previous = chain.host if chain.segments else None
+        host = placement.place(sched.hosts, previous, free, placement.shared(chain))
         if host is None:
             return None
         tick.placed[(sched.kind, host)] += 1
