@@ -32,7 +32,7 @@ from chainrun.fields import tomllib
 from chainrun.follow import Follower
 from chainrun.jobfile import parse
 from chainrun.localrunner import machine_dir
-from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, SchedulerSpec
+from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, Outcome, Phase, SchedulerSpec
 from chainrun.schedulers.local import LocalScheduler, runner_path, runner_source
 from chainrun.schedulers.segment import SegmentJob
 from chainrun.status import state_cell
@@ -238,6 +238,50 @@ def test_an_unreachable_host_makes_its_chains_wait_and_new_chains_go_elsewhere(p
     pool.tick()
     assert pool.placed(third) == []
     assert pool.chain(third).reason == "waiting for a free slot on hosts b (a not reached)"
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_host_silent_for_host_timeout_loses_its_segments_at_no_cost(pool: Pool, shared: bool) -> None:
+    """Host a stops answering with a chain's segment running and its successor queued: for
+    host_timeout nothing happens; then both end as lost, uncharged. With a shared workdir
+    (one file system: b sees a's files) the chain resumes on b from the checkpoint; without,
+    it waits for a, saying why, and goes on there once a answers again. A job a still runs
+    of a segment ended as lost is then cancelled: no segment runs twice."""
+    sched = replace(POOL.scheduler, host_timeout=120, workdir_shared=shared)
+    chain_id = pool.add(replace(POOL, scheduler=sched))
+    if shared:
+        pool.hosts["b"].files = pool.hosts["a"].files
+    pool.tick()
+    pool.tick()
+    assert pool.placed(chain_id) == [(1, "a", "1"), (2, "a", "2")]
+    pool.hosts["a"].start("1")
+    pool.hosts["a"].checkpoint(POOL.checkpoint_dir, epoch=2)
+    pool.tick()
+    pool.hosts["a"].down = True
+    for _ in range(11):  # 110 s: not yet gone
+        pool.tick()
+    assert [s.phase for s in pool.chain(chain_id).segments] == [Phase.RUNNING, Phase.PENDING]
+    pool.tick()
+    pool.tick()
+    chain = pool.chain(chain_id)
+    ended = [(s.n, s.outcome, s.charged) for s in chain.segments[:2]]
+    assert ended == [(1, Outcome.LOST, False), (2, Outcome.LOST, False)]
+    assert "host a has not answered for 2m (host_timeout)" in chain.segments[0].reason
+    assert chain.failures == 0 and chain.state is ChainState.ACTIVE
+    if shared:
+        assert pool.placed(chain_id)[2][:2] == (3, "b")
+        assert chain.progress.epoch == 2  # read through b: the same checkpoint
+        return
+    assert len(chain.segments) == 2
+    assert chain.reason == (
+        "waiting for host a to answer: the checkpoint is on its disk (the workdir is not shared by the pool)"
+    )
+    pool.hosts["a"].down = False  # it was cut off, not dead: job 1 still runs there
+    pool.tick()
+    assert ["fake-cancel", "1", "2"] in pool.hosts["a"].commands
+    pool.tick()  # its slot free again
+    assert pool.placed(chain_id)[2][:2] == (3, "a")
+    assert pool.chain(chain_id).reason == ""
 
 
 # -- whole chains on two real hosts over SSH ------------------------------------------------

@@ -136,7 +136,9 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
             # The machine is gone (power, network): not the training's fault, so free. What it
             # saved is in the checkpoint, which the next segment reads wherever it runs.
             elapsed = min(now - seg.started_at, float(seg.walltime)) if seg.started_at is not None else 0.0
-            actions.append(EndSegment(seg.n, Outcome.LOST, None, False, elapsed, now, facts.host_lost, mark))
+            saved = current if current.advanced_from(mark) else mark
+            actions.append(EndSegment(seg.n, Outcome.LOST, None, False, elapsed, now, facts.host_lost, saved))
+            mark = saved
             used += elapsed
             ended.add(seg.n)
             continue
