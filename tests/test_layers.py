@@ -56,6 +56,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.cligroup",
         "chainrun.plan",
         "chainrun.status",
+        "chainrun.poolstatus",
         "chainrun.sweepstatus",
         "chainrun.follow",
         "chainrun.history",

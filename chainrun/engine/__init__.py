@@ -97,7 +97,13 @@ class TickSummary:
                 "jobs": None
                 if jobs is None
                 else [
-                    {"id": j.job_id, "name": j.name, "phase": j.phase.value, "slot": j.slot}
+                    {
+                        "id": j.job_id,
+                        "name": j.name,
+                        "phase": j.phase.value,
+                        "reason": j.reason,
+                        "slot": j.slot,
+                    }
                     for j in jobs.values()
                     if j.phase is not Phase.ENDED
                 ],
