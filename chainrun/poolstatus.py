@@ -21,16 +21,19 @@ from chainrun.status import columns, when
 
 
 def hosts(home: Path, chains: Sequence[Chain]) -> list[dict[str, Any]]:
-    """Every host of the active chains' pools, in the order the job files list them."""
+    """Every host of the active chains' pools, in the order the job files list them, then
+    those the service polled before (their slots unknown: no active chain names them)."""
     seen: dict[str, Any] = (heartbeat.read(home) or {}).get("hosts") or {}
     pools = [c for c in chains if c.spec.scheduler.hosts]
     by_id = {c.id: c for c in pools}
-    names = list(dict.fromkeys(h for c in pools for h in c.spec.scheduler.hosts))
+    names = list(dict.fromkeys([*(h for c in pools for h in c.spec.scheduler.hosts), *seen]))
     shown = []
     for host in names:
         state = seen.get(host) or {}
         listed: Optional[list[dict[str, Any]]] = state.get("jobs")
-        slots = max(c.spec.scheduler.slots or 1 for c in pools if host in c.spec.scheduler.hosts)
+        slots = max(
+            (c.spec.scheduler.slots or 1 for c in pools if host in c.spec.scheduler.hosts), default=None
+        )
         gpus: list[int] = []
         used = 0
         for job in listed or []:
@@ -71,7 +74,7 @@ def table(shown: Sequence[dict[str, Any]], now: float, width: int) -> list[str]:
             state = "not polled yet"
         else:
             state = ("up" if h["reachable"] else "UNREACHABLE") + stamp
-        slots = "?" if h["used"] is None else f"{h['used']}/{h['slots']} used"
+        slots = "?" if h["used"] is None or h["slots"] is None else f"{h['used']}/{h['slots']} used"
         gpus = "?" if h["gpus"] is None else (",".join(map(str, h["gpus"])) or "-")
         there = ", ".join(f"{c['name']} (segment {c['segment']}, {c['phase']})" for c in h["chains"]) or "-"
         rows.append((h["host"], state, slots, gpus, there))

@@ -81,7 +81,8 @@ class TickSummary:
     errors: list[str] = field(default_factory=list)
     # Clusters (scheduler kind, host) whose poll failed this tick, with why: their chains wait.
     unreachable: dict[Key, ChainrunError] = field(default_factory=dict)
-    # Each pool host polled: whether it answers, since when, and the jobs it listed.
+    # Each pool host polled: whether it answered when last polled, since when, and the jobs
+    # it listed this tick (None: not polled this tick, or it did not answer).
     pool: dict[Key, tuple[bool, float, Optional[dict[str, ListedJob]]]] = field(default_factory=dict)
     # Seconds until the engine wants its next tick (a submission's backoff
     # ends sooner than the interval); None: the service's interval.
@@ -143,6 +144,7 @@ class Engine:
         self.quiet: dict[str, tuple[Chain, Facts, float]] = {}
         # Each cluster polled: whether its last poll answered, and since when that is so.
         self.answers: dict[Key, tuple[bool, float]] = {}
+        self.pool_hosts: set[Key] = set()  # every pool host polled since the service started
 
     def tick(self, only: Optional[Collection[str]] = None) -> TickSummary:
         """Move every active chain (or only the chains with the ids in ``only``) forward once.
@@ -191,9 +193,10 @@ class Engine:
             answers = key in tick.polled
             if self.answers.get(key, (not answers, 0.0))[0] is not answers:
                 self.answers[key] = (answers, now)
+        self.pool_hosts.update(pools)
         summary.pool = {
             key: (*self.answers[key], tick.polled[key].jobs if key in tick.polled else None)
-            for key in dict.fromkeys(pools)
+            for key in self.pool_hosts
         }
         away = self._away(groups, floating, tick, now)
         for answered in tick.polled.values():
