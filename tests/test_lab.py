@@ -93,6 +93,7 @@ def _live_host(chain: dict[str, Any]) -> str | None:
 
 
 @pytest.mark.slow
+@pytest.mark.ssh
 def test_a_lab_of_three_machines_on_one_home_survives_losing_one_mid_run(
     lab: Lab, tmp_path: Path, chainrun: CLI, service: Callable[..., subprocess.Popen[bytes]]
 ) -> None:

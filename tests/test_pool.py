@@ -21,6 +21,7 @@ import pytest
 from conftest import wait_for
 from private_sshd import PrivateSSHD
 from test_decide import SPEC as DECIDE_SPEC
+from test_snapshot import make_repo
 from test_store import SPEC as STORE_SPEC
 from test_store import old_database
 
@@ -35,6 +36,7 @@ from chainrun.localrunner import machine_dir
 from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, Outcome, Phase, SchedulerSpec
 from chainrun.schedulers.local import LocalScheduler, runner_path, runner_source
 from chainrun.schedulers.segment import SegmentJob
+from chainrun.snapshot import capture
 from chainrun.status import state_cell
 from chainrun.store import Store
 from chainrun.testing import FakeClock, FakeCluster
@@ -284,6 +286,25 @@ def test_a_host_silent_for_host_timeout_loses_its_segments_at_no_cost(pool: Pool
     assert pool.chain(chain_id).reason == ""
 
 
+def test_a_snapshot_chain_placed_on_another_host_finds_its_code_unpacked_there(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """Code snapshots are unpacked through the pool's first host at submit; a segment placed on
+    another host (a is busy) gets the code unpacked there first, from the commit kept in the
+    repository on this machine, before its job is submitted."""
+    repo = make_repo(tmp_path / "repo")
+    spec = replace(POOL, source=str(repo / "job.toml"), snapshot="git")
+    spec = replace(spec, snapshot_commit=capture(spec).commit)
+    chain_id = pool.add(spec)
+    pool.hosts["a"].add_job("someone else's", "/x/job")
+    pool.tick()
+    assert pool.placed(chain_id) == [(1, "b", "100")]
+    code = f"{POOL.workdir}/.chainrun/code/{spec.snapshot_commit}"
+    assert pool.hosts["b"].files[f"{code}/version.txt"] == b"v2\n"  # the uncommitted edit, as submitted
+    assert f"{code}/.chainrun-unpacked" in pool.hosts["b"].files
+    assert f"{code}/.chainrun-unpacked" not in pool.hosts["a"].files
+
+
 # -- whole chains on two real hosts over SSH ------------------------------------------------
 
 
@@ -298,6 +319,7 @@ def _intervals(state: Path, prefix: str) -> list[tuple[float, float]]:
 
 
 @pytest.mark.slow
+@pytest.mark.ssh
 def test_a_pool_of_two_ssh_hosts_runs_four_chains_never_two_at_once_on_a_host(
     tmp_path: Path,
     chainrun: CLI,

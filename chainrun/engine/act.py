@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from chainrun import rundir
+from chainrun import rundir, snapshot
 from chainrun.decide import placement
 from chainrun.decide.retry import after_submit, array_refused
 from chainrun.engine.observe import Key, Polled
@@ -142,8 +142,12 @@ class Executor:
         attempts = self.store.journal_submit(chain.id, sub, now, host)
         job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime, sub.after)
         try:
+            if host is not None and not chain.ran_on(host):  # a pool host new to the chain
+                snapshot.deliver_to(polled.cluster.transport, chain.spec)
             rundir.trust_run_dir(polled.cluster.transport, chain.spec, chain.id, ran_there=chain.ran_on(host))
             job_id = polled.cluster.submit(job)
+        except snapshot.SnapshotError as exc:  # tried again later, as a host that did not answer
+            return after_submit(sub.n, attempts, TransportError(str(exc)), now)
         except (TransportError, SchedulerError, UnsafePathError) as exc:
             return after_submit(sub.n, attempts, exc, now)
         return Adopt(
