@@ -101,6 +101,9 @@ class SchedulerSpec:
     # Whether the workdir is one directory on every host of the pool, as found at submit by
     # a probe file (None: not found out; a chain then keeps to the host it ran on).
     workdir_shared: Optional[bool] = None
+    # A pool chain whose workdir is not shared: the host whose disk held its checkpoint at
+    # submit (None: none did), where it starts and is looked at before any segment ran.
+    checkpoint_host: Optional[str] = None
 
     @property
     def cluster_key(self) -> tuple[str, str]:
@@ -129,8 +132,9 @@ class SchedulerSpec:
 
     @property
     def first_host(self) -> Optional[str]:
-        """Where the checkpoint is looked at before any segment ran: the host, or a pool's first."""
-        return self.host or (self.hosts[0] if self.hosts else None)
+        """Where the checkpoint is looked at before any segment ran: the host, or for a pool the
+        one that held the checkpoint at submit, else its first."""
+        return self.host or self.checkpoint_host or (self.hosts[0] if self.hosts else None)
 
 
 SEED_LIMIT = 2**32  # seeds are below it: NumPy's legacy seed must be; torch, random and TF take them
@@ -215,6 +219,7 @@ class JobSpec:
                 gpus_per_slot=sched.get("gpus_per_slot"),
                 host_timeout=sched.get("host_timeout", HOST_TIMEOUT),
                 workdir_shared=sched.get("workdir_shared"),
+                checkpoint_host=sched.get("checkpoint_host"),
             ),
             env=tuple((k, v) for k, v in data["env"]),
             inherit_env=tuple(data.get("inherit_env", ())),
@@ -378,8 +383,10 @@ class Chain:
 
     @property
     def placed(self) -> Optional[str]:
-        """A pool's chain: its newest segment's host (None before it has one, and for others)."""
-        return next((s.host for s in reversed(self.segments) if s.host), None)
+        """A pool's chain: its newest segment's host, else the host its checkpoint was found on
+        at submit (None before it has either, and for others)."""
+        newest = next((s.host for s in reversed(self.segments) if s.host), None)
+        return newest or self.spec.scheduler.checkpoint_host
 
     @property
     def host(self) -> Optional[str]:

@@ -115,7 +115,7 @@ class Executor:
             for host in sched.hosts
             if (sched.kind, host) in tick.polled
         }
-        previous = chain.host if chain.segments else None
+        previous = chain.placed
         host = placement.place(sched.hosts, previous, free, placement.shared(chain))
         if host is None:
             return None
