@@ -14,10 +14,12 @@ jobs it had as ended by the restart.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
@@ -41,23 +43,30 @@ def _namespaces_work() -> bool:
 
 
 class Lab:
-    """The machines, their client config, and the shared home their runners keep state in."""
+    """The machines, their client config, and the shared home their runners keep state in;
+    with ``private``, that directory is each machine's own (its local disk)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, names: tuple[str, ...] = NAMES, private: Path | None = None) -> None:
         need("PID, hostname and mount namespaces", _namespaces_work(), "root and util-linux's unshare")
+        self.root = root
         self.home = root / "shared-home"  # CHAINRUN_HOME of every machine: one NFS home
         self.machines: dict[str, PrivateSSHD] = {}
-        for name in NAMES:
-            (root / name).mkdir()
+        env = ("env", f"LAB_PRIVATE={private}") if private is not None else ()
+        for name in names:
+            (root / name).mkdir(parents=True)
             self.machines[name] = PrivateSSHD(
                 root / name,
                 alias=name,
                 server=f"SetEnv CHAINRUN_HOME={self.home}\n",
-                launcher=(str(LAB_MACHINE), name, str(root / name / "machine")),
+                launcher=(*env, str(LAB_MACHINE), name, str(self.dir(name))),
             )
         self.config = root / "ssh_config"
         self.config.write_text("".join(m.config.read_text() for m in self.machines.values()))
         self.config.chmod(0o600)
+
+    def dir(self, name: str) -> Path:
+        """Machine ``name``'s own files: its identity, and its copy of the private directory."""
+        return self.root / name / "machine"
 
     def ssh(self, name: str, command: str) -> str:
         done = subprocess.run(
@@ -67,17 +76,23 @@ class Lab:
         return done.stdout
 
 
+@contextlib.contextmanager
+def running(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab]:
+    """The lab's machines started, the CLI and the service pointed at them; all stopped after."""
+    monkeypatch.setenv("CHAINRUN_SSH_CONFIG", str(lab.config))
+    try:
+        for machine in lab.machines.values():
+            machine.start()
+        yield lab
+    finally:
+        for machine in lab.machines.values():
+            machine.stop()  # the namespace's init, and with it all the machine ran
+
+
 @pytest.fixture
 def lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab]:
-    made = Lab(tmp_path)
-    monkeypatch.setenv("CHAINRUN_SSH_CONFIG", str(made.config))  # for the CLI and the service
-    try:
-        for machine in made.machines.values():
-            machine.start()
+    with running(Lab(tmp_path), monkeypatch) as made:
         yield made
-    finally:
-        for machine in made.machines.values():
-            machine.stop()  # the namespace's init, and with it all the machine ran
 
 
 def _chains(chainrun: CLI) -> list[dict[str, Any]]:
@@ -181,3 +196,51 @@ def test_a_lab_of_three_machines_on_one_home_survives_losing_one_mid_run(
         assert sorted(epochs) == list(range(1, TARGET + 1)), (c["name"], epochs)  # each epoch once
         if c["id"] in victims:
             assert any(s["host"] != "lab-a" and s["ran"] for s in c["segments"]), c
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+def test_a_chain_on_a_pool_without_a_shared_workdir_starts_and_stays_where_its_checkpoint_is(
+    tmp_path: Path,
+    chainrun: CLI,
+    service: Callable[..., subprocess.Popen[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each machine has its own copy of the workdir (a local disk): `check` says it is not
+    shared; at submit the checkpoint is found on lab-b's disk alone, so the chain starts
+    there from it, stays there, and trains only the epochs that were left."""
+    work = tmp_path / "local-disk"
+    work.mkdir()
+    lab = Lab(tmp_path / "lab", ("lab-a", "lab-b"), private=work)
+    for name in lab.machines:
+        (lab.dir(name) / "private").mkdir(parents=True)
+        shutil.copy(TRAINER, lab.dir(name) / "private" / "trainer.py")
+    on_b = lab.dir("lab-b") / "private"
+    seeded = subprocess.run(
+        [sys.executable, "trainer.py", "--epochs", "2", "--epoch-time", "0"],
+        cwd=on_b,
+        env={"CHAINRUN_CHECKPOINT_DIR": str(on_b / "ckpt"), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+    )
+    assert seeded.returncode == 0, seeded
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'name = "disk"\ncommand = "python3 trainer.py --epochs 6 --epoch-time 1"\nworkdir = "{work}"\n'
+        'checkpoint_dir = "ckpt"\ntotal_time = "5m"\nwalltime = "12s"\ngrace = "2s"\ntarget_epoch = 6\n'
+        '[scheduler]\nhosts = ["lab-a", "lab-b"]\n'
+    )
+    with running(lab, monkeypatch):
+        plan = chainrun("check", str(job), check=True).stdout
+        assert "not shared: a file written through lab-a is not seen through lab-b" in plan, plan
+        chainrun("submit", str(job), check=True)
+        service()
+        wait_for(
+            lambda: [c["state"] for c in _chains(chainrun)] == ["completed"], 240, "the chain to complete"
+        )
+    (chain,) = _chains(chainrun)
+    assert {s["host"] for s in chain["segments"]} == {"lab-b"}, chain
+    assert chain["failures"] == 0 and chain["epoch"] == 6
+    logs = (on_b / ".chainrun" / chain["id"]).glob("seg-*.log")
+    epochs = [int(m) for log in logs for m in re.findall(r"^epoch (\d+) done$", log.read_text(), re.M)]
+    assert sorted(epochs) == [3, 4, 5, 6]  # from lab-b's checkpoint of epoch 2, each once
+    assert not (lab.dir("lab-a") / "private" / "ckpt").exists()
