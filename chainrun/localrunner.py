@@ -144,8 +144,12 @@ def machine_dir(base: Path) -> Path:
 
 
 def home() -> Path:
-    path = machine_dir(private_dir(default_home()) / "local")
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    base = private_dir(default_home()) / "local"
+    path = machine_dir(base)
+    if not path.exists():
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # numbered on from the jobs of before (``_job_dirs``)
+            shutil.copyfile(base / "next_id", path / "next_id")
     with contextlib.suppress(OSError):  # for a reader of the shared home: which machine is this
         if not (path / "hostname").exists():
             _write_atomic(path / "hostname", os.uname().nodename + "\n")
@@ -212,10 +216,14 @@ def identity(pid: int) -> str:
     return f"{pid} {_started(pid) or 0} {boot_id()}\n"
 
 
-def _supervisor_alive(path: Path) -> bool:
+def _supervisor_alive(path: Path, legacy: bool = False) -> bool:
     """Whether the supervisor ``path`` records runs: the same PID, started at the same
     time, in this very boot. A PID reused by another process, or a record from before a
-    restart, is not it."""
+    restart, is not it. A ``legacy`` record (a job of a runner before machines had their
+    own state) has its PID alone, and is judged by it."""
+    if legacy:
+        with contextlib.suppress(OSError, ValueError):
+            return alive(int(path.read_text().split()[0]))
     try:
         pid, start, boot = path.read_text().split()
         identity = (int(pid), int(start), boot)
@@ -242,10 +250,32 @@ def _next_id(root: Path) -> int:
     return n
 
 
+def _legacy(root: Path) -> Path:
+    """Where a runner before machines had their own state kept its jobs: they are still
+    listed, cancelled and waited for, so that an upgrade loses none that run."""
+    return root.parent.parent / "jobs"
+
+
+def _job_dir(root: Path, job_id: str) -> Path:
+    """Job ``job_id``'s directory: this machine's, else one of before (``_legacy``)."""
+    mine = root / "jobs" / job_id
+    old = _legacy(root) / job_id
+    return old if not mine.exists() and old.exists() else mine
+
+
+def _job_dirs(root: Path) -> list[Path]:
+    """Every job's directory, by id: the jobs of before (``_legacy``) first."""
+    found: dict[str, Path] = {}
+    for jobs in (_legacy(root), root / "jobs"):
+        for jobdir in jobs.iterdir() if jobs.is_dir() else []:
+            if jobdir.name.isdigit():
+                found[jobdir.name] = jobdir
+    return [found[k] for k in sorted(found, key=int)]
+
+
 def _queued(root: Path, name: str) -> Optional[int]:
     """The id of a job called ``name`` that has not ended, if there is one."""
-    jobs = root / "jobs"
-    for jobdir in jobs.iterdir() if jobs.exists() else []:
+    for jobdir in _job_dirs(root):
         job = _read_json(jobdir / "job.json")
         if job is not None and job["name"] == name and not _ended(root, jobdir.name):
             return int(job["id"])
@@ -320,10 +350,10 @@ def submit(args: argparse.Namespace) -> int:
 def _ended(root: Path, job_id: Optional[str]) -> bool:
     if not job_id:
         return True
-    jobdir = root / "jobs" / str(job_id)
+    jobdir = _job_dir(root, str(job_id))
     if not jobdir.exists() or (jobdir / "end.json").exists():
         return True
-    return not _supervisor_alive(jobdir / "supervisor.pid")
+    return not _supervisor_alive(jobdir / "supervisor.pid", jobdir.parent != root / "jobs")
 
 
 def _become_subreaper() -> None:
@@ -517,8 +547,7 @@ def _take_slot(root: Path, slots: int) -> Optional[tuple[int, int]]:
 def poll(args: argparse.Namespace) -> int:
     """One JSON line per job: id, name, state, outcome, times, reason."""
     root = home()
-    jobs = root / "jobs"
-    for jobdir in sorted(jobs.iterdir(), key=lambda p: int(p.name)) if jobs.exists() else []:
+    for jobdir in _job_dirs(root):
         job = _read_json(jobdir / "job.json")
         if job is None:
             continue
@@ -533,7 +562,7 @@ def poll(args: argparse.Namespace) -> int:
             line.update(
                 state="ended", outcome="node_fail", reason="the machine restarted while the job was on it"
             )
-        elif not _supervisor_alive(jobdir / "supervisor.pid"):
+        elif not _supervisor_alive(jobdir / "supervisor.pid", jobdir.parent != root / "jobs"):
             line.update(state="ended", outcome="node_fail", reason="the local supervisor died")
         elif start is not None:
             line.update(state="running", started_at=start["started_at"], slot=start.get("slot"))
@@ -549,7 +578,7 @@ def cancel(args: argparse.Namespace) -> int:
     root = home()
     status = 0
     for job_id in args.ids:
-        jobdir = root / "jobs" / str(job_id)
+        jobdir = _job_dir(root, str(job_id))
         if not (jobdir / "job.json").exists():
             print(f"localrunner: no job {job_id}", file=sys.stderr)
             status = 1
@@ -559,11 +588,8 @@ def cancel(args: argparse.Namespace) -> int:
 
 
 def _prune(root: Path) -> None:
-    jobs = root / "jobs"
-    if not jobs.exists():
-        return
     cutoff = time.time() - KEEP_ENDED
-    for jobdir in jobs.iterdir():
+    for jobdir in _job_dirs(root):
         end = jobdir / "end.json"
         try:
             if end.stat().st_mtime < cutoff:

@@ -433,3 +433,29 @@ def test_each_machine_keeps_its_own_state_under_a_shared_home(tmp_path: Path) ->
     assert mine.name == Path("/etc/machine-id").read_text().strip()
     assert (mine / "hostname").read_text() == os.uname().nodename + "\n"
     assert [p.name for p in (mine / "jobs").iterdir()] == ["1"]
+
+
+def test_jobs_of_a_runner_from_before_machine_state_are_still_seen_after_an_upgrade(tmp_path: Path) -> None:
+    """A job the runner queued before each machine had its own state (``local/jobs``, its
+    supervisor a bare PID) is still listed, judged by that PID and cancellable; new jobs are
+    numbered on from it, so no id names two jobs."""
+    home = tmp_path / "home"
+    legacy = home / "local" / "jobs" / "4"
+    legacy.mkdir(parents=True)
+    for path in (home, home / "local"):
+        path.chmod(0o700)
+    (home / "local" / "next_id").write_text("5\n")
+    (legacy / "job.json").write_text(json.dumps({"id": 4, "name": "cr.old.1", "after": None, "slots": None}))
+    supervisor = subprocess.Popen(["sleep", "600"])
+    try:
+        (legacy / "supervisor.pid").write_text(f"{supervisor.pid}\n")
+        (legacy / "start.json").write_text(json.dumps({"pid": supervisor.pid, "started_at": time.time()}))
+        assert poll(home)[4]["state"] == "running"
+        script = make_script(tmp_path, "true")
+        submitted = runner(home, *submit_argv(tmp_path, "cr.new.1", script, "--walltime", "60"))
+        assert submitted.stdout.strip() == "5", submitted
+        assert runner(home, "cancel", "4").returncode == 0 and (legacy / "cancel").exists()
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+    assert poll(home)[4]["reason"] == "the local supervisor died"
