@@ -68,7 +68,7 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     for spec in specs:
         preflight(spec)
         if spec.scheduler.hosts:
-            shared, words = probe_shared(spec)
+            shared, words = probe_shared(spec, create=True)
             _note(f"{spec.name}: workdir {spec.workdir} {words}")
             spec = replace(spec, scheduler=replace(spec.scheduler, workdir_shared=shared))
         transport = transport_for(spec.scheduler.first_host)
@@ -116,9 +116,10 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     return [item or next(stored) for item in out]
 
 
-def probe_shared(spec: JobSpec) -> tuple[Optional[bool], str]:
-    """Whether a pool's workdir is one directory on all its hosts, found out through them."""
-    return rundir.probe_shared(spec, transport_for)
+def probe_shared(spec: JobSpec, create: bool = False) -> tuple[Optional[bool], str]:
+    """Whether a pool's workdir is one directory on all its hosts, found out through them
+    (``create``: the workdir made first where it is missing, as for a submission)."""
+    return rundir.probe_shared(spec, transport_for, create)
 
 
 def claimed(store: Store, chains: Sequence[JobSpec]) -> list[str]:

@@ -88,15 +88,20 @@ def write_final(transport: Transport, spec: JobSpec, chain_id: str) -> None:
     transport.write_file(final_path(spec, chain_id), b"chain ended\n")
 
 
-def probe_shared(spec: JobSpec, transports: Callable[[str], Transport]) -> tuple[Optional[bool], str]:
+def probe_shared(
+    spec: JobSpec, transports: Callable[[str], Transport], create: bool = False
+) -> tuple[Optional[bool], str]:
     """Whether a pool's workdir is one directory on all its hosts (an NFS home or data drive),
     and the words for the plan: a probe file is written into it through the first host and
     looked for through the others. None when it cannot be found out (a host not reached, the
-    workdir not there yet): a chain then keeps to the host its checkpoint is on."""
+    workdir not there yet, and not ``create``-d): a chain then keeps to the host its
+    checkpoint is on."""
     hosts = spec.scheduler.hosts
     probe = posixpath.join(spec.workdir, f".chainrun-probe-{secrets.token_hex(8)}")
     first = transports(hosts[0])
     try:
+        if create:  # as the first segment's submission would (``trust_run_dir``)
+            first.makedirs(spec.workdir, 0o700)
         if first.stat(spec.workdir) is None:
             return None, f"not known yet: {spec.workdir} is not on {hosts[0]}"
         first.write_file(probe, b"written through " + hosts[0].encode() + b"\n")

@@ -102,13 +102,13 @@ def stranded(chain: Chain, reached: Collection[str]) -> bool:
     return not shared(chain) and chain.placed is not None and chain.placed not in reached
 
 
-def gone(since: Optional[float], timeout: float, now: float) -> bool:
+def gone(since: float, timeout: float, now: float) -> bool:
     """Whether a host that has not answered since ``since`` is gone: its running segments
     are lost (a dead machine is not the training's fault: they cost nothing)."""
-    return since is not None and now - since >= timeout
+    return now - since >= timeout
 
 
-def gone_reason(host: str, since: float, timeout: float) -> str:
+def gone_reason(host: str, timeout: float) -> str:
     """Why a gone host's segments ended."""
     return (
         f"host {host} has not answered for {format_duration(int(timeout))} (host_timeout); "

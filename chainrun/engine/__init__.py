@@ -191,8 +191,8 @@ class Engine:
                 summary.errors.append(str(exc))
                 summary.unreachable[key] = exc
             answers = key in tick.polled
-            if self.answers.get(key, (not answers, 0.0))[0] is not answers:
-                self.answers[key] = (answers, now)
+            if key not in self.answers or self.answers[key][0] is not answers:
+                self.answers[key] = (answers, now)  # since when it answers, or does not
         self.pool_hosts.update(pools)
         summary.pool = {
             key: (*self.answers[key], tick.polled[key].jobs if key in tick.polled else None)
@@ -253,7 +253,7 @@ class Engine:
                     continue
                 groups[key].remove(chain)
                 groups[(sched.kind, other)].append(chain)
-                away[chain.id] = placement.gone_reason(key[1], since, sched.host_timeout)
+                away[chain.id] = placement.gone_reason(key[1], sched.host_timeout)
         for chain in floating:
             kind = chain.spec.scheduler.kind
             reached = tick.reached(kind)
