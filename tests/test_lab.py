@@ -148,12 +148,20 @@ def test_a_lab_of_three_machines_on_one_home_survives_losing_one_mid_run(
     lab.machines["lab-a"].stop()
     victims: set[str] = set()
 
+    given: set[tuple[str, int]] = set()  # GPUs status --hosts showed given out, by host
+
     def shown_unreachable() -> bool:
-        a = _hosts(chainrun)["lab-a"]
+        hosts = _hosts(chainrun)
+        for h in hosts.values():
+            if h["reachable"] and h["used"] is not None:
+                assert h["used"] <= 2 and set(h["gpus"]) <= {0, 1}, h
+                given.update((h["host"], g) for g in h["gpus"])
+        a = hosts["lab-a"]
         victims.update(c["chain"] for c in a["chains"])
         return a["reachable"] is False and bool(victims)
 
     wait_for(shown_unreachable, 60, "lab-a shown unreachable with its chains")
+    assert given, "status --hosts showed the GPUs given out on lab-b and lab-c"
     table = chainrun("status", "--hosts", check=True).stdout
     assert re.search(r"lab-a +UNREACHABLE since", table), table
 
