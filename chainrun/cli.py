@@ -127,7 +127,8 @@ def check(ctx: click.Context, jobfile_path: str, show_script: bool) -> None:
     script, argv = plan.preflight(chains[0])
     with _store(ctx, readonly=True) as store:
         notes = control.claimed(store, chains)
-    for line in plan.summary(jobfile_path, spec, chains):
+    shared = control.probe_shared(spec)[1] if spec.scheduler.hosts else ""
+    for line in plan.summary(jobfile_path, spec, chains, shared):
         click.echo(line)
     for line in plan.warnings(spec) + notes:
         click.echo(line, err=True)
@@ -367,6 +368,12 @@ def gc(ctx: click.Context, older_than: Optional[str]) -> None:
 )
 @click.option("--verbose", "-v", is_flag=True, help="Every chain's reason and details, not only trouble.")
 @click.option(
+    "--hosts",
+    "show_hosts",
+    is_flag=True,
+    help="The pools' machines instead: reachable since when, slots used, GPUs given out, chains there.",
+)
+@click.option(
     "--watch",
     "-w",
     type=float,
@@ -384,6 +391,7 @@ def status(
     as_json: bool,
     show_all: bool,
     verbose: bool,
+    show_hosts: bool,
     watch: Optional[float],
 ) -> None:
     """Show chains, one line each: state, progress, ETA, failures, segments, time.
@@ -402,6 +410,9 @@ def status(
     """
     from chainrun import status as view
 
+    if show_hosts:
+        _hosts(ctx, chain_ref, as_json)
+        return
     if watch is not None and as_json:
         raise UsageError("--watch draws a table for people; for scripts, run `status --json` in a loop")
     tty = sys.stdout.isatty()
@@ -468,6 +479,23 @@ def status(
                 time.sleep(watch)
         except KeyboardInterrupt:
             return
+
+
+def _hosts(ctx: click.Context, chain_ref: Optional[str], as_json: bool) -> None:
+    """``status --hosts``: each pool host as the service's last tick found it."""
+    from chainrun import poolstatus
+    from chainrun import status as view
+
+    if chain_ref is not None:
+        raise UsageError("--hosts shows every pool's machines; give no CHAIN with it")
+    with _store(ctx, readonly=True) as store:
+        shown = poolstatus.hosts(ctx.obj, store.chains(active_only=True))
+    if as_json:
+        click.echo(json.dumps(shown, indent=2))
+        return
+    width = shutil.get_terminal_size((view.WIDTH, 24)).columns if sys.stdout.isatty() else view.WIDTH
+    for line in [view.service_line(ctx.obj, time.time()), "", *poolstatus.table(shown, time.time(), width)]:
+        click.echo(line)
 
 
 @main.command()

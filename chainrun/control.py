@@ -15,10 +15,11 @@ import posixpath
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from chainrun import jobfile, progress, snapshot, sweep
+from chainrun import jobfile, progress, rundir, snapshot, sweep
 from chainrun.decide.claims import Claim, Holder, claim, holder
 from chainrun.engine import Engine, TickSummary
 from chainrun.errors import ChainrunError, TransportError, UsageError
@@ -69,6 +70,10 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
         spec = probe_nodes(spec)
         if spec.nodes_cannot_submit:
             _note(f"{spec.name}: {spec.nodes_cannot_submit}: no segment queues its successor itself")
+        if spec.scheduler.hosts:
+            shared, words = probe_shared(spec, create=True)
+            _note(f"{spec.name}: workdir {spec.workdir} {words}")
+            spec = replace(spec, scheduler=replace(spec.scheduler, workdir_shared=shared))
         transport = transport_for(spec.scheduler.first_host)
         try:
             jobfile.container_where_it_runs(spec)
@@ -84,9 +89,7 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
                     _note(f"{one.name}: still running as chain {held.chain_id}; left as it is")
                     out.append(Submitted(held.chain_id, one, False))
                     continue
-                if fresh:
-                    _move_aside(transport, one)
-                baseline = progress.read(transport, one) or NO_PROGRESS
+                one, baseline = _starting_point(one, transport, fresh)
                 why = _complete(one, baseline)
                 if why:
                     again = "; to start over, add --fresh (it moves the directory aside, deleting nothing)"
@@ -115,6 +118,12 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
             snapshot.pin(snap, chain_id)
     stored = iter(Submitted(chain_id, one, True) for chain_id, (one, _) in zip(ids, new))
     return [item or next(stored) for item in out]
+
+
+def probe_shared(spec: JobSpec, create: bool = False) -> tuple[Optional[bool], str]:
+    """Whether a pool's workdir is one directory on all its hosts, found out through them
+    (``create``: the workdir made first where it is missing, as for a submission)."""
+    return rundir.probe_shared(spec, transport_for, create)
 
 
 def claimed(store: Store, chains: Sequence[JobSpec]) -> list[str]:
@@ -191,6 +200,39 @@ def _complete(spec: JobSpec, baseline: Progress) -> str:
     if baseline.done:
         return "the training script marked it done"
     return ""
+
+
+def _starting_point(spec: JobSpec, transport: Transport, fresh: bool) -> tuple[JobSpec, Progress]:
+    """What a new chain starts from: its checkpoint, read (with ``fresh``, first moved aside)
+    where it is (``transport``: the chain's host). A pool whose workdir is not known to be
+    shared may hold it on any host's own disk: each host is looked at, and the chain is to
+    start on the one with the furthest checkpoint (``checkpoint_host``)."""
+    sched = spec.scheduler
+    if not sched.hosts or sched.workdir_shared:
+        if fresh:
+            _move_aside(transport, spec)
+        return spec, progress.read(transport, spec) or NO_PROGRESS
+    found: list[tuple[str, Progress]] = []
+    for host in sched.hosts:
+        try:
+            there = transport_for(host)
+            if fresh:
+                _move_aside(there, spec)
+            found.append((host, progress.read(there, spec) or NO_PROGRESS))
+        except TransportError as exc:
+            raise TransportError(
+                f"cannot reach {host} ({exc}), whose own disk may hold {spec.name}'s checkpoint"
+            ) from None
+    host, baseline = max(found, key=lambda f: f[1].key)  # the first listed, on a tie
+    if baseline == NO_PROGRESS:
+        return spec, baseline  # no checkpoint anywhere: it may start on any host
+    others = [h for h, p in found if p != NO_PROGRESS and h != host]
+    if others:
+        _note(
+            f"{spec.name}: checkpoints in {spec.checkpoint_dir} on {host} and {', '.join(others)}; "
+            f"starting from {host}'s, the furthest"
+        )
+    return replace(spec, scheduler=replace(sched, checkpoint_host=host)), baseline
 
 
 def _move_aside(transport: Transport, spec: JobSpec) -> None:

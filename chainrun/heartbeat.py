@@ -16,14 +16,20 @@ from typing import Any, Optional
 STATUS_FILE = "service.status"
 
 
-def write(home: Path, status: str, interval: float) -> None:
+def write(home: Path, status: str, interval: float, hosts: Optional[dict[str, Any]] = None) -> None:
     """Say, atomically, that this process ticked now (and ticks every ``interval`` seconds),
-    and how it went; OSError if it cannot."""
+    and how it went (and, for pools, how each host answered: ``hosts``, read by ``status
+    --hosts``); OSError if it cannot."""
     path = Path(home) / STATUS_FILE
     tmp = path.with_name(f".{STATUS_FILE}.tmp")
-    tmp.write_text(
-        json.dumps({"pid": os.getpid(), "at": time.time(), "status": status, "interval": interval})
-    )
+    beat = {
+        "pid": os.getpid(),
+        "at": time.time(),
+        "status": status,
+        "interval": interval,
+        "hosts": hosts or {},
+    }
+    tmp.write_text(json.dumps(beat))
     os.replace(tmp, path)
 
 
@@ -33,7 +39,8 @@ def stopped(home: Path) -> None:
     last = read(home) or {}
     path = Path(home) / STATUS_FILE
     tmp = path.with_name(f".{STATUS_FILE}.tmp")
-    tmp.write_text(json.dumps({"at": last.get("at"), "status": last.get("status"), "stopped": time.time()}))
+    kept = {"at": last.get("at"), "status": last.get("status"), "hosts": last.get("hosts") or {}}
+    tmp.write_text(json.dumps({**kept, "stopped": time.time()}))
     os.replace(tmp, path)
 
 

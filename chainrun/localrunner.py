@@ -8,8 +8,14 @@ walltime (the configured signal at walltime minus grace, SIGTERM at walltime,
 SIGKILL after a short wait) and records the end in files. Jobs therefore keep
 running, and their outcome is still known, when the chainrun service stops.
 
-State lives under ``$CHAINRUN_HOME/local/jobs/<id>/``: ``job.json`` (what was
-asked), ``supervisor.pid``, ``start.json``, ``end.json``, and a ``cancel``
+State lives under ``$CHAINRUN_HOME/local/machines/<machine-id>/``, one
+directory per machine (``/etc/machine-id``, else the hostname), so that the
+machines of a lab can share one home over NFS: each keeps its own job
+numbers, records, slot locks and logs, and a job is only ever judged on the
+machine that started it. A job is ``jobs/<id>/``: ``job.json`` (what was
+asked), ``supervisor.pid`` (the supervisor's PID, its start time and the
+machine's boot id: a PID alone may name another process after a reboot or
+in a new PID namespace), ``start.json``, ``end.json``, and a ``cancel``
 request file. A job's directory is made under ``new/`` and moved into
 ``jobs/`` once complete.
 
@@ -112,9 +118,41 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+def machine_id() -> str:
+    """This machine's stable identity: its systemd/dbus machine id, else its hostname."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text and text.isalnum():
+            return text
+    return os.uname().nodename
+
+
+def boot_id() -> str:
+    """This boot of the machine: a new one after every restart."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def machine_dir(base: Path) -> Path:
+    """The state directory of this machine under the runner's ``base`` (``$CHAINRUN_HOME/local``)."""
+    return base / "machines" / machine_id()
+
+
 def home() -> Path:
-    path = private_dir(default_home()) / "local"
-    path.mkdir(mode=0o700, exist_ok=True)
+    base = private_dir(default_home()) / "local"
+    path = machine_dir(base)
+    if not path.exists():
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # numbered on from the jobs of before (``_job_dirs``)
+            shutil.copyfile(base / "next_id", path / "next_id")
+    with contextlib.suppress(OSError):  # for a reader of the shared home: which machine is this
+        if not (path / "hostname").exists():
+            _write_atomic(path / "hostname", os.uname().nodename + "\n")
     return path
 
 
@@ -164,6 +202,44 @@ def alive(pid: Optional[int]) -> bool:
         return True
 
 
+def _started(pid: int) -> Optional[int]:
+    """When process ``pid`` started, in clock ticks since boot (None: there is none)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def identity(pid: int) -> str:
+    """What names process ``pid`` for good: its PID, start time and the machine's boot id."""
+    return f"{pid} {_started(pid) or 0} {boot_id()}\n"
+
+
+def _supervisor_alive(path: Path, legacy: bool = False) -> bool:
+    """Whether the supervisor ``path`` records runs: the same PID, started at the same
+    time, in this very boot. A PID reused by another process, or a record from before a
+    restart, is not it. A ``legacy`` record (a job of a runner before machines had their
+    own state) has its PID alone, and is judged by it."""
+    if legacy:
+        with contextlib.suppress(OSError, ValueError):
+            return alive(int(path.read_text().split()[0]))
+    try:
+        pid, start, boot = path.read_text().split()
+        identity = (int(pid), int(start), boot)
+    except (OSError, ValueError):
+        return False
+    return identity[2] == boot_id() and _started(identity[0]) == identity[1] and alive(identity[0])
+
+
+def _restarted(path: Path) -> bool:
+    """Whether the supervisor ``path`` records ran in an earlier boot of this machine."""
+    try:
+        return path.read_text().split()[2] != boot_id()
+    except (OSError, IndexError):
+        return False
+
+
 def _next_id(root: Path) -> int:
     counter = root / "next_id"
     try:
@@ -174,10 +250,32 @@ def _next_id(root: Path) -> int:
     return n
 
 
+def _legacy(root: Path) -> Path:
+    """Where a runner before machines had their own state kept its jobs: they are still
+    listed, cancelled and waited for, so that an upgrade loses none that run."""
+    return root.parent.parent / "jobs"
+
+
+def _job_dir(root: Path, job_id: str) -> Path:
+    """Job ``job_id``'s directory: this machine's, else one of before (``_legacy``)."""
+    mine = root / "jobs" / job_id
+    old = _legacy(root) / job_id
+    return old if not mine.exists() and old.exists() else mine
+
+
+def _job_dirs(root: Path) -> list[Path]:
+    """Every job's directory, by id: the jobs of before (``_legacy``) first."""
+    found: dict[str, Path] = {}
+    for jobs in (_legacy(root), root / "jobs"):
+        for jobdir in jobs.iterdir() if jobs.is_dir() else []:
+            if jobdir.name.isdigit():
+                found[jobdir.name] = jobdir
+    return [found[k] for k in sorted(found, key=int)]
+
+
 def _queued(root: Path, name: str) -> Optional[int]:
     """The id of a job called ``name`` that has not ended, if there is one."""
-    jobs = root / "jobs"
-    for jobdir in jobs.iterdir() if jobs.exists() else []:
+    for jobdir in _job_dirs(root):
         job = _read_json(jobdir / "job.json")
         if job is not None and job["name"] == name and not _ended(root, jobdir.name):
             return int(job["id"])
@@ -207,7 +305,7 @@ def _create(root: Path, args: argparse.Namespace) -> int:
             )
         assert proc.stdin is not None
         with proc.stdin:  # closing it lets the supervisor go on: to run the job, or to exit without one
-            _write_atomic(stage / "supervisor.pid", f"{proc.pid}\n")
+            _write_atomic(stage / "supervisor.pid", identity(proc.pid))
             _write_json(
                 stage / "job.json",
                 {
@@ -252,17 +350,10 @@ def submit(args: argparse.Namespace) -> int:
 def _ended(root: Path, job_id: Optional[str]) -> bool:
     if not job_id:
         return True
-    jobdir = root / "jobs" / str(job_id)
+    jobdir = _job_dir(root, str(job_id))
     if not jobdir.exists() or (jobdir / "end.json").exists():
         return True
-    return not alive(_pid(jobdir / "supervisor.pid"))
-
-
-def _pid(path: Path) -> Optional[int]:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
+    return not _supervisor_alive(jobdir / "supervisor.pid", jobdir.parent != root / "jobs")
 
 
 def _become_subreaper() -> None:
@@ -305,10 +396,10 @@ def _supervisors(root: Path) -> set[int]:
     """The supervisors of the jobs queued here: one that a job submitted (its successor,
     queued while the service is away) is the scheduler's, never part of that job."""
     found = set()
-    for jobdir in (root / "jobs").iterdir() if (root / "jobs").exists() else []:
-        pid = _pid(jobdir / "supervisor.pid")
-        if pid is not None and not (jobdir / "end.json").exists():
-            found.add(pid)
+    for jobdir in _job_dirs(root):
+        if not (jobdir / "end.json").exists():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                found.add(int((jobdir / "supervisor.pid").read_text().split()[0]))
     return found
 
 
@@ -469,8 +560,7 @@ def _take_slot(root: Path, slots: int) -> Optional[tuple[int, int]]:
 def poll(args: argparse.Namespace) -> int:
     """One JSON line per job: id, name, state, outcome, times, reason."""
     root = home()
-    jobs = root / "jobs"
-    for jobdir in sorted(jobs.iterdir(), key=lambda p: int(p.name)) if jobs.exists() else []:
+    for jobdir in _job_dirs(root):
         job = _read_json(jobdir / "job.json")
         if job is None:
             continue
@@ -481,7 +571,11 @@ def poll(args: argparse.Namespace) -> int:
             line.update(state="ended", outcome=end["outcome"], exit_code=end.get("exit_code"))
             line.update(reason=end.get("reason", ""))
             line.update(started_at=end.get("started_at"), ended_at=end.get("ended_at"), slot=end.get("slot"))
-        elif not alive(_pid(jobdir / "supervisor.pid")):
+        elif _restarted(jobdir / "supervisor.pid"):
+            line.update(
+                state="ended", outcome="node_fail", reason="the machine restarted while the job was on it"
+            )
+        elif not _supervisor_alive(jobdir / "supervisor.pid", jobdir.parent != root / "jobs"):
             line.update(state="ended", outcome="node_fail", reason="the local supervisor died")
         elif start is not None:
             line.update(state="running", started_at=start["started_at"], slot=start.get("slot"))
@@ -497,7 +591,7 @@ def cancel(args: argparse.Namespace) -> int:
     root = home()
     status = 0
     for job_id in args.ids:
-        jobdir = root / "jobs" / str(job_id)
+        jobdir = _job_dir(root, str(job_id))
         if not (jobdir / "job.json").exists():
             print(f"localrunner: no job {job_id}", file=sys.stderr)
             status = 1
@@ -507,11 +601,8 @@ def cancel(args: argparse.Namespace) -> int:
 
 
 def _prune(root: Path) -> None:
-    jobs = root / "jobs"
-    if not jobs.exists():
-        return
     cutoff = time.time() - KEEP_ENDED
-    for jobdir in jobs.iterdir():
+    for jobdir in _job_dirs(root):
         end = jobdir / "end.json"
         try:
             if end.stat().st_mtime < cutoff:

@@ -77,6 +77,8 @@ def new_chain_id(name: str) -> str:
     return f"{name}-{secrets.token_hex(3)}"
 
 
+HOST_TIMEOUT = 600  # a pool host's default host_timeout: 10 minutes without an answer
+
 # How the reason of a pool's chain begins while it waits, unsubmitted, for a free slot.
 WAITING_FOR_A_SLOT = "waiting for a "
 
@@ -94,6 +96,14 @@ class SchedulerSpec:
     hosts: tuple[str, ...] = ()
     slots: Optional[int] = None  # None: no limit (the local runner on one machine)
     gpus_per_slot: Optional[int] = None
+    # Seconds a pool's host may not answer before its running segments count as lost.
+    host_timeout: int = HOST_TIMEOUT
+    # Whether the workdir is one directory on every host of the pool, as found at submit by
+    # a probe file (None: not found out; a chain then keeps to the host it ran on).
+    workdir_shared: Optional[bool] = None
+    # A pool chain whose workdir is not shared: the host whose disk held its checkpoint at
+    # submit (None: none did), where it starts and is looked at before any segment ran.
+    checkpoint_host: Optional[str] = None
 
     @property
     def cluster_key(self) -> tuple[str, str]:
@@ -122,8 +132,9 @@ class SchedulerSpec:
 
     @property
     def first_host(self) -> Optional[str]:
-        """Where the checkpoint is looked at before any segment ran: the host, or a pool's first."""
-        return self.host or (self.hosts[0] if self.hosts else None)
+        """Where the checkpoint is looked at before any segment ran: the host, or for a pool the
+        one that held the checkpoint at submit, else its first."""
+        return self.host or self.checkpoint_host or (self.hosts[0] if self.hosts else None)
 
 
 SEED_LIMIT = 2**32  # seeds are below it: NumPy's legacy seed must be; torch, random and TF take them
@@ -217,6 +228,9 @@ class JobSpec:
                 hosts=tuple(sched.get("hosts", ())),
                 slots=sched.get("slots"),
                 gpus_per_slot=sched.get("gpus_per_slot"),
+                host_timeout=sched.get("host_timeout", HOST_TIMEOUT),
+                workdir_shared=sched.get("workdir_shared"),
+                checkpoint_host=sched.get("checkpoint_host"),
             ),
             env=tuple((k, v) for k, v in data["env"]),
             inherit_env=tuple(data.get("inherit_env", ())),
@@ -387,8 +401,10 @@ class Chain:
 
     @property
     def placed(self) -> Optional[str]:
-        """A pool's chain: its newest segment's host (None before it has one, and for others)."""
-        return next((s.host for s in reversed(self.segments) if s.host), None)
+        """A pool's chain: its newest segment's host, else the host its checkpoint was found on
+        at submit (None before it has either, and for others)."""
+        newest = next((s.host for s in reversed(self.segments) if s.host), None)
+        return newest or self.spec.scheduler.checkpoint_host
 
     @property
     def host(self) -> Optional[str]:
@@ -437,6 +453,7 @@ class ListedJob:
     # Held by the scheduler in an error state (SGE's Eqw, Slurm's
     # DependencyNeverSatisfied): it will never run on its own.
     stuck: bool = False
+    slot: Optional[int] = None  # the local runner's slot it holds (a pool: its GPUs follow)
 
 
 # Actions returned by decide(); the engine carries them out in order and

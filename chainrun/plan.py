@@ -61,13 +61,14 @@ def probe_nodes(spec: JobSpec) -> JobSpec:
     return replace(spec, nodes_cannot_submit=why) if why else spec
 
 
-def summary(path: str, spec: JobSpec, chains: Sequence[JobSpec]) -> list[str]:
-    """The plan of the job file at ``path``, whose chains are ``chains``, line by line."""
+def summary(path: str, spec: JobSpec, chains: Sequence[JobSpec], shared: str = "") -> list[str]:
+    """The plan of the job file at ``path``, whose chains are ``chains``, line by line; for a
+    pool, ``shared`` says whether its workdir is shared (``rundir.probe_shared``)."""
     if spec.sweep:
         lines = [f"{path}: valid job file for a sweep of {len(chains)} chains named {spec.name!r}"]
     else:
         lines = [f"{path}: valid job file for chain {spec.name!r}"]
-    lines += [f"  {label:<11} {value}" for label, value in _plan(spec)]
+    lines += [f"  {label:<11} {value}" for label, value in _plan(spec, shared)]
     if spec.sweep:
         shown = SWEEP_SHOWN if len(chains) > SWEEP_SHOWN + 1 else len(chains)
         for one in chains[:shown]:
@@ -124,7 +125,7 @@ def _uses_the_helper(spec: JobSpec) -> bool:
     return False
 
 
-def _plan(spec: JobSpec) -> list[tuple[str, str]]:
+def _plan(spec: JobSpec, shared: str) -> list[tuple[str, str]]:
     full, rest = divmod(spec.total_time, spec.walltime)
     wt = format_duration(spec.walltime)
     if rest == 0:
@@ -140,7 +141,7 @@ def _plan(spec: JobSpec) -> list[tuple[str, str]]:
         sched += ", options " + " ".join(spec.scheduler.options)
     plan = [
         ("command", spec.command),
-        ("workdir", spec.workdir),
+        ("workdir", spec.workdir + (f" ({shared})" if shared else "")),
         ("scheduler", sched),
         ("time", f"total_time {format_duration(spec.total_time)}, walltime {wt} per segment"),
         ("segments", f"at most {segments}"),

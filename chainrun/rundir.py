@@ -7,11 +7,14 @@ directory that someone else could change.
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
+import secrets
 import stat
+from collections.abc import Callable
 from typing import Optional
 
-from chainrun.errors import UnsafePathError
+from chainrun.errors import TransportError, UnsafePathError
 from chainrun.model import JobSpec
 from chainrun.schedulers.segment import RUN_DIR_NAME, final_path, run_dir
 from chainrun.transport import FileInfo, Transport
@@ -83,3 +86,43 @@ def _trust(info: Optional[FileInfo], path: str, me: int, directory: bool) -> Non
 def write_final(transport: Transport, spec: JobSpec, chain_id: str) -> None:
     """The chain has ended: a successor that starts anyway finds this and exits at once."""
     transport.write_file(final_path(spec, chain_id), b"chain ended\n")
+
+
+def probe_shared(
+    spec: JobSpec, transports: Callable[[str], Transport], create: bool = False
+) -> tuple[Optional[bool], str]:
+    """Whether a pool's workdir is one directory on all its hosts (an NFS home or data drive),
+    and the words for the plan: a probe file is written into it through the first host and
+    looked for through the others. None when it cannot be found out (a host not reached, the
+    workdir not there yet, and not ``create``-d): a chain then keeps to the host its
+    checkpoint is on."""
+    hosts = spec.scheduler.hosts
+    probe = posixpath.join(spec.workdir, f".chainrun-probe-{secrets.token_hex(8)}")
+    first = transports(hosts[0])
+    try:
+        if create:  # as the first segment's submission would (``trust_run_dir``)
+            first.makedirs(spec.workdir, 0o700)
+        if first.stat(spec.workdir) is None:
+            return None, f"not known yet: {spec.workdir} is not on {hosts[0]}"
+        first.write_file(probe, b"written through " + hosts[0].encode() + b"\n")
+    except TransportError as exc:
+        return None, f"not known: {hosts[0]} not reached ({exc})"
+    missing, unreached = [], []
+    try:
+        for host in hosts[1:]:
+            try:
+                if transports(host).stat(probe) is None:
+                    missing.append(host)
+            except TransportError:
+                unreached.append(host)
+    finally:
+        with contextlib.suppress(TransportError):
+            first.remove(probe)
+    if missing:
+        return False, (
+            f"not shared: a file written through {hosts[0]} is not seen through {', '.join(missing)}; "
+            "a chain keeps to the host its checkpoint is on"
+        )
+    if unreached:
+        return None, f"not known: {', '.join(unreached)} not reached; a chain keeps to the host it ran on"
+    return True, f"shared by {', '.join(hosts)}: a chain may resume on any of them"

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from chainrun import container, sweep
 from chainrun.fields import Fields, format_duration, kib, show, size, web_url
-from chainrun.model import JobSpec, SchedulerSpec
+from chainrun.model import HOST_TIMEOUT, JobSpec, SchedulerSpec
 
 SCHEDULER_KINDS = ("local", "slurm", "sge")
 # INT is left out: bash starts background commands with SIGINT ignored.
@@ -88,7 +88,7 @@ TOP_KEYS = (
     "tensorboard_dir",
     "self_queue",
 )
-SCHEDULER_KEYS = ("kind", "host", "queue", "options", "hosts", "slots", "gpus_per_slot")
+SCHEDULER_KEYS = ("kind", "host", "queue", "options", "hosts", "slots", "gpus_per_slot", "host_timeout")
 MAX_HOSTS = 1000  # hosts in a pool
 MAX_SLOTS = 1024  # runs per host at once
 
@@ -339,7 +339,7 @@ def _scheduler(path: str, table: dict[str, Any]) -> SchedulerSpec:
                     key, 'only applies to kind = "slurm" or "sge"; the local runner has no queues or options'
                 )
     else:
-        for key in ("hosts", "slots", "gpus_per_slot"):
+        for key in ("hosts", "slots", "gpus_per_slot", "host_timeout"):
             if key in table:
                 raise f.error(
                     key, f'only applies to kind = "local" (a pool of machines); {kind} places jobs itself'
@@ -363,6 +363,9 @@ def _scheduler(path: str, table: dict[str, Any]) -> SchedulerSpec:
         slots = 1  # a pool runs one segment per host at a time unless told otherwise
     if gpus is not None and slots is None:
         raise f.error("gpus_per_slot", "needs slots (how many runs share the host's GPUs)")
+    host_timeout = f.duration("host_timeout", HOST_TIMEOUT)
+    if "host_timeout" in table and not hosts:
+        raise f.error("host_timeout", "needs hosts (a pool: how long one of them may not answer)")
     return SchedulerSpec(
         kind=kind,
         host=host or None,
@@ -371,6 +374,7 @@ def _scheduler(path: str, table: dict[str, Any]) -> SchedulerSpec:
         hosts=tuple(hosts or ()),
         slots=slots,
         gpus_per_slot=gpus,
+        host_timeout=host_timeout,
     )
 
 

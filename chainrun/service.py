@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from chainrun import cleanup, heartbeat, logs
 from chainrun.config import MIN_INTERVAL, ServiceConfig, load_config
@@ -101,6 +101,7 @@ class Service:
         self.idle.set()
         self.ready = False
         self.status_line = "starting"
+        self.hosts: dict[str, Any] = {}  # the pools' hosts as the last tick found them
         self.failure: Optional[ChainrunError] = None  # why the service stopped by itself
         self.outage_since: Optional[float] = None  # monotonic time the database became unusable
         self._status_failed = False
@@ -358,6 +359,7 @@ class Service:
                 log.warning("database available again", after=round(time.monotonic() - self.outage_since, 1))
                 self.outage_since = None
             self.status_line = summary.line()
+            self.hosts = summary.hosts()
         if summary is not None or self.outage_since is not None:
             self._write_status()
         fields = [f"STATUS={self.status_line}"]
@@ -380,7 +382,7 @@ class Service:
 
     def _write_status(self) -> None:
         try:
-            heartbeat.write(self.home, self.status_line, self.interval)
+            heartbeat.write(self.home, self.status_line, self.interval, self.hosts)
         except OSError as exc:
             if not self._status_failed:  # once until it works again: a full disk fails every tick
                 path = str(self.home / heartbeat.STATUS_FILE)

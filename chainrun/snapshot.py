@@ -153,6 +153,24 @@ def deliver(transport: Transport, spec: JobSpec, snap: Snapshot) -> None:
         transport.run(["rm", "-f", "--", tar], timeout=60)
 
 
+def deliver_to(transport: Transport, spec: JobSpec) -> None:
+    """Unpack a snapshot chain's code on the pool host a segment is placed on (``transport``),
+    unless it is there already (the workdir shared, or unpacked before): from the commit
+    kept in the repository on this machine."""
+    if not spec.snapshot_commit:
+        return
+    done = code_names(spec)
+    if transport.stat(done) is not None:
+        return
+    top = repository(source_dir(spec))
+    if top is None:
+        raise SnapshotError(
+            f"{source_dir(spec)} is no longer a git repository: the code snapshot cannot be unpacked"
+        )
+    trust_run_dir(transport, spec, None)
+    deliver(transport, spec, Snapshot(top, spec.snapshot_commit, spec.snapshot_subdir))
+
+
 def _head(top: str) -> Optional[str]:
     try:
         return _git(top, "rev-parse", "--verify", "-q", "HEAD").strip() or None

@@ -20,9 +20,11 @@ a task's id is ``BASE_INDEX``, and its markers go where its chain's segment scri
 
 from __future__ import annotations
 
+import io
 import json
 import posixpath
 import re
+import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar, Optional
@@ -223,6 +225,17 @@ class FakeCluster:
             return CommandResult(tuple(argv), 0, "", "")
         if verb == "fake-explain":
             return CommandResult(tuple(argv), 0, f"job {args[0]}: cannot enter the working directory\n", "")
+        if verb == "tar":  # tar -x -f ARCHIVE -C DIR: a code snapshot unpacked where a chain runs
+            with tarfile.open(fileobj=io.BytesIO(self.files[args[2]])) as tar:
+                for member in tar.getmembers():
+                    data = tar.extractfile(member) if member.isfile() else None
+                    if data is not None:
+                        self.files[posixpath.join(args[4], member.name)] = data.read()
+            return CommandResult(tuple(argv), 0, "", "")
+        if verb == "rm":  # rm -f -- PATH...
+            for path in args[2:]:
+                self.files.pop(path, None)
+            return CommandResult(tuple(argv), 0, "", "")
         raise AssertionError(f"no such fake command: {argv}")
 
 

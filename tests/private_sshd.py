@@ -51,9 +51,13 @@ def _children(pid: int) -> list[int]:
 class PrivateSSHD:
     """One sshd on 127.0.0.1:``port``; ``config`` is the client config to point CHAINRUN_SSH_CONFIG at."""
 
-    def __init__(self, directory: Path, alias: str = ALIAS, server: str = "") -> None:
+    def __init__(
+        self, directory: Path, alias: str = ALIAS, server: str = "", launcher: tuple[str, ...] = ()
+    ) -> None:
         """``alias``: the client config's name for it; ``server``: lines added to its sshd_config
-        (``SetEnv CHAINRUN_HOME=...`` gives its sessions a state directory of their own)."""
+        (``SetEnv CHAINRUN_HOME=...`` gives its sessions a state directory of their own);
+        ``launcher``: a command that runs sshd (``scripts/lab-machine NAME DIR``: as a machine
+        of its own)."""
         need(
             "the test sshd's keys",
             os.geteuid() == 0 and (CLIENT_DIR / "id_ed25519").is_file() and os.path.exists("/usr/sbin/sshd"),
@@ -61,6 +65,7 @@ class PrivateSSHD:
         )
         self.dir = directory
         self.alias = alias
+        self.launcher = launcher
         self.port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         keys = [k for k in HOST_KEYS if os.path.exists(k)]
@@ -97,7 +102,7 @@ class PrivateSSHD:
     def start(self) -> None:
         with open(self.dir / "sshd.log", "ab") as log:
             self.proc = subprocess.Popen(
-                ["/usr/sbin/sshd", "-D", "-e", "-f", str(self.dir / "sshd_config")],
+                [*self.launcher, "/usr/sbin/sshd", "-D", "-e", "-f", str(self.dir / "sshd_config")],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import pytest
 from conftest import REPO, have, need, wait_for
 
+from chainrun.localrunner import machine_dir
 from chainrun.model import ListedJob
 from chainrun.schedulers import scheduler_for
 from chainrun.transport import LocalTransport
@@ -539,7 +540,7 @@ def slow_submit(
         monkeypatch.setenv("CHAINRUN_LOCAL_SUBMIT_DELAY", "3")
 
         def submitted() -> list[str]:
-            jobs = home / "local" / "jobs"
+            jobs = machine_dir(home / "local") / "jobs"
             return (
                 [json.loads((d / "job.json").read_text())["name"] for d in jobs.iterdir()]
                 if jobs.exists()

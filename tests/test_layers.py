@@ -59,6 +59,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.cligroup",
         "chainrun.plan",
         "chainrun.status",
+        "chainrun.poolstatus",
         "chainrun.sweepstatus",
         "chainrun.sweepfollow",
         "chainrun.follow",

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from conftest import cli_env, wait_for
 
-from chainrun.localrunner import alive
+from chainrun.localrunner import alive, identity, machine_dir
 
 PAGE = 4096
 
@@ -100,9 +100,9 @@ def _kill_ours(pid: int, marker: str, group: bool) -> None:
 
 def reap(tmp_path: Path) -> None:
     """SIGKILL this test's supervisors, then its job scripts (nothing else): no job end is recorded."""
-    for path in (tmp_path / "home" / "local" / "jobs").glob("*/supervisor.pid"):
+    for path in (machine_dir(tmp_path / "home" / "local") / "jobs").glob("*/supervisor.pid"):
         with contextlib.suppress(OSError, ValueError):
-            _kill_ours(int(path.read_text()), str(tmp_path), group=False)
+            _kill_ours(int(path.read_text().split()[0]), str(tmp_path), group=False)
     pids = tmp_path / "pids"
     for pid in pids.read_text().split() if pids.exists() else []:
         _kill_ours(int(pid), str(tmp_path), group=True)  # the script leads its session and group
@@ -148,9 +148,9 @@ def test_full_home_when_the_job_starts_costs_nothing(small_home: Path, tmp_path:
     # before the job starts: then start.json cannot be written.
     gate = subprocess.Popen(["sleep", "600"])
     try:
-        dependency = home / "local" / "jobs" / "1000"
+        dependency = machine_dir(home / "local") / "jobs" / "1000"
         dependency.mkdir(mode=0o700, parents=True)
-        (dependency / "supervisor.pid").write_text(f"{gate.pid}\n")
+        (dependency / "supervisor.pid").write_text(identity(gate.pid))
         result = runner(
             home,
             *submit_argv(
@@ -181,7 +181,9 @@ def test_full_home_when_the_job_starts_costs_nothing(small_home: Path, tmp_path:
 
     wait_for(lambda: running_until(tmp_path / "started"), 60, "the job's command to start")
     wait_for(lambda: running_until(got), 60, "the walltime signal, on a full disk")
-    assert not (home / "local" / "jobs" / str(job_id) / "start.json").exists(), "the disk was not full"
+    assert not (machine_dir(home / "local") / "jobs" / str(job_id) / "start.json").exists(), (
+        "the disk was not full"
+    )
     filler.unlink()
 
     line = ended(home, job_id)
@@ -206,7 +208,9 @@ def test_full_home_when_the_job_ends_costs_nothing(small_home: Path, tmp_path: P
     wait_for(lambda: poll(home)[job_id]["state"] == "running", 60, "the job to run")
     wait_for(lambda: (tmp_path / "child").exists(), 60, "the script's child")
     script_pid = int((tmp_path / "pids").read_text())
-    supervisor = int((home / "local" / "jobs" / str(job_id) / "supervisor.pid").read_text())
+    supervisor = int(
+        (machine_dir(home / "local") / "jobs" / str(job_id) / "supervisor.pid").read_text().split()[0]
+    )
 
     filler = fill(home)
     go.touch()
@@ -217,12 +221,17 @@ def test_full_home_when_the_job_ends_costs_nothing(small_home: Path, tmp_path: P
     while time.monotonic() < until:
         line = poll(home)[job_id]
         assert line["state"] == "running", f"poll said {line} while end.json could not be written"
-    assert not (home / "local" / "jobs" / str(job_id) / "end.json").exists(), "the disk was not full"
+    assert not (machine_dir(home / "local") / "jobs" / str(job_id) / "end.json").exists(), (
+        "the disk was not full"
+    )
     filler.unlink()
 
     line = ended(home, job_id)
     assert (line["outcome"], line["exit_code"]) == ("failed", 3), line
-    assert json.loads((home / "local" / "jobs" / str(job_id) / "end.json").read_text())["exit_code"] == 3
+    assert (
+        json.loads((machine_dir(home / "local") / "jobs" / str(job_id) / "end.json").read_text())["exit_code"]
+        == 3
+    )
     assert not alive(int((tmp_path / "child").read_text())), "a process of the job outlived it"
     wait_for(lambda: not alive(supervisor), 60, "the supervisor to exit")
 
@@ -248,8 +257,8 @@ def test_submit_on_a_full_home_fails_in_one_line_and_leaves_no_job(
     assert result.stdout == ""
     assert len(result.stderr.splitlines()) == 1 and "No space left on device" in result.stderr, result.stderr
     assert list(poll(home)) == [first_id]
-    assert [p.name for p in (home / "local" / "jobs").iterdir()] == [str(first_id)]
-    assert not (home / "local" / "new").exists()
+    assert [p.name for p in (machine_dir(home / "local") / "jobs").iterdir()] == [str(first_id)]
+    assert not (machine_dir(home / "local") / "new").exists()
 
     filler.unlink()
     again = runner(home, *submit_argv(tmp_path, "cr.x.2", script, "--walltime", "60"))
@@ -281,7 +290,7 @@ def test_two_submits_of_one_name_run_one_job(local_home: Path, tmp_path: Path) -
     (job_id,) = ids
     notes = sorted(err for (_, err), _ in results)
     assert notes == ["", f"localrunner: job cr.x.1 already queued as {job_id}\n"]
-    assert [p.name for p in (home / "local" / "jobs").iterdir()] == [job_id]
+    assert [p.name for p in (machine_dir(home / "local") / "jobs").iterdir()] == [job_id]
 
     go.touch()
     assert ended(home, int(job_id))["outcome"] == "completed"
@@ -378,3 +387,75 @@ def _gone(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].startswith("Z")
     except FileNotFoundError:
         return True
+
+
+def _recorded_job(home: Path, job_id: int, supervisor: str) -> None:
+    """A job record as a supervisor left it: job.json and its supervisor.pid, nothing else."""
+    jobdir = machine_dir(home / "local") / "jobs" / str(job_id)
+    jobdir.mkdir(mode=0o700, parents=True)
+    (home / "local").chmod(0o700)
+    job = {"id": job_id, "name": f"cr.x.{job_id}", "after": None, "slots": None}
+    (jobdir / "job.json").write_text(json.dumps(job))
+    (jobdir / "supervisor.pid").write_text(supervisor)
+
+
+def test_a_reused_pid_or_a_record_from_before_a_restart_is_not_a_running_job(tmp_path: Path) -> None:
+    """A supervisor is its PID with its start time and the boot it ran in: a live process
+    under the recorded PID (reused after a reboot, or in a new PID namespace) is not it,
+    and a record from an earlier boot is a job the machine's restart ended."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    stranger = subprocess.Popen(["sleep", "600"])
+    try:
+        _recorded_job(home, 1, f"{stranger.pid}\n")  # a bare PID, now some other process's
+        pid, start, _ = identity(stranger.pid).split()
+        _recorded_job(home, 2, f"{pid} {start} 00000000-0000-0000-0000-000000000000\n")
+        _recorded_job(home, 3, identity(stranger.pid))  # the very process, this boot: it runs
+        shown = poll(home)
+    finally:
+        stranger.kill()
+        stranger.wait()
+    assert (shown[1]["state"], shown[1]["reason"]) == ("ended", "the local supervisor died")
+    assert (shown[2]["state"], shown[2]["outcome"]) == ("ended", "node_fail")
+    assert "machine restarted" in shown[2]["reason"]
+    assert shown[3]["state"] == "pending"
+
+
+def test_each_machine_keeps_its_own_state_under_a_shared_home(tmp_path: Path) -> None:
+    """The runner's state is under the machine's identity (/etc/machine-id), named with its
+    hostname, so that machines sharing one home over NFS never read each other's jobs."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    script = make_script(tmp_path, "true")
+    assert runner(home, *submit_argv(tmp_path, "cr.x.1", script, "--walltime", "60")).returncode == 0
+    mine = machine_dir(home / "local")
+    assert mine.parent == home / "local" / "machines"
+    assert mine.name == Path("/etc/machine-id").read_text().strip()
+    assert (mine / "hostname").read_text() == os.uname().nodename + "\n"
+    assert [p.name for p in (mine / "jobs").iterdir()] == ["1"]
+
+
+def test_jobs_of_a_runner_from_before_machine_state_are_still_seen_after_an_upgrade(tmp_path: Path) -> None:
+    """A job the runner queued before each machine had its own state (``local/jobs``, its
+    supervisor a bare PID) is still listed, judged by that PID and cancellable; new jobs are
+    numbered on from it, so no id names two jobs."""
+    home = tmp_path / "home"
+    legacy = home / "local" / "jobs" / "4"
+    legacy.mkdir(parents=True)
+    for path in (home, home / "local"):
+        path.chmod(0o700)
+    (home / "local" / "next_id").write_text("5\n")
+    (legacy / "job.json").write_text(json.dumps({"id": 4, "name": "cr.old.1", "after": None, "slots": None}))
+    supervisor = subprocess.Popen(["sleep", "600"])
+    try:
+        (legacy / "supervisor.pid").write_text(f"{supervisor.pid}\n")
+        (legacy / "start.json").write_text(json.dumps({"pid": supervisor.pid, "started_at": time.time()}))
+        assert poll(home)[4]["state"] == "running"
+        script = make_script(tmp_path, "true")
+        submitted = runner(home, *submit_argv(tmp_path, "cr.new.1", script, "--walltime", "60"))
+        assert submitted.stdout.strip() == "5", submitted
+        assert runner(home, "cancel", "4").returncode == 0 and (legacy / "cancel").exists()
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+    assert poll(home)[4]["reason"] == "the local supervisor died"

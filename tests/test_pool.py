@@ -21,6 +21,7 @@ import pytest
 from conftest import wait_for
 from private_sshd import PrivateSSHD
 from test_decide import SPEC as DECIDE_SPEC
+from test_snapshot import make_repo
 from test_store import SPEC as STORE_SPEC
 from test_store import old_database
 
@@ -31,9 +32,11 @@ from chainrun.errors import JobFileError
 from chainrun.fields import tomllib
 from chainrun.follow import Follower
 from chainrun.jobfile import parse
-from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, SchedulerSpec
+from chainrun.localrunner import machine_dir
+from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, Outcome, Phase, SchedulerSpec
 from chainrun.schedulers.local import LocalScheduler, runner_path, runner_source
 from chainrun.schedulers.segment import SegmentJob
+from chainrun.snapshot import capture
 from chainrun.status import state_cell
 from chainrun.store import Store
 from chainrun.testing import FakeClock, FakeCluster
@@ -239,13 +242,76 @@ def test_an_unreachable_host_makes_its_chains_wait_and_new_chains_go_elsewhere(p
     assert pool.chain(third).reason == "waiting for a free slot on hosts b (a not reached)"
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_host_silent_for_host_timeout_loses_its_segments_at_no_cost(pool: Pool, shared: bool) -> None:
+    """Host a stops answering with a chain's segment running and its successor queued: for
+    host_timeout nothing happens; then both end as lost, uncharged. With a shared workdir
+    (one file system: b sees a's files) the chain resumes on b from the checkpoint; without,
+    it waits for a, saying why, and goes on there once a answers again. A job a still runs
+    of a segment ended as lost is then cancelled: no segment runs twice."""
+    sched = replace(POOL.scheduler, host_timeout=120, workdir_shared=shared)
+    chain_id = pool.add(replace(POOL, scheduler=sched))
+    if shared:
+        pool.hosts["b"].files = pool.hosts["a"].files
+    pool.tick()
+    pool.tick()
+    assert pool.placed(chain_id) == [(1, "a", "1"), (2, "a", "2")]
+    pool.hosts["a"].start("1")
+    pool.hosts["a"].checkpoint(POOL.checkpoint_dir, epoch=2)
+    pool.tick()
+    pool.hosts["a"].down = True
+    for _ in range(11):  # 110 s: not yet gone
+        pool.tick()
+    assert [s.phase for s in pool.chain(chain_id).segments] == [Phase.RUNNING, Phase.PENDING]
+    pool.tick()
+    pool.tick()
+    chain = pool.chain(chain_id)
+    ended = [(s.n, s.outcome, s.charged) for s in chain.segments[:2]]
+    assert ended == [(1, Outcome.LOST, False), (2, Outcome.LOST, False)]
+    assert "host a has not answered for 2m (host_timeout)" in chain.segments[0].reason
+    assert chain.failures == 0 and chain.state is ChainState.ACTIVE
+    if shared:
+        assert pool.placed(chain_id)[2][:2] == (3, "b")
+        assert chain.progress.epoch == 2  # read through b: the same checkpoint
+        return
+    assert len(chain.segments) == 2
+    assert chain.reason == (
+        "waiting for host a to answer: the checkpoint is on its disk (the workdir is not shared by the pool)"
+    )
+    pool.hosts["a"].down = False  # it was cut off, not dead: job 1 still runs there
+    pool.tick()
+    assert ["fake-cancel", "1", "2"] in pool.hosts["a"].commands
+    pool.tick()  # its slot free again
+    assert pool.placed(chain_id)[2][:2] == (3, "a")
+    assert pool.chain(chain_id).reason == ""
+
+
+def test_a_snapshot_chain_placed_on_another_host_finds_its_code_unpacked_there(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """Code snapshots are unpacked through the pool's first host at submit; a segment placed on
+    another host (a is busy) gets the code unpacked there first, from the commit kept in the
+    repository on this machine, before its job is submitted."""
+    repo = make_repo(tmp_path / "repo")
+    spec = replace(POOL, source=str(repo / "job.toml"), snapshot="git")
+    spec = replace(spec, snapshot_commit=capture(spec).commit)
+    chain_id = pool.add(spec)
+    pool.hosts["a"].add_job("someone else's", "/x/job")
+    pool.tick()
+    assert pool.placed(chain_id) == [(1, "b", "100")]
+    code = f"{POOL.workdir}/.chainrun/code/{spec.snapshot_commit}"
+    assert pool.hosts["b"].files[f"{code}/version.txt"] == b"v2\n"  # the uncommitted edit, as submitted
+    assert f"{code}/.chainrun-unpacked" in pool.hosts["b"].files
+    assert f"{code}/.chainrun-unpacked" not in pool.hosts["a"].files
+
+
 # -- whole chains on two real hosts over SSH ------------------------------------------------
 
 
 def _intervals(state: Path, prefix: str) -> list[tuple[float, float]]:
     """The (start, end) of every job named ``prefix...`` a host's runner ran, from its own records."""
     spans = []
-    for jobdir in state.glob("local/jobs/*"):
+    for jobdir in machine_dir(state / "local").glob("jobs/*"):
         end = json.loads((jobdir / "end.json").read_text())
         if json.loads((jobdir / "job.json").read_text())["name"].startswith(prefix) and end.get("started_at"):
             spans.append((end["started_at"], end["ended_at"]))
@@ -253,6 +319,7 @@ def _intervals(state: Path, prefix: str) -> list[tuple[float, float]]:
 
 
 @pytest.mark.slow
+@pytest.mark.ssh
 def test_a_pool_of_two_ssh_hosts_runs_four_chains_never_two_at_once_on_a_host(
     tmp_path: Path,
     chainrun: CLI,
@@ -353,7 +420,7 @@ def test_a_pool_of_two_ssh_hosts_runs_four_chains_never_two_at_once_on_a_host(
             sshd.stop()
         # The runners' supervisors and jobs outlive their sshd: cancel what a failure left.
         for _, state in hosts.values():
-            for jobdir in state.glob("local/jobs/*"):
+            for jobdir in machine_dir(state / "local").glob("jobs/*"):
                 (jobdir / "cancel").touch()
 
 

@@ -40,6 +40,7 @@ from chainrun.model import (
 )
 
 POOL = replace(SPEC, scheduler=SchedulerSpec(hosts=("gpu1", "gpu2", "gpu3"), slots=2))
+SHARED_POOL = replace(SPEC, scheduler=replace(POOL.scheduler, workdir_shared=True))
 
 
 @pytest.mark.parametrize(
@@ -99,21 +100,42 @@ def test_a_pools_new_segment_is_placed_a_successor_or_a_journaled_one_is_not() -
 def test_place_and_where_a_chain_with_no_segment_under_way_is_looked_at() -> None:
     assert place([], None, {}) is None
     assert place(["gpu1", "gpu2"], None, {"gpu1": 0, "gpu2": 0}) is None
-    moved = chain(replace(seg(1, Phase.ENDED), host="gpu2"), spec=POOL)
+    moved = chain(replace(seg(1, Phase.ENDED), host="gpu2"), spec=SHARED_POOL)
     assert observed_on(moved, {"gpu1", "gpu2"}) == "gpu2"  # where it ran last
     assert observed_on(moved, {"gpu3", "gpu1"}) == "gpu1"  # else the first of its hosts that answered
     assert observed_on(moved, set()) is None
+    kept = chain(replace(seg(1, Phase.ENDED), host="gpu2"), spec=POOL)  # the workdir not shared
+    assert observed_on(kept, {"gpu1", "gpu2"}) == "gpu2"
+    assert observed_on(kept, {"gpu3", "gpu1"}) is None  # its checkpoint is on gpu2's disk alone
+
+
+def test_a_chain_moves_to_another_host_only_when_its_workdir_is_shared() -> None:
+    """Its host busy or gone: a chain whose workdir is shared goes to the freest host; one
+    whose checkpoint is on its host's disk alone waits for that host, saying why."""
+    hosts = ["gpu1", "gpu2"]
+    assert place(hosts, "gpu2", {"gpu1": 2, "gpu2": 0}, shared=True) == "gpu1"
+    assert place(hosts, "gpu2", {"gpu1": 2, "gpu2": 0}, shared=False) is None
+    assert place(hosts, "gpu2", {"gpu1": 2}, shared=False) is None
+    assert place(hosts, None, {"gpu1": 2}, shared=False) == "gpu1"  # never ran: anywhere
+    kept = chain(replace(seg(1, Phase.ENDED), host="gpu2"), spec=POOL)
+    assert waiting_reason(kept, {"gpu1"}) == (
+        "waiting for host gpu2 to answer: the checkpoint is on its disk (the workdir is not shared by the pool)"
+    )
+    assert waiting_reason(kept, {"gpu1", "gpu2"}) == "waiting for a free slot on hosts gpu2"
 
 
 def test_why_a_pools_chain_waits_names_the_hosts_that_answered_and_those_that_did_not() -> None:
-    hosts = POOL.scheduler.hosts
-    assert waiting_reason(hosts, set()) == "waiting for a host to answer"
-    assert waiting_reason(hosts, {"gpu1"}) == "waiting for a free slot on hosts gpu1 (gpu2, gpu3 not reached)"
-    assert waiting_reason(hosts, set(hosts)) == "waiting for a free slot on hosts gpu1, gpu2, gpu3"
+    fresh = chain(spec=POOL)
+    assert waiting_reason(fresh, set()) == "waiting for a host to answer"
+    assert waiting_reason(fresh, {"gpu1"}) == "waiting for a free slot on hosts gpu1 (gpu2, gpu3 not reached)"
+    assert (
+        waiting_reason(fresh, set(POOL.scheduler.hosts))
+        == "waiting for a free slot on hosts gpu1, gpu2, gpu3"
+    )
 
 
 def test_a_pools_chain_says_once_why_it_waits_and_clears_it_when_it_goes_on() -> None:
-    why = waiting_reason(POOL.scheduler.hosts, {"gpu1"})
+    why = waiting_reason(chain(spec=POOL), {"gpu1"})
     assert why.startswith(WAITING_FOR_A_SLOT)
     fresh = chain(spec=POOL)
     assert waiting_change(fresh, why) == Wait(why)

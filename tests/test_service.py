@@ -33,6 +33,7 @@ from chainrun import heartbeat, jobfile, logs, sdnotify, systemd
 from chainrun import service as service_module
 from chainrun.engine import TickSummary
 from chainrun.errors import JobFileError, StoreUnavailable
+from chainrun.localrunner import machine_dir
 from chainrun.model import NO_PROGRESS
 from chainrun.store import Store
 
@@ -209,7 +210,7 @@ def exec_start(unit_text: str) -> list[str]:
 
 def local_jobs(home: Path) -> list[dict[str, Any]]:
     """What the local runner was asked to run: each job's job.json, by id."""
-    jobs = home / "local" / "jobs"
+    jobs = machine_dir(home / "local") / "jobs"
     found = []
     for jobdir in jobs.iterdir() if jobs.is_dir() else []:
         try:
@@ -790,12 +791,12 @@ def test_sigterm_sends_stopping_exits_at_once_and_leaves_the_job_running(
     # What it knew is as of its last tick, and it names no process any more.
     assert "pid" not in json.loads((home / "service.status").read_text())
     # The running segment and its queued successor both live on after the service.
-    jobs = home / "local" / "jobs"
+    jobs = machine_dir(home / "local") / "jobs"
     assert sorted(p.name for p in jobs.iterdir()) == ["1", "2"]
     assert (jobs / "1" / "start.json").exists()
     assert not (jobs / "1" / "end.json").exists() and not (jobs / "2" / "end.json").exists()
     for job in ("1", "2"):
-        os.kill(int((jobs / job / "supervisor.pid").read_text()), 0)  # raises if it died
+        os.kill(int((jobs / job / "supervisor.pid").read_text().split()[0]), 0)  # raises if it died
     st = chain_json(chainrun, chain_id)
     assert st["state"] == "active" and st["segments"][0]["phase"] == "running"
     chainrun("cancel", chain_id, check=True)

@@ -80,6 +80,9 @@ class Facts:
     progress: Optional[Progress] = NO_PROGRESS  # the checkpoint now; None: unreadable
     # False for a sweep's chain not under way yet while max_concurrent of its chains are.
     may_start: bool = True
+    # Why the pool host of the chain's live segments is gone (``placement.gone``): they are
+    # lost, at no cost; "" while it answers.
+    host_lost: str = ""
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,16 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
     repeated = ""  # why a segment that failed as the one before it ends the chain
     goal_met = bool(_done_reason(chain, mark, None))  # a successor that starts after the goal skips: free
     for i, seg in enumerate(live):
+        if facts.host_lost:
+            # The machine is gone (power, network): not the training's fault, so free. What it
+            # saved is in the checkpoint, which the next segment reads wherever it runs.
+            elapsed = min(now - seg.started_at, float(seg.walltime)) if seg.started_at is not None else 0.0
+            saved = current if current.advanced_from(mark) else mark
+            actions.append(EndSegment(seg.n, Outcome.LOST, None, False, elapsed, now, facts.host_lost, saved))
+            mark = saved
+            used += elapsed
+            ended.add(seg.n)
+            continue
         if seg.job_id is None or seg.job_id not in facts.jobs:
             continue  # not submitted yet, or nothing learned of it this tick
         job = facts.jobs[seg.job_id]

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Optional
 
-from chainrun.model import WAITING_FOR_A_SLOT, Chain, ListedJob, Phase, Submit, Wait
+from chainrun.fields import format_duration
+from chainrun.model import WAITING_FOR_A_SLOT, Chain, ListedJob, Outcome, Phase, Submit, Wait
 
 
 def held_back(active: Iterable[Chain]) -> set[str]:
@@ -59,13 +60,18 @@ def to_place(chain: Chain, sub: Submit) -> bool:
     )
 
 
-def place(hosts: Sequence[str], previous: Optional[str], free: Mapping[str, int]) -> Optional[str]:
+def place(
+    hosts: Sequence[str], previous: Optional[str], free: Mapping[str, int], shared: bool = True
+) -> Optional[str]:
     """The pool host for a chain's next segment, from each reachable host's free slots
     (``free``; a host missing there did not answer): the host it ran on before when that
-    one has a free slot (its checkpoint may be on that host's disk), else the one with
-    the most free slots (the first listed, on a tie); None when no host has one."""
+    one has a free slot, else (only when the workdir is ``shared``: the checkpoint is
+    reachable from every host) the one with the most free slots (the first listed, on a
+    tie); None when no host may take it now."""
     if previous is not None and free.get(previous, 0) > 0:
         return previous
+    if previous is not None and not shared:
+        return None  # its checkpoint is on that host's disk alone
     best = max(hosts, key=lambda h: free.get(h, 0), default=None)
     return best if best is not None and free.get(best, 0) > 0 else None
 
@@ -75,15 +81,60 @@ def unplaced(chain: Chain) -> bool:
     return bool(chain.spec.scheduler.hosts) and not chain.live
 
 
+def shared(chain: Chain) -> bool:
+    """Whether a pool chain's checkpoint is reachable from every host (its workdir was found
+    shared at submit), so that it may move: else it keeps to the host it ran on."""
+    return chain.spec.scheduler.workdir_shared is True
+
+
 def observed_on(chain: Chain, reached: Collection[str]) -> Optional[str]:
     """Where a pool's chain with no live segment is looked at this tick: the host it ran on
     last (its checkpoint may be on that host's disk), else the first of its hosts that
-    answered; None when none did (it waits, like any chain whose cluster did not answer)."""
+    answered; None when none did (it waits, like any chain whose cluster did not answer),
+    or when its checkpoint is on a host that did not answer (``stranded``)."""
+    if stranded(chain, reached):
+        return None
     return next((h for h in [chain.host, *chain.spec.scheduler.hosts] if h in reached), None)
 
 
-def waiting_reason(hosts: Sequence[str], reached: Collection[str]) -> str:
-    """Why a pool's chain waits unsubmitted: no free slot on the hosts that answered."""
+def stranded(chain: Chain, reached: Collection[str]) -> bool:
+    """A pool chain whose checkpoint is on the disk of a host that did not answer."""
+    return not shared(chain) and chain.placed is not None and chain.placed not in reached
+
+
+def gone(since: float, timeout: float, now: float) -> bool:
+    """Whether a host that has not answered since ``since`` is gone: its running segments
+    are lost (a dead machine is not the training's fault: they cost nothing)."""
+    return now - since >= timeout
+
+
+def gone_reason(host: str, timeout: float) -> str:
+    """Why a gone host's segments ended."""
+    return (
+        f"host {host} has not answered for {format_duration(int(timeout))} (host_timeout); "
+        f"its run is lost, at no cost"
+    )
+
+
+def fenced(chain: Chain, host: str, tagged: Mapping[int, Sequence[ListedJob]]) -> list[str]:
+    """Jobs a pool host that is back still lists as not ended, of segments that were ended
+    as lost there while it was gone: they must not run on beside the chain, which has gone
+    on elsewhere (a host cut off, not dead). Their ids, to cancel."""
+    lost = {s.n for s in chain.segments if s.host == host and s.outcome is Outcome.LOST and not s.phase.live}
+    return [j.job_id for n in lost for j in tagged.get(n, ()) if j.phase is not Phase.ENDED]
+
+
+def waiting_reason(chain: Chain, reached: Collection[str]) -> str:
+    """Why a pool's chain waits unsubmitted: no free slot on the hosts that answered, or its
+    checkpoint is on a host that did not answer (the workdir is not shared)."""
+    hosts = chain.spec.scheduler.hosts
+    if stranded(chain, reached):
+        return (
+            f"waiting for host {chain.placed} to answer: the checkpoint is on its disk "
+            "(the workdir is not shared by the pool)"
+        )
+    if chain.placed is not None and not shared(chain):
+        hosts = (chain.placed,)
     up = [h for h in hosts if h in reached]
     down = [h for h in hosts if h not in up]
     text = f"waiting for a free slot on hosts {', '.join(up)}" if up else "waiting for a host to answer"

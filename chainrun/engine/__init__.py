@@ -33,7 +33,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
-from typing import Optional, TypeVar
+from typing import Any, Optional, TypeVar
 
 from chainrun.cluster import Cluster
 from chainrun.decide import Facts, decide, placement, quiet_until
@@ -49,6 +49,7 @@ from chainrun.model import (
     Chain,
     EndSegment,
     Finish,
+    ListedJob,
     MarkStuck,
     Phase,
     Reject,
@@ -80,9 +81,36 @@ class TickSummary:
     errors: list[str] = field(default_factory=list)
     # Clusters (scheduler kind, host) whose poll failed this tick, with why: their chains wait.
     unreachable: dict[Key, ChainrunError] = field(default_factory=dict)
+    # Each pool host polled: whether it answered when last polled, since when, and the jobs
+    # it listed this tick (None: not polled this tick, or it did not answer).
+    pool: dict[Key, tuple[bool, float, Optional[dict[str, ListedJob]]]] = field(default_factory=dict)
     # Seconds until the engine wants its next tick (a submission's backoff
     # ends sooner than the interval); None: the service's interval.
     next_in: Optional[float] = None
+
+    def hosts(self) -> dict[str, Any]:
+        """Each pool host as ``status --hosts`` reads it: whether it answers and since when,
+        and (when it answered) its jobs not ended, with the slot each holds."""
+        return {
+            host: {
+                "answers": answers,
+                "since": since,
+                "jobs": None
+                if jobs is None
+                else [
+                    {
+                        "id": j.job_id,
+                        "name": j.name,
+                        "phase": j.phase.value,
+                        "reason": j.reason,
+                        "slot": j.slot,
+                    }
+                    for j in jobs.values()
+                    if j.phase is not Phase.ENDED
+                ],
+            }
+            for (_, host), (answers, since, jobs) in self.pool.items()
+        }
 
     def line(self) -> str:
         text = f"{self.running} running, {self.queued} queued, {self.failed} failed"
@@ -114,6 +142,9 @@ class Engine:
         # Chains decide() last had nothing for: the chain as loaded, its facts, and until when
         # that answer holds for them (see _quiet).
         self.quiet: dict[str, tuple[Chain, Facts, float]] = {}
+        # Each cluster polled: whether its last poll answered, and since when that is so.
+        self.answers: dict[Key, tuple[bool, float]] = {}
+        self.pool_hosts: set[Key] = set()  # every pool host polled since the service started
 
     def tick(self, only: Optional[Collection[str]] = None) -> TickSummary:
         """Move every active chain (or only the chains with the ids in ``only``) forward once.
@@ -148,8 +179,8 @@ class Engine:
             ids = {c.id for c in loaded}
             self.quiet = {k: v for k, v in self.quiet.items() if k in ids}
         # One poll per cluster: every cluster a chain lives on, and every host of a pool
-        # that has a chain to place (its free slots are counted from the poll).
-        pools = [(c.spec.scheduler.kind, h) for c in floating for h in c.spec.scheduler.hosts]
+        # (free slots are counted from its poll; one that stops answering is noticed).
+        pools = [(c.spec.scheduler.kind, h) for c in loaded for h in c.spec.scheduler.hosts]
         tick = Round({})
         for key in dict.fromkeys([*groups, *pools]):
             kind, host = key
@@ -159,13 +190,17 @@ class Engine:
                 log.warning("poll failed; retrying next tick", scheduler=kind, host=host, error=str(exc))
                 summary.errors.append(str(exc))
                 summary.unreachable[key] = exc
-        for chain in floating:
-            # Observed where it ran last, else on the first of its hosts that answered;
-            # with none, it waits like any unreached chain.
-            kind = chain.spec.scheduler.kind
-            home = placement.observed_on(chain, tick.reached(kind))
-            if home is not None:
-                groups[(kind, home)].append(chain)
+            answers = key in tick.polled
+            if key not in self.answers or self.answers[key][0] is not answers:
+                self.answers[key] = (answers, now)  # since when it answers, or does not
+        self.pool_hosts.update(pools)
+        summary.pool = {
+            key: (*self.answers[key], tick.polled[key].jobs if key in tick.polled else None)
+            for key in self.pool_hosts
+        }
+        away = self._away(groups, floating, tick, now)
+        for answered in tick.polled.values():
+            self._fence(answered, loaded, summary)
         retries: list[float] = []  # when submissions that failed want their next try
         for key, chains in groups.items():
             polled = tick.polled.get(key)
@@ -173,7 +208,10 @@ class Engine:
                 continue
             gathered: dict[str, Facts] = {}
             for chain in chains:
-                facts = self._guarded(chain, summary, self.observer.facts, polled, chain)
+                if chain.id in away:  # its host is gone, or holds its checkpoint and is away
+                    facts = self._guarded(chain, summary, self.observer.away, polled, chain, away[chain.id])
+                else:
+                    facts = self._guarded(chain, summary, self.observer.facts, polled, chain)
                 if facts is not None:
                     gathered[chain.id] = replace(facts, may_start=False) if chain.id in held else facts
             gathered = self.observer.account(polled, chains, gathered, now)
@@ -195,6 +233,57 @@ class Engine:
         if retries:
             summary.next_in = max(0.0, min(retries) - self.clock())
         return summary
+
+    def _away(
+        self, groups: dict[Key, list[Chain]], floating: list[Chain], tick: Round, now: float
+    ) -> dict[str, str]:
+        """Place the pool chains whose host did not answer with a host that did, so that they
+        are decided on: those whose host is gone (``placement.gone``: their live segments
+        are lost, at no cost, and they go on from the checkpoint) and those with no live
+        segment whose checkpoint is on that host's disk alone (they wait, saying why).
+        The rest of the floating chains go where ``placement.observed_on`` says. Returns
+        why each chain so placed is away ("" for one that only waits)."""
+        away: dict[str, str] = {}
+        for key in [k for k in groups if k not in tick.polled and k[1]]:
+            for chain in list(groups[key]):
+                sched = chain.spec.scheduler
+                since = self.answers[key][1]
+                other = next((h for h in sched.hosts if h in tick.reached(sched.kind)), None)
+                if other is None or not placement.gone(since, sched.host_timeout, now):
+                    continue
+                groups[key].remove(chain)
+                groups[(sched.kind, other)].append(chain)
+                away[chain.id] = placement.gone_reason(key[1], sched.host_timeout)
+        for chain in floating:
+            kind = chain.spec.scheduler.kind
+            reached = tick.reached(kind)
+            home = placement.observed_on(chain, reached)
+            if home is None and placement.stranded(chain, reached):
+                home = next((h for h in chain.spec.scheduler.hosts if h in reached), None)
+                away[chain.id] = ""
+            if home is not None:  # with none, it waits like any unreached chain
+                groups[(kind, home)].append(chain)
+        return away
+
+    def _fence(self, polled: Polled, loaded: list[Chain], summary: TickSummary) -> None:
+        """Cancel what a pool host that is back still runs of segments ended as lost there."""
+        host = polled.key[1]
+        chains = {c.id: c for c in loaded if host and host in c.spec.scheduler.hosts}
+        ids = [
+            j
+            for cid in polled.tagged
+            if cid in chains
+            for j in placement.fenced(chains[cid], host, polled.tagged[cid])
+        ]
+        if not ids:
+            return
+        log.warning(
+            "cancelling jobs of segments ended as lost while their host was away", host=host, jobs=ids
+        )
+        try:
+            polled.cluster.cancel(ids)
+        except (TransportError, SchedulerError) as exc:
+            summary.errors.append(f"could not cancel jobs {', '.join(ids)} on {host}: {exc}")
 
     def _cluster(self, key: Key) -> Cluster:
         kind, host = key

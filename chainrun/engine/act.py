@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from chainrun import carry, rundir
+from chainrun import carry, rundir, snapshot
 from chainrun.decide import placement
 from chainrun.decide.retry import after_submit, array_refused
 from chainrun.engine.observe import Key, Polled
@@ -96,9 +96,7 @@ class Executor:
             elif isinstance(action, Submit):
                 target = self._place(polled, chain, action, tick)
                 if target is None:  # a pool with no free slot: the chain waits, unsubmitted
-                    waiting = placement.waiting_reason(
-                        chain.spec.scheduler.hosts, tick.reached(chain.spec.scheduler.kind)
-                    )
+                    waiting = placement.waiting_reason(chain, tick.reached(chain.spec.scheduler.kind))
                     continue
                 done.append(self.submit(target, chain, action))
             else:
@@ -118,7 +116,8 @@ class Executor:
             for host in sched.hosts
             if (sched.kind, host) in tick.polled
         }
-        host = placement.place(sched.hosts, chain.host if chain.segments else None, free)
+        previous = chain.placed
+        host = placement.place(sched.hosts, previous, free, placement.shared(chain))
         if host is None:
             return None
         tick.placed[(sched.kind, host)] += 1
@@ -144,9 +143,13 @@ class Executor:
         attempts = self.store.journal_submit(chain.id, sub, now, host)
         job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime, sub.after)
         try:
+            if host is not None and not chain.ran_on(host):  # a pool host new to the chain
+                snapshot.deliver_to(polled.cluster.transport, chain.spec)
             rundir.trust_run_dir(polled.cluster.transport, chain.spec, chain.id, ran_there=chain.ran_on(host))
             carry.leave_record(polled.cluster.transport, chain, self.store.home)
             job_id = polled.cluster.submit(job)
+        except snapshot.SnapshotError as exc:  # tried again later, as a host that did not answer
+            return after_submit(sub.n, attempts, TransportError(str(exc)), now)
         except (TransportError, SchedulerError, UnsafePathError) as exc:
             return after_submit(sub.n, attempts, exc, now)
         return Adopt(

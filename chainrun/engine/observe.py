@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from chainrun.cluster import Cluster
-from chainrun.decide import Facts, JobFacts
+from chainrun.decide import Facts, JobFacts, placement
 from chainrun.decide.carry import applies
 from chainrun.decide.retry import accounting_again, accounting_due
 from chainrun.errors import SchedulerError, TransportError
@@ -137,6 +137,15 @@ class Observer:
             carried=_carried(polled, chain),
             progress=self.progress.progress(transport, chain.spec),
         )
+
+    def away(self, polled: Polled, chain: Chain, lost: str) -> Facts:
+        """Facts of a pool chain looked at from another host than its own, which did not
+        answer: nothing of its jobs (their ids are that host's); the checkpoint when the
+        workdir is shared (else unknown); ``lost``: why its live segments are lost."""
+        progress = (
+            self.progress.progress(polled.cluster.transport, chain.spec) if placement.shared(chain) else None
+        )
+        return Facts(progress=progress, host_lost=lost)
 
     def account(
         self, polled: Polled, chains: list[Chain], gathered: dict[str, Facts], now: float

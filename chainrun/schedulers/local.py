@@ -100,6 +100,7 @@ class LocalScheduler:
                 started_at=d.get("started_at"),
                 ended_at=d.get("ended_at"),
                 reason=d.get("reason", ""),
+                slot=d.get("slot"),
             )
         return jobs
 
