@@ -131,6 +131,13 @@ def test_a_timed_out_segment_on_the_local_runner_accounts_its_save_after_the_sig
         "segment 2 started",
     )
     chainrun("cancel", chain_id, check=True)
+    # The running service carries the cancel out at its next tick: until then segment 2
+    # runs, and its allocation grows with the clock between one read and the next.
+    wait_for(
+        lambda: all(s["ended_at"] for s in _history(chainrun, chain_id)["segments"] if s["started_at"]),
+        60,
+        "the cancel to end segment 2",
+    )
     data = _history(chainrun, chain_id)
     one = data["segments"][0]
     assert one["outcome"] == "timeout" and one["signalled_at"] is not None

@@ -35,7 +35,7 @@ from chainrun.jobfile import parse
 from chainrun.localrunner import machine_dir
 from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, Outcome, Phase, SchedulerSpec
 from chainrun.schedulers.local import LocalScheduler, runner_path, runner_source
-from chainrun.schedulers.segment import SegmentJob
+from chainrun.schedulers.segment import CODE_NAMES, SegmentJob
 from chainrun.snapshot import capture
 from chainrun.status import state_cell
 from chainrun.store import Store
@@ -301,8 +301,8 @@ def test_a_snapshot_chain_placed_on_another_host_finds_its_code_unpacked_there(
     assert pool.placed(chain_id) == [(1, "b", "100")]
     code = f"{POOL.workdir}/.chainrun/code/{spec.snapshot_commit}"
     assert pool.hosts["b"].files[f"{code}/version.txt"] == b"v2\n"  # the uncommitted edit, as submitted
-    assert f"{code}/.chainrun-unpacked" in pool.hosts["b"].files
-    assert f"{code}/.chainrun-unpacked" not in pool.hosts["a"].files
+    assert f"{code}/{CODE_NAMES}" in pool.hosts["b"].files
+    assert f"{code}/{CODE_NAMES}" not in pool.hosts["a"].files
 
 
 # -- whole chains on two real hosts over SSH ------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -242,6 +243,8 @@ def test_gc_removes_the_snapshots_of_chains_that_ended_long_ago_never_one_in_use
 
     chainrun("cancel", long, check=True)
     wait_for(lambda: chains()[600]["state"] == "cancelled", 120, "the long chain to be cancelled")
+    # The service collects at its start (then daily): the chain must have ended gc_after ago by then.
+    wait_for(lambda: time.time() > chains()[600]["ended_at"] + 1.5, 60, "the long chain to have ended 1s ago")
     first.terminate()
     first.wait(60)
     (config / "chainrun").mkdir(parents=True)
