@@ -159,7 +159,7 @@ class JobSpec:
     max_failures: int
     checkpoint_dir: str
     signal: str
-    grace: int
+    grace: int  # the job file's, or the default: min(5m, walltime/4)
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     env: tuple[tuple[str, str], ...] = ()
     inherit_env: tuple[str, ...] = ()  # names taken from the submitting shell
@@ -189,6 +189,9 @@ class JobSpec:
     max_concurrent: Optional[int] = None  # [sweep]: at most this many of its chains under way at once
     # A sweep chain's CHAINRUN_SEED, set by ``sweep.expand``; None: one from the chain id.
     seed: Optional[int] = None
+    # No grace in the job file: each segment's is made of the chain's stops so far
+    # (decide/grace.py), at most ``grace``.
+    adaptive_grace: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -288,6 +291,19 @@ class EndMarker:
     progress: Optional[Progress] = None
     path: str = ""  # the PATH the command ran with
     tail: tuple[str, ...] = ()  # the last lines of the command's output, when it failed
+    grace: Optional[int] = None  # the grace the segment ran with
+    sent_at: Optional[float] = None  # when the walltime signal reached the command
+    # "1": the command said it was ready for the signal; "0": the chain's command had said
+    # so before, not this time (the signal was held); "": it never says so
+    ready: str = ""
+    save_seconds: Optional[float] = None  # how long the last save took, as the sidecar says
+
+    @property
+    def stop_seconds(self) -> Optional[float]:
+        """How long the command took from the walltime signal to its end."""
+        if self.sent_at is None or self.at is None:
+            return None
+        return max(0.0, self.at - self.sent_at)
 
     @property
     def stopped_by_signal(self) -> bool:
@@ -342,6 +358,7 @@ class Segment:
     host: Optional[str] = None  # where a pool placed it (None: the chain's scheduler.host)
     array: Optional[str] = None  # a first segment sent as an array task: the array's name
     task: Optional[int] = None  # and its task index there
+    stop: Optional[float] = None  # seconds it needed to stop (decide/grace.py); None: not seen
 
 
 @dataclass(frozen=True)
@@ -506,6 +523,7 @@ class EndSegment:
     reason: str
     progress: Progress
     tail: tuple[str, ...] = ()  # the last lines of the segment's output, when it failed
+    stop: Optional[float] = None  # the seconds it needed to stop (decide/grace.py)
 
 
 @dataclass(frozen=True)
@@ -518,6 +536,14 @@ class Finish:
 class Wait:
     """A pool's chain waits, unsubmitted, for a free slot, and says why; "" once it goes on."""
 
+    reason: str
+
+
+@dataclass(frozen=True)
+class SetGrace:
+    """The grace later segments get (written where their wrapper reads it), and why."""
+
+    seconds: int
     reason: str
 
 
@@ -536,7 +562,19 @@ class Unstick:
 
 
 Action = Union[
-    Submit, Adopt, RetryLater, Reject, Cancel, Remove, Track, EndSegment, Finish, Wait, MarkStuck, Unstick
+    Submit,
+    Adopt,
+    RetryLater,
+    Reject,
+    Cancel,
+    Remove,
+    Track,
+    EndSegment,
+    Finish,
+    Wait,
+    SetGrace,
+    MarkStuck,
+    Unstick,
 ]
 
 

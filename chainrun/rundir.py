@@ -13,7 +13,7 @@ from typing import Optional
 
 from chainrun.errors import UnsafePathError
 from chainrun.model import JobSpec
-from chainrun.schedulers.segment import RUN_DIR_NAME, final_path, run_dir
+from chainrun.schedulers.segment import RUN_DIR_NAME, final_path, grace_path, run_dir
 from chainrun.transport import FileInfo, Transport
 
 
@@ -83,3 +83,8 @@ def _trust(info: Optional[FileInfo], path: str, me: int, directory: bool) -> Non
 def write_final(transport: Transport, spec: JobSpec, chain_id: str) -> None:
     """The chain has ended: a successor that starts anyway finds this and exits at once."""
     transport.write_file(final_path(spec, chain_id), b"chain ended\n")
+
+
+def write_grace(transport: Transport, spec: JobSpec, chain_id: str, seconds: int) -> None:
+    """The grace the chain's later segments get (decide/grace.py): their wrapper reads it at start."""
+    transport.write_file(grace_path(spec, chain_id), f"grace={seconds}\n".encode())

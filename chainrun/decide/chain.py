@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
+from chainrun.decide.grace import grace_in_force, stop_seen
 from chainrun.fields import format_duration
 from chainrun.model import (
     NO_PROGRESS,
@@ -36,6 +37,7 @@ from chainrun.model import (
     Progress,
     Remove,
     Segment,
+    SetGrace,
     StartMarker,
     Submit,
     Track,
@@ -89,6 +91,7 @@ class _Ending:
     reason: str
     remove: bool = False  # still held by the scheduler (stuck): remove it
     died_of: str = ""  # the signal (USR1) that killed the command, as the end marker says
+    ready: str = ""  # whether the command said it was ready for the signal (EndMarker.ready)
 
 
 def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
@@ -184,6 +187,7 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
                 reason=why,
                 progress=end_progress if advanced else mark,
                 tail=tail,
+                stop=stop_seen(spec, job.end, ending.outcome),
             )
         )
         failures += charged
@@ -199,6 +203,7 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
             finished_segment = finished_segment or seg.n
         goal_met = goal_met or bool(_done_reason(chain, mark, None))
 
+    actions.extend(_grace_change(chain, actions))
     still = [s for s in live if s.n not in ended]
     best = current if current.key >= mark.key or current.done else mark
     done = _done_reason(chain, best, finished_segment)
@@ -252,6 +257,16 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
         may_repeat = crashes.get(still[0].n - 1) is not None and not mark.advanced_from(chain.baseline)
         actions.extend(_queue_ahead(chain, still[0], left, failures, may_repeat))
     return actions
+
+
+def _grace_change(chain: Chain, actions: list[Action]) -> list[Action]:
+    """The grace later segments get, when the stops of the segments that just ended change it."""
+    stops = {a.n: a.stop for a in actions if isinstance(a, EndSegment) and a.stop is not None}
+    if not stops or not chain.spec.adaptive_grace:
+        return []
+    before = grace_in_force(chain.spec, chain.segments)
+    after = grace_in_force(chain.spec, [replace(s, stop=stops.get(s.n, s.stop)) for s in chain.segments])
+    return [SetGrace(after.seconds, after.source)] if after.seconds != before.seconds else []
 
 
 def quiet_until(chain: Chain, now: float) -> float:
@@ -311,6 +326,7 @@ def _ending(job: JobFacts) -> Optional[_Ending]:
         ended_at=(view.ended_at if view else None) or (marker.at if marker else None),
         reason="; ".join(reasons),
         died_of=marker.signal if marker is not None and marker.died_of_signal else "",
+        ready=marker.ready if marker is not None else "",
     )
 
 
@@ -405,6 +421,12 @@ def _charge(ending: _Ending, advanced: bool, finished: bool, goal_met: bool) -> 
         return False, f"{outcome.value}{code}: the command finished on its own"
     if goal_met and not advanced:
         return False, f"{outcome.value}{code} after the goal was already reached{detail}"
+    if not advanced and ending.died_of and ending.ready == "0":
+        return True, (
+            f"{outcome.value}{code} and made no progress: SIG{ending.died_of} killed the command, which "
+            "never said it was ready for the walltime signal (held back until then: the command "
+            "was still starting, or no longer makes its SegmentClock)"
+        )
     if not advanced and ending.died_of:
         return True, (
             f"{outcome.value}{code} and made no progress: SIG{ending.died_of} killed the command before "

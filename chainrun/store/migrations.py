@@ -93,6 +93,9 @@ MIGRATIONS: list[str] = [
     ALTER TABLE segments ADD COLUMN array TEXT;
     ALTER TABLE segments ADD COLUMN task INTEGER
     """,
+    # 7: the seconds each segment needed to stop (signal to exit, or its save), of which
+    # an adaptive grace is made (decide/grace.py); NULL: none seen.
+    "ALTER TABLE segments ADD COLUMN stop REAL",
 ]
 
 

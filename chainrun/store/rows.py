@@ -168,6 +168,7 @@ def decode_segment(row: sqlite3.Row) -> Segment:
             host=data["host"],
             array=data["array"],
             task=data["task"],
+            stop=data["stop"],
         )
         checked(segment)
     except Unreadable as exc:
