@@ -14,6 +14,7 @@ import shlex
 from collections.abc import Sequence
 
 from chainrun import rundir, snapshot
+from chainrun.decide import grace
 from chainrun.errors import JobFileError, SchedulerError
 from chainrun.fields import format_duration
 from chainrun.model import JobSpec, new_chain_id
@@ -131,7 +132,8 @@ def _plan(spec: JobSpec) -> list[tuple[str, str]]:
             f"epoch {spec.target_epoch}" if spec.target_epoch else "until the command exits 0 on its own",
         ),
         ("failures", f"budget {spec.max_failures}: the chain fails at failure {spec.max_failures + 1}"),
-        ("signal", f"SIG{spec.signal} {format_duration(spec.grace)} before each walltime"),
+        ("signal", f"SIG{spec.signal} at walltime - grace, sent by the segment's own timer"),
+        ("grace", grace.rule(spec)),
         ("environment", _environment(spec)),
         ("progress", _progress_source(spec)),
     ]

@@ -37,6 +37,17 @@ class Grace:
         return f"{format_duration(self.seconds)} ({self.source})"
 
 
+def rule(spec: JobSpec) -> str:
+    """How the chain's segments get their grace, in words (``check``)."""
+    if not spec.adaptive_grace:
+        return f"{format_duration(spec.grace)}, {grace_in_force(spec, ()).source}"
+    return (
+        f"adaptive: {format_duration(spec.grace)} ({DEFAULT}) until a segment is seen stopping, then "
+        f"{FACTOR} x the longest stop seen, at least {format_duration(min(FLOOR, spec.grace))}, "
+        f"at most {format_duration(spec.grace)}"
+    )
+
+
 def stop_seen(spec: JobSpec, end: Optional[EndMarker], outcome: Outcome) -> Optional[float]:
     """The seconds an ended segment needed to stop, as far as it showed; None: it showed none."""
     if end is None:
@@ -62,7 +73,7 @@ def grace_in_force(spec: JobSpec, segments: Iterable[Segment]) -> Grace:
         return Grace(spec.grace, f"{DEFAULT}, until a segment is seen stopping")
     longest, n = max(stops)
     wanted = math.ceil(FACTOR * longest)
-    seen = f"the longest stop seen, {longest:.1f}s in segment {n}"
+    seen = f"the longest stop seen ({longest:.1f}s, segment {n})"
     seconds = min(spec.grace, max(FLOOR, wanted))
     if seconds == spec.grace:
         return Grace(seconds, f"{DEFAULT}, as {FACTOR} x {seen} is no shorter")
