@@ -60,10 +60,10 @@ class SegmentClock:
     plus SIGTERM; the signal in ``CHAINRUN_SIGNAL`` is always handled, since
     chainrun will send it. ``deadline`` (epoch seconds) defaults to
     ``CHAINRUN_DEADLINE``; with both, the earlier counts. ``margin`` is how long
-    before the deadline to stop; by default the grace the wrapper gives this
-    segment (``CHAINRUN_GRACE``: the deadline stops the loop when the signal
-    should have come), else 10% of the time left when the clock is made, at
-    most 5 minutes. Once its handlers are set, the clock tells chainrun's
+    before the deadline to stop; by default half the grace the wrapper gives
+    this segment (``CHAINRUN_GRACE``: the signal comes first, and the deadline
+    stops the loop only where it never came, with the longest save seen still
+    to go), else 10% of the time left when the clock is made, at most 5 minutes. Once its handlers are set, the clock tells chainrun's
     wrapper that the command is ready for the signal (``ready`` in
     ``CHAINRUN_RUN_DIR``): a signal due before then is held until then.
     Handlers that were installed before are called after ours (except the
@@ -95,7 +95,7 @@ class SegmentClock:
         candidates = [d for d in (deadline, env_deadline) if d is not None]
         self.deadline: Optional[float] = min(candidates) if candidates else None
         if margin is None:
-            margin = _grace_from_env()
+            margin = _margin_from_env()
         if margin is None:
             left = 0.0 if self.deadline is None else max(0.0, self.deadline - now())
             margin = min(MAX_AUTO_MARGIN, AUTO_MARGIN_FRACTION * left)
@@ -235,13 +235,13 @@ def _deadline_from_env() -> Optional[float]:
     return value
 
 
-def _grace_from_env() -> Optional[float]:
-    """The grace the wrapper gives this segment (``CHAINRUN_GRACE``), or None."""
+def _margin_from_env() -> Optional[float]:
+    """Half the grace the wrapper gives this segment (``CHAINRUN_GRACE``), or None."""
     try:
         value = float(os.environ.get("CHAINRUN_GRACE", ""))
     except ValueError:
         return None
-    return value if math.isfinite(value) and value >= 0 else None
+    return value / 2 if math.isfinite(value) and value >= 0 else None
 
 
 READY_NAME = "ready"

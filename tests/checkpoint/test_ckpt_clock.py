@@ -121,13 +121,14 @@ def test_default_margin_is_a_tenth_of_the_time_left_at_most_five_minutes(
     assert SegmentClock(install=False, deadline=4 * 3600.0, now=FakeTime(0.0)).margin == 300.0
 
 
-def test_the_default_margin_is_the_grace_the_wrapper_gives_the_segment(
+def test_the_default_margin_is_half_the_grace_the_wrapper_gives_the_segment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The deadline stops the loop when the walltime signal should have come: an adaptive
-    grace of 10 s at a one-hour walltime is not undone by a margin of five minutes."""
+    """The deadline stops the loop only after the walltime signal should have come (a
+    script that stopped on it first and exited 0 would end a chain without a target):
+    an adaptive grace of 10 s at a one-hour walltime is not undone by a 5-minute margin."""
     monkeypatch.setenv("CHAINRUN_GRACE", "10")
-    assert SegmentClock(install=False, deadline=3600.0, now=FakeTime(0.0)).margin == 10.0
+    assert SegmentClock(install=False, deadline=3600.0, now=FakeTime(0.0)).margin == 5.0
 
 
 def test_the_clock_tells_the_wrapper_it_is_ready_once_its_handlers_are_set(
