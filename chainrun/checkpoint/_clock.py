@@ -63,9 +63,10 @@ class SegmentClock:
     before the deadline to stop; by default half the grace the wrapper gives
     this segment (``CHAINRUN_GRACE``: the signal comes first, and the deadline
     stops the loop only where it never came, with the longest save seen still
-    to go), else 10% of the time left when the clock is made, at most 5 minutes. Once its handlers are set, the clock tells chainrun's
-    wrapper that the command is ready for the signal (``ready`` in
-    ``CHAINRUN_RUN_DIR``): a signal due before then is held until then.
+    to go), else 10% of the time left when the clock is made, at most 5
+    minutes. Once its handlers are set, the clock tells chainrun's wrapper that
+    the command is ready for the signal (``ready`` in ``CHAINRUN_RUN_DIR``): a
+    signal due before then is held until then.
     Handlers that were installed before are called after ours (except the
     default action, which would kill the process).
     """
