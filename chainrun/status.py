@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from chainrun import heartbeat, systemd
-from chainrun.decide.grace import grace_in_force
 from chainrun.lock import lock_for
 from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Phase, chain_seed
 from chainrun.store import DamagedChain, Glance, SegmentGlance, ran
@@ -300,6 +299,8 @@ def details(chain: Chain, now: float, seen: Optional[float] = None) -> list[str]
         f"{glance.ran} of at most {chain.max_segments} segments run; "
         f"failures {failures_cell(glance)}"
     )
+    from chainrun.decide.grace import grace_in_force  # here: a plain `status` imports no rules
+
     lines.append(f"grace: {grace_in_force(chain.spec, chain.segments).describe()}")
     placed = _placed(chain)
     if placed:
