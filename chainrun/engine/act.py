@@ -89,7 +89,7 @@ class Executor:
                 rundir.write_grace(polled.cluster.transport, chain.spec, chain.id, grace.seconds)
             except TransportError as exc:
                 step.warnings.append(
-                    f"could not write the grace for later segments ({exc}); they get the default"
+                    f"could not write the grace for later segments ({exc}); they keep the one before"
                 )
         self._cancel(polled, [a for a in actions if isinstance(a, (Cancel, Remove))], step.warnings)
         done: list[Action] = []
