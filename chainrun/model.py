@@ -170,7 +170,7 @@ class JobSpec:
     max_failures: int
     checkpoint_dir: str
     signal: str
-    grace: int
+    grace: int  # the job file's, or the default: min(5m, walltime/4)
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     env: tuple[tuple[str, str], ...] = ()
     inherit_env: tuple[str, ...] = ()  # names taken from the submitting shell
@@ -206,6 +206,9 @@ class JobSpec:
     # cluster's nodes cannot submit (why, in words).
     self_queue: bool = True
     nodes_cannot_submit: str = ""
+    # No grace in the job file: each segment's is made of the chain's stops so far
+    # (decide/grace.py), at most ``grace``.
+    adaptive_grace: bool = False
 
     @property
     def max_segments(self) -> int:
@@ -315,6 +318,18 @@ class EndMarker:
     tail: tuple[str, ...] = ()  # the last lines of the command's output, when it failed
     preempted: bool = False  # the signal came because the scheduler preempted the job
     signalled_at: Optional[float] = None  # when the signal was passed on to the command
+    grace: Optional[int] = None  # the grace the segment ran with
+    # "1": the command said it was ready for the signal; "0": the chain's command had said
+    # so before, not this time (the signal was held); "": it never says so
+    ready: str = ""
+    save_seconds: Optional[float] = None  # how long the last save took, as the sidecar says
+
+    @property
+    def stop_seconds(self) -> Optional[float]:
+        """How long the command took from the walltime signal to its end."""
+        if self.signalled_at is None or self.at is None:
+            return None
+        return max(0.0, self.at - self.signalled_at)
 
     @property
     def stopped_by_signal(self) -> bool:
@@ -374,6 +389,7 @@ class Segment:
     array: Optional[str] = None  # a first segment sent as an array task: the array's name
     task: Optional[int] = None  # and its task index there
     signalled_at: Optional[float] = None  # when the walltime (or another) signal reached its command
+    stop: Optional[float] = None  # seconds it needed to stop (decide/grace.py); None: not seen
 
 
 @dataclass(frozen=True)
@@ -556,6 +572,7 @@ class EndSegment:
     progress: Progress
     tail: tuple[str, ...] = ()  # the last lines of the segment's output, when it failed
     signalled_at: Optional[float] = None  # when the signal reached the command (end marker)
+    stop: Optional[float] = None  # the seconds it needed to stop (decide/grace.py)
 
 
 @dataclass(frozen=True)
@@ -568,6 +585,14 @@ class Finish:
 class Wait:
     """A pool's chain waits, unsubmitted, for a free slot, and says why; "" once it goes on."""
 
+    reason: str
+
+
+@dataclass(frozen=True)
+class SetGrace:
+    """The grace later segments get (written where their wrapper reads it), and why."""
+
+    seconds: int
     reason: str
 
 
@@ -586,7 +611,19 @@ class Unstick:
 
 
 Action = Union[
-    Submit, Adopt, RetryLater, Reject, Cancel, Remove, Track, EndSegment, Finish, Wait, MarkStuck, Unstick
+    Submit,
+    Adopt,
+    RetryLater,
+    Reject,
+    Cancel,
+    Remove,
+    Track,
+    EndSegment,
+    Finish,
+    Wait,
+    SetGrace,
+    MarkStuck,
+    Unstick,
 ]
 
 

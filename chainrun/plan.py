@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from chainrun import rundir, snapshot
 from chainrun.cluster import Cluster
+from chainrun.decide import grace
 from chainrun.decide.carry import applies, away_bound, off_because
 from chainrun.errors import JobFileError, SchedulerError, TransportError
 from chainrun.fields import format_duration
@@ -150,7 +151,8 @@ def _plan(spec: JobSpec, shared: str) -> list[tuple[str, str]]:
             f"epoch {spec.target_epoch}" if spec.target_epoch else "until the command exits 0 on its own",
         ),
         ("failures", f"budget {spec.max_failures}: the chain fails at failure {spec.max_failures + 1}"),
-        ("signal", f"SIG{spec.signal} {format_duration(spec.grace)} before each walltime"),
+        ("signal", f"SIG{spec.signal} at walltime - grace, sent by the segment's own timer"),
+        ("grace", grace.rule(spec)),
         ("environment", _environment(spec)),
         ("progress", _progress_source(spec)),
         ("away", _away(spec)),

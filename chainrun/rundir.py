@@ -16,7 +16,7 @@ from typing import Optional
 
 from chainrun.errors import TransportError, UnsafePathError
 from chainrun.model import JobSpec
-from chainrun.schedulers.segment import RUN_DIR_NAME, final_path, run_dir
+from chainrun.schedulers.segment import RUN_DIR_NAME, final_path, grace_path, run_dir
 from chainrun.transport import FileInfo, Transport
 
 
@@ -126,3 +126,8 @@ def probe_shared(
     if unreached:
         return None, f"not known: {', '.join(unreached)} not reached; a chain keeps to the host it ran on"
     return True, f"shared by {', '.join(hosts)}: a chain may resume on any of them"
+
+
+def write_grace(transport: Transport, spec: JobSpec, chain_id: str, seconds: int) -> None:
+    """The grace the chain's later segments get (decide/grace.py): their wrapper reads it at start."""
+    transport.write_file(grace_path(spec, chain_id), f"grace={seconds}\n".encode())

@@ -155,7 +155,7 @@ def parse(
     signal = signal.upper().removeprefix("SIG")
     if signal not in SIGNALS:
         raise f.error("signal", "allowed: " + ", ".join(SIGNALS))
-    grace = f.duration("grace", default=max(1, min(300, walltime // 4)))
+    grace = f.duration("grace", default=default_grace(walltime))
     sched = _scheduler(path, f.get("scheduler", dict, "a table [scheduler]", default={}))
     _start_and_save(f, sched.kind, walltime, grace)
     remote = sched.remote
@@ -236,6 +236,8 @@ def parse(
         max_concurrent=max_concurrent,
         signal=signal,
         grace=grace,
+        # SIGTERM is never held back (it may be a preemption): the scheduler's comes at the default.
+        adaptive_grace="grace" not in f.table and signal != "TERM",
         scheduler=sched,
         env=tuple(env),
         inherit_env=tuple(dict.fromkeys(names)),
@@ -247,6 +249,12 @@ def parse(
     )
     sweep.check(spec)
     return spec
+
+
+def default_grace(walltime: int) -> int:
+    """The grace a job file without one gets: a quarter of the walltime, at most 5 minutes
+    (and, made adaptive, the most its segments get: decide/grace.py)."""
+    return max(1, min(300, walltime // 4))
 
 
 def _start_and_save(f: Fields, kind: str, walltime: int, grace: int) -> None:

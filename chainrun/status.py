@@ -304,6 +304,9 @@ def details(chain: Chain, now: float, seen: Optional[float] = None) -> list[str]
         f"failures {failures_cell(glance)}"
     )
     lines.append(f"allocation: {describe(account(chain, upto), short)}")
+    from chainrun.decide.grace import grace_in_force  # here: a plain `status` imports no rules
+
+    lines.append(f"grace: {grace_in_force(chain.spec, chain.segments).describe()}")
     placed = _placed(chain)
     if placed:
         lines.append(f"hosts: {placed}")

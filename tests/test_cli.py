@@ -557,6 +557,24 @@ def test_check_says_where_the_epoch_comes_from_and_warns_when_a_target_may_have_
         assert ('progress = "FILE.json:KEY"' in result.stderr) is warns, result.stderr
 
 
+def test_check_shows_how_the_segments_get_their_grace(tmp_path: Path) -> None:
+    """Issue 24: without a grace in the job file, the adaptive rule; with one, that one."""
+    base = 'name = "t"\ncommand = "python3 train.py"\ntotal_time = "2h"\nwalltime = "1h"\n'
+    for extra, shown in (
+        ("", "adaptive: 5m (the default, a quarter of the walltime at most 5m) until a segment"),
+        ('grace = "2m"\n', "2m, set in the job file"),
+        ('signal = "TERM"\n', "5m, fixed: SIGTERM is never held back"),
+    ):
+        path = tmp_path / "job.toml"
+        path.write_text(base + extra)
+        result = chainrun_process(tmp_path, "check", str(path))
+        assert result.returncode == 0, result.stderr
+        rows = [line.split(None, 1) for line in result.stdout.splitlines()]
+        assert any(row[0] == "grace" and row[1].startswith(shown) for row in rows if len(row) == 2), (
+            result.stdout
+        )
+
+
 # -- exit codes: 2 for bad input, 1 for a chain that cannot complete, 0 otherwise -----
 
 
@@ -845,15 +863,32 @@ STORE_MODULES = ("checked", "database", "migrations", "rows", "views", "writes")
 @pytest.mark.parametrize(
     ("args", "allowed"),
     [
-        (["--help"], {"chainrun.cli", "chainrun.cligroup", "chainrun.constants", "chainrun.errors"}),
+        (
+            ["--help"],
+            {"chainrun.cli", "chainrun.cligroup", "chainrun.cliweb", "chainrun.constants", "chainrun.errors"},
+        ),
         (
             ["submit", "--help"],  # the group's own option (--home) is handled first
-            {"chainrun.cli", "chainrun.cligroup", "chainrun.constants", "chainrun.errors", "chainrun.logs"}
+            {
+                "chainrun.cli",
+                "chainrun.cligroup",
+                "chainrun.cliweb",
+                "chainrun.constants",
+                "chainrun.errors",
+                "chainrun.logs",
+            }
             | {"chainrun.model", "chainrun.localrunner"},  # the store's home is the runner's too
         ),
         (
             ["status"],
-            {"chainrun.cli", "chainrun.cligroup", "chainrun.constants", "chainrun.errors", "chainrun.logs"}
+            {
+                "chainrun.cli",
+                "chainrun.cligroup",
+                "chainrun.cliweb",
+                "chainrun.constants",
+                "chainrun.errors",
+                "chainrun.logs",
+            }
             | {
                 "chainrun.model",
                 "chainrun.status",

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import pytest
 from conftest import REPO, have, need, wait_for
@@ -167,7 +167,7 @@ def write_job(
     *,
     name: str = "t",
     walltime: int = 0,
-    grace: int = 0,
+    grace: Optional[int] = 0,
     total: str = "30m",
     target_epoch: int = 1000,
     max_failures: int = 2,
@@ -188,6 +188,8 @@ def write_job(
         "target_epoch": target_epoch,
         "max_failures": max_failures,
     }
+    if grace is None:  # none in the job file: adaptive
+        del fields["grace"]
     if progress:
         fields["progress"] = progress
     if container:
@@ -705,3 +707,48 @@ def test_segments_that_ended_while_the_service_was_stopped_are_each_credited_the
     assert [(s["outcome"], s["charged"]) for s in st["segments"][:2]] == [("timeout", False)] * 2, st
     assert st["failures"] == 0
     chainrun("cancel", chain_id, check=True)
+
+
+LATE_READY = """\
+import os, sys, time
+segment = int(os.environ["CHAINRUN_SEGMENT"])
+if segment > 1:  # a start so slow that the walltime signal is due before the handler is set
+    time.sleep(max(0.0, float(os.environ["CHAINRUN_DEADLINE"]) - 8 - time.time()))
+from chainrun.checkpoint import CheckpointDir, SegmentClock
+clock = SegmentClock(margin=0)  # the signal alone stops the second segment
+if segment > 1:
+    while not clock.should_stop():
+        time.sleep(0.1)
+    with open(f"stopped-{segment}", "w") as f:
+        f.write(clock.reason or "")
+CheckpointDir(os.environ["CHAINRUN_CHECKPOINT_DIR"]).save(b"state", epoch=segment, step=0)
+"""
+
+
+@pytest.mark.parametrize("cluster", ALL, indirect=True)
+def test_the_grace_adapts_to_the_save_and_a_signal_due_before_the_command_is_ready_waits_for_it(
+    cluster: Cluster, work: Path, chainrun: CLI
+) -> None:
+    """Issue 24, on the real scheduler. No grace in the job file: segment 1 gets the default
+    (15 s at a one-minute walltime), says it is ready, saves in milliseconds and exits; the
+    service makes the grace of that save (the floor, 10 s), writes it for later segments
+    and shows it. Segment 2 sleeps, as an import would, past the time its signal is due
+    (the scheduler's own --signal comes then too, where it sends one): the signal is held
+    until its SegmentClock says it is ready, and the command stops on it and saves, charged
+    nothing, where it would have died of it (exit 138) and been charged "no progress"."""
+    (work / "late_ready.py").write_text(LATE_READY)
+    path = write_job(
+        work, cluster, "python3 late_ready.py", grace=None, walltime=60, target_epoch=2, max_failures=0
+    )
+    result = chainrun("run", str(path), "--interval", "1", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    st = status(chainrun, "t")
+    assert st["state"] == "completed" and st["failures"] == 0, st["reason"]
+    assert [(s["n"], s["charged"]) for s in st["segments"]] == [(1, False), (2, False)], st["segments"]
+    assert (work / "stopped-2").read_text() == "signal SIGUSR1"
+    (log,) = work.glob(".chainrun/*/seg-0002.log")
+    assert "held: the command has not yet said it is ready" in log.read_text()
+    (grace,) = work.glob(".chainrun/*/grace")
+    assert grace.read_text() == "grace=10\n"
+    assert "grace 10s from now on: the floor" in chainrun("history", "t", check=True).stdout
+    assert "grace: 10s (the floor" in chainrun("status", "t", check=True).stdout

@@ -11,6 +11,7 @@ from typing import Optional
 import pytest
 
 from chainrun.decide import LOST_AFTER, Facts, JobFacts, decide, quiet_until
+from chainrun.decide.grace import grace_in_force, stop_seen
 from chainrun.model import (
     NO_PROGRESS,
     Cancel,
@@ -25,6 +26,7 @@ from chainrun.model import (
     Phase,
     Progress,
     Segment,
+    SetGrace,
     StartMarker,
     Submit,
     Track,
@@ -642,3 +644,70 @@ def test_a_preempted_job_that_ended_on_its_own_in_the_grace_time_is_preempted_no
     assert isinstance(end, EndSegment)
     assert (end.outcome, end.charged) == (Outcome.PREEMPTED, False), end
     assert "before any progress: not charged" in end.reason
+
+
+def test_a_segment_held_for_a_command_that_never_said_it_was_ready_says_so() -> None:
+    """Issue 24: the chain's command had said it was ready before; this time it never did
+    (still starting), so the wrapper held the signal and the walltime's SIGTERM ended it. Its
+    reason tells that apart from a signal that came before any handler could be known."""
+    spec = replace(SPEC, signal="TERM")
+    marker = EndMarker(143, 143, "TERM", False, NOW - 1, ready="0")
+    job = JobFacts(listed=ListedJob("j1", "j1", Phase.ENDED, None, None, NOW - 60, NOW - 1), end=marker)
+    end = run(chain(seg(1), spec=spec), {"j1": job}, BEFORE)[0]
+    assert isinstance(end, EndSegment) and end.charged and end.outcome is Outcome.TIMEOUT
+    assert "never said it was ready for the walltime signal" in end.reason
+    unknown = JobFacts(listed=job.listed, end=replace(marker, ready=""))
+    assert "likely while it was still starting" in str(
+        run(chain(seg(1), spec=spec), {"j1": unknown}, BEFORE)[0]
+    )
+
+
+ADAPTIVE = replace(SPEC, walltime=3600, grace=300, adaptive_grace=True)
+
+
+def stopped(n: int, stop: Optional[float]) -> Segment:
+    return seg(n, Phase.ENDED, outcome=Outcome.TIMEOUT, exit_code=0, stop=stop)
+
+
+@pytest.mark.parametrize(
+    ("spec", "stops", "seconds", "words"),
+    [
+        (ADAPTIVE, [], 300, "until a segment is seen stopping"),
+        (ADAPTIVE, [None, 1.0], 10, "the floor"),
+        (ADAPTIVE, [3.0, 21.2], 43, "2 x the longest stop seen (21.2s, segment 2)"),
+        (ADAPTIVE, [200.0, 4.0], 300, "the default"),
+        (replace(ADAPTIVE, grace=8), [1.0], 8, "the default"),  # a short walltime: the floor is capped too
+        (replace(ADAPTIVE, adaptive_grace=False), [1.0], 300, "set in the job file"),
+    ],
+)
+def test_the_grace_is_twice_the_longest_stop_seen_between_the_floor_and_the_default(
+    spec: JobSpec, stops: list[Optional[float]], seconds: int, words: str
+) -> None:
+    found = grace_in_force(spec, [stopped(n, s) for n, s in enumerate(stops, 1)])
+    assert found.seconds == seconds and words in found.source
+
+
+def test_a_stop_is_the_longer_of_signal_to_exit_and_the_save_and_a_kill_mid_stop_is_the_default() -> None:
+    end = EndMarker(0, 0, "USR1", False, at=NOW, grace=20, signalled_at=NOW - 3, save_seconds=1.5)
+    assert stop_seen(ADAPTIVE, end, Outcome.TIMEOUT) == 3.0
+    assert stop_seen(ADAPTIVE, replace(end, save_seconds=7.5), Outcome.TIMEOUT) == 7.5
+    assert (
+        stop_seen(ADAPTIVE, replace(end, signalled_at=NOW - 19.5), Outcome.TIMEOUT) == 300.0
+    )  # still stopping
+    assert stop_seen(ADAPTIVE, replace(end, signalled_at=None, signal=""), Outcome.COMPLETED) == 1.5
+    assert stop_seen(ADAPTIVE, None, Outcome.TIMEOUT) == 300.0  # killed with no word from the wrapper
+    assert stop_seen(ADAPTIVE, None, Outcome.FAILED) is None
+    assert stop_seen(ADAPTIVE, replace(end, skipped=True), Outcome.COMPLETED) is None
+
+
+def test_a_segment_whose_stop_changes_the_grace_sets_it_for_later_segments() -> None:
+    """decide records each segment's stop and, when that changes the grace, says so once."""
+    marker = EndMarker(0, 0, "USR1", False, at=NOW - 1, grace=300, signalled_at=NOW - 5, save_seconds=1.0)
+    job = JobFacts(listed=ListedJob("j1", "j1", Phase.ENDED, None, None, NOW - 3000, NOW - 1), end=marker)
+    actions = run(chain(seg(1), seg(2, Phase.PENDING), spec=ADAPTIVE), {"j1": job}, AFTER)
+    end = actions[0]
+    assert isinstance(end, EndSegment) and end.stop == 4.0
+    assert SetGrace(10, "the floor, as 2 x the longest stop seen (4.0s, segment 1) is no longer") in actions
+    again = chain(stopped(1, 4.0), seg(2), seg(3, Phase.PENDING), spec=ADAPTIVE)
+    job2 = JobFacts(listed=replace(job.listed, job_id="j2", name="j2"), end=replace(marker, grace=10))
+    assert not any(isinstance(a, SetGrace) for a in run(again, {"j2": job2}, AFTER))  # still 10 s

@@ -49,9 +49,14 @@ def end(
     at: float,
     progress: Progress,
     n: int = 1,
+    stop: Optional[float] = None,
 ) -> EndSegment:
     charged = outcome.crashed or "made no progress" in reason
-    return EndSegment(n, outcome, code, charged, elapsed, at, reason, progress)
+    return EndSegment(n, outcome, code, charged, elapsed, at, reason, progress, stop=stop)
+
+
+# A timeout with no end marker: the kill came before the command stopped (decide/grace.py).
+KILLED_STOPPING = float(SPEC.grace)
 
 
 # -- second jobs of a segment ------------------------------------------------------------
@@ -213,7 +218,7 @@ def test_a_job_with_no_times_trains_nothing_unless_it_ran_to_its_walltime() -> N
     )
     timeout = JobFacts(listed=listed("j1", Phase.ENDED, outcome=Outcome.TIMEOUT))
     assert decide(chain(seg(1)), Facts(jobs={"j1": timeout}, progress=BEFORE), NOW)[0] == end(
-        Outcome.TIMEOUT, None, "timeout and made no progress", 100.0, NOW, BEFORE
+        Outcome.TIMEOUT, None, "timeout and made no progress", 100.0, NOW, BEFORE, stop=KILLED_STOPPING
     )
     instant = JobFacts(
         listed=listed(
@@ -260,7 +265,7 @@ def test_a_segment_ended_while_its_successor_runs_is_credited_what_the_successor
         jobs={"j1": ended("j1", Outcome.TIMEOUT), "j2": second}, progress=Progress(epoch=6, saved_at=300.0)
     )
     assert decide(chain(seg(1), seg(2, Phase.PENDING, after="j1")), facts, NOW) == [
-        end(Outcome.TIMEOUT, 0, "timeout (exit 0) with progress", 89.0, NOW - 1, found),
+        end(Outcome.TIMEOUT, 0, "timeout (exit 0) with progress", 89.0, NOW - 1, found, stop=KILLED_STOPPING),
         Track(2, Phase.RUNNING, "", NOW - 5, None),
         Submit(3, 100, after="j2"),
     ]
@@ -307,6 +312,7 @@ def test_a_successor_that_ends_after_the_command_finished_on_its_own_is_not_char
             NOW - 1,
             BEFORE,
             n=2,
+            stop=KILLED_STOPPING,
         ),
         Finish(ChainState.COMPLETED, "segment 1 exited 0 before its walltime"),
     ]

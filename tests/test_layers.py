@@ -57,6 +57,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.__main__",
         "chainrun.cli",
         "chainrun.cligroup",
+        "chainrun.cliweb",
         "chainrun.plan",
         "chainrun.status",
         "chainrun.poolstatus",

@@ -7,24 +7,32 @@ import os
 import re
 import signal
 import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 import pytest
-from conftest import need, wait_for
+from conftest import REPO, need, wait_for
 from test_slurm_backend import hostile_spec
 
-from chainrun.model import EndMarker, Progress
+from chainrun.model import EndMarker, JobSpec, Progress
 from chainrun.schedulers.script import render_script
 from chainrun.schedulers.segment import SegmentJob, parse_end_marker, parse_start_marker
 from chainrun.schedulers.slurm import SlurmScheduler
 
 
+def wrapper_spec(work: Path) -> JobSpec:
+    """The hostile spec, with a grace that fits the one-minute segments run here (its own,
+    five minutes, would have the wrapper's timer send the signal at once)."""
+    return replace(hostile_spec(str(work)), grace=10)
+
+
 def run_wrapper(
     work: Path, command: str, n: int = 1, extra_env: Optional[dict[str, str]] = None
 ) -> tuple[subprocess.CompletedProcess[str], SegmentJob]:
-    spec = replace(hostile_spec(str(work)), command=command)
+    spec = replace(wrapper_spec(work), command=command)
     job = SegmentJob("hostile-1a2b3c", n, spec, 60)
     os.makedirs(job.run_dir, exist_ok=True)
     Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
@@ -43,12 +51,14 @@ def wrapper_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB_ID", "CHAINRUN_"))}
 
 
-def start_logged(job: SegmentJob) -> subprocess.Popen[bytes]:
+def start_logged(job: SegmentJob, **env: str) -> subprocess.Popen[bytes]:
     """The wrapper with its output in the segment's log, as the scheduler runs it."""
     os.makedirs(job.run_dir, exist_ok=True)
     Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
     with open(job.log_path, "wb") as log:
-        return subprocess.Popen(["bash", job.script_path], env=wrapper_env(), stdout=log, stderr=log)
+        return subprocess.Popen(
+            ["bash", job.script_path], env={**wrapper_env(), **env}, stdout=log, stderr=log
+        )
 
 
 def marker(job: SegmentJob) -> EndMarker:
@@ -90,7 +100,7 @@ def test_the_services_systemd_variables_do_not_reach_the_command(work: Path) -> 
 def test_every_variable_taken_from_the_submitting_shell_reaches_the_command(work: Path) -> None:
     """inherit_env's values, as the submitting shell had them, under [env] (which wins)."""
     spec = replace(
-        hostile_spec(str(work)),
+        wrapper_spec(work),
         command='printf "%s|%s|%s" "$FROM_SHELL" "$ALSO_FROM_SHELL" "$NOTE" > seen.txt',
         inherited=(("FROM_SHELL", "one $x"), ("ALSO_FROM_SHELL", "two"), ("NOTE", "overridden by [env]")),
     )
@@ -116,7 +126,7 @@ def test_successor_that_starts_after_the_goal_exits_at_once_without_training(
     work: Path, setup: str, why: str
 ) -> None:
     """A successor the service could not cancel in time runs nothing and leaves a 'skipped' marker."""
-    spec = hostile_spec(str(work))
+    spec = wrapper_spec(work)
     job = SegmentJob("hostile-1a2b3c", 2, spec, 60)
     os.makedirs(job.run_dir, exist_ok=True)
     os.makedirs(spec.checkpoint_dir, exist_ok=True)
@@ -143,7 +153,7 @@ def test_walltime_signal_that_comes_early_is_passed_on_at_walltime_minus_grace(w
     """Slurm may send --signal up to 60 s early (seen here: before the command had started):
     the wrapper holds it until walltime - grace, so the command trains on and gets it then."""
     spec = replace(
-        hostile_spec(str(work)),
+        wrapper_spec(work),
         grace=3,
         command="echo $CHAINRUN_DEADLINE > deadline; trap 'date +%s > got; exit 0' USR1; "
         "while :; do sleep 0.1; done",
@@ -173,7 +183,7 @@ def test_a_walltime_signal_in_the_wrappers_first_seconds_is_held_too(work: Path,
     (shims / "hostname").write_text(f"#!/bin/sh\ntouch {tmp_path}/in-preamble\nsleep 2\necho node1\n")
     (shims / "hostname").chmod(0o755)
     spec = replace(
-        hostile_spec(str(work)),
+        wrapper_spec(work),
         grace=3,
         command="trap 'date +%s > got; exit 0' USR1; touch started; while :; do sleep 0.1; done",
     )
@@ -196,7 +206,7 @@ def _sidecar(epoch: int, saved_at: float) -> str:
 
 def test_markers_record_the_checkpoint_each_segment_found_and_left(work: Path) -> None:
     """The start marker has the checkpoint at the start, the end marker the one the command left."""
-    spec = hostile_spec(str(work))
+    spec = wrapper_spec(work)
     os.makedirs(spec.checkpoint_dir, exist_ok=True)
     sidecar = Path(spec.checkpoint_dir, "chainrun-progress.json")
     sidecar.write_text(_sidecar(3, 1700000000.25))
@@ -214,7 +224,7 @@ def test_markers_record_the_checkpoint_each_segment_found_and_left(work: Path) -
 def test_a_sidecar_that_is_no_regular_file_never_blocks_the_wrapper(work: Path, kind: str) -> None:
     """A FIFO with no writer, a link to /dev/zero or a directory as the sidecar: the wrapper
     neither hangs nor reads without end; the command runs and the markers say 'no checkpoint'."""
-    spec = hostile_spec(str(work))
+    spec = wrapper_spec(work)
     os.makedirs(spec.checkpoint_dir, exist_ok=True)
     sidecar = Path(spec.checkpoint_dir, "chainrun-progress.json")
     if kind == "fifo":
@@ -246,7 +256,7 @@ def test_a_successor_skips_when_the_segment_before_it_ended_the_run(
 ) -> None:
     """Without target_epoch, a segment that exited 0 on its own ended the run: the successor
     queued after it starts at once and must not run the command again, even with no sidecar."""
-    spec = replace(hostile_spec(str(work)), target_epoch=target, command="touch trained")
+    spec = replace(wrapper_spec(work), target_epoch=target, command="touch trained")
     job = SegmentJob("hostile-1a2b3c", 2, spec, 60)
     os.makedirs(job.run_dir, exist_ok=True)
     Path(job.run_dir, "seg-0001.end").write_text(before)
@@ -269,7 +279,7 @@ def test_every_placeholder_inside_every_value_arrives_intact(tmp_path: Path) -> 
     every = " ".join(names)
     env = (*((f"V{i}", f"x {name} y") for i, name in enumerate(names)), ("ALL", every))
     spec = replace(
-        hostile_spec(str(work)),
+        wrapper_spec(work),
         env=env,
         command="env -0 > env.bin; printf '%s' " + " ".join(f'"${key}"' for key, _ in env) + " > seen",
         checkpoint_dir=str(work / every),
@@ -291,12 +301,12 @@ def test_a_failed_command_leaves_the_last_lines_of_its_output_in_its_end_marker(
     a command that succeeds leaves none."""
     lines = "; ".join(f"echo line {i}" for i in range(1, 9))
     command = f"{lines}; printf 'epoch 3:  10%%\\r epoch 3:  90%%\\n\\n'; echo boom >&2; exit 3"
-    job = SegmentJob("hostile-1a2b3c", 1, replace(hostile_spec(str(work)), command=command), 60)
+    job = SegmentJob("hostile-1a2b3c", 1, replace(wrapper_spec(work), command=command), 60)
     proc = start_logged(job)
     assert proc.wait(timeout=60) == 3
     assert marker(job).tail == ("line 7", "line 8", "epoch 3:  10%", " epoch 3:  90%", "boom")
 
-    ok = SegmentJob("hostile-1a2b3c", 2, replace(hostile_spec(str(work)), command="echo fine"), 60)
+    ok = SegmentJob("hostile-1a2b3c", 2, replace(wrapper_spec(work), command="echo fine"), 60)
     assert start_logged(ok).wait(timeout=60) == 0
     assert marker(ok).tail == ()
 
@@ -332,7 +342,7 @@ def test_the_walltime_signal_reaches_the_program_and_the_segment_waits_for_it(
         "pathlib.Path('started').write_text('')\n"
         "time.sleep(60)\n"
     )
-    spec = replace(hostile_spec(str(work)), command=command, grace=3)
+    spec = replace(wrapper_spec(work), command=command, grace=3)
     job = SegmentJob("hostile-1a2b3c", 1, spec, 6)
     proc = start_logged(job)
     wait_for((work / "started").exists, 30, "the command to start")
@@ -348,7 +358,7 @@ def test_the_walltime_signal_reaches_the_program_and_the_segment_waits_for_it(
 def test_what_a_command_that_ended_on_its_own_left_running_ends_before_the_segment(work: Path) -> None:
     """A background process the command started and left is ended (SIGTERM) before the end
     marker, as a scheduler would at the job's end: nothing of a segment outlives it."""
-    spec = replace(hostile_spec(str(work)), command="sleep 300 & echo $! > left.pid")
+    spec = replace(wrapper_spec(work), command="sleep 300 & echo $! > left.pid")
     job = SegmentJob("hostile-1a2b3c", 1, spec, 60)
     assert start_logged(job).wait(timeout=60) == 0
     assert marker(job).original == 0
@@ -361,7 +371,7 @@ def test_with_progress_file_key_the_markers_and_the_skip_read_the_scripts_own_js
     state = work / "state.json"
     state.write_text('{"meta": {"epoch": 4}}')
     spec = replace(
-        hostile_spec(str(work)),
+        wrapper_spec(work),
         progress_file=str(state),
         progress_key="meta.epoch",
         target_epoch=9,
@@ -388,7 +398,7 @@ def test_processes_ending_while_the_wrapper_looks_for_leftovers_leave_no_trace_i
     churn = subprocess.Popen(["bash", "-c", "while :; do /bin/true & /bin/true & wait; done"])
     try:
         for n in range(1, 6):
-            spec = replace(hostile_spec(str(work)), command="echo last words; exit 3")
+            spec = replace(wrapper_spec(work), command="echo last words; exit 3")
             job = SegmentJob("hostile-1a2b3c", n, spec, 60)
             assert start_logged(job).wait(timeout=60) == 3
             log = Path(job.log_path).read_text()
@@ -434,7 +444,7 @@ def test_a_pid_the_kernel_gave_again_is_not_taken_for_the_commands(work: Path) -
         "python3 leftover.py 10 & trap 'exit 0' USR1; while [ ! -e victim.pid ]; do sleep 0.1; done; "
         "touch started; while :; do sleep 0.1; done"
     )
-    spec = replace(hostile_spec(str(work)), command=command, grace=59)  # the signal is due at once
+    spec = replace(wrapper_spec(work), command=command, grace=59)  # the signal is due at once
     job = SegmentJob("hostile-1a2b3c", 1, spec, 60)
     proc = start_logged(job)
     stranger = None
@@ -451,3 +461,86 @@ def test_a_pid_the_kernel_gave_again_is_not_taken_for_the_commands(work: Path) -
         if stranger is not None:
             stranger.kill()
             stranger.wait()
+
+
+@pytest.mark.parametrize(
+    ("adaptive", "written", "grace"),
+    [(True, "grace=4\n", 4), (True, "grace=50\n", 12), (False, "grace=4\n", 12), (True, "grace=x\n", 12)],
+)
+def test_the_wrappers_own_timer_signals_at_the_grace_the_service_made_at_most_the_default(
+    work: Path, adaptive: bool, written: str, grace: int
+) -> None:
+    """With no grace in the job file the wrapper reads the one the service made of the
+    chain's stops (`grace` in the run directory), at most the default (12 s here); a job
+    file's own grace, or a file it cannot read, leaves the default. No scheduler sends
+    anything here: the wrapper's own timer signals, so Slurm's coarse --signal sets no floor."""
+    spec = replace(
+        wrapper_spec(work),
+        grace=12,
+        adaptive_grace=adaptive,
+        command="echo $CHAINRUN_DEADLINE $CHAINRUN_GRACE > seen; trap 'date +%s > got; exit 0' USR1; "
+        "while :; do sleep 0.1; done",
+    )
+    job = SegmentJob("hostile-1a2b3c", 2, spec, 16)
+    os.makedirs(job.run_dir)
+    Path(job.run_dir, "grace").write_text(written)
+    proc = start_logged(job)
+    assert proc.wait(timeout=60) == 0, Path(job.log_path).read_text()
+    deadline, told = map(int, (work / "seen").read_text().split())
+    assert told == grace
+    assert deadline - grace - 1 <= int((work / "got").read_text()) <= deadline - grace + 2
+    end = marker(job)
+    assert end.grace == grace and end.signal == "USR1" and end.outcome().value == "timeout"
+    assert end.stop_seconds is not None and end.stop_seconds < grace
+
+
+TRAINER_THAT_IMPORTS_LATE = """\
+import os, sys, time
+time.sleep(float(sys.argv[1]))  # importing torch on a loaded node, say
+from chainrun.checkpoint import SegmentClock
+clock = SegmentClock(margin=0)  # the signal alone stops it here, not its deadline
+while not clock.should_stop():
+    time.sleep(0.05)
+with open("stopped", "w") as f:
+    f.write(clock.reason or "")
+"""
+
+
+def test_a_walltime_signal_due_while_the_command_still_starts_is_held_until_it_is_ready(work: Path) -> None:
+    """Issue 24: a segment whose command had not yet set its handler died of SIGUSR1 (exit 138)
+    and was charged "no progress". The chain's command said it was ready in segment 1 (its
+    SegmentClock wrote `ready`); in segment 2 it sleeps before it imports the helper while the
+    signal is due (2 s in), and the scheduler's own signal comes during that sleep too: both
+    are held until the clock says it is ready, and the command stops on the signal, cleanly."""
+    (work / "train.py").write_text(TRAINER_THAT_IMPORTS_LATE)
+    command = f"echo $CHAINRUN_DEADLINE > deadline; exec {sys.executable} train.py 6"
+    spec = replace(wrapper_spec(work), grace=12, command=command)
+    job = SegmentJob("hostile-1a2b3c", 2, spec, 14)
+    os.makedirs(job.run_dir)
+    Path(job.run_dir, "ready").write_text("1\n")
+    proc = start_logged(job, PYTHONPATH=str(REPO))
+    wait_for(lambda: (work / "deadline").exists(), 30, "the command to start")
+    due = int((work / "deadline").read_text()) - 12
+    wait_for(lambda: time.time() >= due + 1, 30, "the signal's time to pass")  # the command sleeps on
+    proc.send_signal(signal.SIGUSR1)  # as Slurm's --signal would
+    assert proc.wait(timeout=60) == 0, Path(job.log_path).read_text()
+    assert (work / "stopped").read_text() == "signal SIGUSR1"
+    end = marker(job)
+    assert (end.original, end.signal, end.ready) == (0, "USR1", "1")
+    assert "held: the command has not yet said it is ready" in Path(job.log_path).read_text()
+
+
+def test_a_command_that_said_it_was_ready_before_and_never_does_again_is_not_signalled(work: Path) -> None:
+    """Held to its end: no signal reaches a command that never says it is ready (the walltime's
+    kill ends it, as the signal would have); its end marker says so, and the next segment
+    gets the signal at its time again (`ready` is gone). A command that never said it was
+    ready (no `ready` file) gets it at its time, as every other test here shows."""
+    spec = replace(wrapper_spec(work), grace=8, command="sleep 4")
+    job = SegmentJob("hostile-1a2b3c", 2, spec, 10)  # the signal is due 2 s in
+    os.makedirs(job.run_dir)
+    Path(job.run_dir, "ready").write_text("1\n")
+    proc = start_logged(job)
+    assert proc.wait(timeout=60) == 0, Path(job.log_path).read_text()
+    end = marker(job)
+    assert (end.original, end.signal, end.ready, end.signalled_at) == (0, "", "0", None)
+    assert not Path(job.run_dir, "ready").exists()

@@ -60,9 +60,15 @@ class SegmentClock:
     plus SIGTERM; the signal in ``CHAINRUN_SIGNAL`` is always handled, since
     chainrun will send it. ``deadline`` (epoch seconds) defaults to
     ``CHAINRUN_DEADLINE``; with both, the earlier counts. ``margin`` is how long
-    before the deadline to stop; by default 10% of the time left when the clock
-    is made, at most 5 minutes. Handlers that were installed before are called
-    after ours (except the default action, which would kill the process).
+    before the deadline to stop; by default half the grace the wrapper gives
+    this segment (``CHAINRUN_GRACE``: the signal comes first, and the deadline
+    stops the loop only where it never came, with the longest save seen still
+    to go), else 10% of the time left when the clock is made, at most 5
+    minutes. Once its handlers are set, the clock tells chainrun's wrapper that
+    the command is ready for the signal (``ready`` in ``CHAINRUN_RUN_DIR``): a
+    signal due before then is held until then.
+    Handlers that were installed before are called after ours (except the
+    default action, which would kill the process).
     """
 
     def __init__(
@@ -89,6 +95,8 @@ class SegmentClock:
         env_deadline = _deadline_from_env()
         candidates = [d for d in (deadline, env_deadline) if d is not None]
         self.deadline: Optional[float] = min(candidates) if candidates else None
+        if margin is None:
+            margin = _margin_from_env()
         if margin is None:
             left = 0.0 if self.deadline is None else max(0.0, self.deadline - now())
             margin = min(MAX_AUTO_MARGIN, AUTO_MARGIN_FRACTION * left)
@@ -158,6 +166,7 @@ class SegmentClock:
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handle)
         atexit.register(self._ignore_late_signals)
+        _tell_ready()
         return True
 
     def uninstall(self) -> None:
@@ -225,3 +234,37 @@ def _deadline_from_env() -> Optional[float]:
             "check the job environment"
         )
     return value
+
+
+def _margin_from_env() -> Optional[float]:
+    """Half the grace the wrapper gives this segment (``CHAINRUN_GRACE``), or None."""
+    try:
+        value = float(os.environ.get("CHAINRUN_GRACE", ""))
+    except ValueError:
+        return None
+    return value / 2 if math.isfinite(value) and value >= 0 else None
+
+
+READY_NAME = "ready"
+
+
+def _tell_ready() -> None:
+    """Tell chainrun's wrapper that this segment's command now takes the walltime signal:
+    ``CHAINRUN_RUN_DIR/ready`` holds the segment's number (written atomically). Once a
+    chain's command has said so, the wrapper of each later segment holds the signal back
+    until it says so again."""
+    directory = os.environ.get("CHAINRUN_RUN_DIR", "")
+    segment = os.environ.get("CHAINRUN_SEGMENT", "").strip()
+    if not directory or not segment.isdigit():
+        return
+    path = os.path.join(directory, READY_NAME)
+    temp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(temp, "w") as f:
+            f.write(segment + "\n")
+        os.replace(temp, path)
+    except OSError as exc:
+        warnings.warn(
+            f"could not tell chainrun the command is ready ({exc}): its walltime signal is not held",
+            stacklevel=3,
+        )

@@ -5,8 +5,10 @@ it (``"epoch": N`` and ``"done": true``), so its shape is a contract: one line
 of ``json.dumps(obj, sort_keys=True)`` with default separators and a final
 newline. ``epoch`` is the number of COMPLETED epochs and ``step`` the number
 of batches done in the epoch in progress, so "epoch >= target_epoch" means
-the training is done. The sidecar is written atomically and only after the
-checkpoint it names is durable: it is the commit point of every save.
+the training is done; ``save_seconds``, how long the save took (the wrapper
+keeps it in its end marker, and an adaptive grace is made of it). The sidecar
+is written atomically and only after the checkpoint it names is durable: it is
+the commit point of every save.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 # What the bash wrapper greps for; each must occur exactly once per sidecar.
 _GREP_EPOCH = re.compile(r'"epoch": *[0-9]+')
 _GREP_DONE = re.compile(r'"done": ')
+# Top-level fields the wrapper greps for, which no metric may be named.
+_GREPPED = ("epoch", "done", "save_seconds")
 _REQUIRED = ("version", "epoch", "step", "file", "size", "sha256", "saved_at", "done")
 
 
@@ -36,8 +40,9 @@ def read_progress(data: bytes) -> dict[str, Any]:
 
     Returns a dict with exactly the keys of version 1 (``version``, ``epoch``,
     ``step``, ``file``, ``size``, ``sha256``, ``saved_at`` as float, ``done``,
-    ``segment``, ``metrics``); ``segment`` and ``metrics`` may be absent in
-    the file and default to None and ``{}``. Keys it does not know are ignored.
+    ``segment``, ``metrics``, ``save_seconds``); ``segment``, ``metrics`` and
+    ``save_seconds`` may be absent in the file and default to None, ``{}`` and None.
+    Keys it does not know are ignored.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"read_progress needs the sidecar's bytes, got {type(data).__name__}")
@@ -87,6 +92,7 @@ def write_progress(
     metrics: Optional[Mapping[str, Any]] = None,
     segment: Optional[int] = None,
     saved_at: Optional[float] = None,
+    save_seconds: Optional[float] = None,
 ) -> dict[str, Any]:
     """Atomically write the sidecar in ``directory`` naming ``file``; returns what was written.
 
@@ -98,6 +104,7 @@ def write_progress(
     strings; NumPy and torch scalars are converted, NaN becomes ``"nan"``. Each
     metric the sidecar already holds keeps its last value until a save reports
     it again: a save mid-epoch, with no metrics, leaves them as the last one said.
+    ``save_seconds`` is how long the save took, when the caller measured it.
     """
     root = os.fspath(directory)
     name = _relative_name(root, file)
@@ -117,6 +124,7 @@ def write_progress(
         "done": done,
         "segment": segment_from_env() if segment is None else segment,
         "metrics": {**_last_metrics(root), **{str(k): _plain(v) for k, v in (metrics or {}).items()}},
+        "save_seconds": None if save_seconds is None else round(float(save_seconds), 3),
     }
     data = encode_progress(progress)
     atomic_write(os.path.join(root, SIDECAR_NAME), data)
@@ -203,12 +211,13 @@ def _validate(obj: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(metrics, dict):
         raise ValueError(_bad("metrics", metrics, "an object"))
     for key, value in metrics.items():
-        if not isinstance(key, str) or not key or key in ("epoch", "done") or '"' in key or "\\" in key:
+        if not isinstance(key, str) or not key or key in _GREPPED or '"' in key or "\\" in key:
             raise ValueError(
                 _bad(
                     "metrics",
                     key,
-                    "keys that are non-empty, not 'epoch' or 'done', without quotes or backslashes",
+                    "keys that are non-empty, not 'epoch', 'done' or 'save_seconds', "
+                    "without quotes or backslashes",
                 )
             )
         if isinstance(value, str):
@@ -225,6 +234,11 @@ def _validate(obj: dict[str, Any]) -> dict[str, Any]:
                 raise ValueError(_bad(f"metrics.{key}", value, "a finite number"))
         elif value is not None and not isinstance(value, (int, bool)):
             raise ValueError(_bad(f"metrics.{key}", value, "a number, bool, null or short string"))
+    took = obj.get("save_seconds")
+    if took is not None and (
+        isinstance(took, bool) or not isinstance(took, (int, float)) or not math.isfinite(took) or took < 0
+    ):
+        raise ValueError(_bad("save_seconds", took, "seconds as a non-negative number or null"))
     return {
         "version": version,
         "epoch": obj["epoch"],
@@ -236,6 +250,7 @@ def _validate(obj: dict[str, Any]) -> dict[str, Any]:
         "done": obj["done"],
         "segment": segment,
         "metrics": dict(metrics),
+        "save_seconds": None if took is None else float(took),
     }
 
 

@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import warnings
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -300,13 +301,21 @@ class CheckpointDir:
         ``ready``, when given, is called once the file is durable and before it is committed:
         when it raises, the file stays uncommitted (restore passes it over; the next save's
         ``prepare()`` deletes it) and the previous checkpoint stays in force."""
+        began = time.monotonic()
         self.prepare()
         name = self.new_name(epoch, step)
         written = atomic_write(os.path.join(self.path, name), writer)
         if ready is not None:
             ready()
         return self.commit(
-            name, epoch=epoch, step=step, size=written.size, sha256=written.sha256, done=done, metrics=metrics
+            name,
+            epoch=epoch,
+            step=step,
+            size=written.size,
+            sha256=written.sha256,
+            done=done,
+            metrics=metrics,
+            began=began,
         )
 
     def commit(
@@ -319,8 +328,11 @@ class CheckpointDir:
         sha256: str,
         done: bool = False,
         metrics: Optional[Mapping[str, Any]] = None,
+        began: Optional[float] = None,
     ) -> Saved:
         """Make a durable checkpoint file the latest by writing the sidecar; companion and retention follow.
+
+        ``began`` (``time.monotonic()`` when the save began) puts how long it took in the sidecar.
 
         The companion and retention are written and applied by a helper thread once the sidecar
         is written (``wait()`` finishes it); the next save's ``prepare()``, ``prune()`` and
@@ -328,7 +340,15 @@ class CheckpointDir:
         """
         self.prepare()
         write_progress(
-            self.path, epoch=epoch, step=step, file=name, size=size, sha256=sha256, done=done, metrics=metrics
+            self.path,
+            epoch=epoch,
+            step=step,
+            file=name,
+            size=size,
+            sha256=sha256,
+            done=done,
+            metrics=metrics,
+            save_seconds=None if began is None else time.monotonic() - began,
         )
         self._retention = threading.Thread(
             target=self._retain, args=(name, sha256), name="chainrun-retention"

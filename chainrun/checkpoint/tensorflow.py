@@ -195,6 +195,7 @@ class Checkpointer:
         extras: Optional[Mapping[str, Any]] = None,
     ) -> Saved:
         """Checkpoint after ``epoch`` completed epochs and ``step`` batches of the next; commits it."""
+        began = time.monotonic()
         store = self.store
         store.prepare()
         name = store.new_name(epoch, step)
@@ -236,6 +237,7 @@ class Checkpointer:
             sha256=written.sha256,
             done=done,
             metrics=plain_metrics,
+            began=began,
         )
         self.last_saved = saved
         store.wait()  # TensorFlow's state file lists what retention kept

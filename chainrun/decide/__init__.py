@@ -1,16 +1,20 @@
 """Every rule of chainrun, pure: facts and ``now`` in, actions and their reasons out.
 
 ``chain`` is the state machine of one chain (``decide``): how each segment ended and what
-it costs, what comes next, when the chain ends. ``retry`` says when to try again (a failed
-submission, a chain whose ticks keep failing, accounting that did not know a job yet).
-``placement`` says where and when a new segment may start (a pool's hosts and slots, a
-sweep's ``max_concurrent``, array jobs). Nothing here does I/O or reads a clock: the
-engine gathers the facts and carries the actions out.
+it costs, what comes next, when the chain ends; ``facts`` is what the engine tells it each
+tick. ``retry`` says when to try again (a failed submission, a chain whose ticks keep
+failing, accounting that did not know a job yet). ``placement`` says where and when a new
+segment may start (a pool's hosts and slots, a sweep's ``max_concurrent``, array jobs);
+``grace`` how long before its walltime a segment gets the signal; ``carry`` what a segment
+may queue while the service is away; ``claims`` which chain holds a checkpoint directory.
+Nothing here does I/O or reads a clock: the engine gathers the facts and carries the
+actions out.
 """
 
 from __future__ import annotations
 
-from chainrun.decide.chain import LOST_AFTER, Facts, JobFacts, decide, quiet_until
+from chainrun.decide.chain import LOST_AFTER, decide, quiet_until
+from chainrun.decide.facts import Facts, JobFacts
 from chainrun.decide.placement import place
 from chainrun.decide.retry import after_submit, backoff
 

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
-from chainrun.decide.chain import JobFacts, charge_by_markers, next_walltime
+from chainrun.decide.chain import charge_by_markers, next_walltime
+from chainrun.decide.facts import JobFacts
 from chainrun.fields import format_duration
 from chainrun.model import JobSpec, Progress, Submit
 

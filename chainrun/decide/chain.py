@@ -15,20 +15,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from chainrun import container
+from chainrun.decide.facts import Facts, JobFacts
+from chainrun.decide.grace import change as grace_change
+from chainrun.decide.grace import stop_seen
 from chainrun.fields import format_duration
 from chainrun.model import (
     NO_PROGRESS,
     Action,
     Adopt,
     Cancel,
-    Carried,
     Chain,
     ChainState,
-    EndMarker,
     EndSegment,
     Finish,
     JobSpec,
@@ -38,7 +39,6 @@ from chainrun.model import (
     Progress,
     Remove,
     Segment,
-    StartMarker,
     Submit,
     Track,
     Unstick,
@@ -52,40 +52,6 @@ CLOCK_FIRST = 'README "Make the clock first when the start is slow"'
 
 
 @dataclass(frozen=True)
-class JobFacts:
-    """What the engine learned of one job this tick, without judging it."""
-
-    listed: Optional[ListedJob] = None  # as the scheduler's listing shows it; None: not in it
-    end: Optional[EndMarker] = None  # the wrapper's end marker
-    start: Optional[StartMarker] = None  # the wrapper's start marker
-    # sacct/qacct, asked only for jobs gone from the view without a marker, or killed by a signal
-    accounting: Optional[ListedJob] = None
-    why_stuck: str = ""  # the scheduler's own words for a job held in an error state
-
-
-@dataclass(frozen=True)
-class Facts:
-    """Everything ``decide`` needs to know about one chain now."""
-
-    # By job id, the recorded jobs not ended that the engine looked at (one missing
-    # here: nothing learned of it this tick).
-    jobs: Mapping[str, JobFacts] = field(default_factory=dict)
-    # Jobs the scheduler lists under the tag cr.CHAIN.N, by N: an interrupted
-    # submission's job to adopt, or a second job of one segment to remove.
-    tagged: Mapping[int, tuple[ListedJob, ...]] = field(default_factory=dict)
-    # Job ids the start markers of segments being submitted name.
-    found: Mapping[int, str] = field(default_factory=dict)
-    # By N: segments that the segment before them queued while the service was away.
-    carried: Mapping[int, Carried] = field(default_factory=dict)
-    progress: Optional[Progress] = NO_PROGRESS  # the checkpoint now; None: unreadable
-    # False for a sweep's chain not under way yet while max_concurrent of its chains are.
-    may_start: bool = True
-    # Why the pool host of the chain's live segments is gone (``placement.gone``): they are
-    # lost, at no cost; "" while it answers.
-    host_lost: str = ""
-
-
-@dataclass(frozen=True)
 class _Ending:
     """How a job ended, from the best evidence there is."""
 
@@ -96,6 +62,7 @@ class _Ending:
     reason: str
     remove: bool = False  # still held by the scheduler (stuck): remove it
     died_of: str = ""  # the signal (USR1) that killed the command, as the end marker says
+    ready: str = ""  # whether the command said it was ready for the signal (EndMarker.ready)
 
 
 def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
@@ -209,6 +176,7 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
                 progress=end_progress if advanced else mark,
                 tail=tail,
                 signalled_at=job.end.signalled_at if job.end is not None else None,
+                stop=stop_seen(spec, job.end, ending.outcome),
             )
         )
         failures += charged
@@ -224,6 +192,7 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
             finished_segment = finished_segment or seg.n
         goal_met = goal_met or bool(_done_reason(chain, mark, None))
 
+    actions.extend(grace_change(chain, actions))
     still = [s for s in live if s.n not in ended]
     best = current if current.key >= mark.key or current.done else mark
     done = _done_reason(chain, best, finished_segment)
@@ -340,6 +309,7 @@ def _ending(job: JobFacts) -> Optional[_Ending]:
         ended_at=(view.ended_at if view else None) or (marker.at if marker else None),
         reason="; ".join(reasons),
         died_of=marker.signal if marker is not None and marker.died_of_signal else "",
+        ready=marker.ready if marker is not None else "",
     )
 
 
@@ -475,10 +445,16 @@ def _charge(
     if goal_met and not advanced:
         return False, f"{outcome.value}{code} after the goal was already reached{detail}"
     if not advanced and ending.died_of:
-        return True, (
-            f"{outcome.value}{code} and made no progress: SIG{ending.died_of} killed the command before "
-            "it saved anything, likely while it was still starting (imports, data) with no handler "
-            f"set yet; see {CLOCK_FIRST}"
+        why = (
+            "which never said it was ready for the walltime signal (held back until then: the command "
+            "was still starting, or no longer makes its SegmentClock)"
+            if ending.ready == "0"
+            else "before it saved anything, likely while it was still starting (imports, data) with "
+            f"no handler set yet; see {CLOCK_FIRST}"
+        )
+        return (
+            True,
+            f"{outcome.value}{code} and made no progress: SIG{ending.died_of} killed the command {why}",
         )
     if not advanced:
         return True, f"{outcome.value}{code} and made no progress{detail}"

@@ -55,6 +55,7 @@ from chainrun.model import (
     Reject,
     Remove,
     RetryLater,
+    SetGrace,
     Submit,
     Track,
 )
@@ -390,5 +391,7 @@ def _log(chain_id: str, action: Action) -> None:
         bound.error("submission rejected", error=action.reason)
     elif isinstance(action, Track):
         bound.debug("job seen", phase=action.phase.value, reason=action.reason)
+    elif isinstance(action, SetGrace):
+        bound.info("grace changed", seconds=action.seconds, reason=action.reason)
     elif isinstance(action, MarkStuck):
         bound.error("chain stuck", reason=action.reason)

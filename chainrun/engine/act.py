@@ -24,7 +24,7 @@ from chainrun.decide.retry import after_submit, array_refused
 from chainrun.engine.observe import Key, Polled
 from chainrun.errors import SchedulerError, StoreUnavailable, TransportError, UnsafePathError
 from chainrun.logs import get_logger
-from chainrun.model import Action, Adopt, Cancel, Chain, Finish, Progress, Remove, Submit
+from chainrun.model import Action, Adopt, Cancel, Chain, Finish, Progress, Remove, SetGrace, Submit
 from chainrun.schedulers.base import ArrayScheduler
 from chainrun.schedulers.script import render_array_script
 from chainrun.schedulers.segment import SegmentJob, array_stem, array_tag
@@ -85,6 +85,13 @@ class Executor:
                 rundir.write_final(polled.cluster.transport, chain.spec, chain.id)
             except TransportError as exc:
                 step.warnings.append(f"could not write the final marker ({exc}); a late successor may start")
+        for grace in (a for a in actions if isinstance(a, SetGrace)):
+            try:
+                rundir.write_grace(polled.cluster.transport, chain.spec, chain.id, grace.seconds)
+            except TransportError as exc:
+                step.warnings.append(
+                    f"could not write the grace for later segments ({exc}); they keep the one before"
+                )
         self._cancel(polled, [a for a in actions if isinstance(a, (Cancel, Remove))], step.warnings)
         done: list[Action] = []
         waiting = ""

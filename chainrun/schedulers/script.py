@@ -57,6 +57,7 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
         "RUN_DIR": q(job.run_dir),
         "WALLTIME": str(job.walltime),
         "GRACE": str(spec.grace),
+        "ADAPTIVE": "1" if spec.adaptive_grace else "",
         "WRAPPER_SIGNALS": "1" if scheduler.wrapper_signals else "",
         "PREEMPTING": scheduler.preempting_shell,
         "INHERITED": "\n".join(f"export {key}={q(value)}" for key, value in spec.inherited),

@@ -7,11 +7,13 @@ backend runs (``segment.sh``, rendered by ``script``) leaves markers:
 ``seg-NNNN.start`` and ``seg-NNNN.end``, each with the checkpoint as the
 segment found and left it, read here into the model's ``StartMarker`` and
 ``EndMarker``; ``final``, written when the chain ends so that a successor
-that starts anyway exits at once; and ``seg-NNNN.queued``, the claim of a
+that starts anyway exits at once; ``seg-NNNN.queued``, the claim of a
 successor that the segment before it queued while the service was away
-(``Carried``), beside ``carry.json``, what the service last recorded. A sweep's
-first segments may share one array job: its tasks run those same segment
-scripts, under the array's name ``cr@CHAIN``.
+(``Carried``), beside ``carry.json``, what the service last recorded;
+``grace``, the adaptive grace the wrapper reads at start (decide/grace.py);
+``ready``, which the helper writes once the command takes the walltime signal.
+A sweep's first segments may share one array job: its tasks run those same
+segment scripts, under the array's name ``cr@CHAIN``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ RUN_DIR_NAME = ".chainrun"
 FINAL_NAME = "final"
 CARRY_NAME = "carry.json"  # what the service last recorded of the chain, for chainrun.carry
 CLAIM_SUFFIX = ".queued"
+GRACE_NAME = "grace"
 CODE_DIR = "code"  # in RUN_DIR_NAME: the code snapshots (snapshot = "git"), one per commit
 CODE_NAMES = ".chainrun-names"  # in a snapshot's directory: its paths, written once it is unpacked
 TAG_PREFIX = "cr."
@@ -132,6 +135,11 @@ def final_path(spec: JobSpec, chain_id: str) -> str:
     return posixpath.join(run_dir(spec, chain_id), FINAL_NAME)
 
 
+def grace_path(spec: JobSpec, chain_id: str) -> str:
+    """Where an adaptive grace is written for the wrapper (``grace=SECONDS``)."""
+    return posixpath.join(run_dir(spec, chain_id), GRACE_NAME)
+
+
 def sweep_environment(spec: JobSpec) -> list[tuple[str, str]]:
     """What a sweep chain's command gets: each parameter, all of them as JSON, the repetition."""
     if not spec.sweep_name:
@@ -160,6 +168,11 @@ def _number(text: Optional[str], kind: type[float] | type[int]) -> Optional[floa
         return kind(text) if text else None
     except ValueError:
         return None
+
+
+def _whole(text: Optional[str]) -> Optional[int]:
+    number = _number(text, int)
+    return None if number is None else int(number)
 
 
 def _snapshot(fields: dict[str, str]) -> Optional[Progress]:
@@ -221,6 +234,9 @@ def parse_end_marker(data: bytes) -> Optional[EndMarker]:
             path=fields.get("path", ""),
             tail=_tail(data),
             signalled_at=float(fields["signalled_at"]) if fields.get("signalled_at") else None,
+            grace=_whole(fields.get("grace")),
+            ready=fields.get("ready", "") if fields.get("ready") in ("0", "1") else "",
+            save_seconds=_number(fields.get("ckpt_save"), float),
         )
     except (KeyError, ValueError):
         return None

@@ -101,6 +101,9 @@ MIGRATIONS: list[str] = [
     CREATE TABLE progress_log (chain_id TEXT NOT NULL, at REAL NOT NULL, progress TEXT NOT NULL);
     CREATE INDEX progress_by_chain ON progress_log (chain_id, at)
     """,
+    # 8: the seconds each segment needed to stop (signal to exit, or its save), of which
+    # an adaptive grace is made (decide/grace.py); NULL: none seen.
+    "ALTER TABLE segments ADD COLUMN stop REAL",
 ]
 
 

@@ -174,6 +174,7 @@ def decode_segment(row: sqlite3.Row) -> Segment:
             array=data["array"],
             task=data["task"],
             signalled_at=data["signalled_at"],
+            stop=data["stop"],
         )
         checked(segment)
     except Unreadable as exc:

@@ -30,6 +30,7 @@ from chainrun.model import (
     Reject,
     Remove,
     RetryLater,
+    SetGrace,
     Submit,
     Track,
     Unstick,
@@ -191,7 +192,7 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
     elif isinstance(action, EndSegment):
         db.execute(
             "UPDATE segments SET phase = ?, outcome = ?, exit_code = ?, charged = ?, "
-            "ended_at = ?, reason = ?, tail = ?, started_at = COALESCE(started_at, ?), "
+            "ended_at = ?, reason = ?, tail = ?, stop = ?, started_at = COALESCE(started_at, ?), "
             "signalled_at = ? WHERE chain_id = ? AND n = ?",
             (
                 Phase.ENDED.value,
@@ -201,6 +202,7 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
                 action.ended_at,
                 action.reason,
                 json.dumps(list(action.tail)) if action.tail else None,
+                action.stop,
                 _started(action.ended_at, action.elapsed),
                 action.signalled_at,
                 *seg,
@@ -259,6 +261,8 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
         ).rowcount
         if changed and action.reason:
             event(db, chain_id, None, now, "waiting", action.reason)
+    elif isinstance(action, SetGrace):
+        event(db, chain_id, None, now, "grace", f"grace {action.seconds}s from now on: {action.reason}")
     elif isinstance(action, (MarkStuck, Unstick)):
         state = ChainState.STUCK if isinstance(action, MarkStuck) else ChainState.ACTIVE
         db.execute(

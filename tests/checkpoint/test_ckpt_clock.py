@@ -121,6 +121,30 @@ def test_default_margin_is_a_tenth_of_the_time_left_at_most_five_minutes(
     assert SegmentClock(install=False, deadline=4 * 3600.0, now=FakeTime(0.0)).margin == 300.0
 
 
+def test_the_default_margin_is_half_the_grace_the_wrapper_gives_the_segment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The deadline stops the loop only after the walltime signal should have come (a
+    script that stopped on it first and exited 0 would end a chain without a target):
+    an adaptive grace of 10 s at a one-hour walltime is not undone by a 5-minute margin."""
+    monkeypatch.setenv("CHAINRUN_GRACE", "10")
+    assert SegmentClock(install=False, deadline=3600.0, now=FakeTime(0.0)).margin == 5.0
+
+
+def test_the_clock_tells_the_wrapper_it_is_ready_once_its_handlers_are_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`ready` in the run directory holds the segment's number once the handlers are set
+    (the wrapper holds the walltime signal until then); not before, and not without chainrun."""
+    monkeypatch.setenv("CHAINRUN_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("CHAINRUN_SEGMENT", "7")
+    clock = SegmentClock(install=False)
+    assert not (tmp_path / "ready").exists()
+    assert clock.install()
+    assert (tmp_path / "ready").read_text() == "7\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ready"]
+
+
 def test_the_earlier_of_caller_and_chainrun_deadline_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """A script's own deadline never postpones chainrun's."""
     monkeypatch.setenv("CHAINRUN_DEADLINE", "2000")

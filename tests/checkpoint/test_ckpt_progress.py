@@ -27,6 +27,7 @@ VALID: dict[str, Any] = {
     "done": False,
     "segment": 2,
     "metrics": {"loss": 0.25},
+    "save_seconds": 1.25,
 }
 
 
@@ -99,12 +100,20 @@ def test_a_save_without_metrics_carries_each_metrics_last_value(tmp_path: Path) 
 
 @pytest.mark.parametrize(
     "metrics",
-    [{"epoch": 5}, {"done": True}, {'a"b': 1}, {"nested": {"x": 1}}, {"text": 'say "done": true'}],
+    [
+        {"epoch": 5},
+        {"done": True},
+        {"save_seconds": 1},
+        {'a"b': 1},
+        {"nested": {"x": 1}},
+        {"text": 'say "done": true'},
+    ],
 )
 def test_write_progress_refuses_metrics_that_would_confuse_the_wrapper(
     tmp_path: Path, metrics: dict[str, Any]
 ) -> None:
-    """Metrics that could fake a second "epoch"/"done" for grep are refused before anything is written."""
+    """Metrics that could fake a second "epoch"/"done"/"save_seconds" for grep are refused before
+    anything is written."""
     (tmp_path / "c.pt").write_bytes(b"x")
     with pytest.raises(ValueError, match="metrics"):
         write_progress(tmp_path, epoch=0, step=1, file="c.pt", metrics=metrics)
@@ -117,10 +126,10 @@ def test_read_progress_returns_the_version_1_fields() -> None:
 
 
 def test_read_progress_defaults_optional_segment_and_metrics() -> None:
-    """segment and metrics may be absent (hand-written sidecars): null and {}."""
-    obj = {k: v for k, v in VALID.items() if k not in ("segment", "metrics")}
+    """segment, metrics and save_seconds may be absent (hand-written sidecars): null, {}, null."""
+    obj = {k: v for k, v in VALID.items() if k not in ("segment", "metrics", "save_seconds")}
     progress = read_progress((json.dumps(obj, sort_keys=True) + "\n").encode())
-    assert progress["segment"] is None and progress["metrics"] == {}
+    assert progress["segment"] is None and progress["metrics"] == {} and progress["save_seconds"] is None
 
 
 @pytest.mark.parametrize(
@@ -188,7 +197,7 @@ progress_values = st.fixed_dictionaries(
         "segment": st.none() | st.integers(1, 10**5),
         "metrics": st.dictionaries(
             st.from_regex(r"[a-z_][a-z0-9_/.]{0,15}", fullmatch=True).filter(
-                lambda k: k not in ("epoch", "done")
+                lambda k: k not in ("epoch", "done", "save_seconds")
             ),
             st.none()
             | st.booleans()
@@ -197,6 +206,7 @@ progress_values = st.fixed_dictionaries(
             | st.from_regex(r"[a-z ]{0,20}", fullmatch=True),
             max_size=4,
         ),
+        "save_seconds": st.none() | st.floats(0, 1e5),
     }
 )
 

@@ -51,6 +51,8 @@ def test_save_commits_file_companion_and_sidecar(tmp_path: Path) -> None:
         saved.sha256,
     )
     assert progress["metrics"] == {"loss": 1.5}
+    # How long the save took, of which chainrun makes the grace (README "How it decides").
+    assert progress["save_seconds"] is not None and 0 <= progress["save_seconds"] < 60
 
 
 def test_a_new_checkpoint_never_takes_the_name_of_an_existing_file(tmp_path: Path) -> None:

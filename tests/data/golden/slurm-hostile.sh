@@ -28,16 +28,33 @@ export USER="${USER:-$(id -un)}" # not every scheduler sets it; ch-run refuses t
 # answer to SIGUSR1 is to die, before the command ran or any marker was written.
 got=""
 preempted="" # 1 once the scheduler is known to be preempting the job
-got_at="" # when the first signal was passed on to the command (epoch seconds)
 child=""
 child_started="" # the command's start (clock ticks after boot): with its PID, its identity
 signalled=""     # every process signalled, as PID:START
 timer=""
-signal_at=$((CHAINRUN_DEADLINE - 300))
+sent=""          # when the walltime signal was passed on to the command
+grace=300  # the job file's, or the default: the most an adaptive grace may be
+# Without a grace in the job file, the one the service made of this chain's earlier
+# stops (decide/grace.py, written to `grace` in the run directory), at most the default.
+learned="$CHAINRUN_RUN_DIR/grace"
+if [ -n "" ] && [ -f "$learned" ] && [ ! -L "$learned" ]; then
+    learned=$(head -c 4096 -- "$learned" 2>/dev/null | sed -n 's/^grace=\([1-9][0-9]\{0,6\}\)$/\1/p' | head -n 1)
+    if [ -n "$learned" ] && [ "$learned" -lt "$grace" ]; then grace=$learned; fi
+fi
+export CHAINRUN_GRACE=$grace
+signal_at=$((CHAINRUN_DEADLINE - grace))
+# The command says it takes the signal (chainrun.checkpoint's SegmentClock writes the
+# segment's number to `ready`). Once a chain's command has said so, the signal is held
+# until it says so again: a Python still importing would die of it.
+ready_file="$CHAINRUN_RUN_DIR/ready"
+is_ready() { [ "$(head -c 32 -- "$ready_file" 2>/dev/null)" = "3" ]; }
+helper=""
+if [ -f "$ready_file" ] && ! is_ready; then helper=1; fi
 # Sends the walltime signal to ourselves (and so on to the command) at
-# walltime minus grace; a background loop, so a trap can start it too. Where
-# we send the warning (SGE), the scheduler's walltime kill reaches only our
-# process group, not the command's: SIGALRM a second before it ends the command.
+# walltime minus grace, or once the command is ready, if later; a background
+# loop, so a trap can start it too. Where we send the warning (SGE), the
+# scheduler's walltime kill reaches only our process group, not the command's:
+# SIGALRM a second before it ends the command.
 start_timer() {
     [ -n "$timer" ] && return
     (
@@ -48,7 +65,15 @@ start_timer() {
             done
         }
         until_then "$signal_at"
-        kill -s "$CHAINRUN_SIGNAL" "$$"
+        if [ -n "$helper" ] && ! is_ready; then
+            echo "chainrun: SIG$CHAINRUN_SIGNAL held: the command has not yet said it is ready for it"
+            while ! is_ready && [ "$(date +%s)" -lt $((CHAINRUN_DEADLINE - 1)) ]; do
+                sleep 1
+                kill -0 "$$" 2>/dev/null || exit 0
+            done
+        fi
+        # Never ready: the walltime's own kill ends it, as it would have the signal.
+        if [ -z "$helper" ] || is_ready; then kill -s "$CHAINRUN_SIGNAL" "$$"; fi
         [ -n "" ] || exit 0
         until_then $((CHAINRUN_DEADLINE - 1))
         kill -s ALRM "$$"
@@ -62,20 +87,26 @@ forward() {
     # Slurm may send --signal up to 60 s early (its limit checks are that
     # coarse), even before the command has set its handler: hold it until
     # the time asked for (a second or two early is clock granularity: passed
-    # on), unless it comes because the job is being preempted. TERM is never
-    # held: it may be a preemption or scancel.
-    if [ "$1" = "$CHAINRUN_SIGNAL" ] && [ "$1" != TERM ] && [ "$(date +%s)" -lt $((signal_at - 2)) ]; then
-        if preempting; then
-            preempted=1
-        else
+    # on), and until the command is ready for it; the timer sends it then, and
+    # the scheduler's, when it comes after ours, is not passed on twice. A
+    # signal that comes because the job is being preempted is never held, nor
+    # is TERM: it may be a preemption or scancel.
+    if [ "$1" = "$CHAINRUN_SIGNAL" ] && [ "$1" != TERM ]; then
+        if [ -z "$preempted" ] && preempting; then preempted=1; fi
+        [ -n "$sent" ] && return
+        if [ -z "$preempted" ] && [ "$(date +%s)" -lt $((signal_at - 2)) ]; then
             echo "chainrun: SIG$1 came $((signal_at - $(date +%s)))s early; passing it on at walltime - grace"
+            start_timer
+            return
+        fi
+        if [ -z "$preempted" ] && [ -n "$helper" ] && ! is_ready; then
             start_timer
             return
         fi
     fi
     got=$1
-    [ -n "$got_at" ] || got_at=$(date +%s)
     if [ -n "$child" ]; then
+        [ -n "$sent" ] || sent=$(date +%s)
         local pids group=""
         pids=$(command_pids)
         signalled="$signalled ${pids//$'\n'/ }"
@@ -183,7 +214,10 @@ end_marker() { # exit-code original-code skipped
         umask 077
         {
             printf 'exit=%s\noriginal=%s\nsignal=%s\nsignalled_at=%s\nskipped=%s\npreempted=%s\njob=%s\nat=%s\npath=%s\n' \
-                "$1" "$2" "$got" "$got_at" "$3" "$preempted" "$job" "$(date +%s)" "${PATH//$'\n'/ }"
+                "$1" "$2" "$got" "$sent" "$3" "$preempted" "$job" "$(date +%s)" "${PATH//$'\n'/ }"
+            # ready: 1 the command said it was; 0 it had before, but not in this segment
+            printf 'grace=%s\nready=%s\n' "$grace" \
+                "$(if is_ready; then echo 1; elif [ -n "$helper" ]; then echo 0; fi)"
             snapshot
             if [ "$2" != 0 ] && [ -f "$marker.log" ]; then
                 tail -c 8192 -- "$marker.log" 2>/dev/null | tr '\r' '\n' |
@@ -232,9 +266,9 @@ saved_now() { # when the checkpoint was saved: the sidecar's word, or the own fi
 snapshot() {
     local text
     text=$(sidecar | tr -d '\n' || true)
-    printf 'ckpt_epoch=%s\nckpt_step=%s\nckpt_saved=%s\nckpt_done=%s\nckpt_mtime=%s\n' \
+    printf 'ckpt_epoch=%s\nckpt_step=%s\nckpt_saved=%s\nckpt_done=%s\nckpt_save=%s\nckpt_mtime=%s\n' \
         "$(epoch_now)" "$(field step '[0-9][0-9]*')" \
-        "$(saved_now)" "$(field done true)" \
+        "$(saved_now)" "$(field done true)" "$(field save_seconds '[0-9][0-9.eE+-]*')" \
         "$(find "$CHAINRUN_CHECKPOINT_DIR" -maxdepth 1 -type f ! -name '.*' ! -name '*.tmp' \
             ! -name '*.partial' ! -name '*.lock' ! -name '*~' -printf '%T@\n' 2>/dev/null |
             sort -n | tail -n 1)"
@@ -334,8 +368,9 @@ child=$!
 child_started=$(started_at "$child")
 set +m
 if [ -n "$got" ]; then forward "$got"; fi # it came before the command
-# A scheduler that sends no warning before its walltime kill (SGE) gets ours.
-if [ -n "" ]; then start_timer; fi
+# Our own timer sends the walltime signal: a scheduler's warning (Slurm's --signal,
+# up to 60 s early) is held until then; one that sends none (SGE) gets only ours.
+start_timer
 (
     trap '' USR1 USR2 ALRM # the walltime signal is the command's
     carry_on running
@@ -370,6 +405,9 @@ code=$rc
 case $rc in 99 | 100) code=1 ;; esac
 echo "chainrun: segment 3 command exited $rc${got:+ after SIG$got}"
 end_marker "$code" "$rc" 0
+# Held to the end and never ready: the command no longer says so, and the next
+# segment's gets the signal at its time again.
+if [ -n "$helper" ] && ! is_ready; then rm -f -- "$ready_file"; fi
 if [ -n "$preempted" ] && [ "$got" != TERM ]; then
     # The scheduler ends the job as preempted, or requeues it, at the end of its grace
     # time (SIGTERM); a job that ended first would count as completed, and never be requeued.
