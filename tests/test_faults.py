@@ -20,6 +20,7 @@ from conftest import wait_for
 from chainrun import jobfile
 from chainrun.decide.retry import STUCK_AFTER
 from chainrun.engine import Engine
+from chainrun.localrunner import machine_dir
 from chainrun.model import NO_PROGRESS, ChainState, Phase
 from chainrun.store import Store
 from chainrun.transport import FileInfo, LocalTransport
@@ -47,7 +48,7 @@ def status(chainrun: CLI, ref: str) -> dict[str, Any]:
 def local_jobs(home: Path) -> list[dict[str, Any]]:
     """The local runner's jobs, each with its end record (or None while it runs)."""
     jobs = []
-    for d in sorted((home / "local" / "jobs").glob("*")):
+    for d in sorted((machine_dir(home / "local") / "jobs").glob("*")):
         if (d / "job.json").exists():
             job = json.loads((d / "job.json").read_text())
             end = d / "end.json"
@@ -258,6 +259,6 @@ def test_a_storm_of_sigkills_with_a_full_disk_and_a_locked_database_costs_nothin
         assert not (work / "overlaps.log").exists(), (work / "overlaps.log").read_text()
     started: dict[str, int] = {}
     for job in local_jobs(small_home):
-        if (small_home / "local" / "jobs" / str(job["id"]) / "start.json").exists():
+        if (machine_dir(small_home / "local") / "jobs" / str(job["id"]) / "start.json").exists():
             started[job["name"]] = started.get(job["name"], 0) + 1
     assert started and max(started.values()) == 1, started

@@ -14,6 +14,8 @@ from typing import Callable
 
 import pytest
 
+from chainrun.localrunner import machine_dir
+
 TRAINER = Path(__file__).parent / "data" / "trainer.py"
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -57,7 +59,7 @@ def status(chainrun: CLI, ref: str) -> dict:  # type: ignore[type-arg]
 
 
 def local_jobs(home: Path) -> list[dict]:  # type: ignore[type-arg]
-    jobs = home / "local" / "jobs"
+    jobs = machine_dir(home / "local") / "jobs"
     return [json.loads((d / "job.json").read_text()) for d in jobs.iterdir()] if jobs.exists() else []
 
 

@@ -32,6 +32,7 @@ child=""
 child_started="" # the command's start (clock ticks after boot): with its PID, its identity
 signalled=""     # every process signalled, as PID:START
 timer=""
+napping="" # the sleep of nap
 sent=""          # when the walltime signal was passed on to the command
 grace=300  # the job file's, or the default: the most an adaptive grace may be
 # Without a grace in the job file, the one the service made of this chain's earlier
@@ -55,12 +56,20 @@ if [ -f "$ready_file" ] && ! is_ready; then helper=1; fi
 # loop, so a trap can start it too. Where we send the warning (SGE), the
 # scheduler's walltime kill reaches only our process group, not the command's:
 # SIGALRM a second before it ends the command.
+# A second's sleep that a TERM to the (sub)shell napping ends together with the shell:
+# the timer and the carrier, killed at the segment's end, leave no sleep behind.
+nap() {
+    sleep 1 &
+    napping=$!
+    wait "$napping"
+}
 start_timer() {
     [ -n "$timer" ] && return
     (
+        trap 'kill "$napping" 2>/dev/null; exit 0' TERM
         until_then() {
             while [ "$(date +%s)" -lt "$1" ]; do
-                sleep 1
+                nap
                 kill -0 "$$" 2>/dev/null || exit 0
             done
         }
@@ -68,7 +77,7 @@ start_timer() {
         if [ -n "$helper" ] && ! is_ready; then
             echo "chainrun: SIG$CHAINRUN_SIGNAL held: the command has not yet said it is ready for it"
             while ! is_ready && [ "$(date +%s)" -lt $((CHAINRUN_DEADLINE - 1)) ]; do
-                sleep 1
+                nap
                 kill -0 "$$" 2>/dev/null || exit 0
             done
         fi
@@ -181,7 +190,7 @@ carry_on() { # running|ended: asks until told not to ask again
     again=$(carry_once "$1")
     while [ -n "$again" ] && [ "$again" -gt 0 ] 2>/dev/null; do
         while [ "$again" -gt 0 ]; do
-            sleep 1
+            nap
             kill -0 "$$" 2>/dev/null || return 0
             again=$((again - 1))
         done
@@ -373,6 +382,7 @@ if [ -n "$got" ]; then forward "$got"; fi # it came before the command
 start_timer
 (
     trap '' USR1 USR2 ALRM # the walltime signal is the command's
+    trap 'kill "$napping" 2>/dev/null; exit 0' TERM
     carry_on running
 ) &
 carrier=$!
