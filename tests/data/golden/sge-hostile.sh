@@ -47,7 +47,11 @@ signal_at=$((CHAINRUN_DEADLINE - grace))
 # segment's number to `ready`). Once a chain's command has said so, the signal is held
 # until it says so again: a Python still importing would die of it.
 ready_file="$CHAINRUN_RUN_DIR/ready"
-is_ready() { [ "$(head -c 32 -- "$ready_file" 2>/dev/null)" = "3" ]; }
+is_ready() { # read by bash itself: the timer, killed at the end, leaves no reader behind
+    local said=""
+    read -r -n 32 said 2>/dev/null <"$ready_file"
+    [ "$said" = "3" ]
+}
 helper=""
 if [ -f "$ready_file" ] && ! is_ready; then helper=1; fi
 # Sends the walltime signal to ourselves (and so on to the command) at
