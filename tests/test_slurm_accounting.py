@@ -245,7 +245,7 @@ def test_oom_killed_segment_with_its_end_marker_is_out_of_memory_after_squeue_fo
 def test_segment_on_a_failed_node_is_node_fail_from_sacct(slurm: None, work: Path, scene: Scene) -> None:
     """The node of a running segment goes down (scontrol: as slurmctld marks a node that stopped
     answering); found later only in sacct (NODE_FAIL), the segment shows as a node failure,
-    free while the checkpoint it left is intact. --no-requeue, as at sites that do not requeue: else Slurm runs the job again."""
+    free when the checkpoint it left is intact, else charged. --no-requeue, as at sites that do not requeue: else Slurm runs the job again."""
     job_file = write_job(work, LONG, ["--no-requeue"])
     nodes: list[str] = []
 
@@ -275,9 +275,11 @@ def test_segment_on_a_failed_node_is_node_fail_from_sacct(slurm: None, work: Pat
             )
             subprocess.run([str(REPO / "scripts" / "start-slurm")], check=True, timeout=300)
     seg = scene.judged(chain_id)
-    # Free: the checkpoint the segment left is intact (issue 27), only the time since it is lost.
-    assert (seg["outcome"], seg["charged"]) == ("node_fail", False), seg
-    assert "NODE_FAIL (sacct)" in seg["reason"] and "the checkpoint is intact" in seg["reason"], seg
+    # Free when the segment had saved a checkpoint that is intact (issue 27): only the time
+    # since it is lost; charged when it had saved nothing yet (when the node goes down decides).
+    intact = "the checkpoint is intact" in seg["reason"]
+    assert (seg["outcome"], seg["charged"]) == ("node_fail", not intact), seg
+    assert "NODE_FAIL (sacct)" in seg["reason"], seg
 
 
 def test_with_accounting_disabled_a_vanished_segment_ends_lost(
