@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import pytest
 from conftest import REPO, have, need, wait_for
+from test_slurm_accounting import cancel_jobs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -62,19 +63,6 @@ def write_job(work: Path, queue: str) -> Path:
         f'[scheduler]\nkind = "slurm"\nqueue = "{queue}"\n'
     )
     return path
-
-
-def scancel_tagged(chain_id: str) -> None:
-    out = subprocess.run(
-        ["squeue", "--me", "--noheader", "--format=%i|%j"], capture_output=True, text=True, timeout=60
-    ).stdout
-    ids = [
-        i
-        for i, _, name in (line.partition("|") for line in out.splitlines())
-        if name.startswith(f"cr.{chain_id}.")
-    ]
-    if ids:
-        subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
 
 
 def _out(*argv: str) -> str:
@@ -218,6 +206,6 @@ def test_preempted_segments_save_cost_nothing_requeue_resumes_and_cancel_goes_on
     finally:
         for chain_id in (requeue, cancel):
             chainrun("cancel", chain_id)
-            scancel_tagged(chain_id)
+            cancel_jobs(chain_id)
         if preemptor:
             subprocess.run(["scancel", preemptor], capture_output=True, timeout=60)
