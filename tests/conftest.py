@@ -3,12 +3,14 @@ and the rule that a test needing a real scheduler fails (not skips) in CI."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -129,3 +131,34 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, every: fl
 
 def have(cmd: str) -> bool:
     return shutil.which(cmd) is not None
+
+
+def answers(*argv: str) -> bool:
+    """Whether the command runs and exits 0 within 30 s."""
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def slurm_answers() -> bool:
+    return have("sbatch") and answers("scontrol", "ping")
+
+
+@contextmanager
+def holding_scheduler(kind: str, *, exclusive: bool = False) -> Iterator[None]:
+    """The test scheduler ``kind`` (slurm, sge), shared with the tests running beside this one
+    (pytest -n), or all to itself for a test that takes its controller down: such a test
+    waits until the others let go, and they wait while it has the controller down. Every
+    test that uses a scheduler holds it, before it first asks whether the scheduler runs."""
+    with open(f"/tmp/chainrun-tests-{kind}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+
+
+@pytest.fixture
+def shared_slurm() -> Iterator[None]:
+    """The real Slurm, shared with the tests beside this one (``holding_scheduler``)."""
+    with holding_scheduler("slurm"):
+        need("a running Slurm", slurm_answers(), "sudo scripts/start-slurm")
+        yield

@@ -181,11 +181,11 @@ def _sacct(job_id: str) -> tuple[Optional[float], ...]:
 
 @pytest.mark.slurm
 def test_the_accounting_of_a_chain_on_slurm_matches_sacct(
-    tmp_path: Path, chainrun: CLI, service: Service
+    tmp_path: Path, chainrun: CLI, service: Service, shared_slurm: None
 ) -> None:
     """Segment 1 of a chain on the real Slurm times out; its queue wait, time allocated and
     the gap to segment 2 agree with sacct's Submit/Start/End within two seconds."""
-    need("a running Slurm", have("sbatch") and have("sacct"), "sudo scripts/start-slurm")
+    need("Slurm's accounting (sacct)", have("sacct"), "sudo scripts/start-slurm")
     work = tmp_path / "work"
     work.mkdir()
     shutil.copy(DATA / "trainer.py", work)

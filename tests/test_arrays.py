@@ -5,7 +5,6 @@ max_concurrent), the Slurm backend's array commands and its parsing of real ``sq
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from conftest import cli_env, have, need, wait_for
+from conftest import cli_env, wait_for
 from test_decide import NOW
 from test_decide import SPEC as DECIDE_SPEC
 from test_decide import chain as bare_chain
@@ -294,24 +293,16 @@ def test_slurm_parses_array_tasks_from_real_squeue_output() -> None:
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_a_sweep_on_the_real_slurm_goes_out_as_one_array_and_completes(
-    tmp_path: Path, home: Path, chainrun: CLI, service: Callable[..., object]
+    tmp_path: Path,
+    home: Path,
+    chainrun: CLI,
+    service: Callable[..., object],
+    shared_slurm: None,
 ) -> None:
     """Three rates x two repetitions on the real Slurm: the first wave is one sbatch (counted
     by a shim in front of the real one on the service's PATH), each chain's first segment a
     task of that array; each chain resumes over two segments or more after its task, sees its
     own values, and completes."""
-    # Shared with the tests beside it; a test that takes slurmctld down waits for it.
-    with open("/tmp/chainrun-tests-slurm.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_SH)
-        _real_slurm_sweep(tmp_path, home, chainrun, service)
-
-
-def _real_slurm_sweep(tmp_path: Path, home: Path, chainrun: CLI, service: Callable[..., object]) -> None:
-    need(
-        "a running Slurm",
-        have("sbatch") and subprocess.run(["scontrol", "ping"], capture_output=True).returncode == 0,
-        "sudo scripts/start-slurm",
-    )
     real = shutil.which("sbatch")
     assert real is not None
     shims, calls = tmp_path / "shims", tmp_path / "sbatch-calls.txt"
@@ -398,22 +389,11 @@ class Died(BaseException):
 
 @pytest.mark.slurm
 def test_crashes_around_the_array_sbatch_on_the_real_slurm_neither_lose_nor_duplicate_tasks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_slurm: None
 ) -> None:
     """The service dies right before its sbatch runs, then (restarted) right after it ran but
     before recording: the third service finds each chain's task in the real squeue under the
     array's name and index and adopts it. One array reached Slurm, one task per chain."""
-    with open("/tmp/chainrun-tests-slurm.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_SH)
-        need(
-            "a running Slurm",
-            have("sbatch") and subprocess.run(["scontrol", "ping"], capture_output=True).returncode == 0,
-            "sudo scripts/start-slurm",
-        )
-        _crash_around_sbatch(tmp_path, monkeypatch)
-
-
-def _crash_around_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     work = tmp_path / "work"
     work.mkdir()
     spec = replace(

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from conftest import have, need, wait_for
-from test_contract import SSH_CONFIG, TEST_IMAGE, _answers
+from conftest import answers, have, need, wait_for
+from test_contract import SSH_CONFIG, TEST_IMAGE
 
 from chainrun import container, jobfile
 from chainrun.errors import JobFileError
@@ -213,7 +213,7 @@ def test_the_container_is_checked_on_the_host_that_runs_the_segments(
 ) -> None:
     """host set: the runtime and the image are looked for over SSH, on that host, at submit; a
     missing one is one line naming the host, and nothing is stored."""
-    need("the test sshd", _answers("ssh", "-F", SSH_CONFIG, "crtest-local", "true"), "scripts/start-sshd")
+    need("the test sshd", answers("ssh", "-F", SSH_CONFIG, "crtest-local", "true"), "scripts/start-sshd")
     monkeypatch.setenv("CHAINRUN_SSH_CONFIG", SSH_CONFIG)
     path = tmp_path / "job.toml"
     path.write_text(

@@ -10,7 +10,6 @@ history, logs) and what the scheduler itself reports.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
-from conftest import REPO, have, need, wait_for
+from conftest import REPO, answers, have, holding_scheduler, need, slurm_answers, wait_for
 
 from chainrun.localrunner import machine_dir
 from chainrun.model import ListedJob
@@ -35,13 +34,6 @@ DATA = Path(__file__).parent / "data"
 TORCH_TRAINER = Path(__file__).parent / "checkpoint" / "_torch_train.py"
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
 Service = Callable[..., "subprocess.Popen[bytes]"]
-
-
-def _answers(*argv: str) -> bool:
-    try:
-        return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
 
 
 @dataclass(frozen=True)
@@ -58,12 +50,12 @@ class Cluster:
     host: str = ""  # an ssh alias: every command goes over SSH, as to a remote login node
 
     def available(self) -> bool:
-        if self.host and not _answers("ssh", "-F", SSH_CONFIG, self.host, "true"):
+        if self.host and not answers("ssh", "-F", SSH_CONFIG, self.host, "true"):
             return False
         if self.kind == "slurm":
-            return have("sbatch") and _answers("scontrol", "ping")
+            return slurm_answers()
         if self.kind == "sge":
-            return have("qsub") and _answers("qstat")
+            return have("qsub") and answers("qstat")
         return True
 
     def jobs(self, chain_id: str) -> list[ListedJob]:
@@ -82,7 +74,7 @@ class Cluster:
         still runs that job, and drains the node ("Duplicate jobid") for every test after."""
         how = "-TERM" if self.kind == "slurm" else "-KILL"
         subprocess.run(["pkill", how, "-x", self.controller], check=True)
-        wait_for(lambda: not _answers("pgrep", "-x", self.controller), 120, f"{self.controller} to stop")
+        wait_for(lambda: not answers("pgrep", "-x", self.controller), 120, f"{self.controller} to stop")
 
     def start_controller(self) -> None:
         subprocess.run([str(REPO / "scripts" / self.start_script)], check=True, timeout=300)
@@ -135,9 +127,7 @@ def cluster(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     if c.host:
         monkeypatch.setenv("CHAINRUN_SSH_CONFIG", SSH_CONFIG)
     exclusive = request.node.get_closest_marker("takes_down_the_controller") is not None
-    with open(f"/tmp/chainrun-tests-{c.kind}.lock", "a") as lock:
-        # Lock first: a test beside this one may have the controller down until it lets go.
-        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    with holding_scheduler(c.kind, exclusive=exclusive):
         need(f"a running {request.param}", c.available(), f"sudo scripts/{c.start_script}")
         yield c
 

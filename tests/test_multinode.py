@@ -9,6 +9,7 @@ environment (srun passes it on to every node).
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import threading
@@ -88,9 +89,13 @@ def job_nodes(job_ids: list[str]) -> dict[str, list[str]]:
     }
 
 
-def wrapper_timer(pid: int, cmdline: str) -> bool:
-    """The wrapper's own one-second timer (a `sleep 1` of a subshell of the batch script), which
-    may outlive the end marker by that second: not the command's."""
+def wrapper_own(pid: int, cmdline: str) -> bool:
+    """The wrapper's own processes, not the command's, which may outlive the end marker: its
+    one-second timer (a `sleep 1` of a subshell of the batch script), and the run directory's
+    ``carry`` launcher it asks once more after writing the marker (or the interpreter that
+    the launcher execs: ``python -c ... chainrun.carry ...``)."""
+    if "chainrun.carry" in cmdline or re.search(r"/\.chainrun/[^/ ]+/carry ", cmdline):
+        return True
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         parent = Path(f"/proc/{stat.rsplit(') ', 1)[1].split()[1]}/cmdline").read_bytes()
@@ -108,7 +113,7 @@ def segment_processes(chain: str, n: str) -> list[str]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue  # it ended as we looked
-        if f"CHAINRUN_SEGMENT={n}".encode() in environ and not wrapper_timer(pid, cmdline):
+        if f"CHAINRUN_SEGMENT={n}".encode() in environ and not wrapper_own(pid, cmdline):
             found.append(f"pid {pid} ({cmdline})")
     return found
 

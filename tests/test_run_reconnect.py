@@ -4,7 +4,6 @@ and the chain completes with no failure charged. The sshd is a private one (test
 
 from __future__ import annotations
 
-import fcntl
 import json
 import re
 import subprocess
@@ -14,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import cli_env, wait_for
+from conftest import cli_env, holding_scheduler, wait_for
 from private_sshd import ALIAS, PrivateSSHD
 from test_contract import CLUSTERS, write_job
 
@@ -40,8 +39,7 @@ def test_run_over_ssh_survives_sshd_stopped_for_20s_and_charges_nothing(
     work_dir: Path, home: Path, tmp_path: Path
 ) -> None:
     """sshd down 20 s mid-segment: `run` shows the loss and the return, the chain completes, failures 0."""
-    with open("/tmp/chainrun-tests-slurm.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_SH)  # as the contract suite: no controller taken down meanwhile
+    with holding_scheduler("slurm"):  # as the contract suite: no controller taken down meanwhile
         sshd = PrivateSSHD(tmp_path)
         sshd.start()
         try:

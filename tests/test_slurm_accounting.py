@@ -15,7 +15,6 @@ forgotten it.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shlex
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from conftest import REPO, cli_env, have, need, wait_for
+from conftest import REPO, answers, cli_env, holding_scheduler, need, slurm_answers, wait_for
 
 from chainrun.model import Phase
 from chainrun.schedulers.slurm import SACCT_FORMAT, STATES
@@ -53,23 +52,15 @@ time.sleep(600)
 LONG = "python3 trainer.py --epochs 1000 --epoch-time 1"
 
 
-def _answers(*argv: str) -> bool:
-    try:
-        return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 @pytest.fixture
 def slurm(request: pytest.FixtureRequest) -> Iterator[None]:
     """The real Slurm with accounting, shared with tests beside this one, or all to itself
     for a test marked ``takes_down_the_controller`` (the lock test_contract takes too)."""
     exclusive = request.node.get_closest_marker("takes_down_the_controller") is not None
-    with open("/tmp/chainrun-tests-slurm.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    with holding_scheduler("slurm", exclusive=exclusive):
         need(
             "a running Slurm with accounting",
-            have("sbatch") and _answers("scontrol", "ping") and _answers("sacct", "--noheader", "--jobs=1"),
+            slurm_answers() and answers("sacct", "--noheader", "--jobs=1"),
             "sudo scripts/start-slurm",
         )
         yield

@@ -13,7 +13,6 @@ lock on its checkpoint directory, so two copies of one chain at once would show)
 
 from __future__ import annotations
 
-import fcntl
 import json
 import re
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from conftest import REPO, have, need, wait_for
+from conftest import REPO, have, holding_scheduler, need, wait_for
 from test_slurm_accounting import cancel_jobs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -36,8 +35,7 @@ PARTITIONS = ("low-requeue", "low-cancel", "high")
 def preemptible_slurm() -> Iterator[None]:
     """The real Slurm, shared with tests beside this one, with start-slurm's preemption
     partitions."""
-    with open("/tmp/chainrun-tests-slurm.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_SH)
+    with holding_scheduler("slurm"):
         found = have("sbatch") and all(
             subprocess.run(["scontrol", "show", "partition", p], capture_output=True, timeout=60).returncode
             == 0

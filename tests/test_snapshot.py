@@ -5,7 +5,6 @@ remote case the real loopback sshd (scripts/start-sshd) with the real Slurm behi
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -175,7 +174,11 @@ def test_a_local_snapshot_chain_runs_the_submitted_code_and_leaves_the_repositor
 @pytest.mark.ssh
 @pytest.mark.slurm
 def test_a_snapshot_chain_over_ssh_runs_the_submitted_code_uploaded_once(
-    tmp_path: Path, chainrun: CLI, service: Callable[..., object], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    chainrun: CLI,
+    service: Callable[..., object],
+    monkeypatch: pytest.MonkeyPatch,
+    shared_slurm: None,
 ) -> None:
     """The repository is the job file's, on this machine; the code lands in the workdir on the
     remote host (here the loopback sshd's root, with the real Slurm behind it)."""
@@ -183,8 +186,6 @@ def test_a_snapshot_chain_over_ssh_runs_the_submitted_code_uploaded_once(
         ["ssh", "-F", SSH_CONFIG, "-o", "BatchMode=yes", "root-local", "true"], capture_output=True
     )
     need("the test sshd", ok.returncode == 0, "sudo scripts/start-sshd")
-    slurm = subprocess.run(["scontrol", "ping"], capture_output=True) if shutil.which("scontrol") else None
-    need("a running slurm", slurm is not None and slurm.returncode == 0, "sudo scripts/start-slurm")
     monkeypatch.setenv("CHAINRUN_SSH_CONFIG", SSH_CONFIG)
     repo = make_repo(tmp_path / "laptop")
     remote = tmp_path / "cluster work"
