@@ -13,13 +13,14 @@ import re
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import test_contract
-from conftest import REPO, need, wait_for
-from test_contract import CLI, Cluster, chain_processes, ran, same_state, status, write_job
+from conftest import REPO, holding_scheduler, need, wait_for
+from test_contract import CLI, Cluster, chain_processes, outline, ran, same_state, status, write_job
 from test_distributed import ARGS, DDP_TRAINER, free_port, reference
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -51,13 +52,18 @@ def usable(state: str) -> bool:
 
 
 @pytest.fixture
-def multinode(cluster: Cluster) -> None:
-    nodes = sinfo_nodes()
-    need(
-        "the multi-node Slurm (3 nodes in partition multi)",
-        len(nodes) >= 3 and sum(usable(s) for s in nodes.values()) >= 2,
-        "sudo scripts/start-slurm --nodes 3",
-    )
+def multinode(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[None]:
+    """The multi-node Slurm's nodes, shared with the tests beside this one, or all to itself
+    for a test marked ``takes_down_a_node`` (a job of another test on that node would fail)."""
+    exclusive = request.node.get_closest_marker("takes_down_a_node") is not None
+    with holding_scheduler("slurm-nodes", exclusive=exclusive):
+        nodes = sinfo_nodes()
+        need(
+            "the multi-node Slurm (3 nodes in partition multi)",
+            len(nodes) >= 3 and sum(usable(s) for s in nodes.values()) >= 2,
+            "sudo scripts/start-slurm --nodes 3",
+        )
+        yield
 
 
 def hostnames(nodelist: str) -> list[str]:
@@ -89,19 +95,30 @@ def job_nodes(job_ids: list[str]) -> dict[str, list[str]]:
     }
 
 
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[1])
+
+
+def cmdline_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
 def wrapper_own(pid: int, cmdline: str) -> bool:
     """The wrapper's own processes, not the command's, which may outlive the end marker: its
     one-second timer (a `sleep 1` of a subshell of the batch script), and the run directory's
-    ``carry`` launcher it asks once more after writing the marker (or the interpreter that
-    the launcher execs: ``python -c ... chainrun.carry ...``)."""
-    if "chainrun.carry" in cmdline or re.search(r"/\.chainrun/[^/ ]+/carry ", cmdline):
-        return True
+    ``carry`` launcher it asks once more after writing the marker, with what that starts (the
+    interpreter it execs, ``python -c ... chainrun.carry ...``, or a grep)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        parent = Path(f"/proc/{stat.rsplit(') ', 1)[1].split()[1]}/cmdline").read_bytes()
-    except OSError:
+        if cmdline.strip() == "sleep 1" and "slurm_script" in cmdline_of(parent_of(pid)):
+            return True
+        for _ in range(4):
+            if "chainrun.carry" in cmdline or re.search(r"/\.chainrun/[^/ ]+/carry ", cmdline):
+                return True
+            pid = parent_of(pid)
+            cmdline = cmdline_of(pid)
+    except (OSError, ValueError):
         return False
-    return cmdline.strip() == "sleep 1" and b"slurm_script" in parent
+    return False
 
 
 def segment_processes(chain: str, n: str) -> list[str]:
@@ -110,7 +127,7 @@ def segment_processes(chain: str, n: str) -> list[str]:
     for pid in chain_processes(chain):
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            cmdline = cmdline_of(pid)
         except OSError:
             continue  # it ended as we looked
         if f"CHAINRUN_SEGMENT={n}".encode() in environ and not wrapper_own(pid, cmdline):
@@ -199,9 +216,9 @@ def test_two_node_ddp_chain_stops_as_one_and_ends_bit_equal_to_one_run(
     assert result.returncode == 0, result.stdout + result.stderr
     st = status(chainrun, "t")
     segs = ran(st)
-    assert st["state"] == "completed" and st["failures"] == 0, (st["reason"], segs)
-    assert len(segs) >= 2 and all(s["outcome"] == "timeout" for s in segs[:-1]), segs
-    assert all(s["outcome"] in ("timeout", "completed") and not s["charged"] for s in segs), segs
+    assert st["state"] == "completed" and st["failures"] == 0, (st["reason"], outline(segs))
+    assert len(segs) >= 2 and all(s["outcome"] == "timeout" for s in segs[:-1]), outline(segs)
+    assert all(s["outcome"] in ("timeout", "completed") and not s["charged"] for s in segs), outline(segs)
     assert not watch.alive, watch.alive
     nodes = job_nodes([s["job_id"] for s in segs])
     assert all(len(nodes.get(s["job_id"], [])) == 2 for s in segs), nodes
@@ -231,6 +248,7 @@ def power(action: str, node: str) -> None:
 
 
 @pytest.mark.torch
+@pytest.mark.takes_down_a_node
 @pytest.mark.parametrize("cluster", ["slurm"], indirect=True)
 def test_a_node_lost_under_a_segment_is_a_free_node_failure_and_the_chain_goes_on(
     cluster: Cluster, multinode: None, work: Path, tmp_path: Path, chainrun: CLI, service: Any
@@ -345,7 +363,7 @@ def test_a_ray_tune_experiment_across_the_allocation_resumes_without_restarting_
     st = status(chainrun, "t")
     segs = ran(st)
     assert st["state"] == "completed" and st["failures"] == 0, (st["reason"], segs)
-    assert len(segs) >= 2 and segs[0]["outcome"] == "timeout", segs
+    assert len(segs) >= 2 and segs[0]["outcome"] == "timeout", outline(segs)
     assert not watch.alive, watch.alive
     assert all(len(nodes) == 2 for nodes in job_nodes([s["job_id"] for s in segs]).values())
     logs = chainrun("logs", "t", check=True).stdout

@@ -53,11 +53,9 @@ LONG = "python3 trainer.py --epochs 1000 --epoch-time 1"
 
 
 @pytest.fixture
-def slurm(request: pytest.FixtureRequest) -> Iterator[None]:
-    """The real Slurm with accounting, shared with tests beside this one, or all to itself
-    for a test marked ``takes_down_the_controller`` (the lock test_contract takes too)."""
-    exclusive = request.node.get_closest_marker("takes_down_the_controller") is not None
-    with holding_scheduler("slurm", exclusive=exclusive):
+def slurm() -> Iterator[None]:
+    """The real Slurm with accounting, shared with the tests beside this one."""
+    with holding_scheduler("slurm"):
         need(
             "a running Slurm with accounting",
             slurm_answers() and answers("sacct", "--noheader", "--jobs=1"),
@@ -107,6 +105,16 @@ def shims(tmp_path: Path) -> Path:
     )
     script.chmod(0o755)
     return path
+
+
+def node_usable(node: str) -> bool:
+    out = subprocess.run(
+        ["sinfo", "--noheader", "--Node", f"--nodes={node}", "--format=%t"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return out.stdout.split()[:1] in (["idle"], ["mix"], ["alloc"])
 
 
 def write_job(work: Path, command: str, options: list[str]) -> Path:
@@ -232,39 +240,49 @@ def test_oom_killed_segment_with_its_end_marker_is_out_of_memory_after_squeue_fo
     assert "OUT_OF_MEMORY (sacct)" in seg["reason"] and "exited 137" in seg["reason"], seg
 
 
-@pytest.mark.takes_down_the_controller
+@pytest.mark.takes_down_a_node
 def test_segment_on_a_failed_node_is_node_fail_from_sacct(slurm: None, work: Path, scene: Scene) -> None:
     """The node of a running segment goes down (scontrol: as slurmctld marks a node that stopped
     answering); found later only in sacct (NODE_FAIL), the segment shows as a node failure,
-    free when the checkpoint it left is intact, else charged. --no-requeue, as at sites that do not requeue: else Slurm runs the job again."""
-    job_file = write_job(work, LONG, ["--no-requeue"])
-    nodes: list[str] = []
-
-    def fail_the_node(job_id: str) -> None:
-        node = subprocess.run(
-            ["squeue", "--noheader", f"--jobs={job_id}", "--format=%N"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout.strip()
-        assert node, f"job {job_id} has no node"
-        nodes.append(node)
-        subprocess.run(
-            ["scontrol", "update", f"nodename={node}", "state=down", "reason=chainrun accounting test"],
-            check=True,
-            timeout=60,
+    free when the checkpoint it left is intact, else charged. --no-requeue, as at sites that do
+    not requeue: else Slurm runs the job again. The job runs in the multi-node partition, whose
+    nodes this test has to itself: the tests beside it go on on the others."""
+    with holding_scheduler("slurm-nodes", exclusive=True):
+        need(
+            "the multi-node Slurm (partition multi)",
+            answers("scontrol", "show", "partition", "multi"),
+            "sudo scripts/start-slurm --nodes 3",
         )
+        job_file = write_job(work, LONG, ["--no-requeue", "--partition=multi"])
+        nodes: list[str] = []
 
-    try:
-        chain_id, _ = scene.end_unseen(job_file, fail_the_node, "NODE_FAIL")
-    finally:
-        for node in nodes:
-            # The node comes back by itself once slurmd answers (ReturnToService=2); if not,
-            # this resumes it, and start-slurm waits until it is usable.
+        def fail_the_node(job_id: str) -> None:
+            node = subprocess.run(
+                ["squeue", "--noheader", f"--jobs={job_id}", "--format=%N"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout.strip()
+            assert node, f"job {job_id} has no node"
+            nodes.append(node)
             subprocess.run(
-                ["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True, timeout=60
+                ["scontrol", "update", f"nodename={node}", "state=down", "reason=chainrun accounting test"],
+                check=True,
+                timeout=60,
             )
-            subprocess.run([str(REPO / "scripts" / "start-slurm")], check=True, timeout=300)
+
+        try:
+            chain_id, _ = scene.end_unseen(job_file, fail_the_node, "NODE_FAIL")
+        finally:
+            for node in nodes:
+                # The node comes back by itself once its slurmd answers (ReturnToService=2); if
+                # not, this resumes it.
+                subprocess.run(
+                    ["scontrol", "update", f"nodename={node}", "state=resume"],
+                    capture_output=True,
+                    timeout=60,
+                )
+                wait_for(lambda node=node: node_usable(node), 300, f"{node} to be usable again")  # type: ignore[misc]
     seg = scene.judged(chain_id)
     # Free when the segment had saved a checkpoint that is intact (issue 27): only the time
     # since it is lost; charged when it had saved nothing yet (when the node goes down decides).

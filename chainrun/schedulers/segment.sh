@@ -50,8 +50,9 @@ if [ -f "$ready_file" ] && ! is_ready; then helper=1; fi
 # loop, so a trap can start it too. Where we send the warning (SGE), the
 # scheduler's walltime kill reaches only our process group, not the command's:
 # SIGALRM a second before it ends the command.
-# A second's sleep that a TERM to the (sub)shell napping ends together with the shell:
-# the timer and the carrier, killed at the segment's end, leave no sleep behind.
+# A second's sleep that a TERM to the (sub)shell napping ends, and reaps, before the
+# shell exits: the timer and the carrier, killed at the segment's end, leave no sleep
+# behind, not even an orphan for a moment.
 nap() {
     sleep 1 &
     napping=$!
@@ -60,7 +61,7 @@ nap() {
 start_timer() {
     [ -n "$timer" ] && return
     (
-        trap 'kill "$napping" 2>/dev/null; exit 0' TERM
+        trap 'kill "$napping" 2>/dev/null; wait "$napping" 2>/dev/null; exit 0' TERM
         until_then() {
             while [ "$(date +%s)" -lt "$1" ]; do
                 nap
@@ -375,7 +376,7 @@ if [ -n "$got" ]; then forward "$got"; fi # it came before the command
 start_timer
 (
     trap '' USR1 USR2 ALRM # the walltime signal is the command's
-    trap 'kill "$napping" 2>/dev/null; exit 0' TERM
+    trap 'kill "$napping" 2>/dev/null; wait "$napping" 2>/dev/null; exit 0' TERM
     carry_on running
 ) &
 carrier=$!
