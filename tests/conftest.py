@@ -31,25 +31,6 @@ def need(what: str, available: bool, how: str) -> None:
     pytest.skip(message)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest tests first, so that on several workers (pytest -n, which hands out the
-    first tests round-robin) none starts a long one near the end: a test that takes a
-    controller down, while the others run tests on no scheduler, which it does not hold up;
-    then the other slow tests on no scheduler; then those on Slurm or SGE (each a chain of
-    one-minute jobs), slow ones first; then the rest, each in collection order."""
-
-    def rank(item: pytest.Item) -> int:
-        if item.get_closest_marker("takes_down_the_controller"):
-            return 0
-        slow = item.get_closest_marker("slow") is not None
-        scheduler = any(item.get_closest_marker(m) for m in ("slurm", "sge"))
-        if not scheduler:
-            return 1 if slow else 4
-        return 2 if slow else 3
-
-    items.sort(key=rank)
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Under CHAINRUN_REQUIRE_CLUSTERS=1 (scripts/test, so CI) nothing may skip: a missing
     extra (torch, tensorboard) skips its whole module, and a green run that skipped it
