@@ -48,7 +48,7 @@ MAX_FAILURES = 10**6
 # real start-and-save, python3 starting a stdlib script (tests/data/trainer.py) that writes
 # one checkpoint, took 0.7-0.9 s on a loaded two-core machine; with the wrapper's own start
 # that is the 2 s between a segment's start and its signal that the tests' shortest local
-# segments (walltime 3s, grace 1s) have. A script importing torch needs far more: the README
+# segments (walltime 3s, grace 1s) have. A script importing torch needs far more: docs/resuming.md
 # says how to make the clock first, and a segment the signal kills before it saved says so.
 MIN_START = 2
 # Seconds between the signal and the kill. The local runner, like Slurm at its limit, sends

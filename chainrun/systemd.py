@@ -32,7 +32,7 @@ SYSTEMCTL_TIMEOUT = 60.0
 UNIT_TEMPLATE = """\
 # chainrun keeps long training runs alive by chaining walltime-limited jobs.
 # `chainrun service install` writes this unit with the real path of chainrun
-# in ExecStart; the README section "Running chainrun as a service" explains
+# in ExecStart; docs/service.md ("Running chainrun as a service") explains
 # the settings and the fallbacks.
 [Unit]
 Description=chainrun: keeps long training runs alive across walltime-limited jobs
@@ -256,7 +256,7 @@ def linger_advice(systemd: Systemd) -> list[str]:
         f"{head}: without it the user manager, and the service, stop when you log out.",
         f"  turn it on with: loginctl enable-linger {user}",
         "  where the site does not allow lingering, run the service under tmux, nohup or",
-        "  scrontab instead: the README section 'Running chainrun as a service' has the commands",
+        "  scrontab instead: docs/service.md ('Fallbacks: tmux, nohup, scrontab') has the commands",
     ]
 
 

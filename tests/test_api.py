@@ -207,7 +207,7 @@ def test_a_missing_job_file_and_an_unknown_chain_are_the_cli_s_errors(tmp_path: 
 
 @pytest.mark.slow
 def test_the_python_api_example_runs(tmp_path: Path, home: Path, service: Service) -> None:
-    """examples/python-api/sweep.py, as the README shows it, with a service running."""
+    """examples/python-api/sweep.py, as docs/python-api.md shows it, with a service running."""
     copy = tmp_path / "python-api"
     shutil.copytree(EXAMPLE, copy, ignore=shutil.ignore_patterns("checkpoints", "__pycache__"))
     service(interval=0.3)
@@ -223,11 +223,11 @@ def test_the_python_api_example_runs(tmp_path: Path, home: Path, service: Servic
     ), lines
 
 
-def test_the_readme_shows_the_example_as_it_is() -> None:
-    """The README's Python API section holds examples/python-api/sweep.py word for word."""
-    readme = (REPO / "README.md").read_text()
-    found = re.search(r"<!-- python-api example -->\n```python\n(.*?)```\n", readme, re.S)
-    assert found is not None, "the README has no <!-- python-api example --> section"
+def test_the_docs_show_the_example_as_it_is() -> None:
+    """docs/python-api.md holds examples/python-api/sweep.py word for word."""
+    page = (REPO / "docs" / "python-api.md").read_text()
+    found = re.search(r"<!-- python-api example -->\n```python\n(.*?)```\n", page, re.S)
+    assert found is not None, "docs/python-api.md has no <!-- python-api example --> section"
     assert found.group(1) == (EXAMPLE / "sweep.py").read_text()
 
 

@@ -412,7 +412,7 @@ def test_a_first_segment_that_cannot_start_its_command_ends_the_chain_at_once(co
 def test_a_successor_that_failed_to_start_the_command_before_the_service_looked_costs_nothing() -> None:
     """The queued successor started at once behind an exit-127 first segment and hit the same
     127 before the service's next look (a busy machine, a slow tick): the chain still fails with
-    the one failure charged that the README promises; the successor is recorded, not charged."""
+    the one failure charged that the docs promise; the successor is recorded, not charged."""
     marker = EndMarker(127, 127, "", False, NOW - 1, path="/usr/bin:/bin")
     jobs = {
         j: JobFacts(listed=ListedJob(j, j, Phase.ENDED, Outcome.FAILED, 127, NOW - 5, NOW - 1), end=marker)
@@ -602,18 +602,18 @@ def test_no_successor_is_queued_behind_a_segment_that_may_repeat_the_crash_befor
 
 def test_a_segment_the_walltime_signal_killed_before_it_saved_names_the_likely_cause() -> None:
     """Exit 138 after SIGUSR1 with no progress: the script had no handler yet (slow imports).
-    The reason says so and names the README paragraph on making the clock first."""
+    The reason says so and names the docs paragraph on making the clock first."""
     marker = EndMarker(138, 138, "USR1", False, NOW - 1)
     job = JobFacts(listed=ListedJob("j1", "j1", Phase.ENDED, None, None, NOW - 60, NOW - 1), end=marker)
     end = run(chain(seg(1)), {"j1": job}, BEFORE)[0]
     assert isinstance(end, EndSegment) and end.charged and end.outcome is Outcome.TIMEOUT
     assert end.reason == (
         "timeout (exit 138) and made no progress: SIGUSR1 killed the command before it saved anything, "
-        "likely while it was still starting (imports, data) with no handler set yet; see README "
-        '"Make the clock first when the start is slow"'
+        "likely while it was still starting (imports, data) with no handler set yet; see "
+        'docs/resuming.md "Make the clock first when the start is slow"'
     )
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    assert "- **Make the clock first when the start is slow.**" in readme
+    page = (Path(__file__).parent.parent / "docs" / "resuming.md").read_text()
+    assert "- **Make the clock first when the start is slow.**" in page
     saved = replace(marker, original=0, exit_code=0)
     clean = JobFacts(listed=job.listed, end=saved)
     assert "killed" not in str(run(chain(seg(1)), {"j1": clean}, BEFORE)[0])  # exit 0 after it: no

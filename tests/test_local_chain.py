@@ -219,11 +219,11 @@ def test_a_missing_script_fails_the_chain_after_two_segments_not_the_whole_budge
 
 
 @pytest.mark.slow
-def test_a_segment_the_walltime_signal_killed_while_starting_names_the_readme_paragraph(
+def test_a_segment_the_walltime_signal_killed_while_starting_names_the_docs_paragraph(
     tmp_path: Path, chainrun: CLI
 ) -> None:
     """A script still "importing" (sleeping, no handler set) when SIGUSR1 comes dies of it: the
-    chain's reason names that likely cause and the README paragraph on making the clock first."""
+    chain's reason names that likely cause and the docs paragraph on making the clock first."""
     path = command_job(
         tmp_path,
         "python3 -c 'import time; time.sleep(60)'",
@@ -234,4 +234,4 @@ def test_a_segment_the_walltime_signal_killed_while_starting_names_the_readme_pa
     assert st["state"] == "failed"
     assert [(s["outcome"], s["exit_code"]) for s in st["segments"]] == [("timeout", 138)]
     assert "SIGUSR1 killed the command before it saved anything" in st["reason"], st["reason"]
-    assert st["reason"].endswith('see README "Make the clock first when the start is slow"')
+    assert st["reason"].endswith('see docs/resuming.md "Make the clock first when the start is slow"')

@@ -47,8 +47,8 @@ from chainrun.schema import MIN_START
 from chainrun.text import one_line
 
 LOST_AFTER = 180.0  # seconds a job may be gone without a trace before it is "lost"
-# Where the README tells how to keep the walltime signal from killing a script still importing.
-CLOCK_FIRST = 'README "Make the clock first when the start is slow"'
+# Where the docs tell how to keep the walltime signal from killing a script still importing.
+CLOCK_FIRST = 'docs/resuming.md "Make the clock first when the start is slow"'
 
 
 @dataclass(frozen=True)

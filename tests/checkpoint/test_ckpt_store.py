@@ -51,7 +51,7 @@ def test_save_commits_file_companion_and_sidecar(tmp_path: Path) -> None:
         saved.sha256,
     )
     assert progress["metrics"] == {"loss": 1.5}
-    # How long the save took, of which chainrun makes the grace (README "How it decides").
+    # How long the save took, of which chainrun makes the grace (docs/how-it-decides.md).
     assert progress["save_seconds"] is not None and 0 <= progress["save_seconds"] < 60
 
 
