@@ -484,7 +484,9 @@ def supervise(jobdir: Path) -> int:
         return records.end({"outcome": "cancelled", "exit_code": None, "ended_at": time.time()})
 
     _become_subreaper()
-    env = dict(os.environ, CHAINRUN_LOCAL_JOB_ID=str(job["id"]))
+    # The walltime counts from here; the job's script reads when (a whole second, never later).
+    started = time.time()
+    env = dict(os.environ, CHAINRUN_LOCAL_JOB_ID=str(job["id"]), CHAINRUN_LOCAL_STARTED=str(int(started)))
     if slot is not None:
         env["CHAINRUN_SLOT"] = str(slot[0])
         gpus = job.get("gpus_per_slot")
@@ -510,7 +512,6 @@ def supervise(jobdir: Path) -> int:
         return records.end(
             {"outcome": "failed", "exit_code": None, "ended_at": time.time(), "reason": reason}
         )
-    started = time.time()
     warn_at = started + job["walltime"] - job["grace"]
     stop_at = started + job["walltime"]
     warned = False

@@ -245,6 +245,7 @@ class FakeScheduler:
     kind: ClassVar[str] = "fake"
     wrapper_signals: ClassVar[bool] = False
     preempting_shell: ClassVar[str] = "false"
+    started_shell: ClassVar[str] = "true"
 
     def helper_files(self) -> list[HelperFile]:
         return []  # its tools are the cluster's own

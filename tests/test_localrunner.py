@@ -459,3 +459,15 @@ def test_jobs_of_a_runner_from_before_machine_state_are_still_seen_after_an_upgr
         supervisor.kill()
         supervisor.wait()
     assert poll(home)[4]["reason"] == "the local supervisor died"
+
+
+def test_the_job_is_told_when_its_walltime_began(local_home: Path, tmp_path: Path) -> None:
+    """The wrapper counts the walltime from the supervisor's start, as from a scheduler's
+    StartTime, not from its own (tests/test_slurm_prolog.py shows why on Slurm)."""
+    seen = tmp_path / "seen"
+    script = make_script(tmp_path, f"echo $CHAINRUN_LOCAL_STARTED >{seen}")
+    submitted = runner(local_home, *submit_argv(tmp_path, "cr.t.1", script, "--walltime", "60"))
+    assert submitted.returncode == 0, submitted.stderr
+    line = ended(local_home, int(submitted.stdout))
+    assert line["outcome"] == "completed", line
+    assert int(seen.read_text()) == int(line["started_at"]), line

@@ -215,6 +215,7 @@ def test_start_slurm_configures_an_empty_etc_and_keeps_it(tmp_path: Path, traced
     assert re.search(r"^NodeName=\S+ NodeAddr=127\.0\.0\.1 ", conf, re.M), conf
     assert "PartitionName=multi Nodes=node[1-2] " in conf
     assert "IgnoreSystemd=yes" in (etc / "cgroup.conf").read_text()
+    assert mode(etc / "prolog") == 0o755 and f"Prolog={etc}/prolog" in conf
     dbd = etc / "slurmdbd.conf"
     assert mode(dbd) == 0o600 and re.search(r"^StoragePass=[0-9a-f]{32}$", dbd.read_text(), re.M)
     key = tmp_path / "munge" / "munge.key"

@@ -38,6 +38,10 @@ class Scheduler(Protocol):
     # A shell command, run in the job, that succeeds while the scheduler is preempting
     # the job (``false`` where it cannot tell, or never preempts).
     preempting_shell: ClassVar[str]
+    # A shell command, run in the job, that prints when the scheduler started the job (epoch
+    # seconds), or nothing where it cannot tell: its walltime counts from then, which may be
+    # well before the batch script runs (a prolog first).
+    started_shell: ClassVar[str]
 
     def helper_files(self) -> list[HelperFile]:
         """The files this backend's commands need where they run (none for a cluster's own

@@ -60,6 +60,7 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
         "ADAPTIVE": "1" if spec.adaptive_grace else "",
         "WRAPPER_SIGNALS": "1" if scheduler.wrapper_signals else "",
         "PREEMPTING": scheduler.preempting_shell,
+        "STARTED": scheduler.started_shell,
         "INHERITED": "\n".join(f"export {key}={q(value)}" for key, value in spec.inherited),
         "ENV": "\n".join(f"export {key}={q(value)}" for key, value in (*sweep_environment(spec), *spec.env)),
         "TARGET": q("" if spec.target_epoch is None else str(spec.target_epoch)),

@@ -11,7 +11,13 @@ export CHAINRUN_CHECKPOINT_DIR=@@CHECKPOINT_DIR@@
 export CHAINRUN_SIGNAL=@@SIGNAL@@
 export CHAINRUN_RUN_DIR=@@RUN_DIR@@
 export CHAINRUN_WORKDIR=@@WORKDIR@@
-export CHAINRUN_DEADLINE=$(( $(date +%s) + @@WALLTIME@@ ))
+# The walltime counts from when the scheduler started the job, before a prolog ran and
+# this script began; from now where the scheduler does not tell (or tells nonsense).
+now=$(date +%s)
+started=$({ @@STARTED@@; } 2>/dev/null) || started=""
+case $started in '' | *[!0-9]*) started=$now ;; esac
+if [ "$started" -gt "$now" ] || [ "$started" -le $((now - @@WALLTIME@@)) ]; then started=$now; fi
+export CHAINRUN_DEADLINE=$((started + @@WALLTIME@@))
 export USER="${USER:-$(id -un)}" # not every scheduler sets it; ch-run refuses to start without it
 # The signals are caught from here on: Slurm may send --signal in the job's first
 # seconds (when walltime - grace is under its 60 s check interval), and bash's own

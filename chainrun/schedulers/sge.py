@@ -102,6 +102,7 @@ class SgeScheduler:
     # signal ``grace`` seconds before h_rt instead.
     wrapper_signals: ClassVar[bool] = True
     preempting_shell: ClassVar[str] = "false"  # nothing in the job tells it
+    started_shell: ClassVar[str] = "true"  # nothing in the job tells it: the wrapper's start
 
     def helper_files(self) -> list[HelperFile]:
         return []  # its tools are the cluster's own

@@ -156,6 +156,11 @@ class SlurmScheduler:
         '[ -n "${SLURM_JOB_ID:-}" ] && timeout 20 scontrol show job "$SLURM_JOB_ID" 2>/dev/null'
         ' | grep -Eq "(^|[[:space:]])PreemptTime=[0-9]"'
     )
+    # Slurm 23.02 and later tell the job its start; before, the controller does.
+    started_shell: ClassVar[str] = (
+        'echo "${SLURM_JOB_START_TIME:-$([ -n "${SLURM_JOB_ID:-}" ] &&'
+        ' SLURM_TIME_FORMAT=%s timeout 20 squeue --noheader --jobs="$SLURM_JOB_ID" --format=%S)}"'
+    )
     max_tasks: ClassVar[int] = 1000
     task_index_shell: ClassVar[str] = "${SLURM_ARRAY_TASK_ID:-}"
     task_id_shell: ClassVar[str] = "${SLURM_ARRAY_JOB_ID:-}_${SLURM_ARRAY_TASK_ID:-}"

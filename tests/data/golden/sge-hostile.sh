@@ -20,7 +20,13 @@ export CHAINRUN_CHECKPOINT_DIR='/scratch/my runs/bob'"'"'s/ckpt'
 export CHAINRUN_SIGNAL=USR1
 export CHAINRUN_RUN_DIR='/scratch/my runs/bob'"'"'s/.chainrun/hostile-a1b2c3'
 export CHAINRUN_WORKDIR='/scratch/my runs/bob'"'"'s'
-export CHAINRUN_DEADLINE=$(( $(date +%s) + 14400 ))
+# The walltime counts from when the scheduler started the job, before a prolog ran and
+# this script began; from now where the scheduler does not tell (or tells nonsense).
+now=$(date +%s)
+started=$({ true; } 2>/dev/null) || started=""
+case $started in '' | *[!0-9]*) started=$now ;; esac
+if [ "$started" -gt "$now" ] || [ "$started" -le $((now - 14400)) ]; then started=$now; fi
+export CHAINRUN_DEADLINE=$((started + 14400))
 export USER="${USER:-$(id -un)}" # not every scheduler sets it; ch-run refuses to start without it
 # The signals are caught from here on: Slurm may send --signal in the job's first
 # seconds (when walltime - grace is under its 60 s check interval), and bash's own

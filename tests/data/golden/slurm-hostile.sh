@@ -21,7 +21,13 @@ export CHAINRUN_CHECKPOINT_DIR='/scratch/my run'"'"'s dir $x/ckpt '"'"'x'"'"''
 export CHAINRUN_SIGNAL=USR1
 export CHAINRUN_RUN_DIR='/scratch/my run'"'"'s dir $x/.chainrun/hostile-1a2b3c'
 export CHAINRUN_WORKDIR='/scratch/my run'"'"'s dir $x'
-export CHAINRUN_DEADLINE=$(( $(date +%s) + 10801 ))
+# The walltime counts from when the scheduler started the job, before a prolog ran and
+# this script began; from now where the scheduler does not tell (or tells nonsense).
+now=$(date +%s)
+started=$({ echo "${SLURM_JOB_START_TIME:-$([ -n "${SLURM_JOB_ID:-}" ] && SLURM_TIME_FORMAT=%s timeout 20 squeue --noheader --jobs="$SLURM_JOB_ID" --format=%S)}"; } 2>/dev/null) || started=""
+case $started in '' | *[!0-9]*) started=$now ;; esac
+if [ "$started" -gt "$now" ] || [ "$started" -le $((now - 10801)) ]; then started=$now; fi
+export CHAINRUN_DEADLINE=$((started + 10801))
 export USER="${USER:-$(id -un)}" # not every scheduler sets it; ch-run refuses to start without it
 # The signals are caught from here on: Slurm may send --signal in the job's first
 # seconds (when walltime - grace is under its 60 s check interval), and bash's own
