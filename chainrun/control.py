@@ -21,6 +21,7 @@ from typing import NamedTuple, Optional
 
 from chainrun import jobfile, progress, rundir, snapshot, sweep
 from chainrun.decide.claims import Claim, Holder, claim, holder
+from chainrun.decide.goal import goal_reached, reached_target
 from chainrun.engine import Engine, TickSummary
 from chainrun.errors import ChainrunError, TransportError, UsageError
 from chainrun.lock import lock_for
@@ -195,11 +196,11 @@ def _refusal(spec: JobSpec, held: Holder, fresh: bool) -> str:
 
 def _complete(spec: JobSpec, baseline: Progress) -> str:
     """Why the checkpoint already says the run is complete; "" when it does not."""
-    if spec.target_epoch is not None and (baseline.epoch or 0) >= spec.target_epoch:
+    if not goal_reached(baseline, spec.target_epoch):
+        return ""
+    if reached_target(baseline, spec.target_epoch):
         return f"epoch {baseline.epoch}, target_epoch {spec.target_epoch}"
-    if baseline.done:
-        return "the training script marked it done"
-    return ""
+    return "the training script marked it done"
 
 
 def _starting_point(spec: JobSpec, transport: Transport, fresh: bool) -> tuple[JobSpec, Progress]:

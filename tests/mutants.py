@@ -21,3 +21,18 @@ def mutant(module: ModuleType, old: str, new: str) -> ModuleType:
     finally:
         del sys.modules[copy.__name__]
     return copy
+
+
+def rules_mutant(old: str, new: str) -> ModuleType:
+    """A fresh copy of ``decide.chain`` with the bug in it, or in the completion rule it
+    applies (``decide.goal``, which ``decide``, the carrier and submit share)."""
+    from chainrun.decide import chain, goal
+
+    if old in inspect.getsource(chain):
+        return mutant(chain, old, new)
+    bug = mutant(goal, old, new)
+    line = "from chainrun.decide.goal import finished_on_its_own, goal_reached"
+    copy = mutant(chain, line, line)  # a copy, to carry the buggy rule
+    copy.goal_reached = bug.goal_reached  # type: ignore[attr-defined]
+    copy.finished_on_its_own = bug.finished_on_its_own  # type: ignore[attr-defined]
+    return copy

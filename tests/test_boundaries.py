@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import wait_for
-from mutants import mutant
+from mutants import mutant, rules_mutant
 from test_decide import SPEC, chain, seg
 from test_slurm_backend import hostile_spec
 from test_wrapper import wrapper_env
@@ -84,7 +84,7 @@ def test_a_chain_one_epoch_short_of_its_target_goes_on() -> None:
 
 @pytest.mark.tests_the_tests
 def test_that_check_fails_on_a_chain_that_completes_one_epoch_early() -> None:
-    bug = mutant(chain_rules, "progress.epoch >= target", "progress.epoch >= target - 1")
+    bug = rules_mutant("progress.epoch >= target_epoch", "progress.epoch >= target_epoch - 1")
     fails_on_the_bug(one_epoch_short_goes_on, bug.decide)
 
 

@@ -207,3 +207,20 @@ def test_only_the_cluster_runs_what_a_backend_builds() -> None:
     assert found == []
     calls = re.findall(r"\.transport\.run\(|transport\.run\(", (PACKAGE / "cluster.py").read_text())
     assert len(calls) == 1  # in Cluster.call
+
+
+# Where an epoch is compared with the target outside the rule, and why that is no second rule.
+TARGET_COMPARED_ELSEWHERE = {"chainrun.status": "the ETA shown: 0 s once the epoch is there"}
+
+
+def test_the_completion_rule_is_defined_once() -> None:
+    """Whether a chain's goal is reached (done, target_epoch, or exit 0 on its own) is
+    ``decide.goal``'s alone: before, decide, the carrier and submit each spelled it out."""
+    spelled = set()
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(isinstance(op, (ast.GtE, ast.LtE)) for op in node.ops):
+                text = ast.unparse(node)
+                if "epoch" in text and "target" in text:
+                    spelled.add(name)
+    assert spelled - set(TARGET_COMPARED_ELSEWHERE) == {"chainrun.decide.goal"}, spelled

@@ -5,6 +5,7 @@ it costs, what comes next, when the chain ends; ``facts`` is what the engine tel
 tick. ``retry`` says when to try again (a failed submission, a chain whose ticks keep
 failing, accounting that did not know a job yet). ``placement`` says where and when a new
 segment may start (a pool's hosts and slots, a sweep's ``max_concurrent``, array jobs);
+``goal`` when a chain's goal is reached (the one completion rule);
 ``grace`` how long before its walltime a segment gets the signal; ``carry`` what a segment
 may queue while the service is away; ``claims`` which chain holds a checkpoint directory.
 Nothing here does I/O or reads a clock: the engine gathers the facts and carries the

@@ -22,6 +22,7 @@ from typing import Optional
 
 from chainrun.decide.chain import charge_by_markers, next_walltime
 from chainrun.decide.facts import JobFacts
+from chainrun.decide.goal import finished_on_its_own, goal_reached
 from chainrun.fields import format_duration
 from chainrun.model import JobSpec, Progress, Submit
 
@@ -124,7 +125,7 @@ def carry(alone: Alone, now: float) -> Verdict:
     if running:
         used += spec.walltime
     best = alone.progress if alone.progress.key > mark.key or alone.progress.done else mark
-    if best.done or (spec.target_epoch is not None and (best.epoch or 0) >= spec.target_epoch):
+    if goal_reached(best, spec.target_epoch):
         return Verdict(None, None, f"the goal is reached ({best.describe()})")
     if failures + running > spec.max_failures:
         return Verdict(
@@ -170,8 +171,8 @@ def _finished(spec: JobSpec, job: JobFacts) -> bool:
     end = job.end
     return (
         end is not None
-        and end.original == 0
-        and not end.signal
         and not end.skipped
-        and (spec.target_epoch is None or end.progress is None or end.progress.epoch is None)
+        and finished_on_its_own(
+            end.original, bool(end.signal), end.progress.epoch if end.progress else None, spec.target_epoch
+        )
     )

@@ -20,6 +20,7 @@ from typing import Optional
 
 from chainrun import container
 from chainrun.decide.facts import Facts, JobFacts
+from chainrun.decide.goal import finished_on_its_own, goal_reached
 from chainrun.decide.grace import change as grace_change
 from chainrun.decide.grace import stop_seen
 from chainrun.fields import format_duration
@@ -141,10 +142,8 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
         advanced = end_progress.advanced_from(start)
         # Exit 0 before the walltime ends the run when there is no target, or no
         # epoch to compare with it: running the command again would only repeat that.
-        finished = (
-            ending.outcome is Outcome.COMPLETED
-            and ending.exit_code == 0
-            and (spec.target_epoch is None or end_progress.epoch is None)
+        finished = finished_on_its_own(
+            ending.exit_code, ending.outcome is not Outcome.COMPLETED, end_progress.epoch, spec.target_epoch
         )
         tail = job.end.tail if job.end is not None else ()
         if unrunnable is not None and _cannot_start(spec, ending, tail):
@@ -529,9 +528,9 @@ def _repeated(
 
 def _done_reason(chain: Chain, progress: Progress, finished_segment: Optional[int]) -> str:
     target = chain.spec.target_epoch
-    if progress.done:
-        return f"the training marked itself done at {progress.describe()}"
-    if target is not None and progress.epoch is not None and progress.epoch >= target:
+    if goal_reached(progress, target):
+        if progress.done:
+            return f"the training marked itself done at {progress.describe()}"
         return f"target epoch {target} reached ({progress.describe()})"
     if finished_segment is not None and target is not None:
         return (
