@@ -12,68 +12,19 @@ could start: from its submission or its predecessor's end, whichever is later.
 
 from __future__ import annotations
 
-import re
-import shlex
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from chainrun.model import Chain, Phase, SchedulerSpec, Segment
-
-# --gres=gpu:2, --gres=gpu:a100:2, --gres=gpu (one), in a comma list of resources.
-_GRES_GPU = re.compile(r"^gpu(?::[A-Za-z][\w.-]*)?(?::(\d+))?$")
-# --gpus=2, --gpus=a100:2 (Slurm); gpu=2 in SGE's -l list.
-_COUNT = re.compile(r"^(?:[A-Za-z0-9_.-]+:)?(\d+)$")
-
-
-def _tokens(options: tuple[str, ...]) -> list[str]:
-    """The options as the scheduler's command line reads them, ``--a=b`` split at ``=``."""
-    words: list[str] = []
-    for option in options:
-        try:
-            parts = shlex.split(option)
-        except ValueError:
-            parts = option.split()
-        for part in parts:
-            if part.startswith("--") and "=" in part:
-                words.extend(part.split("=", 1))
-            else:
-                words.append(part)
-    return words
-
-
-def _count(value: str) -> int:
-    found = _COUNT.match(value)
-    return int(found.group(1)) if found else 0
+from chainrun.schedulers import scheduler_for
 
 
 def gpus(scheduler: SchedulerSpec) -> int:
-    """GPUs each segment's job holds: from ``--gres=gpu[:TYPE]:N`` (per node, times
-    ``--nodes``), ``--gpus[=TYPE:]N``/``-G N`` or ``--gpus-per-node`` (Slurm), ``-l gpu=N``
-    (SGE), or a pool's ``gpus_per_slot``; 0 when it asks for none."""
+    """GPUs each segment's job holds: a pool's ``gpus_per_slot``, or what the job's options
+    ask for in its scheduler's syntax (``SchedulerSpec.options``); 0 when none."""
     if scheduler.gpus_per_slot:
         return scheduler.gpus_per_slot
-    words = _tokens(scheduler.options)
-    nodes, per_node, total = 1, 0, 0
-    for i, word in enumerate(words):
-        value = words[i + 1] if i + 1 < len(words) else ""
-        if word in ("--nodes", "-N") and value.split("-")[0].isdigit():
-            nodes = int(value.split("-")[0])
-        elif word == "--gres":
-            for item in value.split(","):
-                found = _GRES_GPU.match(item)
-                if found:
-                    per_node += int(found.group(1) or 1)
-        elif word == "--gpus-per-node":
-            per_node += _count(value)
-        elif word in ("--gpus", "-G"):
-            total += _count(value)
-        elif word.startswith("-G") and word[2:].isdigit():
-            total += int(word[2:])
-        elif word == "-l" and scheduler.kind == "sge":
-            for item in value.split(","):
-                name, _, count = item.partition("=")
-                total += _count(count) if name in ("gpu", "gpus") else 0
-    return total + per_node * nodes
+    return scheduler_for(scheduler.kind, scheduler.host).gpus_asked(scheduler.options)
 
 
 @dataclass(frozen=True)

@@ -247,6 +247,9 @@ class FakeScheduler:
     preempting_shell: ClassVar[str] = "false"
     started_shell: ClassVar[str] = "true"
 
+    def gpus_asked(self, options: Sequence[str]) -> int:
+        return 0
+
     def helper_files(self) -> list[HelperFile]:
         return []  # its tools are the cluster's own
 

@@ -10,6 +10,7 @@ markers) is in ``segment``; the scripts it runs, in ``script``.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Optional, Protocol, runtime_checkable
@@ -42,6 +43,10 @@ class Scheduler(Protocol):
     # seconds), or nothing where it cannot tell: its walltime counts from then, which may be
     # well before the batch script runs (a prolog first).
     started_shell: ClassVar[str]
+
+    def gpus_asked(self, options: Sequence[str]) -> int:
+        """The GPUs each job asks for through the job file's ``options``, in this scheduler's
+        own syntax; 0 when it asks for none."""
 
     def helper_files(self) -> list[HelperFile]:
         """The files this backend's commands need where they run (none for a cluster's own
@@ -114,6 +119,33 @@ class NodeSubmitProbe(Protocol):
 
     def parse_node_submit(self, results: Sequence[CommandResult]) -> str:
         """Why the nodes cannot submit, in a line; "" when they can or it cannot be told."""
+
+
+# A count, maybe with a type before it: --gpus=a100:3 (Slurm), gpu=2 in SGE's -l list.
+_COUNT = re.compile(r"^(?:[A-Za-z0-9_.-]+:)?(\d+)$")
+
+
+def option_words(options: Sequence[str]) -> list[str]:
+    """The job file's ``options`` as the scheduler's command line reads them, each split as
+    the shell would and ``--a=b`` split at ``=``."""
+    words: list[str] = []
+    for option in options:
+        try:
+            parts = shlex.split(option)
+        except ValueError:
+            parts = option.split()
+        for part in parts:
+            if part.startswith("--") and "=" in part:
+                words.extend(part.split("=", 1))
+            else:
+                words.append(part)
+    return words
+
+
+def count_of(value: str) -> int:
+    """The number in ``N`` or ``TYPE:N``; 0 when there is none."""
+    found = _COUNT.match(value)
+    return int(found.group(1)) if found else 0
 
 
 def command_error(

@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json
 import sys
+from collections.abc import Sequence
 from importlib import resources
 from typing import ClassVar, Optional
 
@@ -43,6 +44,9 @@ class LocalScheduler:
             return [sys.executable, "-m", "chainrun.localrunner", *args]
         # A remote workstation: its login shell's python3, running the copy of ``helper_files``.
         return ["python3", runner_path(), *args]
+
+    def gpus_asked(self, options: Sequence[str]) -> int:
+        return 0  # a workstation's runs get GPUs from a pool's gpus_per_slot alone
 
     def helper_files(self) -> list[HelperFile]:
         """On a remote host, the runner's own copy (on this machine it is the package's)."""

@@ -18,7 +18,7 @@ from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
 from chainrun.model import CommandResult, ListedJob, Outcome, Phase
-from chainrun.schedulers.base import HelperFile, command_error, submitted_id
+from chainrun.schedulers.base import HelperFile, command_error, count_of, option_words, submitted_id
 from chainrun.schedulers.segment import SegmentJob
 
 UTC_ENV = ["env", "TZ=UTC"]
@@ -103,6 +103,17 @@ class SgeScheduler:
     wrapper_signals: ClassVar[bool] = True
     preempting_shell: ClassVar[str] = "false"  # nothing in the job tells it
     started_shell: ClassVar[str] = "true"  # nothing in the job tells it: the wrapper's start
+
+    def gpus_asked(self, options: Sequence[str]) -> int:
+        """``-l gpu=N`` (or ``gpus=N``) in a resource list."""
+        words = option_words(options)
+        return sum(
+            count_of(count)
+            for word, value in zip(words, words[1:])
+            if word == "-l"
+            for name, _, count in (item.partition("=") for item in value.split(","))
+            if name in ("gpu", "gpus")
+        )
 
     def helper_files(self) -> list[HelperFile]:
         return []  # its tools are the cluster's own

@@ -18,7 +18,7 @@ from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
 from chainrun.model import CommandResult, ListedJob, Outcome, Phase
-from chainrun.schedulers.base import HelperFile, command_error, submitted_id
+from chainrun.schedulers.base import HelperFile, command_error, count_of, option_words, submitted_id
 from chainrun.schedulers.segment import SegmentJob
 
 # Times as epoch seconds: Slurm prints local time without a zone otherwise, and
@@ -65,6 +65,9 @@ TRANSIENT = re.compile(
     r"resource temporarily|try again|job submit/allocate failed: .*time",
     re.IGNORECASE,
 )
+
+# --gres=gpu:2, --gres=gpu:a100:2, --gres=gpu (one), in a comma list of resources.
+_GRES_GPU = re.compile(r"^gpu(?::[A-Za-z][\w.-]*)?(?::(\d+))?$")
 
 
 def slurm_time(seconds: int) -> str:
@@ -164,6 +167,28 @@ class SlurmScheduler:
     max_tasks: ClassVar[int] = 1000
     task_index_shell: ClassVar[str] = "${SLURM_ARRAY_TASK_ID:-}"
     task_id_shell: ClassVar[str] = "${SLURM_ARRAY_JOB_ID:-}_${SLURM_ARRAY_TASK_ID:-}"
+
+    def gpus_asked(self, options: Sequence[str]) -> int:
+        """``--gres=gpu[:TYPE]:N`` and ``--gpus-per-node`` (per node, times ``--nodes``),
+        ``--gpus[=TYPE:]N`` and ``-G N`` (the whole job)."""
+        words = option_words(options)
+        nodes, per_node, total = 1, 0, 0
+        for i, word in enumerate(words):
+            value = words[i + 1] if i + 1 < len(words) else ""
+            if word in ("--nodes", "-N") and value.split("-")[0].isdigit():
+                nodes = int(value.split("-")[0])
+            elif word == "--gres":
+                for item in value.split(","):
+                    found = _GRES_GPU.match(item)
+                    if found:
+                        per_node += int(found.group(1) or 1)
+            elif word == "--gpus-per-node":
+                per_node += count_of(value)
+            elif word in ("--gpus", "-G"):
+                total += count_of(value)
+            elif word.startswith("-G") and word[2:].isdigit():
+                total += int(word[2:])
+        return total + per_node * nodes
 
     def helper_files(self) -> list[HelperFile]:
         return []  # its tools are the cluster's own
