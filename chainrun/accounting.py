@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from chainrun.model import Chain, Phase, SchedulerSpec, Segment
-from chainrun.schedulers import scheduler_for
 
 
 def gpus(scheduler: SchedulerSpec) -> int:
@@ -24,6 +23,9 @@ def gpus(scheduler: SchedulerSpec) -> int:
     ask for in its scheduler's syntax (``SchedulerSpec.options``); 0 when none."""
     if scheduler.gpus_per_slot:
         return scheduler.gpus_per_slot
+    # Here, not at the top: `chainrun status` with no chain to account loads no backend.
+    from chainrun.schedulers import scheduler_for
+
     return scheduler_for(scheduler.kind, scheduler.host).gpus_asked(scheduler.options)
 
 
