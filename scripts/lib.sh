@@ -31,6 +31,24 @@ trap 'on_error $? "$LINENO" "$BASH_COMMAND" "${BASH_SOURCE[0]:-}"' ERR
 
 is_root() { [[ $(id -u) == 0 ]]; }
 
+# The pids of live (not zombie) processes named $1 in this PID namespace (not the
+# multi-node Slurm's nodes') whose command line has $2. Reads /proc itself: pgrep would
+# also find the zombies that killed daemons leave here (PID 1 does not reap at once).
+own_pid_ns=$(readlink /proc/$$/ns/pid)
+pids_of() {
+    local f line pid args
+    for f in /proc/[0-9]*/stat; do
+        read -r line 2>/dev/null <"$f" || continue
+        [[ $line == *" ($1) "[!Z]* ]] || continue # "PID (COMM) STATE ..."
+        pid=${f#/proc/}
+        pid=${pid%/stat}
+        [[ $(readlink "/proc/$pid/ns/pid" 2>/dev/null) == "$own_pid_ns" ]] || continue
+        args=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || continue
+        [[ $args == *"${2:-}"* ]] && echo "$pid"
+    done
+    return 0
+}
+
 # Install Debian packages (no recommends with --no-recommends first). Another apt may
 # be running (CI beside a developer): install waits for the dpkg lock; update gives up
 # at once on the lists lock, so it is tried again.
