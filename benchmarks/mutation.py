@@ -45,6 +45,16 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "tests/test_pool.py",
         ),
     ),
+    "runner": (  # the rules the segment runner applies in the job, and the completion rule
+        ("chainrun/decide/segment.py", "chainrun/decide/goal.py"),
+        (
+            "tests/test_segment_rules.py",
+            "tests/test_decide.py",
+            "tests/test_decide_edges.py",
+            "tests/test_rules.py",
+            "tests/test_carry.py",
+        ),
+    ),
     "schema": (
         ("chainrun/schema.py",),
         (

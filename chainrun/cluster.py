@@ -16,8 +16,8 @@ from typing import Callable, Optional, TypeVar
 
 from chainrun import rundir
 from chainrun.model import CommandResult, JobSpec, ListedJob
-from chainrun.schedulers.base import ArrayScheduler, NodeSubmitProbe, Scheduler, parse_cancel
-from chainrun.schedulers.script import render_script
+from chainrun.schedulers.base import ArrayScheduler, HelperFile, NodeSubmitProbe, Scheduler, parse_cancel
+from chainrun.schedulers.script import render_script, runner_archive, runner_path
 from chainrun.schedulers.segment import SegmentJob
 from chainrun.transport import Transport
 
@@ -43,28 +43,32 @@ class Cluster:
 
     def prepare(self) -> None:
         """Place the files the backend's commands need (the local runner's copy on a remote
-        workstation), unless the one there is this one and this user's alone."""
-        me: Optional[int] = None
+        workstation)."""
         for helper in self.scheduler.helper_files():
-            info = self.transport.stat(helper.path)
-            me = self.transport.user_id() if me is None else me
-            if (
-                info is not None
-                and info.is_file
-                and info.size == len(helper.data)
-                and info.uid == me
-                and not info.mode & 0o022
-            ):
-                continue
-            self.transport.makedirs(posixpath.dirname(helper.path), mode=0o700)
-            self.transport.write_file(helper.path, helper.data, mode=0o600)  # whole or not at all
+            self.place(helper)
+
+    def place(self, helper: HelperFile) -> None:
+        """Write ``helper`` unless the one there is this one and this user's alone."""
+        info = self.transport.stat(helper.path)
+        if (
+            info is not None
+            and info.is_file
+            and info.size == len(helper.data)
+            and info.uid == self.transport.user_id()
+            and not info.mode & 0o022
+        ):
+            return
+        self.transport.makedirs(posixpath.dirname(helper.path), mode=0o700)
+        self.transport.write_file(helper.path, helper.data, mode=0o600)  # whole or not at all
 
     def poll(self) -> dict[str, ListedJob]:
         """Every job of this user's the scheduler lists, by id: one command."""
         return self.call(self.scheduler.poll_argv(), self.scheduler.parse_poll, POLL_TIMEOUT)
 
     def write_script(self, job: SegmentJob) -> None:
-        """Write ``job``'s script into its run directory (trusted by the caller)."""
+        """Write ``job``'s script into its run directory (trusted by the caller), and the
+        segment runner it runs beside it, once."""
+        self.place(HelperFile(runner_path(job.spec), runner_archive()))
         rundir.write_script(self.transport, job.script_path, render_script(self.scheduler, job))
 
     def submit(self, job: SegmentJob) -> str:

@@ -8,7 +8,7 @@ touched. The commit is kept under ``refs/chainrun/<chain-id>`` (``git log
 refs/chainrun/<id>`` finds it) and unpacked once per commit into
 ``WORKDIR/.chainrun/code/<commit>/`` where the chain runs (over SFTP for a
 remote host), which every segment then runs from, with everything else of the
-workdir linked in (the wrapper, ``segment.sh``). What chainrun reads there (the
+workdir linked in (the segment runner, ``node.runner``). What chainrun reads there (the
 checkpoint and TensorBoard directories, the progress file, the run directory)
 stays outside the snapshot. ``chainrun gc`` (``cleanup``) removes the refs and
 code of chains that ended long ago.

@@ -4,7 +4,9 @@ and the rule that a test needing a real scheduler fails (not skips) in CI."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,7 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import pytest
 
@@ -162,3 +164,15 @@ def shared_slurm() -> Iterator[None]:
     with holding_scheduler("slurm"):
         need("a running Slurm", slurm_answers(), "sudo scripts/start-slurm")
         yield
+
+
+def without_runner_hash(script: str) -> str:
+    """A batch script as its golden file has it: the runner's name (its content's hash, new with
+    each change of the runner) as ``runner-HASH.pyz``."""
+    return re.sub(r"runner-[0-9a-f]{16}\.pyz", "runner-HASH.pyz", script)
+
+
+def settings_of(script: str) -> dict[str, Any]:
+    """The settings a batch script hands the segment runner (the JSON of its here-document)."""
+    start = script.index("<<'CHAINRUN_SETTINGS'\n") + len("<<'CHAINRUN_SETTINGS'\n")
+    return json.loads(script[start : script.index("\nCHAINRUN_SETTINGS\n", start)])

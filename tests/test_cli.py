@@ -537,7 +537,7 @@ def test_version_and_check_show_script_say_what_runs(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
         out = result.stdout
         assert submit in out and directive in out, out
-        assert "bash -c 'python3 train.py' &" in out
+        assert '"command": "python3 train.py"' in out and "runner-" in out
     assert not (tmp_path / "home" / "chainrun.db").exists()
 
 
@@ -933,3 +933,4 @@ def test_check_does_not_warn_of_a_missing_epoch_when_the_script_uses_the_helper(
     )
     result = chainrun_process(tmp_path, "check", str(path))
     assert result.returncode == 0 and "warning" not in result.stderr, result.stderr
+

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from conftest import answers, have, need, wait_for
+from conftest import answers, have, need, settings_of, wait_for
 from test_contract import SSH_CONFIG, TEST_IMAGE
 
 from chainrun import container, jobfile
@@ -69,7 +68,7 @@ def test_charliecloud_binds_workdir_and_an_outside_checkpoint_dir_and_execs_in_p
     words = ["ch-run", "-b", str(work), "-b", str(ckpt), "-c", str(work), "--private-tmp", str(img), "--"]
     assert container.argv(spec, spec.workdir) == words
     script = render_script(SlurmScheduler(), SegmentJob("t-1", 1, spec, 3600))
-    assert f"{shlex.join(words)} bash -c 'python3 train.py' &" in script
+    assert (settings_of(script)["container"], settings_of(script)["command"]) == (words, "python3 train.py")
 
 
 def test_apptainer_execs_the_image_with_binds_and_the_workdir(tmp_path: Path) -> None:
@@ -85,19 +84,14 @@ def test_apptainer_execs_the_image_with_binds_and_the_workdir(tmp_path: Path) ->
 
 
 def test_hostile_paths_and_options_stay_single_words_in_the_script(tmp_path: Path) -> None:
-    """bash itself reads the rendered line back into exactly the words chainrun meant."""
+    """The runner gets exactly the words chainrun meant: they travel as JSON, no shell reads them."""
     work = tmp_path / "w $(id) 'q'\nx"
     (work / "img" / str(work).lstrip("/")).mkdir(parents=True)
     path = work / "job.toml"
     path.write_text(BASE + 'container = "img"\ncontainer_options = ["--set-env=A=$(id)", "-w"]\n')
     spec = jobfile.load(path, environ=fake_runtime(tmp_path, "ch-run"))
     script = render_script(SlurmScheduler(), SegmentJob("t-1", 1, spec, 3600))
-    line = next(x for x in script.splitlines() if x.endswith(" bash -c 'python3 train.py' &"))[: -len(" &")]
-    probe = tmp_path / "probe.sh"
-    probe.write_text(f"set -- {line}\nprintf '%s\\0' \"$@\"\n")
-    words = (
-        subprocess.run(["bash", str(probe)], capture_output=True, check=True).stdout.decode().split("\0")[:-1]
-    )
+    words = [*settings_of(script)["container"], "bash", "-c", settings_of(script)["command"]]
     assert words == [*container.argv(spec, spec.workdir), "bash", "-c", "python3 train.py"]
     assert "--set-env=A=$(id)" in words and str(work / "img") in words
 
@@ -166,7 +160,7 @@ def test_container_gpus_renders_the_runtime_s_gpu_option(tmp_path: Path, image: 
         script = render_script(SlurmScheduler(), SegmentJob("t-1", 1, spec, 3600))
         work = str(tmp_path)
         words = [runtime, "exec", "--bind", work, "--pwd", work, "--nv", str(image)]
-        assert f"{shlex.join(words)} bash -c 'python3 train.py' &" in script
+        assert settings_of(script)["container"] == words
     plain = load(tmp_path, f'container = "{image}"\n', fake_runtime(tmp_path, "ch-run"))
     gpus = load(tmp_path, f'container = "{image}"\ncontainer_gpus = true\n', fake_runtime(tmp_path, "ch-run"))
     assert container.argv(gpus, gpus.workdir) == container.argv(plain, plain.workdir)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
-from conftest import REPO, answers, have, holding_scheduler, need, slurm_answers, wait_for
+from conftest import REPO, answers, have, holding_scheduler, need, settings_of, slurm_answers, wait_for
 
 from chainrun.localrunner import machine_dir
 from chainrun.model import ListedJob
@@ -477,7 +477,8 @@ def test_a_chain_runs_inside_a_charliecloud_image_across_walltime_segments(
         container=str(TEST_IMAGE),
     )
     check = chainrun("check", "--show-script", str(path), check=True).stdout
-    assert "ch-run -b " in check and f" {TEST_IMAGE} -- bash -c " in check
+    runs_in = settings_of(check[check.index("#!/bin/bash") :])["container"]
+    assert runs_in[:2] == ["ch-run", "-b"] and runs_in[-2:] == [str(TEST_IMAGE), "--"], runs_in
     result = chainrun("run", str(path), "--interval", "1", timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     st = status(chainrun, "t")

@@ -27,6 +27,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     ),
     "rules": ("chainrun.schema", "chainrun.sweep", "chainrun.container", "chainrun.decide"),
     "backends": ("chainrun.schedulers",),
+    "node": ("chainrun.node",),  # the segment runner, in the job: shipped with the rules it applies
     "wire": (
         "chainrun.transport",
         "chainrun.localrunner",
@@ -224,3 +225,28 @@ def test_the_completion_rule_is_defined_once() -> None:
                 if "epoch" in text and "target" in text:
                     spelled.add(name)
     assert spelled - set(TARGET_COMPARED_ELSEWHERE) == {"chainrun.decide.goal"}, spelled
+
+
+def test_no_shell_script_in_the_package_holds_policy() -> None:
+    """Rules live in Python, where unit tests and mutants reach them: a shell file shipped in
+    the package is at most 60 lines (the segment wrapper was 429, with 21 functions)."""
+    long = {
+        str(path.relative_to(PACKAGE)): n
+        for path in PACKAGE.rglob("*.sh")
+        if (n := len(path.read_text().splitlines())) > 60
+    }
+    assert long == {}
+
+
+def test_the_runner_ships_with_what_it_imports_and_runs_on_python_3_8() -> None:
+    """The segment runner runs on the node's python3, without chainrun: it and the rules it
+    takes along import the standard library and each other alone, in Python 3.8's syntax."""
+    from chainrun.schedulers import script
+
+    shipped = {"chainrun." + name[: -len(".py")].replace("/", ".") for name in script._SHIPPED}
+    assert "chainrun.node.runner" in shipped
+    known = modules()
+    for name in shipped:
+        ast.parse(known[name].read_text(), feature_version=(3, 8))
+        outside = {target for target, _ in imports(name, known[name], known)} - shipped
+        assert outside == set(), name

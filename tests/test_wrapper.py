@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from conftest import REPO, need, wait_for
 from test_slurm_backend import hostile_spec
 
 from chainrun.model import EndMarker, JobSpec, Progress
-from chainrun.schedulers.script import render_script
+from chainrun.schedulers.script import render_script, runner_archive, runner_path
 from chainrun.schedulers.segment import SegmentJob, parse_end_marker, parse_start_marker
 from chainrun.schedulers.slurm import SlurmScheduler
 
@@ -29,13 +28,20 @@ def wrapper_spec(work: Path) -> JobSpec:
     return replace(hostile_spec(str(work)), grace=10)
 
 
+def write_segment(job: SegmentJob) -> None:
+    """The segment's batch script and the runner it runs, as ``Cluster.write_script`` leaves them."""
+    os.makedirs(job.run_dir, exist_ok=True)
+    Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
+    Path(runner_path(job.spec)).write_bytes(runner_archive())
+
+
 def run_wrapper(
     work: Path, command: str, n: int = 1, extra_env: Optional[dict[str, str]] = None
 ) -> tuple[subprocess.CompletedProcess[str], SegmentJob]:
     spec = replace(wrapper_spec(work), command=command)
     job = SegmentJob("hostile-1a2b3c", n, spec, 60)
     os.makedirs(job.run_dir, exist_ok=True)
-    Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
+    write_segment(job)
     proc = subprocess.run(
         ["bash", job.script_path],
         env={**wrapper_env(), **(extra_env or {})},
@@ -54,7 +60,7 @@ def wrapper_env() -> dict[str, str]:
 def start_logged(job: SegmentJob, **env: str) -> subprocess.Popen[bytes]:
     """The wrapper with its output in the segment's log, as the scheduler runs it."""
     os.makedirs(job.run_dir, exist_ok=True)
-    Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
+    write_segment(job)
     with open(job.log_path, "wb") as log:
         return subprocess.Popen(
             ["bash", job.script_path], env={**wrapper_env(), **env}, stdout=log, stderr=log
@@ -106,7 +112,7 @@ def test_every_variable_taken_from_the_submitting_shell_reaches_the_command(work
     )
     job = SegmentJob("hostile-1a2b3c", 1, spec, 60)
     os.makedirs(job.run_dir)
-    Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
+    write_segment(job)
     proc = subprocess.run(
         ["bash", job.script_path], env=wrapper_env(), capture_output=True, text=True, timeout=60
     )
@@ -160,7 +166,7 @@ def test_walltime_signal_that_comes_early_is_passed_on_at_walltime_minus_grace(w
     )
     job = SegmentJob("hostile-1a2b3c", 1, spec, 15)  # held for up to 12 s: early even on a loaded machine
     os.makedirs(job.run_dir)
-    Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
+    write_segment(job)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB_ID", "CHAINRUN_"))}
     proc = subprocess.Popen(["bash", job.script_path], env=env, stdout=subprocess.PIPE, text=True)
     wait_for((work / "deadline").exists, 30, "the command to start")
@@ -174,25 +180,26 @@ def test_walltime_signal_that_comes_early_is_passed_on_at_walltime_minus_grace(w
 
 
 def test_a_walltime_signal_in_the_wrappers_first_seconds_is_held_too(work: Path, tmp_path: Path) -> None:
-    """Slurm's --signal may come before the wrapper has even started the command (a one-minute
-    job with grace 40 s got it in its first seconds): it must not kill the wrapper, whose
-    default for SIGUSR1 is to die, unrecorded and charged as a crash. Here it lands while
-    the wrapper writes its start marker (a slow `hostname`, as on a loaded node)."""
+    """Slurm's --signal may come before the runner has even started the command (a one-minute
+    job with grace 40 s got it in its first seconds): it must not kill the job (bash's and
+    Python's default for SIGUSR1 is to die, unrecorded and charged as a crash). Here it lands
+    while the runner asks Slurm when the job started (a slow `squeue`, as on a busy cluster)."""
     shims = tmp_path / "bin"
     shims.mkdir()
-    (shims / "hostname").write_text(f"#!/bin/sh\ntouch {tmp_path}/in-preamble\nsleep 2\necho node1\n")
-    (shims / "hostname").chmod(0o755)
+    (shims / "squeue").write_text(f"#!/bin/sh\ntouch {tmp_path}/in-preamble\nsleep 2\n")
+    (shims / "scontrol").write_text("#!/bin/sh\necho JobId=7 JobState=RUNNING\n")  # no PreemptTime
+    for shim in shims.iterdir():
+        shim.chmod(0o755)
     spec = replace(
         wrapper_spec(work),
         grace=3,
         command="trap 'date +%s > got; exit 0' USR1; touch started; while :; do sleep 0.1; done",
     )
     job = SegmentJob("hostile-1a2b3c", 1, spec, 15)
-    os.makedirs(job.run_dir)
-    Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
-    env = {**wrapper_env(), "PATH": f"{shims}:{os.environ['PATH']}"}
+    write_segment(job)
+    env = {**wrapper_env(), "PATH": f"{shims}:{os.environ['PATH']}", "SLURM_JOB_ID": "7"}
     proc = subprocess.Popen(["bash", job.script_path], env=env, stdout=subprocess.PIPE, text=True)
-    wait_for((tmp_path / "in-preamble").exists, 30, "the wrapper to write its start marker")
+    wait_for((tmp_path / "in-preamble").exists, 30, "the runner to ask when the job started")
     proc.send_signal(signal.SIGUSR1)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
@@ -260,7 +267,7 @@ def test_a_successor_skips_when_the_segment_before_it_ended_the_run(
     job = SegmentJob("hostile-1a2b3c", 2, spec, 60)
     os.makedirs(job.run_dir, exist_ok=True)
     Path(job.run_dir, "seg-0001.end").write_text(before)
-    Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
+    write_segment(job)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB_ID", "CHAINRUN_"))}
     proc = subprocess.run(["bash", job.script_path], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -268,32 +275,35 @@ def test_a_successor_skips_when_the_segment_before_it_ended_the_run(
     assert marker(job).skipped is skips
 
 
-def test_every_placeholder_inside_every_value_arrives_intact(tmp_path: Path) -> None:
-    """The template is filled in one pass: a value holding @@WORKDIR@@ (or any placeholder) is never
-    expanded again. Before, `workdir = "/scratch/w;touch pwned;#"` with `V1 = "x @@WORKDIR@@"` ran touch."""
-    template = (Path(__file__).parent.parent / "chainrun" / "schedulers" / "segment.sh").read_text()
-    names = sorted(set(re.findall(r"@@[A-Z_]+@@", template)))
-    assert "@@WORKDIR@@" in names and "@@COMMAND@@" in names
-    work = tmp_path / "w;touch pwned;#"
+def test_every_value_arrives_intact_and_none_is_read_by_the_shell(tmp_path: Path) -> None:
+    """The settings travel as JSON in a quoted here-document: a value that holds the
+    document's end on a line of its own, quotes, `$(...)` or an old template's placeholder
+    arrives byte for byte, and nothing in it runs (before placeholders, `workdir =
+    "/scratch/w;touch pwned;#"` with `V1 = "x @@WORKDIR@@"` ran touch)."""
+    work = tmp_path / "w;touch pwned;#'"
     work.mkdir()
-    every = " ".join(names)
-    env = (*((f"V{i}", f"x {name} y") for i, name in enumerate(names)), ("ALL", every))
+    hostile = [
+        "x @@WORKDIR@@ y",
+        "\nCHAINRUN_SETTINGS\ntouch pwned\n",
+        "$(touch pwned) `touch pwned`",
+        "'\"\\",
+    ]
+    env = (*((f"V{i}", value) for i, value in enumerate(hostile)), ("ALL", " ".join(hostile)))
     spec = replace(
         wrapper_spec(work),
         env=env,
         command="env -0 > env.bin; printf '%s' " + " ".join(f'"${key}"' for key, _ in env) + " > seen",
-        checkpoint_dir=str(work / every),
+        checkpoint_dir=str(work / "ckpt\nCHAINRUN_SETTINGS\n$(touch pwned)"),
     )
     job = SegmentJob("hostile-1a2b3c", 1, spec, 60)
-    os.makedirs(job.run_dir, exist_ok=True)
-    Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
+    write_segment(job)
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB_ID", "CHAINRUN_"))}
     proc = subprocess.run(["bash", job.script_path], env=clean, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert not list(tmp_path.rglob("pwned")) and not Path("pwned").exists()
     assert (work / "seen").read_text() == "".join(value for _, value in env)
     seen_env = dict(e.split("=", 1) for e in (work / "env.bin").read_text().split("\0") if "=" in e)
-    assert seen_env["CHAINRUN_CHECKPOINT_DIR"] == str(work / every)
+    assert seen_env["CHAINRUN_CHECKPOINT_DIR"] == spec.checkpoint_dir
 
 
 def test_a_failed_command_leaves_the_last_lines_of_its_output_in_its_end_marker(work: Path) -> None:

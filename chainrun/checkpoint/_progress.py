@@ -27,7 +27,8 @@ SIDECAR_NAME = "chainrun-progress.json"
 SIDECAR_VERSION = 1
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-# What the bash wrapper greps for; each must occur exactly once per sidecar.
+# What the bash wrapper before the segment runner grepped for (its jobs may still be queued
+# when chainrun is upgraded); each must occur exactly once per sidecar.
 _GREP_EPOCH = re.compile(r'"epoch": *[0-9]+')
 _GREP_DONE = re.compile(r'"done": ')
 # Top-level fields the wrapper greps for, which no metric may be named.

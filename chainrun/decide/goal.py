@@ -1,6 +1,7 @@
 """When a chain's goal is reached: the one completion rule that ``decide``, the carrier
-(``carry``) and ``submit`` (a checkpoint already complete) apply. The segment wrapper's
-"skip" applies it too, in bash, until the segment runner is ported to Python.
+(``carry``), ``submit`` (a checkpoint already complete) and the segment runner (a successor
+that skips) apply. The runner is shipped into jobs with it: it imports the standard library
+alone.
 
 The goal is reached when the checkpoint says the training is done, or its epoch reached
 ``target_epoch``; or, where there is no target (or no epoch to compare with it), when the
@@ -9,9 +10,17 @@ command exited 0 on its own before its walltime signal: running it again would o
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Protocol
 
-from chainrun.model import Progress
+
+class Progress(Protocol):
+    """What the rule reads of a checkpoint (``model.Progress``, the runner's ``Found``)."""
+
+    @property
+    def epoch(self) -> Optional[int]: ...
+
+    @property
+    def done(self) -> bool: ...
 
 
 def reached_target(progress: Progress, target_epoch: Optional[int]) -> bool:

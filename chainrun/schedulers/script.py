@@ -1,24 +1,35 @@
-"""The scripts a segment's job runs: the one wrapper every backend shares (``segment.sh``),
-under the backend's own directives, and the script of an array job whose tasks each run one
-chain's segment script.
+"""The scripts a segment's job runs: the backend's directives and the segment runner every
+backend shares (``chainrun.node.runner``, shipped as one archive, ``runner_archive``), with the
+segment's settings as JSON; and the script of an array job whose tasks each run one chain's
+segment script.
 
-Every value from the job file is shell-quoted (``text.quote``), and placeholders are
-replaced in one pass, so nothing in a value is ever expanded or read as a directive.
+Nothing from the job file is read by the shell: the settings travel as JSON in a quoted
+here-document, and the one path on a command line is shell-quoted (``text.quote``).
 """
 
 from __future__ import annotations
 
-import re
+import functools
+import hashlib
+import io
+import json
+import posixpath
+import zipfile
 from collections.abc import Sequence
 from importlib import resources
 
 from chainrun import container
-from chainrun.model import chain_seed
+from chainrun.model import JobSpec, chain_seed
 from chainrun.schedulers.base import ArrayScheduler, Scheduler
-from chainrun.schedulers.segment import SegmentJob, code_dir, code_names, made_dirs, sweep_environment
+from chainrun.schedulers.segment import (
+    RUN_DIR_NAME,
+    SegmentJob,
+    code_dir,
+    code_names,
+    made_dirs,
+    sweep_environment,
+)
 from chainrun.text import quote
-
-_PLACEHOLDER = re.compile(r"@@([A-Z_]+)@@")
 
 
 def render_array_script(scheduler: ArrayScheduler, name: str, tasks: Sequence[tuple[int, SegmentJob]]) -> str:
@@ -39,42 +50,85 @@ def render_array_script(scheduler: ArrayScheduler, name: str, tasks: Sequence[tu
 
 
 def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
-    """The batch script: shebang, the backend's directives, the shared wrapper.
-
-    Placeholders are replaced in one pass over the template, so a value that
-    holds ``@@NAME@@`` arrives as it is, never expanded again."""
+    """The batch script: shebang, the backend's directives, and the segment runner, with the
+    segment's settings as JSON in a quoted here-document (nothing in it is expanded; JSON
+    escapes every newline, so no value can end it early)."""
     spec = job.spec
-    q = quote
-    values = {
-        "CHAIN": q(job.chain_id),
-        "SEGMENT": str(job.n),
-        "SEED": str(chain_seed(spec, job.chain_id)),
-        "SEGMENT_PADDED": f"{job.n:04d}",
-        "PREVIOUS": str(job.n - 1),
-        "PREVIOUS_PADDED": f"{job.n - 1:04d}",
-        "CHECKPOINT_DIR": q(spec.checkpoint_dir),
-        "SIGNAL": q(spec.signal),
-        "RUN_DIR": q(job.run_dir),
-        "WALLTIME": str(job.walltime),
-        "GRACE": str(spec.grace),
-        "ADAPTIVE": "1" if spec.adaptive_grace else "",
-        "WRAPPER_SIGNALS": "1" if scheduler.wrapper_signals else "",
-        "PREEMPTING": scheduler.preempting_shell,
-        "STARTED": scheduler.started_shell,
-        "INHERITED": "\n".join(f"export {key}={q(value)}" for key, value in spec.inherited),
-        "ENV": "\n".join(f"export {key}={q(value)}" for key, value in (*sweep_environment(spec), *spec.env)),
-        "TARGET": q("" if spec.target_epoch is None else str(spec.target_epoch)),
-        "PROGRESS_FILE": q(spec.progress_file or ""),
-        "PROGRESS_KEY": q(spec.progress_key),
-        "WORKDIR": q(spec.workdir),
-        "CODE": q(code_dir(spec)),
-        "CODE_NAMES": q(code_names(spec) if spec.snapshot_commit else ""),
-        "CODE_PATH": q(f"{spec.snapshot_subdir}/" if spec.snapshot_subdir else ""),
-        "MADE_DIRS": " ".join(q(d) for d in made_dirs(spec)),
-        "COMMAND": q(spec.command),
-        "CONTAINER": "".join(f"{q(word)} " for word in container.argv(spec, code_dir(spec))),
+    settings = {
+        "chain": job.chain_id,
+        "segment": job.n,
+        "seed": chain_seed(spec, job.chain_id),
+        "walltime": job.walltime,
+        "grace": spec.grace,
+        "adaptive": spec.adaptive_grace,
+        "signal": spec.signal,
+        "wrapper_signals": scheduler.wrapper_signals,
+        "started": scheduler.started_shell,
+        "preempting": scheduler.preempting_shell,
+        "run_dir": job.run_dir,
+        "workdir": spec.workdir,
+        "code": code_dir(spec),
+        "code_names": code_names(spec) if spec.snapshot_commit else "",
+        "code_path": f"{spec.snapshot_subdir}/" if spec.snapshot_subdir else "",
+        "checkpoint_dir": spec.checkpoint_dir,
+        "made_dirs": made_dirs(spec),
+        "progress_file": spec.progress_file or "",
+        "progress_key": spec.progress_key,
+        "target": spec.target_epoch,
+        "env": dict([*spec.inherited, *sweep_environment(spec), *spec.env]),  # [env] wins
+        "container": container.argv(spec, code_dir(spec)),
+        "command": spec.command,
     }
-    template = resources.files("chainrun.schedulers").joinpath("segment.sh").read_text()
-    body = _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
-    header = ["#!/bin/bash", *scheduler.directives(job)]
-    return "\n".join(header) + "\n" + body
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            *scheduler.directives(job),
+            f"# chainrun: segment {job.n} of its chain. The segment runner ({RUNNER_NAME}) reads",
+            "# the settings below; bash would die of the walltime signal until it catches it.",
+            "trap '' USR1 USR2 ALRM",
+            "command -v python3 >/dev/null || { echo 'chainrun: the segment runner needs python3"
+            " (3.8 or later) on the node' >&2; exit 127; }",
+            f"exec python3 -I {quote(runner_path(spec))} <<'{_END}'",
+            json.dumps(settings, indent=1),
+            _END,
+            "",
+        ]
+    )
+
+
+_END = "CHAINRUN_SETTINGS"  # no line of indented JSON is this
+
+
+# The runner and what it imports, in the package they hold in chainrun (the rest of each
+# package is left out: a node needs nothing of chainrun but these).
+_SHIPPED = ("node/runner.py", "decide/segment.py", "decide/goal.py")
+_STUBS = ("__init__.py", "node/__init__.py", "decide/__init__.py")
+RUNNER_NAME = "chainrun/node/runner.py"
+
+
+@functools.lru_cache(maxsize=1)
+def runner_archive() -> bytes:
+    """The segment runner as one zip archive Python runs (``python3 -I runner.pyz``), the same
+    bytes for the same chainrun, so that its name can be its hash."""
+    package = resources.files("chainrun")
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+
+        def add(name: str, data: bytes) -> None:
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, data)
+
+        add("__main__.py", b"import sys\nfrom chainrun.node.runner import main\n\nsys.exit(main())\n")
+        for stub in _STUBS:
+            add("chainrun/" + stub, b"")
+        for name in _SHIPPED:
+            add("chainrun/" + name, package.joinpath(name).read_bytes())
+    return buffer.getvalue()
+
+
+def runner_path(spec: JobSpec) -> str:
+    """Where the runner is placed for a chain: in the workdir's run directory, named by its
+    content, so that each chainrun has its own and none is half new."""
+    digest = hashlib.sha256(runner_archive()).hexdigest()[:16]
+    return posixpath.join(spec.workdir, RUN_DIR_NAME, f"runner-{digest}.pyz")

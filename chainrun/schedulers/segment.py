@@ -2,8 +2,8 @@
 
 A segment's names and paths: the tag ``cr.CHAIN.N`` that finds a job again
 after a crash (``tag_for``, read back by ``parse_tag``), and the run directory
-next to the training that holds its script, log and markers. The wrapper every
-backend runs (``segment.sh``, rendered by ``script``) leaves markers:
+next to the training that holds its script, log and markers. The segment runner every
+backend runs (``chainrun.node.runner``, under the script ``script`` renders) leaves markers:
 ``seg-NNNN.start`` and ``seg-NNNN.end``, each with the checkpoint as the
 segment found and left it, read here into the model's ``StartMarker`` and
 ``EndMarker``; ``final``, written when the chain ends so that a successor

@@ -102,7 +102,10 @@ class SgeScheduler:
     # signal ``grace`` seconds before h_rt instead.
     wrapper_signals: ClassVar[bool] = True
     preempting_shell: ClassVar[str] = "false"  # nothing in the job tells it
-    started_shell: ClassVar[str] = "true"  # nothing in the job tells it: the wrapper's start
+    # h_rt counts from when the job script starts, after a queue's prolog: measured with a
+    # 15 s prolog, a job with h_rt=30 began at once and was killed 30 s after its script began
+    # (qacct's start_time is the script's too). So the runner's own start is the job's.
+    started_shell: ClassVar[str] = "true"
 
     def gpus_asked(self, options: Sequence[str]) -> int:
         """``-l gpu=N`` (or ``gpus=N``) in a resource list."""
