@@ -126,6 +126,7 @@ def check(ctx: click.Context, jobfile_path: str, show_script: bool) -> None:
     spec = plan.probe_nodes(jobfile.load(jobfile_path))
     chains = sweep.expand(spec)
     script, argv = plan.preflight(chains[0])
+    jobfile.where_it_runs(spec)
     with _store(ctx, readonly=True) as store:
         notes = control.claimed(store, chains)
     shared = control.probe_shared(spec)[1] if spec.scheduler.hosts else ""

@@ -67,11 +67,12 @@ def argv(spec: JobSpec, cwd: str) -> list[str]:
     return [program, "exec", *mounts, "--pwd", cwd, *options, spec.container]
 
 
-def probe_argv(spec: JobSpec) -> list[str]:
-    """A command that says on its stdout, one word a line, what stops the machine it runs on
-    from running ``spec``'s container: ``no-runtime`` (not on its PATH), ``no-image`` (an image
-    path that is not there), ``no-gpu-libraries`` (a Charliecloud image directory without the
-    driver's libraries that ``container_gpus`` needs); nothing when nothing does."""
+def probe(spec: JobSpec) -> tuple[str, list[str]]:
+    """A shell script, and its arguments, that says on its stdout, one word a line, what stops
+    the machine it runs on from running ``spec``'s container: ``no-runtime`` (not on its PATH),
+    ``no-image`` (an image path that is not there), ``no-gpu-libraries`` (a Charliecloud image
+    directory without the driver's libraries that ``container_gpus`` needs); nothing when
+    nothing does."""
     assert spec.container
     script = (
         'command -v "$1" >/dev/null 2>&1 || echo no-runtime; '
@@ -81,11 +82,11 @@ def probe_argv(spec: JobSpec) -> list[str]:
         "then echo no-gpu-libraries; fi"
     )
     gpus = "yes" if spec.container_gpus and spec.container_runtime == "charliecloud" else "no"
-    return ["sh", "-c", script, "probe", RUNTIMES[spec.container_runtime], spec.container, gpus]
+    return script, [RUNTIMES[spec.container_runtime], spec.container, gpus]
 
 
 def probe_problem(spec: JobSpec, answer: str, where: str) -> Optional[str]:
-    """What ``probe_argv``'s ``answer`` on ``where`` (a host, or "this machine") says stops
+    """What ``probe``'s ``answer`` on ``where`` (a host, or "this machine") says stops
     the container from running there, in words that say what to do; None when nothing does."""
     words = answer.split()
     program = RUNTIMES[spec.container_runtime]

@@ -77,7 +77,7 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
             spec = replace(spec, scheduler=replace(spec.scheduler, workdir_shared=shared))
         transport = transport_for(spec.scheduler.first_host)
         try:
-            jobfile.container_where_it_runs(spec)
+            jobfile.where_it_runs(spec)
             # The code is captured once per job file: a sweep's chains all run the same commit.
             spec, snap = snapshot.prepare(transport, spec)
             for one in sweep.expand(spec):

@@ -5,7 +5,7 @@ a snapshot chain is in a git repository.
 
 A chain on another host (``scheduler.host`` or ``hosts``) is not checked against this
 machine's directories: its paths are the cluster's. Its container is checked where it runs
-(``container_where_it_runs``, at submit): the runtime on that machine's PATH, the image there.
+(``where_it_runs``, at check and submit): the runtime on that machine's PATH, the image there.
 """
 
 from __future__ import annotations
@@ -128,21 +128,31 @@ def _container(f: Fields, spec: JobSpec, environ: Mapping[str, str]) -> JobSpec:
     return spec
 
 
-def container_where_it_runs(
-    spec: JobSpec, transports: Callable[[Optional[str]], Transport] = transport_for
-) -> None:
-    """The container's runtime and image are there on each machine that runs the segments (the
-    host, each host of a pool, else this one), as a segment's shell finds them: one probe
-    through the transport each (``container.probe_argv``). JobFileError naming the machine when
-    not; TransportError when one cannot be asked."""
-    if not spec.container:
-        return
+# The segment runner's interpreter, as a segment's shell finds it.
+_PYTHON_PROBE = (
+    "python3 -c 'import sys; sys.exit(sys.version_info < (3, 8))' >/dev/null 2>&1 || echo no-python3"
+)
+
+
+def where_it_runs(spec: JobSpec, transports: Callable[[Optional[str]], Transport] = transport_for) -> None:
+    """What a segment needs is there on each machine that runs the segments (the host, each
+    host of a pool, else this one), as a segment's shell finds it: a ``python3`` for the
+    segment runner, and the container's runtime and image. One probe through the transport
+    each; JobFileError naming the machine when not; TransportError when one cannot be asked."""
+    script, args = container.probe(spec) if spec.container else ("", [])
+    argv = ["sh", "-c", f"{_PYTHON_PROBE}; {script}" if script else _PYTHON_PROBE, "probe", *args]
     for host in spec.scheduler.hosts or (spec.scheduler.host,):
         where = host or "this machine"
-        result = transports(host).run(container.probe_argv(spec), timeout=60)
+        result = transports(host).run(argv, timeout=60)
         if not result.ok:
-            raise TransportError(f"cannot check the container on {where}: {result.describe()}")
-        problem = container.probe_problem(spec, result.stdout, where)
+            raise TransportError(f"cannot check {where}, where the segments run: {result.describe()}")
+        if "no-python3" in result.stdout.split():
+            raise JobFileError(
+                f"{path_shown(spec.source)}: no python3 (3.8 or later) on PATH on {where}, where the "
+                "segments run: the segment runner needs one; install it, or load its module in that "
+                "login shell's profile"
+            )
+        problem = container.probe_problem(spec, result.stdout, where) if spec.container else None
         if problem:
             raise JobFileError(f"{path_shown(spec.source)}: container: {problem}")
 

@@ -934,3 +934,32 @@ def test_check_does_not_warn_of_a_missing_epoch_when_the_script_uses_the_helper(
     result = chainrun_process(tmp_path, "check", str(path))
     assert result.returncode == 0 and "warning" not in result.stderr, result.stderr
 
+
+def test_a_machine_whose_python3_cannot_run_the_segment_runner_is_refused_at_check_and_submit(
+    tmp_path: Path, home: Path
+) -> None:
+    """The segment runner needs a python3 (3.8 or later) where the segments run: check and
+    submit ask that machine's shell, and say in one line what is missing; nothing is stored."""
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "python3").write_text("#!/bin/sh\nexit 1\n")  # as a python3 older than 3.8 answers
+    (shims / "python3").chmod(0o755)
+    path = tmp_path / "job.toml"
+    path.write_text('name = "t"\ncommand = "true"\ntotal_time = "2h"\nwalltime = "1h"\n')
+    env = cli_env(home)
+    env["PATH"] = f"{shims}{os.pathsep}{env['PATH']}"
+    for command in ("check", "submit"):
+        result = subprocess.run(
+            [sys.executable, "-m", "chainrun", command, str(path)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "no python3 (3.8 or later) on PATH on this machine, where the segments run" in result.stderr
+        assert result.stderr.count("\n") == 1, result.stderr
+    listed = subprocess.run(
+        [sys.executable, "-m", "chainrun", "status", "--json"], capture_output=True, text=True, env=env
+    )
+    assert listed.stdout.strip() == "[]", listed.stdout + listed.stderr
