@@ -25,7 +25,7 @@ import click
 from chainrun.cligroup import LOG_LEVELS, Group
 from chainrun.cliweb import tensorboard, ui
 from chainrun.constants import CONFIRM_ABOVE, DEFAULT_INTERVAL, VERSION
-from chainrun.errors import ChainrunError, StoreUnavailable, UsageError
+from chainrun.errors import ChainrunError, StoreUnavailable, TransportError, UsageError
 
 if TYPE_CHECKING:
     from chainrun.model import Chain
@@ -126,7 +126,8 @@ def check(ctx: click.Context, jobfile_path: str, show_script: bool) -> None:
     spec = plan.probe_nodes(jobfile.load(jobfile_path))
     chains = sweep.expand(spec)
     script, argv = plan.preflight(chains[0])
-    jobfile.where_it_runs(spec)
+    with suppress(TransportError):  # a machine check cannot reach now: submit asks again
+        jobfile.where_it_runs(spec)
     with _store(ctx, readonly=True) as store:
         notes = control.claimed(store, chains)
     shared = control.probe_shared(spec)[1] if spec.scheduler.hosts else ""

@@ -4,6 +4,7 @@ and the rule that a test needing a real scheduler fails (not skips) in CI."""
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -176,3 +178,20 @@ def settings_of(script: str) -> dict[str, Any]:
     """The settings a batch script hands the segment runner (the JSON of its here-document)."""
     start = script.index("<<'CHAINRUN_SETTINGS'\n") + len("<<'CHAINRUN_SETTINGS'\n")
     return json.loads(script[start : script.index("\nCHAINRUN_SETTINGS\n", start)])
+
+
+def write_segment(job: Any, scheduler: Any, edit: Optional[Callable[[str, str], str]] = None) -> None:
+    """A segment's batch script and the runner archive it runs, as ``Cluster.write_script``
+    leaves them; ``edit(name, source)`` may change a module the archive ships (a mutant)."""
+    from chainrun.schedulers.script import render_script, runner_archive, runner_path
+
+    os.makedirs(job.run_dir, exist_ok=True)
+    Path(job.script_path).write_text(render_script(scheduler, job))
+    data = runner_archive()
+    if edit is not None:
+        out = io.BytesIO()
+        with zipfile.ZipFile(io.BytesIO(data)) as old, zipfile.ZipFile(out, "w") as new:
+            for info in old.infolist():
+                new.writestr(info, edit(info.filename, old.read(info).decode()))
+        data = out.getvalue()
+    Path(runner_path(job.spec)).write_bytes(data)

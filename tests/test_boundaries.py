@@ -6,16 +6,15 @@ Each check runs on the real code, and (``tests_the_tests``) on a copy with that 
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
-from conftest import wait_for
+from conftest import wait_for, write_segment
 from mutants import mutant, rules_mutant
 from test_decide import SPEC, chain, seg
 from test_slurm_backend import hostile_spec
@@ -38,7 +37,6 @@ from chainrun.model import (
     Submit,
 )
 from chainrun.schedulers.base import Scheduler
-from chainrun.schedulers.script import render_script
 from chainrun.schedulers.segment import SegmentJob, parse_end_marker
 from chainrun.schedulers.sge import SgeScheduler
 from chainrun.schedulers.slurm import SlurmScheduler
@@ -117,7 +115,7 @@ GRACE = 8
 
 
 def signal_seconds_before_the_deadline(
-    work: Path, scheduler: Scheduler, script_edit: Callable[[str], str]
+    work: Path, scheduler: Scheduler, edit: Optional[Callable[[str, str], str]] = None
 ) -> int:
     """How many seconds before its deadline the command got the walltime signal: under
     ``scheduler``'s script (SGE: the wrapper's own timer; Slurm: a --signal that came at once,
@@ -130,8 +128,7 @@ def signal_seconds_before_the_deadline(
         "while :; do sleep 0.1; done",
     )
     job = SegmentJob("hostile-1a2b3c", 1, spec, WALLTIME)
-    os.makedirs(job.run_dir)
-    Path(job.script_path).write_text(script_edit(render_script(scheduler, job)))
+    write_segment(job, scheduler, edit)
     proc = subprocess.Popen(["bash", job.script_path], env=wrapper_env(), stdout=subprocess.PIPE, text=True)
     try:
         wait_for((work / "deadline").exists, 30, "the command to start")
@@ -148,11 +145,11 @@ def signal_seconds_before_the_deadline(
 
 
 def signals_at_walltime_minus_grace(
-    work: Path, scheduler: Scheduler, script_edit: Callable[[str], str]
+    work: Path, scheduler: Scheduler, edit: Optional[Callable[[str, str], str]] = None
 ) -> None:
     """The command gets the signal GRACE seconds before its deadline: not later (one second
     for the wrapper's one-second timer, one more for a loaded machine), not earlier."""
-    before = signal_seconds_before_the_deadline(work, scheduler, script_edit)
+    before = signal_seconds_before_the_deadline(work, scheduler, edit)
     assert GRACE - 2 <= before <= GRACE, f"signalled {before}s before the deadline, not {GRACE}"
 
 
@@ -165,7 +162,7 @@ SCHEDULERS = pytest.mark.parametrize(
 def test_the_wrapper_signals_at_walltime_minus_grace_to_the_second(
     tmp_path: Path, scheduler: Scheduler
 ) -> None:
-    signals_at_walltime_minus_grace(tmp_path, scheduler, lambda script: script)
+    signals_at_walltime_minus_grace(tmp_path, scheduler)
 
 
 @pytest.mark.tests_the_tests
@@ -173,10 +170,12 @@ def test_the_wrapper_signals_at_walltime_minus_grace_to_the_second(
 def test_that_check_fails_on_a_wrapper_that_signals_at_the_walltime(
     tmp_path: Path, scheduler: Scheduler
 ) -> None:
-    def at_the_walltime(script: str) -> str:
-        line = f"signal_at=$((CHAINRUN_DEADLINE - {GRACE}))"
-        assert script.count(line) == 1
-        return script.replace(line, "signal_at=$((CHAINRUN_DEADLINE - 0))")
+    def at_the_walltime(name: str, source: str) -> str:
+        if name != "chainrun/node/runner.py":
+            return source
+        line = "self.signal_at = self.deadline - self.grace"
+        assert source.count(line) == 1
+        return source.replace(line, "self.signal_at = self.deadline - 0")
 
     fails_on_the_bug(lambda edit: signals_at_walltime_minus_grace(tmp_path, scheduler, edit), at_the_walltime)
 

@@ -12,12 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
+import conftest
 import pytest
 from conftest import REPO, need, wait_for
 from test_slurm_backend import hostile_spec
 
 from chainrun.model import EndMarker, JobSpec, Progress
-from chainrun.schedulers.script import render_script, runner_archive, runner_path
 from chainrun.schedulers.segment import SegmentJob, parse_end_marker, parse_start_marker
 from chainrun.schedulers.slurm import SlurmScheduler
 
@@ -30,9 +30,7 @@ def wrapper_spec(work: Path) -> JobSpec:
 
 def write_segment(job: SegmentJob) -> None:
     """The segment's batch script and the runner it runs, as ``Cluster.write_script`` leaves them."""
-    os.makedirs(job.run_dir, exist_ok=True)
-    Path(job.script_path).write_text(render_script(SlurmScheduler(), job))
-    Path(runner_path(job.spec)).write_bytes(runner_archive())
+    conftest.write_segment(job, SlurmScheduler())
 
 
 def run_wrapper(
