@@ -35,6 +35,7 @@ class Cluster:
         self.transport = transport
         # The backend with job arrays (Slurm's --array), or None.
         self.arrays: Optional[ArrayScheduler] = scheduler if isinstance(scheduler, ArrayScheduler) else None
+        self.placed: set[str] = set()  # the helper files found or written through this cluster
 
     def call(self, argv: Sequence[str], parse: Callable[[CommandResult], _T], timeout: float) -> _T:
         """Run one scheduler command through the transport and parse its answer with the
@@ -48,7 +49,10 @@ class Cluster:
             self.place(helper)
 
     def place(self, helper: HelperFile) -> None:
-        """Write ``helper`` unless the one there is this one and this user's alone."""
+        """Write ``helper`` unless the one there is this one and this user's alone (looked at
+        once per cluster: a tick that submits many segments asks once per workdir)."""
+        if helper.path in self.placed:
+            return
         info = self.transport.stat(helper.path)
         if (
             info is not None
@@ -57,9 +61,11 @@ class Cluster:
             and info.uid == self.transport.user_id()
             and not info.mode & 0o022
         ):
+            self.placed.add(helper.path)
             return
         self.transport.makedirs(posixpath.dirname(helper.path), mode=0o700)
         self.transport.write_file(helper.path, helper.data, mode=0o600)  # whole or not at all
+        self.placed.add(helper.path)
 
     def poll(self) -> dict[str, ListedJob]:
         """Every job of this user's the scheduler lists, by id: one command."""

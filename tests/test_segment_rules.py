@@ -101,6 +101,14 @@ def test_no_exit_status_the_scheduler_acts_on_is_passed_on(code: int, expected: 
     assert rules.exit_status(code) == expected
 
 
+def test_leftovers_of_a_command_that_ended_on_its_own_get_term_then_kill_but_none_after_the_signal() -> None:
+    assert rules.leftover_signal(False, 0) == "TERM"
+    assert rules.leftover_signal(False, rules.LEFTOVER_KILL_AFTER - 0.1) == "TERM"
+    assert rules.leftover_signal(False, rules.LEFTOVER_KILL_AFTER) == "KILL"
+    assert rules.leftover_signal(True, 0) == ""
+    assert rules.leftover_signal(True, 999) == ""
+
+
 def test_a_preempted_segment_waits_for_the_scheduler_unless_it_already_had_its_term() -> None:
     assert rules.wait_for_preemption(True, "USR1")
     assert not rules.wait_for_preemption(True, "TERM")

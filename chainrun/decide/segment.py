@@ -22,6 +22,8 @@ from chainrun.decide.goal import finished_on_its_own, goal_reached
 EARLY_SLACK = 2
 # The adaptive grace the service writes to ``grace`` in the run directory (decide/grace.py).
 _LEARNED = re.compile(r"^grace=([1-9][0-9]{0,6})$", re.MULTILINE)
+# The leftovers of a command that ended on its own get SIGTERM, and SIGKILL this much later.
+LEFTOVER_KILL_AFTER = 30
 # SGE reschedules a job that exits 99 and puts one that exits 100 in error state.
 _SCHEDULER_CODES = (99, 100)
 
@@ -114,6 +116,16 @@ def kill_due(now: float, deadline: float, wrapper_signals: bool) -> bool:
     """Where the scheduler's walltime kill reaches only the runner's process group, not the
     command's (SGE), the runner kills the command a second before it."""
     return wrapper_signals and now >= deadline - 1
+
+
+def leftover_signal(signalled: bool, waited: float) -> str:
+    """What the processes a command left running get once it has ended ("" nothing): after the
+    walltime signal, nothing (a launcher the signal killed leaves its ranks still saving); after
+    a command that ended on its own, SIGTERM at once and SIGKILL after ``LEFTOVER_KILL_AFTER``
+    seconds, as a scheduler would at the job's end."""
+    if signalled:
+        return ""
+    return "KILL" if waited >= LEFTOVER_KILL_AFTER else "TERM"
 
 
 def exit_status(code: int) -> int:

@@ -50,7 +50,6 @@ CAUGHT = ("USR1", "USR2", "TERM", "ALRM")  # ALRM: caught so that the command is
 SIDECAR = "chainrun-progress.json"
 READ_AT_MOST = 1 << 20  # of a sidecar: a FIFO or a link to a device planted there never blocks
 WAKE_EVERY = 0.5  # seconds, at most, between two looks at the clock
-LEFTOVER_KILL_AFTER = 30  # seconds the leftovers of a command that ended on its own get after SIGTERM
 TAIL_BYTES, TAIL_LINES, TAIL_WIDTH = 8192, 5, 300
 
 
@@ -85,13 +84,16 @@ def read_regular(path: str, limit: int) -> Optional[bytes]:
 
 
 def write_atomically(path: str, text: str) -> None:
-    """Write ``path`` (this user's alone) whole or not at all: a temporary file, then a rename."""
+    """Write ``path`` (this user's alone) whole or not at all: a temporary file, then a rename.
+    One that cannot be written (a full or read-only disk) is said in a line; the segment goes on."""
     tmp = path + ".tmp"
     old = os.umask(0o077)
     try:
         with open(tmp, "w") as f:
             f.write(text)
         os.replace(tmp, path)
+    except OSError as exc:
+        say(f"cannot write {path}: {exc.strerror}", err=True)
     finally:
         os.umask(old)
 
@@ -167,10 +169,7 @@ class Carrier:
         if self.proc is not None:
             if self.proc.poll() is None:
                 return
-            answer = self.proc.stdout.read() if self.proc.stdout else b""
-            self.proc = None
-            again = answer.strip()
-            self.ask_at = now + int(again) if again.isdigit() and int(again) > 0 else None
+            self._answer(now)
         if self.ask_at is not None and now >= self.ask_at and os.access(self.launcher, os.X_OK):
             self.proc = subprocess.Popen(
                 [*self.argv, state],
@@ -180,20 +179,27 @@ class Carrier:
                 preexec_fn=_ignore_walltime_signals,  # the walltime signal is the command's
             )
 
+    def _answer(self, now: float) -> None:
+        """The ended question's answer: when to ask again (seconds from now), or never."""
+        assert self.proc is not None
+        answer = (self.proc.stdout.read() if self.proc.stdout else b"").strip()
+        self.proc = None
+        self.ask_at = now + int(answer) if answer.isdigit() and int(answer) > 0 else None
+
     def finish(self) -> None:
-        """Let a question under way end (a submission is never cut in half)."""
+        """Let a question under way end (a submission is never cut in half); ask no more."""
         if self.proc is not None:
             self.proc.wait()
-            self.poll(time.time(), "running")
-            self.proc = None
+            self._answer(time.time())
 
     def until_done(self) -> None:
         """Ask, as the segment ends, until told not to ask again."""
         self.ask_at = 0.0 if os.access(self.launcher, os.X_OK) else None
-        while self.ask_at is not None or self.proc is not None:
+        while self.ask_at is not None:
             self.poll(time.time(), "ended")
             if self.proc is not None:
                 self.proc.wait()
+                self._answer(time.time())
             elif self.ask_at is not None:
                 time.sleep(min(1.0, max(0.0, self.ask_at - time.time())))
 
@@ -560,17 +566,16 @@ class Segment:
         # as a scheduler would at the job's end.
         left = self.command_pids()
         if left:
-            if not self.got:
-                self._kill(left, signal.SIGTERM)
             say(f"segment {self.n} waiting for the rest of the command's processes to end")
-            waited = 0.0
-            while left:
-                self.tick()
-                self.nap(1.0)
-                waited += 1.0
-                left = self.command_pids()
-                if left and not self.got and waited == LEFTOVER_KILL_AFTER:
-                    self._kill(left, signal.SIGKILL)
+        began, given = time.time(), set()
+        while left:
+            due = rules.leftover_signal(bool(self.got), time.time() - began)
+            if due and due not in given:
+                given.add(due)
+                self._kill(left, getattr(signal, "SIG" + due))
+            self.tick()
+            self.nap(1.0)
+            left = self.command_pids()
         carrier.finish()
         return rc
 

@@ -130,5 +130,9 @@ def runner_archive() -> bytes:
 def runner_path(spec: JobSpec) -> str:
     """Where the runner is placed for a chain: in the workdir's run directory, named by its
     content, so that each chainrun has its own and none is half new."""
-    digest = hashlib.sha256(runner_archive()).hexdigest()[:16]
-    return posixpath.join(spec.workdir, RUN_DIR_NAME, f"runner-{digest}.pyz")
+    return posixpath.join(spec.workdir, RUN_DIR_NAME, f"runner-{_runner_digest()}.pyz")
+
+
+@functools.lru_cache(maxsize=1)
+def _runner_digest() -> str:
+    return hashlib.sha256(runner_archive()).hexdigest()[:16]
