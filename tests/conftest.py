@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -59,6 +60,13 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "home"
     monkeypatch.setenv("CHAINRUN_HOME", str(path))
     return path
+
+
+# A suite started in the background by a non-interactive shell (`scripts/test &`, `nohup`)
+# inherits SIGINT ignored, and so would every chainrun a test starts: the Ctrl-C tests would
+# wait for nothing. Caught here, it is the default again in each process started from now on.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def cli_env(home: Path) -> dict[str, str]:

@@ -475,6 +475,18 @@ def test_a_user_sees_an_internal_error_as_one_line_and_debug_as_a_traceback(tmp_
     assert debug.stderr.startswith("Traceback (most recent call last):") and "in _plan" in debug.stderr
 
 
+def test_a_chainrun_the_tests_start_takes_ctrl_c_even_when_the_suite_ignores_it() -> None:
+    """Started in the background (`scripts/test &`), the suite inherits SIGINT ignored, and its
+    Ctrl-C tests failed, each a timeout (two full runs: 6 of them): conftest makes it the default."""
+    seen = subprocess.run(
+        [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert seen.stdout.strip() == "False"
+
+
 def test_ctrl_c_on_a_following_command_is_one_line_exit_130(tmp_path: Path) -> None:
     """SIGINT to `chainrun logs CHAIN --follow` (it loops until the chain ends): `interrupted`, 130."""
     submitted = chainrun_process(tmp_path, "submit", str(write_job(tmp_path)))
