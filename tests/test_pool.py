@@ -449,24 +449,33 @@ def test_the_runner_is_copied_once_private_and_again_when_someone_else_could_cha
 ) -> None:
     """Preparing a remote host (here: this machine's transport, HOME in a temporary
     directory) writes the runner by its content's hash, 0600, leaves a good copy alone, and
-    writes it again when it is open to others or not whole."""
+    writes it again when it is open to others or not whole. Each tick makes its own cluster,
+    which looks once; a later tick looks again."""
     monkeypatch.setenv("HOME", str(tmp_path))
     backend = LocalScheduler(host="gpu1")
-    cluster = Cluster(backend, LocalTransport())
+
+    def tick() -> None:
+        Cluster(backend, LocalTransport()).prepare()
+
     assert backend.poll_argv() == ["python3", runner_path(), "poll"]
     copy = tmp_path / runner_path()
-    cluster.prepare()
+    tick()
     assert copy.read_bytes() == runner_source() and copy.stat().st_mode & 0o777 == 0o600
     assert (tmp_path / ".chainrun").stat().st_mode & 0o777 == 0o700
     before = copy.stat().st_ino
-    cluster.prepare()
+    tick()
     assert copy.stat().st_ino == before  # there already: not written again
     copy.chmod(0o666)
-    cluster.prepare()
+    tick()
     assert copy.stat().st_mode & 0o777 == 0o600
     copy.write_bytes(runner_source()[:100])
-    cluster.prepare()
+    tick()
     assert copy.read_bytes() == runner_source()
+    cluster = Cluster(backend, LocalTransport())
+    cluster.prepare()
+    copy.chmod(0o666)
+    cluster.prepare()  # the same tick: looked at once
+    assert copy.stat().st_mode & 0o777 == 0o666
     assert LocalScheduler().helper_files() == []  # this machine runs the installed module: nothing to copy
     assert LocalScheduler().poll_argv()[1:] == ["-m", "chainrun.localrunner", "poll"]
 
