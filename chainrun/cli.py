@@ -83,7 +83,7 @@ def main(ctx: click.Context, home: Optional[str], log_level: str, debug: bool) -
     130 Ctrl-C.
     """
     from chainrun import logs
-    from chainrun.localrunner import default_home
+    from chainrun.home import default_home
 
     if home == "":  # click would make it ".": state in whatever directory this runs in
         raise UsageError("--home: an empty path; give the state directory, or leave --home out")

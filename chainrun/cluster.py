@@ -17,8 +17,9 @@ from typing import Callable, Optional, TypeVar
 from chainrun import rundir
 from chainrun.model import CommandResult, JobSpec, ListedJob
 from chainrun.schedulers.base import ArrayScheduler, HelperFile, NodeSubmitProbe, Scheduler, parse_cancel
-from chainrun.schedulers.script import render_script, runner_archive, runner_path
+from chainrun.schedulers.script import render_script, runner_path
 from chainrun.schedulers.segment import SegmentJob
+from chainrun.schedulers.ship import SEGMENT_RUNNER
 from chainrun.transport import Transport
 
 POLL_TIMEOUT = 60.0
@@ -74,7 +75,7 @@ class Cluster:
     def write_script(self, job: SegmentJob) -> None:
         """Write ``job``'s script into its run directory (trusted by the caller), and the
         segment runner it runs beside it, once."""
-        self.place(HelperFile(runner_path(job.spec), runner_archive()))
+        self.place(HelperFile(runner_path(job.spec), SEGMENT_RUNNER.data()))
         rundir.write_script(self.transport, job.script_path, render_script(self.scheduler, job))
 
     def submit(self, job: SegmentJob) -> str:

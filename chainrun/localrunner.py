@@ -27,8 +27,9 @@ whether the chainrun service runs or not. A slot is a ``flock`` on
 they end, however they end. The job gets its slot as ``CHAINRUN_SLOT`` and,
 with ``--gpus-per-slot G``, ``CUDA_VISIBLE_DEVICES`` = GPUs s*G .. s*G+G-1.
 
-This file imports the standard library alone: on a remote workstation it is
-copied into place and run as ``python3 FILE``, with no chainrun installed.
+This module imports the standard library alone, and of chainrun only ``home``
+and ``node.proc``: on a remote workstation it is copied into place with them, as
+one archive run as ``python3 FILE``, with no chainrun installed.
 
 A full or read-only state directory costs a job nothing: the supervisor keeps
 enforcing the walltime whatever happens to its record writes, tries a failed
@@ -51,12 +52,14 @@ import json
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
+
+from chainrun.home import HomeError, default_home, private_dir
+from chainrun.node import proc
 
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL, like Slurm's KillWait
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
@@ -64,58 +67,6 @@ TICK = 0.2
 KEEP_ENDED = 7 * 86400
 RETRY = 1.0  # seconds between tries of a record that could not be written
 END_PATIENCE = 6 * 3600  # how long an ended job's supervisor keeps trying to write end.json
-
-
-class RunnerError(Exception):
-    """The state directory cannot be used; ``str(err)`` says why and what to do."""
-
-
-def default_home() -> Path:
-    """``$CHAINRUN_HOME``, else ``$XDG_STATE_HOME/chainrun``, else ``~/.local/state/chainrun``."""
-    home = os.environ.get("CHAINRUN_HOME")
-    if home:
-        return Path(home).expanduser()
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "chainrun"
-
-
-def short_path(path: Path) -> str:
-    """A path for a one-line message: a very long one is cut in the middle."""
-    text = str(path)
-    return text if len(text) <= 200 else f"{text[:100]}...{text[-60:]}"
-
-
-def private_dir(path: Path) -> Path:
-    """Create ``path`` (mode 0700) if needed; state is private to the user.
-
-    An existing directory others can enter, or one that belongs to another user,
-    is refused, never chmod-ed: it may be a shared one (CHAINRUN_HOME=$HOME by
-    mistake) that must stay as it is, or a neighbour's, whose state is not ours.
-    """
-    try:
-        path.mkdir(mode=0o700, parents=True)
-        return path
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise RunnerError(f"cannot create the state directory {short_path(path)}: {exc.strerror}") from None
-    try:
-        st = path.stat()
-    except OSError as exc:
-        raise RunnerError(f"cannot use the state directory {short_path(path)}: {exc.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise RunnerError(f"{path} is not a directory; set CHAINRUN_HOME to a directory of your own")
-    if st.st_uid != os.geteuid():
-        raise RunnerError(
-            f"{path} belongs to another user (uid {st.st_uid}); chainrun keeps its state private: "
-            "set CHAINRUN_HOME to a directory of your own"
-        )
-    if st.st_mode & 0o077:
-        raise RunnerError(
-            f"{path} is open to other users; chainrun keeps its state private: "
-            f"run `chmod 700 {path}` if it is chainrun's own, or set CHAINRUN_HOME to a new directory"
-        )
-    return path
 
 
 def machine_id() -> str:
@@ -184,36 +135,9 @@ def _read_json(path: Path) -> Optional[dict[str, Any]]:
     return data if isinstance(data, dict) else None
 
 
-def alive(pid: Optional[int]) -> bool:
-    """Whether process ``pid`` runs (a zombie does not)."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is not alive; its parent has simply not reaped it yet.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def _started(pid: int) -> Optional[int]:
-    """When process ``pid`` started, in clock ticks since boot (None: there is none)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def identity(pid: int) -> str:
     """What names process ``pid`` for good: its PID, start time and the machine's boot id."""
-    return f"{pid} {_started(pid) or 0} {boot_id()}\n"
+    return f"{pid} {proc.started_at(pid) or 0} {boot_id()}\n"
 
 
 def _supervisor_alive(path: Path, legacy: bool = False) -> bool:
@@ -223,13 +147,15 @@ def _supervisor_alive(path: Path, legacy: bool = False) -> bool:
     own state) has its PID alone, and is judged by it."""
     if legacy:
         with contextlib.suppress(OSError, ValueError):
-            return alive(int(path.read_text().split()[0]))
+            return proc.alive(int(path.read_text().split()[0]))
     try:
         pid, start, boot = path.read_text().split()
         identity = (int(pid), int(start), boot)
     except (OSError, ValueError):
         return False
-    return identity[2] == boot_id() and _started(identity[0]) == identity[1] and alive(identity[0])
+    return (
+        identity[2] == boot_id() and proc.started_at(identity[0]) == identity[1] and proc.alive(identity[0])
+    )
 
 
 def _restarted(path: Path) -> bool:
@@ -282,6 +208,17 @@ def _queued(root: Path, name: str) -> Optional[int]:
     return None
 
 
+def _this_runner(*args: str) -> list[str]:
+    """The command that runs this runner again: isolated (-I: no script directory, no PYTHON*
+    variables), from where it was loaded (the package's directory, or the archive it was
+    shipped in), so that it runs the same where chainrun is not installed."""
+    where = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (
+        f"import sys; sys.path.insert(0, {where!r}); from chainrun.localrunner import main; sys.exit(main())"
+    )
+    return [sys.executable, "-I", "-c", code, *args]
+
+
 def _create(root: Path, args: argparse.Namespace) -> int:
     """Queue a new job: made in ``new/`` and moved into ``jobs/`` whole. On a
     failed write nothing is queued, and the error is raised."""
@@ -293,19 +230,17 @@ def _create(root: Path, args: argparse.Namespace) -> int:
     stage.mkdir(mode=0o700)
     try:
         with open(stage / "supervisor.log", "ab") as log:
-            proc = subprocess.Popen(
-                # This file itself, isolated (-I: no script directory, no PYTHON* variables on
-                # sys.path), so that it runs the same where chainrun is not installed.
-                [sys.executable, "-I", os.path.abspath(__file__), "supervise", str(jobdir)],
+            supervisor = subprocess.Popen(
+                _this_runner("supervise", str(jobdir)),
                 stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
                 close_fds=True,
             )
-        assert proc.stdin is not None
-        with proc.stdin:  # closing it lets the supervisor go on: to run the job, or to exit without one
-            _write_atomic(stage / "supervisor.pid", identity(proc.pid))
+        assert supervisor.stdin is not None
+        with supervisor.stdin:  # closing it lets the supervisor go on: to run the job, or to exit without one
+            _write_atomic(stage / "supervisor.pid", identity(supervisor.pid))
             _write_json(
                 stage / "job.json",
                 {
@@ -363,35 +298,6 @@ def _become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def _processes() -> dict[int, tuple[int, int, str]]:
-    """Every process: its parent, its session and its state (``Z`` for a zombie)."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    state, ppid, _, sid = f.read().rsplit(") ", 1)[1].split()[:4]
-            except (OSError, IndexError, ValueError):
-                continue  # it ended as we looked
-            found[int(entry)] = (int(ppid), int(sid), state)
-    return found
-
-
-def _below(root: int, processes: dict[int, tuple[int, int, str]]) -> set[int]:
-    """The processes under ``root``, zombies too."""
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in processes.items():
-        children.setdefault(ppid, []).append(pid)
-    found: set[int] = set()
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
 def _supervisors(root: Path) -> set[int]:
     """The supervisors of the jobs queued here: one that a job submitted (its successor,
     queued while the service is away) is the scheduler's, never part of that job."""
@@ -409,19 +315,19 @@ def _kill_job(job: subprocess.Popen[bytes], root: Path) -> None:
     KILL_WAIT, until they are gone, reaping the orphans. The job's own exit status is left
     for ``job.poll`` to collect."""
     me = os.getpid()
-    processes = _processes()
-    killed = {pid for pid, (_, sid, _) in processes.items() if sid == job.pid} | _below(me, processes)
+    processes = proc.table()
+    killed = {pid for pid, p in processes.items() if p.session == job.pid} | proc.below(me, processes)
     killed -= _supervisors(root)
     for pid in killed:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     give_up = time.monotonic() + KILL_WAIT
     while killed and time.monotonic() < give_up:
-        processes = _processes()
-        for pid in _below(me, processes) - {job.pid}:
+        processes = proc.table()
+        for pid in proc.below(me, processes) - {job.pid}:
             with contextlib.suppress(OSError):
                 os.waitpid(pid, os.WNOHANG)
-        killed = {pid for pid in killed if processes.get(pid, (0, 0, "Z"))[2] != "Z"}
+        killed = {pid for pid in killed if pid in processes and processes[pid].state != "Z"}
         if killed:
             time.sleep(TICK)
 
@@ -495,7 +401,7 @@ def supervise(jobdir: Path) -> int:
     where = {} if slot is None else {"slot": slot[0]}
     try:
         with open(job["output"], "ab") as out:
-            proc = subprocess.Popen(
+            child = subprocess.Popen(
                 ["bash", job["script"]],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -518,26 +424,26 @@ def supervise(jobdir: Path) -> int:
     term_at: Optional[float] = None
     why = ""
     try:
-        records.write("start.json", {"pid": proc.pid, "started_at": started, **where})
-        while proc.poll() is None:
+        records.write("start.json", {"pid": child.pid, "started_at": started, **where})
+        while child.poll() is None:
             now = time.time()
             if term_at is None and cancel.exists():
                 why, term_at = "cancelled", now
-                proc.send_signal(signal.SIGTERM)
+                child.send_signal(signal.SIGTERM)
             if not warned and now >= warn_at and term_at is None:
                 warned = True
-                proc.send_signal(getattr(signal, "SIG" + job["signal"]))
+                child.send_signal(getattr(signal, "SIG" + job["signal"]))
             if term_at is None and now >= stop_at:
                 why, term_at = "timeout", now
-                proc.send_signal(signal.SIGTERM)
+                child.send_signal(signal.SIGTERM)
             if term_at is not None and now >= term_at + KILL_WAIT:
-                _kill_job(proc, root)
+                _kill_job(child, root)
             records.flush()
             time.sleep(TICK)
     finally:
         # Like a scheduler: nothing outlives the job, nor a supervisor that failed.
-        _kill_job(proc, root)
-    rc = proc.returncode
+        _kill_job(child, root)
+    rc = child.returncode
     outcome = why or ("completed" if rc == 0 else "failed")
     end = {"outcome": outcome, "exit_code": rc, "started_at": started, "ended_at": time.time()}
     return records.end({**end, **where})
@@ -637,7 +543,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except RunnerError as exc:  # e.g. a state directory open to others: one line, exit 2
+    except HomeError as exc:  # e.g. a state directory open to others: one line, exit 2
         print(f"chainrun local runner: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # e.g. a full or read-only disk: one line, exit 1 (try again later)

@@ -478,11 +478,14 @@ class ListedJob:
 
 @dataclass(frozen=True)
 class Submit:
-    """Queue segment ``n`` (journaled first), after job ``after`` if set."""
+    """Queue segment ``n`` (journaled first), after job ``after`` if set: on pool host
+    ``host`` (None: where the chain is), or as a task of a sweep's array job (``task``)."""
 
     n: int
     walltime: int
     after: Optional[str] = None
+    host: Optional[str] = None
+    task: bool = False
 
 
 @dataclass(frozen=True)
@@ -541,11 +544,13 @@ class Cancel:
 @dataclass(frozen=True)
 class Remove:
     """Cancel job ``job_id`` of segment ``n`` in the scheduler, leaving the segment's
-    record to the other actions: a stuck job, or a second job of one segment."""
+    record to the other actions: a stuck job, a second job of one segment, or one a pool
+    host (``host``; None: where the chain is) runs of a segment ended as lost there."""
 
     n: int
     job_id: str
     reason: str
+    host: Optional[str] = None
 
 
 @dataclass(frozen=True)

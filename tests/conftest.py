@@ -191,11 +191,12 @@ def settings_of(script: str) -> dict[str, Any]:
 def write_segment(job: Any, scheduler: Any, edit: Optional[Callable[[str, str], str]] = None) -> None:
     """A segment's batch script and the runner archive it runs, as ``Cluster.write_script``
     leaves them; ``edit(name, source)`` may change a module the archive ships (a mutant)."""
-    from chainrun.schedulers.script import render_script, runner_archive, runner_path
+    from chainrun.schedulers.script import render_script, runner_path
+    from chainrun.schedulers.ship import SEGMENT_RUNNER
 
     os.makedirs(job.run_dir, exist_ok=True)
     Path(job.script_path).write_text(render_script(scheduler, job))
-    data = runner_archive()
+    data = SEGMENT_RUNNER.data()
     if edit is not None:
         out = io.BytesIO()
         with zipfile.ZipFile(io.BytesIO(data)) as old, zipfile.ZipFile(out, "w") as new:

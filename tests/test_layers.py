@@ -23,6 +23,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.model",
         "chainrun.fields",
         "chainrun.text",
+        "chainrun.home",  # where the state lives: the store's, the CLI's, the local runner's
         "chainrun.checkpoint",  # the helper: inside training jobs, the standard library alone
     ),
     "rules": ("chainrun.schema", "chainrun.sweep", "chainrun.container", "chainrun.decide"),
@@ -238,15 +239,78 @@ def test_no_shell_script_in_the_package_holds_policy() -> None:
     assert long == {}
 
 
-def test_the_runner_ships_with_what_it_imports_and_runs_on_python_3_8() -> None:
-    """The segment runner runs on the node's python3, without chainrun: it and the rules it
-    takes along import the standard library and each other alone, in Python 3.8's syntax."""
-    from chainrun.schedulers import script
+@pytest.mark.parametrize("runner", ["SEGMENT_RUNNER", "LOCAL_RUNNER"])
+def test_a_runner_ships_with_what_it_imports_and_runs_on_python_3_8(runner: str) -> None:
+    """The segment runner and the local runner run on a node's python3, without chainrun:
+    each and the modules it takes along import the standard library and each other alone, in
+    Python 3.8's syntax."""
+    from chainrun.schedulers import ship
 
-    shipped = {"chainrun." + name[: -len(".py")].replace("/", ".") for name in script._SHIPPED}
-    assert "chainrun.node.runner" in shipped
+    shipped = {"chainrun." + name[: -len(".py")].replace("/", ".") for name in getattr(ship, runner).modules}
     known = modules()
     for name in shipped:
         ast.parse(known[name].read_text(), feature_version=(3, 8))
         outside = {target for target, _ in imports(name, known[name], known)} - shipped
         assert outside == set(), name
+
+
+# The rules the engine may call besides decide(): what to observe and what a carried-out
+# action came to (engine/__init__.py says why each). Everything a tick does comes from decide.
+ENGINE_MAY_CALL = {
+    "chain.decide",
+    "chain.quiet_until",
+    "facts.Facts",
+    "facts.JobFacts",
+    "placement.held_back",
+    "placement.observe_on",
+    "placement.free_slots",
+    "placement.shared",
+    "retry.after_fault",
+    "retry.after_submit",
+    "retry.array_refused",
+    "retry.accounting_due",
+    "retry.accounting_again",
+    "carry.applies",
+}
+
+
+def _decide_names(path: Path) -> set[str]:
+    """The names of ``chainrun.decide`` a module uses, as ``submodule.name``: imported by
+    name, or reached as an attribute of an imported submodule."""
+    import chainrun.decide as decide
+
+    tree = ast.parse(path.read_text())
+    used: set[str] = set()
+    modules_as: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("chainrun.decide"):
+            continue
+        for alias in node.names:
+            local = alias.asname or alias.name
+            if node.module == "chainrun.decide":
+                target = getattr(decide, alias.name)
+                if isinstance(target, type(decide)):
+                    modules_as[local] = alias.name
+                else:
+                    used.add(f"{target.__module__.rsplit('.', 1)[1]}.{alias.name}")
+            else:
+                used.add(f"{node.module.rsplit('.', 1)[1]}.{alias.name}")
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules_as
+        ):
+            used.add(f"{modules_as[node.value.id]}.{node.attr}")
+    return used
+
+
+def test_the_engine_calls_decide_and_a_short_list_of_rules_alone() -> None:
+    """Where a new segment goes, why a chain waits, which jobs a host that is back must
+    cancel: decide answers, as actions the history shows. The engine asks it, and besides it
+    only the rules that say what to observe and what an action came to."""
+    used = set().union(
+        *(_decide_names(path) for name, path in modules().items() if name.startswith("chainrun.engine"))
+    )
+    assert used <= ENGINE_MAY_CALL, used - ENGINE_MAY_CALL
+    assert "chain.decide" in used

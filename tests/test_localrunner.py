@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 from conftest import cli_env, wait_for
 
-from chainrun.localrunner import alive, identity, machine_dir
+from chainrun.localrunner import identity, machine_dir
+from chainrun.node.proc import alive
 
 PAGE = 4096
 

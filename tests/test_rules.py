@@ -9,11 +9,14 @@ from dataclasses import replace
 import pytest
 from test_decide import NOW, SPEC, chain, seg
 
+from chainrun.decide import Facts
 from chainrun.decide.placement import (
     free_slots,
     held_back,
+    observe_on,
     observed_on,
     place,
+    settle,
     to_place,
     uses_slot,
     waiting_change,
@@ -33,7 +36,9 @@ from chainrun.model import (
     ChainState,
     ListedJob,
     MarkStuck,
+    Outcome,
     Phase,
+    Remove,
     SchedulerSpec,
     Submit,
     Wait,
@@ -107,6 +112,55 @@ def test_place_and_where_a_chain_with_no_segment_under_way_is_looked_at() -> Non
     kept = chain(replace(seg(1, Phase.ENDED), host="gpu2"), spec=POOL)  # the workdir not shared
     assert observed_on(kept, {"gpu1", "gpu2"}) == "gpu2"
     assert observed_on(kept, {"gpu3", "gpu1"}) is None  # its checkpoint is on gpu2's disk alone
+
+
+def test_a_pool_chain_is_looked_at_on_its_host_elsewhere_once_that_is_gone_or_not_at_all() -> None:
+    """observe_on: a live chain is read on its host; once that host has been silent for
+    host_timeout, from the first host that answered, its segments lost; before that, not at
+    all. One with no live segment goes where observed_on says, or, stranded, waits."""
+    timeout = POOL.scheduler.host_timeout
+    running = chain(replace(seg(1), host="gpu2"), spec=POOL)
+    assert observe_on(running, {"gpu1", "gpu2"}, None, NOW) == ("gpu2", None)
+    assert observe_on(running, {"gpu3", "gpu1"}, NOW - timeout + 1, NOW) is None  # not gone yet
+    assert observe_on(running, {"gpu3", "gpu1"}, NOW - timeout, NOW) == (
+        "gpu1",
+        f"host gpu2 has not answered for {timeout // 60}m (host_timeout); its run is lost, at no cost",
+    )
+    assert observe_on(running, set(), NOW - timeout, NOW) is None  # nowhere to look from
+    kept = chain(replace(seg(1, Phase.ENDED), host="gpu2"), spec=POOL)
+    assert observe_on(kept, {"gpu1", "gpu2"}, None, NOW) == ("gpu2", None)
+    assert observe_on(kept, {"gpu3", "gpu1"}, None, NOW) == ("gpu1", "")  # waits, saying why
+    assert observe_on(kept, set(), None, NOW) is None
+    assert observe_on(chain(spec=POOL), {"gpu3"}, None, NOW) == ("gpu3", None)
+
+
+def test_settle_places_a_new_segment_or_has_it_wait_and_fences_a_returned_hosts_jobs() -> None:
+    """What decide answers for a pool: the new segment on a host with a free slot, or no
+    submission and why; a successor where its chain is; a sweep's first segment as an array
+    task; and a Remove of each job a host that is back still runs of a segment lost there."""
+    fresh = chain(spec=POOL)
+    assert settle(fresh, Facts(free={"gpu1": 0, "gpu2": 1}), [Submit(1, 100)]) == [
+        Submit(1, 100, host="gpu2")
+    ]
+    why = "waiting for a free slot on hosts gpu1, gpu2 (gpu3 not reached)"
+    assert settle(fresh, Facts(free={"gpu1": 0, "gpu2": 0}), [Submit(1, 100)]) == [Wait(why)]
+    waiting = replace(fresh, reason=why)
+    assert settle(waiting, Facts(free={"gpu1": 0, "gpu2": 0}), [Submit(1, 100)]) == []  # said once
+    assert settle(waiting, Facts(free={"gpu1": 1}), [Submit(1, 100)]) == [
+        Wait(""),
+        Submit(1, 100, host="gpu1"),
+    ]
+    running = chain(replace(seg(1), host="gpu2"), spec=POOL)
+    assert settle(running, Facts(free={}), [Submit(2, 100, after="j1")]) == [Submit(2, 100, after="j1")]
+    sweep = replace(SPEC, sweep_name="lr")
+    assert settle(chain(spec=sweep), Facts(arrays=True), [Submit(1, 100)]) == [Submit(1, 100, task=True)]
+    assert settle(chain(spec=sweep), Facts(), [Submit(1, 100)]) == [Submit(1, 100)]
+    lost = replace(seg(1, Phase.ENDED), host="gpu1", outcome=Outcome.LOST)
+    moved = chain(lost, replace(seg(2), host="gpu2"), spec=POOL)
+    listed = {1: (ListedJob("j1", "cr.c.1", Phase.RUNNING),), 2: (ListedJob("j9", "cr.c.2", Phase.ENDED),)}
+    assert settle(moved, Facts(pool_jobs={"gpu1": listed, "gpu2": listed}), []) == [
+        Remove(1, "j1", "segment 1 was ended as lost while host gpu1 was away; the chain went on", "gpu1")
+    ]
 
 
 def test_a_chain_moves_to_another_host_only_when_its_workdir_is_shared() -> None:

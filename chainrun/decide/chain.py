@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from chainrun import container
+from chainrun.decide import placement
 from chainrun.decide.facts import Facts, JobFacts
 from chainrun.decide.goal import finished_on_its_own, goal_reached
 from chainrun.decide.grace import change as grace_change
@@ -71,7 +72,7 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
     active again first."""
     if chain.state.final:
         return []
-    actions = _moves(chain, facts, now)
+    actions = placement.settle(chain, facts, _moves(chain, facts, now))
     if chain.state is ChainState.STUCK:
         return [Unstick("a tick succeeded again"), *actions]
     return actions

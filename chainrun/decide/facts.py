@@ -42,3 +42,8 @@ class Facts:
     # Why the pool host of the chain's live segments is gone (``placement.gone``): they are
     # lost, at no cost; "" while it answers.
     host_lost: str = ""
+    # A pool's hosts that answered this tick: the free slots of each (what this tick placed
+    # already taken off), and the jobs each lists of this chain, by N.
+    free: Mapping[str, int] = field(default_factory=dict)
+    pool_jobs: Mapping[str, Mapping[int, tuple[ListedJob, ...]]] = field(default_factory=dict)
+    arrays: bool = False  # the chain's cluster queues job arrays

@@ -2,17 +2,20 @@
 the host a chain is placed on and observed on, why it waits), a sweep's ``max_concurrent``,
 and which first segments go out as tasks of one array job.
 
-Every function is pure: the engine counts what each host's poll shows and what this tick
-has placed, and asks here.
+Every function is pure. The engine asks ``observe_on`` where to look at a pool's chain;
+``decide`` passes its answer through ``settle``, which says where each new segment goes
+(from the free slots in the facts) and what a host that is back must cancel.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Optional
 
+from chainrun.decide.facts import Facts
 from chainrun.fields import format_duration
-from chainrun.model import WAITING_FOR_A_SLOT, Chain, ListedJob, Outcome, Phase, Submit, Wait
+from chainrun.model import WAITING_FOR_A_SLOT, Action, Chain, ListedJob, Outcome, Phase, Remove, Submit, Wait
 
 
 def held_back(active: Iterable[Chain]) -> set[str]:
@@ -116,12 +119,67 @@ def gone_reason(host: str, timeout: float) -> str:
     )
 
 
-def fenced(chain: Chain, host: str, tagged: Mapping[int, Sequence[ListedJob]]) -> list[str]:
+def fenced(chain: Chain, host: str, tagged: Mapping[int, Sequence[ListedJob]]) -> list[tuple[int, str]]:
     """Jobs a pool host that is back still lists as not ended, of segments that were ended
     as lost there while it was gone: they must not run on beside the chain, which has gone
-    on elsewhere (a host cut off, not dead). Their ids, to cancel."""
+    on elsewhere (a host cut off, not dead). Each with its segment's number, to cancel."""
     lost = {s.n for s in chain.segments if s.host == host and s.outcome is Outcome.LOST and not s.phase.live}
-    return [j.job_id for n in lost for j in tagged.get(n, ()) if j.phase is not Phase.ENDED]
+    return [(n, j.job_id) for n in sorted(lost) for j in tagged.get(n, ()) if j.phase is not Phase.ENDED]
+
+
+def observe_on(
+    chain: Chain, reached: Collection[str], silent_since: Optional[float], now: float
+) -> Optional[tuple[str, Optional[str]]]:
+    """Where a pool's chain is looked at this tick, from the hosts that answered (``reached``)
+    and since when its own host has not (``silent_since``; None: it answered). ``(host,
+    None)``: its facts are read there. ``(host, why)``: it is looked at from another host
+    than its own, with ``why`` its live segments are lost (its host is ``gone``), or ""
+    for one with none whose checkpoint is on a host that did not answer (it waits, saying
+    so). None: not this tick (it waits, like any chain whose cluster did not answer)."""
+    sched = chain.spec.scheduler
+    first = next((h for h in sched.hosts if h in reached), None)
+    if chain.live:
+        own = chain.host or ""
+        if own in reached:
+            return own, None
+        if first is None or silent_since is None or not gone(silent_since, sched.host_timeout, now):
+            return None
+        return first, gone_reason(own, sched.host_timeout)
+    home = observed_on(chain, reached)
+    if home is not None:
+        return home, None
+    if stranded(chain, reached) and first is not None:
+        return first, ""
+    return None
+
+
+def settle(chain: Chain, facts: Facts, actions: list[Action]) -> list[Action]:
+    """``actions`` as a tick carries them out: a sweep's first segment as an array task where
+    the cluster takes arrays; a pool's new segment on a host with a free slot
+    (``facts.free``), or, with none, not submitted and a ``Wait`` that says why; and, first,
+    a ``Remove`` of each job a pool host that is back still runs of a segment ended as lost
+    there (``fenced``), so that the cancel is in the chain's history."""
+    sched = chain.spec.scheduler
+    settled: list[Action] = [
+        Remove(
+            n, job_id, f"segment {n} was ended as lost while host {host} was away; the chain went on", host
+        )
+        for host, tagged in facts.pool_jobs.items()
+        for n, job_id in fenced(chain, host, tagged)
+    ]
+    waiting = ""
+    for action in actions:
+        if isinstance(action, Submit) and as_array_task(chain, action, facts.arrays):
+            action = replace(action, task=True)
+        elif isinstance(action, Submit) and to_place(chain, action):
+            host = place(sched.hosts, chain.placed, facts.free, shared(chain))
+            if host is None:
+                waiting = waiting_reason(chain, facts.free.keys())
+                continue
+            action = replace(action, host=host)
+        settled.append(action)
+    wait = waiting_change(chain, waiting)
+    return settled if wait is None else [wait, *settled]
 
 
 def waiting_reason(chain: Chain, reached: Collection[str]) -> str:

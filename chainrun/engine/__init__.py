@@ -13,10 +13,19 @@ go out as array jobs after the cluster's chains have acted. **Record**:
 everything the tick learned and did for one chain is written in one
 transaction (nothing, when nothing changed).
 
-A pool's chain (``scheduler.hosts``) is polled with the host of its live
-segment. One with none is observed where it ran last, else on the first host
-that answered (``placement.observed_on``), and its new segment is placed on a
-host with a free slot by this tick's polls, or waits unsubmitted, saying so.
+A pool's chain (``scheduler.hosts``) is looked at where ``placement.observe_on``
+says: with the host of its live segment, else where it ran last or on the first
+host that answered; its facts hold each answering host's free slots and jobs,
+from which ``decide`` places its new segment (or has it wait, saying so) and
+cancels what a host that is back still runs of segments ended as lost there.
+
+The engine calls ``decide`` and, besides it, only the rules that say what to
+observe and what a carried-out action came to: ``placement.held_back`` and
+``placement.observe_on`` (which chains may start, where each is looked at),
+``quiet_until`` (when ``decide`` may answer anew), ``retry.after_fault``,
+``retry.after_submit``, ``retry.array_refused``, ``retry.accounting_due``,
+``retry.accounting_again``, ``carry.applies``, ``placement.free_slots`` and
+``placement.shared`` (``tests/test_layers.py`` holds it to this list).
 
 A fault in one chain's tick is that chain's: it is logged, counted, retried
 next tick, and after ``retry.STUCK_AFTER`` failing ticks the chain is marked
@@ -47,6 +56,7 @@ from chainrun.model import (
     Adopt,
     Cancel,
     Chain,
+    ChainState,
     EndSegment,
     Finish,
     ListedJob,
@@ -146,6 +156,7 @@ class Engine:
         # Each cluster polled: whether its last poll answered, and since when that is so.
         self.answers: dict[Key, tuple[bool, float]] = {}
         self.pool_hosts: set[Key] = set()  # every pool host polled since the service started
+        self.failed: set[str] = set()  # the chains that failed while this service ran
 
     def tick(self, only: Optional[Collection[str]] = None) -> TickSummary:
         """Move every active chain (or only the chains with the ids in ``only``) forward once.
@@ -167,15 +178,12 @@ class Engine:
         summary = TickSummary()
         now = self.clock()
         groups: dict[Key, list[Chain]] = defaultdict(list)
-        floating: list[Chain] = []  # a pool's chains with no live segment: placed this tick
+        pooled: list[Chain] = []  # a pool's chains: grouped once its hosts are polled
         loaded = self.store.chains(active_only=True)
         held = placement.held_back(loaded)
         for chain in loaded:
             if (only is None or chain.id in only) and now >= self.stuck_until.get(chain.id, 0.0):
-                if placement.unplaced(chain):
-                    floating.append(chain)
-                else:
-                    groups[chain.cluster_key].append(chain)
+                (pooled if chain.spec.scheduler.hosts else groups[chain.cluster_key]).append(chain)
         if len(self.quiet) > len(loaded):  # chains that ended, or were removed, since
             ids = {c.id for c in loaded}
             self.quiet = {k: v for k, v in self.quiet.items() if k in ids}
@@ -199,9 +207,7 @@ class Engine:
             key: (*self.answers[key], tick.polled[key].jobs if key in tick.polled else None)
             for key in self.pool_hosts
         }
-        away = self._away(groups, floating, tick, now)
-        for answered in tick.polled.values():
-            self._fence(answered, loaded, summary)
+        away = self._group(pooled, groups, tick, now)
         retries: list[float] = []  # when submissions that failed want their next try
         for key, chains in groups.items():
             polled = tick.polled.get(key)
@@ -228,63 +234,40 @@ class Engine:
             self.executor.submit_arrays(polled, arrays, summary.errors)
             for step in steps:
                 retries += self._guarded(step.chain, summary, self._record, step) or []
-        counts = self.store.summary()
-        summary.running, summary.queued = counts["running"], counts["queued"]
-        summary.active, summary.failed, summary.stuck = counts["active"], counts["failed"], counts["stuck"]
+        self._count(summary, loaded)
         if retries:
             summary.next_in = max(0.0, min(retries) - self.clock())
         return summary
 
-    def _away(
-        self, groups: dict[Key, list[Chain]], floating: list[Chain], tick: Round, now: float
+    def _group(
+        self, pooled: list[Chain], groups: dict[Key, list[Chain]], tick: Round, now: float
     ) -> dict[str, str]:
-        """Place the pool chains whose host did not answer with a host that did, so that they
-        are decided on: those whose host is gone (``placement.gone``: their live segments
-        are lost, at no cost, and they go on from the checkpoint) and those with no live
-        segment whose checkpoint is on that host's disk alone (they wait, saying why).
-        The rest of the floating chains go where ``placement.observed_on`` says. Returns
-        why each chain so placed is away ("" for one that only waits)."""
+        """Group each pool chain with the host it is looked at from this tick
+        (``placement.observe_on``); returns why each chain looked at from another host than
+        its own is away ("" for one that only waits)."""
         away: dict[str, str] = {}
-        for key in [k for k in groups if k not in tick.polled and k[1]]:
-            for chain in list(groups[key]):
-                sched = chain.spec.scheduler
-                since = self.answers[key][1]
-                other = next((h for h in sched.hosts if h in tick.reached(sched.kind)), None)
-                if other is None or not placement.gone(since, sched.host_timeout, now):
-                    continue
-                groups[key].remove(chain)
-                groups[(sched.kind, other)].append(chain)
-                away[chain.id] = placement.gone_reason(key[1], sched.host_timeout)
-        for chain in floating:
+        for chain in pooled:
             kind = chain.spec.scheduler.kind
-            reached = tick.reached(kind)
-            home = placement.observed_on(chain, reached)
-            if home is None and placement.stranded(chain, reached):
-                home = next((h for h in chain.spec.scheduler.hosts if h in reached), None)
-                away[chain.id] = ""
-            if home is not None:  # with none, it waits like any unreached chain
-                groups[(kind, home)].append(chain)
+            answered, since = self.answers.get(chain.cluster_key, (True, now))
+            where = placement.observe_on(chain, tick.reached(kind), None if answered else since, now)
+            if where is None:
+                continue
+            host, why = where
+            groups[(kind, host)].append(chain)
+            if why is not None:
+                away[chain.id] = why
         return away
 
-    def _fence(self, polled: Polled, loaded: list[Chain], summary: TickSummary) -> None:
-        """Cancel what a pool host that is back still runs of segments ended as lost there."""
-        host = polled.key[1]
-        chains = {c.id: c for c in loaded if host and host in c.spec.scheduler.hosts}
-        ids = [
-            j
-            for cid in polled.tagged
-            if cid in chains
-            for j in placement.fenced(chains[cid], host, polled.tagged[cid])
-        ]
-        if not ids:
-            return
-        log.warning(
-            "cancelling jobs of segments ended as lost while their host was away", host=host, jobs=ids
-        )
-        try:
-            polled.cluster.cancel(ids)
-        except (TransportError, SchedulerError) as exc:
-            summary.errors.append(f"could not cancel jobs {', '.join(ids)} on {host}: {exc}")
+    def _count(self, summary: TickSummary, loaded: list[Chain]) -> None:
+        """The status line's counts, from the chains this tick loaded (as it found them) and
+        the chains that failed while this service ran."""
+        for chain in loaded:
+            phases = {s.phase for s in chain.live}
+            summary.running += Phase.RUNNING in phases
+            summary.queued += Phase.PENDING in phases
+            summary.stuck += chain.state is ChainState.STUCK
+        summary.active = len(loaded)
+        summary.failed = len(self.failed)
 
     def _cluster(self, key: Key) -> Cluster:
         kind, host = key
@@ -326,6 +309,9 @@ class Engine:
         is left in ``arrays``."""
         now = self.clock()
         step = Step(chain, now)
+        if chain.spec.scheduler.hosts:
+            free, jobs = tick.pool(chain)
+            facts = replace(facts, free=free, pool_jobs=jobs)
         if self._quiet(chain, facts, now):
             # decide() would answer nothing again, and the tick that asked it last wrote
             # nothing (a write makes the store load the chain anew): nothing to do or record.
@@ -354,6 +340,8 @@ class Engine:
             _log(chain.id, action)
         self.failing.pop(chain.id, None)
         self.stuck_until.pop(chain.id, None)
+        if ended is not None and ended.state is ChainState.FAILED:
+            self.failed.add(ended.id)
         if self.on_end is not None and ended is not None:
             self.on_end(ended)
         retries = [a.at for a in step.done if isinstance(a, RetryLater)]

@@ -3,9 +3,8 @@
 A ``Finish`` first writes the final marker (a successor that starts anyway exits at
 once); cancels go out in one command; a submission is journaled (the one write before the
 tick's record), then made, with what its segment needs to carry the chain while the
-service is away (``carry.leave_record``). A pool's new segment goes to a host with a free slot
-(``placement.place``) or waits unsubmitted, saying why (``placement.waiting_change``).
-On a backend with job arrays, the first segments of a sweep's chains go out together after
+service is away (``carry.leave_record``), on the pool host ``decide`` chose for it, if any.
+A sweep's first segments that ``decide`` marked as array tasks go out together after
 the cluster's chains have acted (``submit_arrays``): one array job per set of chains whose
 directives and workdir are the same. What was done is kept in each chain's ``Step``, which
 the engine records in one transaction.
@@ -24,7 +23,7 @@ from chainrun.decide.retry import after_submit, array_refused
 from chainrun.engine.observe import Key, Polled
 from chainrun.errors import SchedulerError, StoreUnavailable, TransportError, UnsafePathError
 from chainrun.logs import get_logger
-from chainrun.model import Action, Adopt, Cancel, Chain, Finish, Progress, Remove, SetGrace, Submit
+from chainrun.model import Action, Adopt, Cancel, Chain, Finish, ListedJob, Progress, Remove, SetGrace, Submit
 from chainrun.schedulers.base import ArrayScheduler
 from chainrun.schedulers.script import render_array_script
 from chainrun.schedulers.segment import SegmentJob, array_stem, array_tag
@@ -60,6 +59,17 @@ class Round:
         """The hosts of scheduler ``kind`` whose poll answered this tick."""
         return {host for k, host in self.polled if k == kind}
 
+    def pool(self, chain: Chain) -> tuple[dict[str, int], dict[str, dict[int, tuple[ListedJob, ...]]]]:
+        """For a pool's chain, each of its hosts that answered: the slots free there now, and
+        the jobs listed there of this chain, by N (the facts ``decide`` places and fences by)."""
+        sched = chain.spec.scheduler
+        keys = [(sched.kind, h) for h in sched.hosts if (sched.kind, h) in self.polled]
+        free = {key[1]: self.free(key, sched.slots or 1) for key in keys}
+        jobs = {
+            key[1]: self.polled[key].tagged[chain.id] for key in keys if chain.id in self.polled[key].tagged
+        }
+        return free, jobs
+
 
 class Executor:
     """Carries actions out through the clusters; journals submissions in the store."""
@@ -92,56 +102,47 @@ class Executor:
                 step.warnings.append(
                     f"could not write the grace for later segments ({exc}); they keep the one before"
                 )
-        self._cancel(polled, [a for a in actions if isinstance(a, (Cancel, Remove))], step.warnings)
-        done: list[Action] = []
-        waiting = ""
+        self._cancel(
+            tick, polled, chain, [a for a in actions if isinstance(a, (Cancel, Remove))], step.warnings
+        )
         for action in actions:
-            if isinstance(action, Submit) and placement.as_array_task(
-                chain, action, polled.cluster.arrays is not None
-            ):
+            if isinstance(action, Submit) and action.task:
                 arrays.append((step, action))
             elif isinstance(action, Submit):
-                target = self._place(polled, chain, action, tick)
-                if target is None:  # a pool with no free slot: the chain waits, unsubmitted
-                    waiting = placement.waiting_reason(chain, tick.reached(chain.spec.scheduler.kind))
-                    continue
-                done.append(self.submit(target, chain, action))
+                target = polled
+                if action.host is not None:
+                    key = (chain.spec.scheduler.kind, action.host)
+                    tick.placed[key] += 1
+                    target = tick.polled[key]
+                step.done.append(self.submit(target, chain, action))
             else:
-                done.append(action)
-        wait = placement.waiting_change(chain, waiting)
-        step.done = ([wait] if wait is not None else []) + done
+                step.done.append(action)
 
-    def _place(self, polled: Polled, chain: Chain, sub: Submit, tick: Round) -> Optional[Polled]:
-        """Where segment ``sub.n`` is submitted: one to place (``placement.to_place``) goes to a
-        host with a free slot (``placement.place``), or nowhere yet (None); any other, where
-        the chain is."""
-        sched = chain.spec.scheduler
-        if not placement.to_place(chain, sub):
-            return polled
-        free = {
-            host: tick.free((sched.kind, host), sched.slots or 1)
-            for host in sched.hosts
-            if (sched.kind, host) in tick.polled
-        }
-        previous = chain.placed
-        host = placement.place(sched.hosts, previous, free, placement.shared(chain))
-        if host is None:
-            return None
-        tick.placed[(sched.kind, host)] += 1
-        return tick.polled[(sched.kind, host)]
-
-    def _cancel(self, polled: Polled, actions: Iterable[Cancel | Remove], warnings: list[str]) -> None:
-        ids = [a.job_id for a in actions if a.job_id]
-        if not ids:
-            return
-        try:
-            polled.cluster.cancel(ids)
-        except SchedulerError as exc:
-            warnings.append(str(exc))
-        except TransportError as exc:
-            warnings.append(
-                f"could not cancel jobs {', '.join(ids)} ({exc}); they exit at once if they start"
-            )
+    def _cancel(
+        self,
+        tick: Round,
+        polled: Polled,
+        chain: Chain,
+        actions: Iterable[Cancel | Remove],
+        warnings: list[str],
+    ) -> None:
+        """Cancel the actions' jobs: one command per cluster (a ``Remove`` with a host: that
+        pool host's)."""
+        by_cluster: dict[Key, list[str]] = defaultdict(list)
+        for action in actions:
+            host = action.host if isinstance(action, Remove) else None
+            key = polled.key if host is None else (chain.spec.scheduler.kind, host)
+            if action.job_id:
+                by_cluster[key].append(action.job_id)
+        for key, ids in by_cluster.items():
+            try:
+                (polled if key == polled.key else tick.polled[key]).cluster.cancel(ids)
+            except SchedulerError as exc:
+                warnings.append(str(exc))
+            except TransportError as exc:
+                warnings.append(
+                    f"could not cancel jobs {', '.join(ids)} ({exc}); they exit at once if they start"
+                )
 
     def submit(self, polled: Polled, chain: Chain, sub: Submit) -> Action:
         """Journal, then submit: the job's id, or what its failure means."""

@@ -136,6 +136,7 @@ class Observer:
             found=found,
             carried=_carried(polled, chain),
             progress=self.progress.progress(transport, chain.spec),
+            arrays=polled.cluster.arrays is not None,
         )
 
     def away(self, polled: Polled, chain: Chain, lost: str) -> Facts:
@@ -145,7 +146,7 @@ class Observer:
         progress = (
             self.progress.progress(polled.cluster.transport, chain.spec) if placement.shared(chain) else None
         )
-        return Facts(progress=progress, host_lost=lost)
+        return Facts(progress=progress, host_lost=lost, arrays=polled.cluster.arrays is not None)
 
     def account(
         self, polled: Polled, chains: list[Chain], gathered: dict[str, Facts], now: float

@@ -32,6 +32,7 @@ import time
 from typing import Any, Optional
 
 from chainrun.decide import segment as rules
+from chainrun.node import proc
 
 # What systemd gave the service is not the job's (--export=ALL and -V pass it on): a job
 # answering NOTIFY_SOCKET would speak for the service.
@@ -123,33 +124,6 @@ def _whole(value: Any) -> Optional[int]:
 
 def _number(value: Any) -> Optional[float]:
     return value if type(value) in (int, float) and value == value and abs(value) != float("inf") else None
-
-
-def started_at(pid: int) -> Optional[int]:
-    """When a process started (clock ticks after boot); None once it is gone. The kernel gives
-    a PID again once its process is gone: a PID names one of ours only with this start."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(") ", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def processes() -> dict[int, tuple[int, int, int]]:
-    """Every living process: its parent, its process group and its start (zombies left out:
-    ranks orphaned by a launcher the signal killed are reaped by whoever adopts them, maybe never)."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                rest = f.read().rsplit(") ", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # it ended as we looked
-        if rest[0] != "Z":
-            found[int(entry)] = (int(rest[1]), int(rest[2]), int(rest[19]))
-    return found
 
 
 class Carrier:
@@ -402,7 +376,7 @@ class Segment:
         """The command's process group is still its own: the kernel keeps a group's number
         from new processes while any member lives, but not once the group is empty."""
         assert self.child is not None
-        now = started_at(self.child.pid)
+        now = proc.started_at(self.child.pid)
         return now is None or now == self.child_start
 
     def command_pids(self) -> set[tuple[int, int]]:
@@ -411,19 +385,24 @@ class Segment:
         (torchrun starts each rank in a session of its own and dies of SIGUSR1 without passing
         it on; a shell dies of it and leaves its program behind)."""
         assert self.child is not None
-        table = processes()
+        # Living processes only: ranks orphaned by a launcher the signal killed are reaped by
+        # whoever adopts them, maybe never.
+        table = {pid: p for pid, p in proc.table().items() if p.state != "Z"}
         mine = self.child.pid if self.own_group() else None
         found = set()
-        for pid, (_, _, start) in table.items():
+        for pid, process in table.items():
             up: Optional[int] = pid
             for _ in range(64):
-                if up is None or up == 0:
+                if not up:
                     break
-                parent, group, up_start = table.get(up, (None, None, None))
-                if up == mine or (mine is not None and group == mine) or (up, up_start) in self.signalled:
-                    found.add((pid, start))
+                at = table.get(up)
+                ours = at is not None and (
+                    (mine is not None and at.group == mine) or (up, at.start) in self.signalled
+                )
+                if up == mine or ours:
+                    found.add((pid, process.start))
                     break
-                up = parent
+                up = at.parent if at is not None else None
         return found
 
     def deliver(self, name: str) -> None:
@@ -553,7 +532,7 @@ class Segment:
         except OSError as exc:
             say(f"cannot start {argv[0]}: {exc.strerror}", err=True)
             return 127
-        self.child_start = started_at(self.child.pid)
+        self.child_start = proc.started_at(self.child.pid)
         carrier = Carrier(self.run_dir, self.n, self.job, self.env)
         while self.child.poll() is None:
             self.tick()

@@ -12,18 +12,16 @@ commands run it with the host's ``python3``.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import sys
 from collections.abc import Sequence
-from importlib import resources
 from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
 from chainrun.model import CommandResult, ListedJob, Outcome, Phase
 from chainrun.schedulers.base import HelperFile
 from chainrun.schedulers.segment import SegmentJob
+from chainrun.schedulers.ship import LOCAL_RUNNER
 
 RUNNER_DIR = ".chainrun/runner"  # on a remote host, relative to the login directory
 
@@ -52,7 +50,7 @@ class LocalScheduler:
         """On a remote host, the runner's own copy (on this machine it is the package's)."""
         if self.host is None:
             return []
-        return [HelperFile("~/" + runner_path(), runner_source())]
+        return [HelperFile("~/" + runner_path(), LOCAL_RUNNER.data())]
 
     def directives(self, job: SegmentJob) -> list[str]:
         return [f"# local runner job {job.tag}"]
@@ -125,15 +123,6 @@ class LocalScheduler:
         return ""
 
 
-@functools.lru_cache(maxsize=1)
-def runner_source() -> bytes:
-    """The local runner's own source, as copied to remote hosts."""
-    return resources.files("chainrun").joinpath("localrunner.py").read_bytes()
-
-
-@functools.lru_cache(maxsize=1)
 def runner_path() -> str:
-    """Where the runner's copy lives on a remote host (relative to the login directory):
-    named by its content, so that each chainrun version has its own and none is half new."""
-    digest = hashlib.sha256(runner_source()).hexdigest()[:16]
-    return f"{RUNNER_DIR}/localrunner-{digest}.py"
+    """Where the runner's copy lives on a remote host (relative to the login directory)."""
+    return f"{RUNNER_DIR}/{LOCAL_RUNNER.name()}"

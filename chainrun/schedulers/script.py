@@ -9,14 +9,9 @@ here-document, and the one path on a command line is shell-quoted (``text.quote`
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import io
 import json
 import posixpath
-import zipfile
 from collections.abc import Sequence
-from importlib import resources
 
 from chainrun import container
 from chainrun.model import JobSpec, chain_seed
@@ -29,6 +24,7 @@ from chainrun.schedulers.segment import (
     made_dirs,
     sweep_environment,
 )
+from chainrun.schedulers.ship import SEGMENT_RUNNER
 from chainrun.text import quote
 
 
@@ -83,7 +79,7 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
         [
             "#!/bin/bash",
             *scheduler.directives(job),
-            f"# chainrun: segment {job.n} of its chain. The segment runner ({RUNNER_NAME}) reads",
+            f"# chainrun: segment {job.n} of its chain. The segment runner (chainrun/node/runner.py) reads",
             "# the settings below; bash would die of the walltime signal until it catches it.",
             "trap '' USR1 USR2 ALRM",
             "command -v python3 >/dev/null || { echo 'chainrun: the segment runner needs python3"
@@ -99,40 +95,6 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
 _END = "CHAINRUN_SETTINGS"  # no line of indented JSON is this
 
 
-# The runner and what it imports, in the package they hold in chainrun (the rest of each
-# package is left out: a node needs nothing of chainrun but these).
-_SHIPPED = ("node/runner.py", "decide/segment.py", "decide/goal.py")
-_STUBS = ("__init__.py", "node/__init__.py", "decide/__init__.py")
-RUNNER_NAME = "chainrun/node/runner.py"
-
-
-@functools.lru_cache(maxsize=1)
-def runner_archive() -> bytes:
-    """The segment runner as one zip archive Python runs (``python3 -I runner.pyz``), the same
-    bytes for the same chainrun, so that its name can be its hash."""
-    package = resources.files("chainrun")
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
-
-        def add(name: str, data: bytes) -> None:
-            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-            info.external_attr = 0o644 << 16
-            archive.writestr(info, data)
-
-        add("__main__.py", b"import sys\nfrom chainrun.node.runner import main\n\nsys.exit(main())\n")
-        for stub in _STUBS:
-            add("chainrun/" + stub, b"")
-        for name in _SHIPPED:
-            add("chainrun/" + name, package.joinpath(name).read_bytes())
-    return buffer.getvalue()
-
-
 def runner_path(spec: JobSpec) -> str:
-    """Where the runner is placed for a chain: in the workdir's run directory, named by its
-    content, so that each chainrun has its own and none is half new."""
-    return posixpath.join(spec.workdir, RUN_DIR_NAME, f"runner-{_runner_digest()}.pyz")
-
-
-@functools.lru_cache(maxsize=1)
-def _runner_digest() -> str:
-    return hashlib.sha256(runner_archive()).hexdigest()[:16]
+    """Where the segment runner is placed for a chain: in the workdir's run directory."""
+    return posixpath.join(spec.workdir, RUN_DIR_NAME, SEGMENT_RUNNER.name())

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from chainrun.errors import StoreError, UsageError
-from chainrun.localrunner import default_home as default_home  # where chainrun keeps its state
+from chainrun.home import default_home as default_home  # where chainrun keeps its state
 from chainrun.logs import get_logger
 from chainrun.model import Action, Chain, ChainState, Finish, JobSpec, Progress, Submit
 from chainrun.store import views, writes

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
-from chainrun import localrunner
+from chainrun import home as state_home
 from chainrun.errors import StoreError, StoreUnavailable, UsageError
 from chainrun.store.migrations import MIGRATIONS, SCHEMA_VERSION, statements
 from chainrun.store.migrations import version as stored_version
@@ -33,10 +33,10 @@ READ_TIMEOUT = 1.0  # seconds a read-only command waits for a writer before sayi
 
 def private_dir(path: Path) -> Path:
     """Create ``path`` (mode 0700) if needed; refuse one others may enter or that is not ours
-    (the local runner's rule, which keeps its own state with it)."""
+    (``chainrun.home``'s rule, the local runner's too)."""
     try:
-        return localrunner.private_dir(path)
-    except localrunner.RunnerError as exc:
+        return state_home.private_dir(path)
+    except state_home.HomeError as exc:
         raise UsageError(str(exc)) from None
 
 
@@ -76,7 +76,7 @@ class Database:
             exists = self.home.exists()  # a file there is refused below, as for writing
         except OSError as exc:  # a name too long, say
             raise UsageError(
-                f"cannot use the state directory {localrunner.short_path(self.home)}: {exc.strerror}"
+                f"cannot use the state directory {state_home.short_path(self.home)}: {exc.strerror}"
             ) from None
         if exists:
             private_dir(self.home)  # refused when open to others, as for writing (never created)

@@ -1,0 +1,62 @@
+"""The runners chainrun places on the machines where jobs run, which need no chainrun
+installed there: each one zip archive Python runs (``python3 -I FILE.pyz``), holding its
+entry module and the modules of chainrun it imports (the standard library besides), the
+same bytes for the same chainrun, so that its name can be its hash and none is half new."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import posixpath
+import zipfile
+from dataclasses import dataclass
+from importlib import resources
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """One runner: ``modules``, paths in the package, the first the one it runs."""
+
+    stem: str
+    modules: tuple[str, ...]
+
+    @property
+    def entry(self) -> str:
+        return "chainrun." + self.modules[0][: -len(".py")].replace("/", ".")
+
+    def data(self) -> bytes:
+        return _archive(self.entry, self.modules)
+
+    def name(self) -> str:
+        """``STEM-HASH.pyz``: named by its content."""
+        return f"{self.stem}-{hashlib.sha256(self.data()).hexdigest()[:16]}.pyz"
+
+
+# The segment runner, which a batch script runs, with the rules it applies.
+SEGMENT_RUNNER = Shipped("runner", ("node/runner.py", "node/proc.py", "decide/segment.py", "decide/goal.py"))
+# The local runner, copied to each remote workstation of a local scheduler or pool.
+LOCAL_RUNNER = Shipped("localrunner", ("localrunner.py", "home.py", "node/proc.py"))
+
+
+@functools.cache
+def _archive(entry: str, modules: tuple[str, ...]) -> bytes:
+    package = resources.files("chainrun")
+    # Each package a module is in, as an empty one: a node needs nothing else of chainrun.
+    stubs = {"__init__.py"} | {
+        posixpath.join(posixpath.dirname(m), "__init__.py") for m in modules if "/" in m
+    }
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+
+        def add(name: str, data: bytes) -> None:
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, data)
+
+        add("__main__.py", f"import sys\nfrom {entry} import main\n\nsys.exit(main())\n".encode())
+        for stub in sorted(stubs - set(modules)):
+            add("chainrun/" + stub, b"")
+        for name in modules:
+            add("chainrun/" + name, package.joinpath(name).read_bytes())
+    return buffer.getvalue()
