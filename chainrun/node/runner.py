@@ -282,7 +282,8 @@ class Segment:
 
     def found(self) -> rules.Found:
         s = self.s
-        side = _json(read_regular(os.path.join(s["checkpoint_dir"], SIDECAR), READ_AT_MOST))
+        raw = read_regular(os.path.join(s["checkpoint_dir"], SIDECAR), READ_AT_MOST)
+        side = _json(raw)
         side = side if isinstance(side, dict) else {}
         own = s["progress_file"]
         if own:  # progress = "FILE:KEY": the script's own JSON file and its epoch's key
@@ -302,7 +303,9 @@ class Segment:
             saved_at=saved,
             done=side.get("done") is True,
             save_seconds=_number(side.get("save_seconds")),
-            mtime=self._newest(),
+            # A sidecar, even one that does not read, is the source: no file's mtime stands in
+            # for it (as in the service's reader), or a half-written one would be progress.
+            mtime=None if raw is not None else self._newest(),
         )
 
     def _newest(self) -> Optional[float]:
