@@ -30,6 +30,7 @@ class Outcome(enum.Enum):
     CANCELLED = "cancelled"
     LOST = "lost"
     REJECTED = "rejected"  # the scheduler refused the submission for good
+    FENCED = "fenced"  # a newer segment of the chain owned the checkpoint: stopped, free
 
     @property
     def crashed(self) -> bool:
@@ -323,6 +324,9 @@ class EndMarker:
     # so before, not this time (the signal was held); "": it never says so
     ready: str = ""
     save_seconds: Optional[float] = None  # how long the last save took, as the sidecar says
+    # Who owned the checkpoint directory when this segment was fenced (checkpoint/_fence.py):
+    # it was stopped, or never started, without committing; "" when it was not.
+    fenced: str = ""
 
     @property
     def stop_seconds(self) -> Optional[float]:
@@ -349,6 +353,8 @@ class EndMarker:
         return self.original > 128 and not self.stopped_by_signal
 
     def outcome(self) -> Outcome:
+        if self.fenced:
+            return Outcome.FENCED
         if self.preempted:
             return Outcome.PREEMPTED
         if self.stopped_by_signal:
@@ -356,6 +362,8 @@ class EndMarker:
         return Outcome.COMPLETED if self.original == 0 else Outcome.FAILED
 
     def describe(self) -> str:
+        if self.fenced:
+            return f"fenced: {self.fenced} of the chain owns the checkpoint; stopped without committing"
         if self.skipped:
             return "skipped: the goal was already reached"
         how = f"after SIG{self.signal}" if self.signal else "on its own"

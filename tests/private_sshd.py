@@ -109,6 +109,32 @@ class PrivateSSHD:
             )
         wait_for(self.answers, 60, f"the private sshd on port {self.port} to answer")
 
+    def cut_off(self) -> None:
+        """The machine's network cut, the machine itself on: its sshd listener stopped
+        (SIGSTOP: a new connection gets no answer) and its open sessions dropped, while
+        everything else it runs goes on."""
+        assert self.proc is not None
+        (listener,) = [p for p in self._sshds() if b"[listener]" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        os.kill(listener, signal.SIGSTOP)  # first: it starts no session from now on
+        for pid in set(self._sshds()) - {listener}:  # "sshd: USER@notty", each an open session
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def reconnect(self) -> None:
+        """The network back: its sshd listener answers again."""
+        for pid in self._sshds():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+    def _sshds(self) -> list[int]:
+        assert self.proc is not None
+        found = []
+        for pid in _children(self.proc.pid):
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/comm").read_text().startswith("sshd"):
+                    found.append(pid)
+        return found
+
     def stop(self) -> None:
         """Stop the listener and drop every connection: all processes under it are killed."""
         if self.proc is None:

@@ -254,3 +254,71 @@ def test_a_chain_on_a_pool_without_a_shared_workdir_starts_and_stays_where_its_c
     epochs = [int(m) for log in logs for m in re.findall(r"^epoch (\d+) done$", log.read_text(), re.M)]
     assert sorted(epochs) == [3, 4, 5, 6]  # from lab-b's checkpoint of epoch 2, each once
     assert not (lab.dir("lab-a") / "private" / "ckpt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+def test_a_pool_host_cut_off_while_it_trains_never_commits_after_its_chain_moved_on(
+    tmp_path: Path,
+    chainrun: CLI,
+    service: Callable[..., subprocess.Popen[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """lab-a is cut off (its sshd stopped), not killed: its segment trains on into the shared
+    checkpoint directory. After host_timeout the chain resumes on lab-b, whose segment takes
+    the directory's fence: lab-a's segment is stopped without committing again, and the
+    successor queued behind it there, which starts once it ends, never runs its command.
+    When lab-a is back, the chain completes, and the final checkpoint's history holds each
+    epoch once, every one after the move trained on lab-b."""
+    lab = Lab(tmp_path / "lab", ("lab-a", "lab-b"))
+    work = tmp_path / "data"
+    work.mkdir()
+    shutil.copy(TRAINER, work / "trainer.py")
+    epochs = 200  # 100 s: still training on lab-a when the chain moves on
+    job = work / "job.toml"
+    job.write_text(
+        f'name = "cut"\ncommand = "python3 trainer.py --lineage --epochs {epochs} --epoch-time 0.5"\n'
+        f'workdir = "{work}"\ncheckpoint_dir = "ckpt"\ntotal_time = "10m"\nwalltime = "5m"\n'
+        f'grace = "5s"\ntarget_epoch = {epochs}\nmax_failures = 1\n'
+        '[scheduler]\nhosts = ["lab-a", "lab-b"]\nhost_timeout = "15s"\n'
+        f'[env]\nPYTHONPATH = "{REPO}"\n'  # the helper, as the nodes of a lab find it on the shared disk
+    )
+    with running(lab, monkeypatch):
+        chainrun("submit", str(job), check=True)
+        service()
+
+        def under_way_on_a() -> bool:
+            (chain,) = _chains(chainrun)
+            return _live_host(chain) == "lab-a" and (chain["epoch"] or 0) >= 2
+
+        wait_for(under_way_on_a, 180, "the chain under way on lab-a")
+        lab.machines["lab-a"].cut_off()
+        (chain,) = _chains(chainrun)
+        run_dir = work / ".chainrun" / chain["id"]
+
+        def moved() -> bool:
+            (c,) = _chains(chainrun)
+            return any(s["host"] == "lab-b" and s["phase"] == "running" for s in c["segments"])
+
+        wait_for(moved, 240, "the chain to resume on lab-b")
+        first = next(s["n"] for s in _chains(chainrun)[0]["segments"] if s["host"] == "lab-a")
+        wait_for(lambda: (run_dir / f"seg-{first:04d}.end").exists(), 60, "lab-a's segment to stop")
+        end = (run_dir / f"seg-{first:04d}.end").read_text()
+        assert re.search(r"^fenced=segment \d+ \(job \d+\)$", end, re.M), end
+        lab.machines["lab-a"].reconnect()
+        wait_for(lambda: _chains(chainrun)[0]["state"] == "completed", 300, "the chain to complete")
+    (chain,) = _chains(chainrun)
+    assert chain["failures"] == 0, chain
+    ckpt = work / "ckpt"
+    committed = json.loads((ckpt / "chainrun-progress.json").read_text())
+    history = json.loads((ckpt / committed["file"]).read_text())["history"]
+    assert [e for e, _, _ in history] == list(range(1, epochs + 1)), history  # each epoch once
+    moved_at = next(i for i, (_, _, host) in enumerate(history) if host == "lab-b")
+    assert {host for _, _, host in history[moved_at:]} == {"lab-b"}, history
+    queued = [s for s in chain["segments"] if s["host"] == "lab-a" and s["n"] != first]
+    for s in queued:  # queued behind the cut-off one: it started after the move, and stopped at once
+        marker = run_dir / f"seg-{s['n']:04d}.end"
+        if marker.exists():
+            assert "skipped=1" in marker.read_text() and "fenced=segment" in marker.read_text()
+    logs = [run_dir / f"seg-{s['n']:04d}.log" for s in queued]
+    assert not [log for log in logs if log.exists() and re.search(r"^epoch \d+ done$", log.read_text(), re.M)]

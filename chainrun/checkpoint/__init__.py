@@ -22,6 +22,7 @@ from chainrun.checkpoint._atomic import (
     sha256_file,
 )
 from chainrun.checkpoint._clock import SegmentClock, parse_signal
+from chainrun.checkpoint._fence import FENCED_EXIT, Fenced
 from chainrun.checkpoint._progress import (
     SIDECAR_NAME,
     SIDECAR_VERSION,
@@ -42,6 +43,7 @@ from chainrun.checkpoint._store import (
 )
 
 __all__ = [
+    "FENCED_EXIT",
     "SEED_VAR",
     "SIDECAR_NAME",
     "SIDECAR_VERSION",
@@ -50,6 +52,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointWarning",
     "Entry",
+    "Fenced",
     "Resume",
     "Saved",
     "SegmentClock",

@@ -48,6 +48,7 @@ def atomic_write(
     data_or_writer: Union[bytes, bytearray, memoryview, Writer],
     *,
     fsync: bool = True,
+    before_replace: Optional[Callable[[], None]] = None,
 ) -> Written:
     """Write ``path`` so that it is either untouched or complete, and durable once this returns.
 
@@ -56,6 +57,8 @@ def atomic_write(
     ``lambda f: torch.save(state, f)``. The temp file is removed on any error,
     including KeyboardInterrupt; only SIGKILL can leave one, and
     :func:`cleanup_temp_files` removes those of dead writers later.
+    ``before_replace``, when given, is called once the temp file is durable, right before
+    the rename: when it raises, the rename is not made (the fence of a commit).
     """
     if isinstance(data_or_writer, str):
         raise TypeError("atomic_write needs bytes or a writer callable, got str: pass text.encode()")
@@ -78,6 +81,8 @@ def atomic_write(
         finally:
             sink.close()
             os.close(fd)
+        if before_replace is not None:
+            before_replace()
         os.replace(temp, target)
         if fsync:
             fsync_dir(directory)

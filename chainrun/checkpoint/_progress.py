@@ -8,7 +8,7 @@ of batches done in the epoch in progress, so "epoch >= target_epoch" means
 the training is done; ``save_seconds``, how long the save took (the wrapper
 keeps it in its end marker, and an adaptive grace is made of it). The sidecar
 is written atomically and only after the checkpoint it names is durable: it is
-the commit point of every save.
+the commit point of every save, and where the fence (``_fence``) is checked.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Optional, Union
 
+from chainrun.checkpoint import _fence
 from chainrun.checkpoint._atomic import atomic_write, fsync_file, sha256_file
 
 SIDECAR_NAME = "chainrun-progress.json"
@@ -128,7 +129,8 @@ def write_progress(
         "save_seconds": None if save_seconds is None else round(float(save_seconds), 3),
     }
     data = encode_progress(progress)
-    atomic_write(os.path.join(root, SIDECAR_NAME), data)
+    # The commit: refused (``Fenced``) when a newer segment of the chain owns the directory.
+    atomic_write(os.path.join(root, SIDECAR_NAME), data, before_replace=lambda: _fence.check(root))
     return _validate(progress)
 
 

@@ -298,7 +298,7 @@ def _ending(job: JobFacts) -> Optional[_Ending]:
     if (
         marker is not None
         and overridable
-        and (outcome is None or marker.stopped_by_signal or marker.preempted)
+        and (outcome is None or marker.stopped_by_signal or marker.preempted or marker.fenced)
     ):
         outcome = marker.outcome()
     reasons = [r for r in (view.reason if view else "", marker.describe() if marker else "") if r]
@@ -430,6 +430,10 @@ def _charge(
         # Cancelled because the goal was reached, by a service that died before
         # it could record the cancel: that was chainrun's own doing.
         return False, f"{outcome.value} after the goal was already reached{detail}"
+    if outcome is Outcome.FENCED:
+        # A newer segment of the chain owns the checkpoint: this one was stopped by chainrun's
+        # fence, never by the training's fault.
+        return False, f"{outcome.value}{detail}: free"
     if outcome is Outcome.NODE_FAIL and intact is not None:
         # The machine's fault, not the command's, and nothing saved was lost: only the
         # time since the last save, which counts against total_time as any segment does.

@@ -31,8 +31,10 @@ import sys
 import time
 from typing import Any, Optional
 
+from chainrun.checkpoint import _fence as fence
 from chainrun.decide import segment as rules
 from chainrun.node import proc
+from chainrun.node.share import link_code
 
 # What systemd gave the service is not the job's (--export=ALL and -V pass it on): a job
 # answering NOTIFY_SOCKET would speak for the service.
@@ -51,6 +53,7 @@ CAUGHT = ("USR1", "USR2", "TERM", "ALRM")  # ALRM: caught so that the command is
 SIDECAR = "chainrun-progress.json"
 READ_AT_MOST = 1 << 20  # of a sidecar: a FIFO or a link to a device planted there never blocks
 WAKE_EVERY = 0.5  # seconds, at most, between two looks at the clock
+FENCE_EVERY = 2.0  # seconds between two looks at the checkpoint directory's fence
 TAIL_BYTES, TAIL_LINES, TAIL_WIDTH = 8192, 5, 300
 
 
@@ -203,6 +206,7 @@ class Segment:
         self.signalled: set[tuple[int, int]] = set()  # every process signalled: (PID, start)
         self.timer = "wait"
         self.killed = False
+        self.fenced: Optional[str] = None  # who owns the checkpoint directory once this one is fenced
         self.env = self._environment()
 
     # ---- what the job is told ----
@@ -243,6 +247,12 @@ class Segment:
             "",
         )
         env.pop("CHAINRUN_JOB_ID", None)
+        # A requeued job runs again as the same segment: its restart makes it the newer one.
+        restart = next(
+            (env[k] for k in ("SLURM_RESTART_COUNT", "RESTARTED") if env.get(k, "").isdigit()), "0"
+        )
+        self.token = fence.Token(s["chain"], self.n, int(restart), self.job)
+        env[fence.FENCE_VAR] = self.token.text().strip()
         return env
 
     def _shell(self, command: str, env: dict[str, str]) -> Optional[subprocess.CompletedProcess[bytes]]:
@@ -354,7 +364,7 @@ class Segment:
             f"exit={code}\noriginal={original}\nsignal={self.got}\n"
             f"signalled_at={'' if self.sent is None else self.sent}\nskipped={int(skipped)}\n"
             f"preempted={'1' if self.preempted else ''}\njob={self.job}\nat={int(time.time())}\n"
-            f"path={path}\ngrace={self.grace}\nready={ready}\n" + self.snapshot()
+            f"path={path}\ngrace={self.grace}\nready={ready}\nfenced={self.fenced or ''}\n" + self.snapshot()
         )
         if original != 0:
             text += "".join(f"tail={line}\n" for line in self.tail())
@@ -503,10 +513,14 @@ class Segment:
             except OSError as exc:
                 say(f"cannot make {directory}: {exc.strerror}", err=True)
         os.umask(old)
+        if not self.claim():
+            self.end_marker(0, 0, skipped=True)
+            return 0
         self.share()
         rc = self.run_command()
+        self.fenced = self.fenced or self.usurped()  # the helper's commit may have found it first
         self.share()
-        code = rules.exit_status(rc)
+        code = 0 if self.fenced else rules.exit_status(rc)  # fenced: stopped on purpose
         say(f"segment {self.n} command exited {rc}" + (f" after SIG{self.got}" if self.got else ""))
         self.end_marker(code, rc, skipped=False)
         # Held to the end and never ready: the next segment's command gets the signal at its time again.
@@ -519,8 +533,55 @@ class Segment:
                 if "TERM" in self.received:
                     return code
                 self.nap(1.0)
-        Carrier(self.run_dir, self.n, self.job, self.env).until_done()  # with this segment's end known
+        if self.fenced is None:  # a fenced segment queues nothing: the newer one carries the chain
+            Carrier(self.run_dir, self.n, self.job, self.env).until_done()  # with this segment's end known
         return code
+
+    def claim(self) -> bool:
+        """Take the checkpoint directory's fence for this segment; False when a newer segment
+        of the chain holds it (this one is fenced before it starts). Where the fence cannot be
+        written, the segment runs unfenced, and says so."""
+        directory = self.s["checkpoint_dir"]
+        try:
+            owner = fence.claim(directory, self.token)
+        except OSError as exc:
+            say(
+                f"cannot write the fence in {directory} ({exc.strerror}); this segment runs unfenced",
+                err=True,
+            )
+            self.env.pop(fence.FENCE_VAR, None)
+            return True
+        if owner is None:
+            return True
+        self.fenced = owner.describe()
+        say(f"segment {self.n} fenced before it started: {self.fenced} of the chain owns {directory}")
+        return False
+
+    def usurped(self) -> Optional[str]:
+        """Who owns the checkpoint directory, once it is no longer this segment (None while
+        it is, or where the fence could not be written)."""
+        directory = self.s["checkpoint_dir"]
+        if fence.FENCE_VAR not in self.env or fence.holds(directory, self.token):
+            return None
+        owner = fence.read(directory)
+        return owner.describe() if owner is not None else "another run"
+
+    def watch_fence(self) -> None:
+        """Stop the command (SIGKILL: no save may follow) once another segment owns the
+        checkpoint directory: for a script that saves without the helper, whose commit
+        would not check the fence itself."""
+        if self.fenced is not None:
+            return
+        self.fenced = self.usurped()
+        if self.fenced is None:
+            return
+        directory = self.s["checkpoint_dir"]
+        say(f"segment {self.n} fenced: {self.fenced} of the chain owns {directory}; stopping the command")
+        assert self.child is not None
+        if self.own_group():
+            with contextlib.suppress(OSError):
+                os.killpg(self.child.pid, signal.SIGKILL)
+        self._kill(self.command_pids(), signal.SIGKILL)
 
     def run_command(self) -> int:
         """Run the command (in a process group of its own, so that a scheduler's kill of the
@@ -537,9 +598,14 @@ class Segment:
             return 127
         self.child_start = proc.started_at(self.child.pid)
         carrier = Carrier(self.run_dir, self.n, self.job, self.env)
+        fence_at = 0.0
         while self.child.poll() is None:
             self.tick()
-            carrier.poll(time.time(), "running")
+            if time.monotonic() >= fence_at:
+                fence_at = time.monotonic() + FENCE_EVERY
+                self.watch_fence()
+            if self.fenced is None:
+                carrier.poll(time.time(), "running")
             self.nap(WAKE_EVERY)
         rc = self.child.returncode
         rc = 128 - rc if rc < 0 else rc
@@ -577,51 +643,7 @@ class Segment:
                 names = set(os.fsdecode(name) for name in f.read().split(b"\0"))
         except OSError:
             return
-        share(s["code"], s["workdir"], s["code_path"], names)
-
-
-def share(code: str, work: str, prefix: str, names: set[str]) -> None:
-    """The code of a snapshot chain holds only the snapshot (its paths: ``names``); everything
-    else of the workdir is reachable there under its own name, as a link to the workdir's entry
-    (within a directory both have, likewise), made before each segment. What the command made
-    there beside the snapshot's own files moves to the workdir before and after each segment: a
-    new directory where the workdir has none, a file always (an atomic save replaces the link to
-    the workdir's file with a file of its own), so no output stays hidden in the code."""
-
-    def entries(directory: str) -> list[str]:
-        try:
-            return [
-                n
-                for n in os.listdir(directory)
-                if n not in (".git", "__pycache__") and not n.startswith(".chainrun")
-            ]
-        except OSError:
-            return []
-
-    for name in entries(code):
-        entry = os.path.join(code, name)
-        if os.path.islink(entry) or not os.path.exists(entry) or prefix + name in names:
-            continue
-        there = os.path.join(work, name)
-        try:
-            if os.path.isfile(entry):
-                os.replace(entry, there)
-            elif not os.path.lexists(there):
-                os.rename(entry, there)
-        except OSError:
-            pass
-    for name in entries(work):
-        entry, here = os.path.join(work, name), os.path.join(code, name)
-        if not os.path.lexists(here):
-            with contextlib.suppress(OSError):
-                os.symlink(entry, here)
-        elif (
-            os.path.isdir(here)
-            and not os.path.islink(here)
-            and os.path.isdir(entry)
-            and not os.path.islink(entry)
-        ):
-            share(here, entry, prefix + name + "/", names)
+        link_code(s["code"], s["workdir"], s["code_path"], names)
 
 
 def main() -> int:

@@ -237,6 +237,7 @@ def parse_end_marker(data: bytes) -> Optional[EndMarker]:
             grace=_whole(fields.get("grace")),
             ready=fields.get("ready", "") if fields.get("ready") in ("0", "1") else "",
             save_seconds=_number(fields.get("ckpt_save"), float),
+            fenced=fields.get("fenced", "").strip(),
         )
     except (KeyError, ValueError):
         return None

@@ -34,7 +34,17 @@ class Shipped:
 
 
 # The segment runner, which a batch script runs, with the rules it applies.
-SEGMENT_RUNNER = Shipped("runner", ("node/runner.py", "node/proc.py", "decide/segment.py", "decide/goal.py"))
+SEGMENT_RUNNER = Shipped(
+    "runner",
+    (
+        "node/runner.py",
+        "node/proc.py",
+        "node/share.py",
+        "decide/segment.py",
+        "decide/goal.py",
+        "checkpoint/_fence.py",
+    ),
+)
 # The local runner, copied to each remote workstation of a local scheduler or pool.
 LOCAL_RUNNER = Shipped("localrunner", ("localrunner.py", "home.py", "node/proc.py"))
 

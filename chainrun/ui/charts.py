@@ -23,6 +23,7 @@ OUTCOME_COLOURS = {
     "preempted": "#9467bd",
     "cancelled": "#7f7f7f",
     "skipped": "#bcbd22",
+    "fenced": "#bcbd22",  # stopped by the fence, at no cost: like a skip
     "running": "#17becf",
     "failed": FAILURE,
     "oom": FAILURE,

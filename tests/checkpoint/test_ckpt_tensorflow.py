@@ -84,9 +84,9 @@ def values(variables: list[Any]) -> list[np.ndarray]:
 def recording(events: list[str], label: str, real: Callable[..., Any]) -> Callable[..., Any]:
     """``real``, noting ``label <file name>`` in ``events`` before each call."""
 
-    def wrapper(path: str, *args: Any) -> Any:
+    def wrapper(path: str, *args: Any, **kwargs: Any) -> Any:
         events.append(f"{label} {os.path.basename(path)}")
-        return real(path, *args)
+        return real(path, *args, **kwargs)
 
     return wrapper
 

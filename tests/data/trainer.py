@@ -8,6 +8,9 @@ leaves a half-written sidecar behind. --ignore-signals ignores the walltime
 signal and SIGTERM, so only the scheduler's kill stops it. --exclusive holds
 a lock on the checkpoint directory while it runs: a second copy that finds it
 held (two jobs of one chain at once) says so in overlaps.log and exits 3.
+--lineage commits through chainrun's helper (its commit checks the fence) a
+file per epoch that holds the checkpoint's history: each epoch with the segment
+and host that trained it, so the final checkpoint shows what it was made of.
 """
 
 from __future__ import annotations
@@ -31,6 +34,39 @@ def atomic(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def lineage(epochs: int, epoch_time: float) -> int:
+    """Train, committing through the helper a file per epoch that holds its history."""
+    from chainrun.checkpoint import load_progress, write_progress
+
+    ckdir = os.environ["CHAINRUN_CHECKPOINT_DIR"]
+    os.makedirs(ckdir, exist_ok=True)
+    segment = os.environ.get("CHAINRUN_SEGMENT", "0")
+    committed = load_progress(ckdir)
+    history: list[list[object]] = []
+    if committed is not None:
+        with open(os.path.join(ckdir, committed["file"])) as f:
+            history = json.load(f)["history"]
+    stop: list[int] = []
+    signal.signal(
+        getattr(signal, "SIG" + os.environ.get("CHAINRUN_SIGNAL", "USR1")), lambda *_: stop.append(1)
+    )
+    epoch = len(history)
+    while epoch < epochs and not stop:
+        deadline = time.time() + epoch_time
+        while time.time() < deadline and not stop:
+            time.sleep(0.05)
+        if stop:
+            break
+        epoch += 1
+        history = [*history, [epoch, int(segment), os.uname().nodename]]
+        name = f"model-e{epoch:04d}-s{segment}.ckpt"
+        atomic(os.path.join(ckdir, name), json.dumps({"history": history}).encode())
+        write_progress(ckdir, epoch=epoch, step=0, file=name)  # refused once another segment owns ckdir
+        print(f"epoch {epoch} done", flush=True)
+    print("stopping" + (" on signal" if stop else ""), flush=True)
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=6)
@@ -39,7 +75,10 @@ def main() -> int:
     p.add_argument("--exit-code", type=int, default=1)
     p.add_argument("--ignore-signals", action="store_true")
     p.add_argument("--exclusive", action="store_true")
+    p.add_argument("--lineage", action="store_true")
     args = p.parse_args()
+    if args.lineage:
+        return lineage(args.epochs, args.epoch_time)
     ckdir = os.environ.get("CHAINRUN_CHECKPOINT_DIR", "checkpoints")
     os.makedirs(ckdir, exist_ok=True)
     if args.exclusive:
