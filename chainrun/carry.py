@@ -4,12 +4,13 @@ segment's wrapper runs now and then while its command runs, and when it has ende
 It reads what it can in the run directory (``carry.json``, what the service recorded when
 it last submitted; the markers of the segments since; the final marker; the checkpoint) and
 the service's heartbeat, asks ``decide.carry`` whether to queue the successor, and if so
-claims it (``seg-NNNN.queued``, made exclusively: never two successors of one segment),
-makes sure the scheduler lists no job under its tag, and submits it exactly as the service
-would, for the service to adopt when it returns. It prints the seconds until it wants to be
-asked again (nothing: never, for this segment); what it did, it says on stderr, in the
-segment's log. The service leaves ``carry.json`` and the ``carry`` launcher there
-(``leave_record``) when the chain may carry itself (``decide.carry.applies``).
+makes sure the scheduler lists no job under its tag, and claims and submits it through
+``Cluster.submit``, as the service does (the claim, ``seg-NNNN.queued``, made exclusively:
+never two successors of one segment), for the service to adopt when it returns. It prints
+the seconds until it wants to be asked again (nothing: never, for this segment); what it
+did, it says on stderr, in the segment's log. The service leaves ``carry.json`` and the
+``carry`` launcher there (``leave_record``) when the chain may carry itself
+(``decide.carry.applies``).
 """
 
 from __future__ import annotations
@@ -27,15 +28,13 @@ from chainrun import heartbeat, progress, rundir
 from chainrun.cluster import Cluster
 from chainrun.decide import JobFacts
 from chainrun.decide.carry import ASK_EVERY, TICKS_AWAY, Alone, Known, Verdict, applies, away_bound, carry
-from chainrun.errors import ChainrunError, SchedulerError
+from chainrun.errors import ChainrunError, ClaimedError, SchedulerError
 from chainrun.model import NO_PROGRESS, Chain, JobSpec, Progress
 from chainrun.schedulers import scheduler_for
 from chainrun.schedulers.segment import (
     CARRY_NAME,
     FINAL_NAME,
     SegmentJob,
-    claim_job,
-    claim_text,
     parse_end_marker,
     parse_start_marker,
     parse_tag,
@@ -175,7 +174,8 @@ def ask(
 def _queue(
     transport: Transport, home: Path, spec: JobSpec, chain_id: str, verdict: Verdict
 ) -> Optional[float]:
-    """Claim the successor, make sure no job has its tag, submit it; when to ask again."""
+    """Make sure no job has the successor's tag, then claim and submit it (``Cluster.submit``,
+    as the service does); when to ask again."""
     sub = verdict.submit
     assert sub is not None
     job = SegmentJob(chain_id, sub.n, spec, sub.walltime, sub.after)
@@ -186,19 +186,12 @@ def _queue(
         say(sub.n - 1, f"finds segment {sub.n} queued already as job {queued[0].job_id}")
         return None
     try:
-        fd = os.open(job.claim_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return None  # claimed already: the tag is the lock
-    with os.fdopen(fd, "wb") as claim:
-        claim.write(claim_text(sub.walltime, sub.after or ""))
-        claim.flush()
-        try:
-            job_id = cluster.submit(job)
-        except SchedulerError as exc:
-            os.unlink(job.claim_path)  # nothing was queued: free to try again
-            say(sub.n - 1, f"could not queue segment {sub.n}: {exc}")
-            return ASK_EVERY if exc.transient else None
-        claim.write(claim_job(job_id))
+        job_id = cluster.submit(job, by=f"segment {sub.n - 1}")
+    except ClaimedError:
+        return None  # claimed already (by the service, or a run of this check before): theirs
+    except SchedulerError as exc:
+        say(sub.n - 1, f"could not queue segment {sub.n}: {exc}")
+        return ASK_EVERY if exc.transient else None
     say(sub.n - 1, f"queued segment {sub.n} as job {job_id} after job {sub.after}: {verdict.reason}")
     return None
 

@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from typing import Callable, Optional, TypeVar
 
 from chainrun import rundir
+from chainrun.errors import ClaimedError, SchedulerError
 from chainrun.model import CommandResult, JobSpec, ListedJob
 from chainrun.schedulers.base import ArrayScheduler, HelperFile, NodeSubmitProbe, Scheduler, parse_cancel
 from chainrun.schedulers.script import render_script, runner_path
-from chainrun.schedulers.segment import SegmentJob
+from chainrun.schedulers.segment import SegmentJob, claim_job, claim_text, parse_claim
 from chainrun.schedulers.ship import SEGMENT_RUNNER
 from chainrun.transport import Transport
 
@@ -78,10 +79,28 @@ class Cluster:
         self.place(HelperFile(runner_path(job.spec), SEGMENT_RUNNER.data()))
         rundir.write_script(self.transport, job.script_path, render_script(self.scheduler, job))
 
-    def submit(self, job: SegmentJob) -> str:
-        """Write ``job``'s script and queue it; the job id."""
+    def submit(self, job: SegmentJob, by: str) -> str:
+        """Claim segment ``job.n``, write its script and queue it; the job id.
+
+        The one claim protocol: whoever queues a segment (the service, or the segment before
+        it carrying the chain, ``by``) first creates its claim (``seg-N.queued``)
+        exclusively, so a segment is never queued twice however the two interleave. A claim
+        ``by`` holds already (its own submission tried before) is taken again; another's
+        raises ClaimedError. A submission the scheduler refused frees the claim; one that
+        answered records its job there."""
+        text = claim_text(job.walltime, job.after or "", by)
+        if not self.transport.create_file(job.claim_path, text):
+            held = parse_claim(self.transport.read_file(job.claim_path) or b"")
+            if held is None or held.by != by:
+                raise ClaimedError(job.n, held)
         self.write_script(job)
-        return self.call(self.scheduler.submit_argv(job), self.scheduler.parse_submit, SUBMIT_TIMEOUT)
+        try:
+            job_id = self.call(self.scheduler.submit_argv(job), self.scheduler.parse_submit, SUBMIT_TIMEOUT)
+        except SchedulerError:
+            self.transport.remove(job.claim_path)  # nothing was queued: free to claim again
+            raise
+        self.transport.write_file(job.claim_path, text + claim_job(job_id))
+        return job_id
 
     def submit_array(self, stem: str, spec: JobSpec, indices: Sequence[int]) -> str:
         """Queue the array job whose script is ``stem``.sh (written by the caller), for its task

@@ -33,6 +33,16 @@ class TransportError(ChainrunError):
     """
 
 
+class ClaimedError(ChainrunError):
+    """Another claimant holds the segment's claim (``Cluster.submit``): it queues, or has
+    queued, that segment, which must not be queued twice. ``held``: its claim, as read."""
+
+    def __init__(self, n: int, held: object) -> None:
+        super().__init__(f"segment {n} is claimed already ({held})")
+        self.n = n
+        self.held = held
+
+
 class SchedulerError(ChainrunError):
     """The scheduler refused or failed a request.
 

@@ -517,6 +517,7 @@ class Carried:
     job_id: str  # "" while its submission has not answered (or never did)
     walltime: int
     after: str  # the job of the segment that queued it
+    by: str = ""  # who claimed it: "service", or "segment N" (the one before it)
 
 
 @dataclass(frozen=True)

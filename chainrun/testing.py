@@ -334,6 +334,12 @@ class FakeTransport:
     def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
         self.cluster.files[path] = data
 
+    def create_file(self, path: str, data: bytes, mode: int = 0o600) -> bool:
+        if path in self.cluster.files:
+            return False
+        self.cluster.files[path] = data
+        return True
+
     def stat(self, path: str) -> Optional[FileInfo]:
         data = self.cluster.files.get(path)
         if data is not None:

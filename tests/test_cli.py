@@ -889,7 +889,7 @@ STORE_MODULES = ("checked", "database", "migrations", "rows", "views", "writes")
                 "chainrun.errors",
                 "chainrun.logs",
             }
-            | {"chainrun.model", "chainrun.localrunner"},  # the store's home is the runner's too
+            | {"chainrun.model", "chainrun.home"},  # where the store is
         ),
         (
             ["status"],
@@ -907,7 +907,7 @@ STORE_MODULES = ("checked", "database", "migrations", "rows", "views", "writes")
                 "chainrun.accounting",  # status CHAIN's allocation line: pure arithmetic on the chain
                 "chainrun.heartbeat",
                 "chainrun.text",
-                "chainrun.localrunner",
+                "chainrun.home",
             }
             | {"chainrun.systemd"}  # where a service would be started: a file looked at, no process
             | {"chainrun.lock"}  # whether a service runs: the one that holds the lock

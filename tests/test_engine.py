@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 from test_decide import SPEC as DECIDE_SPEC
 
+from chainrun.cluster import Cluster
 from chainrun.decide import LOST_AFTER, Facts, backoff, decide
 from chainrun.decide.retry import ACCOUNTING_FIRST, STUCK_AFTER, STUCK_RETRY
 from chainrun.engine import Engine
+from chainrun.engine.observe import Polled
 from chainrun.model import (
     NO_PROGRESS,
     Action,
@@ -24,6 +26,7 @@ from chainrun.model import (
     SchedulerSpec,
     Submit,
 )
+from chainrun.schedulers.segment import SegmentJob
 from chainrun.store import Store
 from chainrun.testing import FakeClock, FakeCluster
 
@@ -171,6 +174,32 @@ def test_an_interrupted_submission_is_adopted_never_submitted_twice(world: World
     assert world.phases(chain_id)[0] == (1, "1", "pending")
     assert [c[0] for c in world.cluster.commands].count("fake-submit") == 0
     assert "segment 1 adopted after a restart as job 1" in world.history(chain_id)
+
+
+def test_a_successor_the_segment_queued_between_the_services_read_and_its_submit_is_adopted(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One claim protocol: the service read the chain (no claim, no job of segment 2 yet) and
+    stalled; meanwhile segment 1, carrying the chain, claimed segment 2 and queued it. The
+    service's own submission finds the claim taken: it adopts that job and queues none."""
+    chain_id = world.add()
+    world.tick()
+    world.cluster.start("1", epoch=0)
+    observe = world.engine.observer.facts
+
+    def read_then_the_carrier_queues(polled: Polled, chain: Chain) -> Facts:
+        facts = observe(polled, chain)
+        if len(chain.segments) == 1:  # the carrier, between the service's read and its submit
+            carrier = Cluster(world.cluster.scheduler("fake", None), world.cluster.transport())
+            carrier.submit(SegmentJob(chain_id, 2, chain.spec, 100, "1"), by="segment 1")
+        return facts
+
+    monkeypatch.setattr(world.engine.observer, "facts", read_then_the_carrier_queues)
+    world.tick()
+    tagged = [j.job_id for j in world.cluster.jobs.values() if j.name == f"cr.{chain_id}.2"]
+    assert tagged == ["2"]  # one successor
+    assert world.phases(chain_id) == [(1, "1", "running"), (2, "2", "pending")]
+    assert "segment 2 queued by segment 1 (its claim) as job 2" in world.history(chain_id)
 
 
 def test_a_second_job_of_a_segment_that_shows_up_late_is_removed(world: World) -> None:

@@ -23,6 +23,7 @@ import time
 import tracemalloc
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -409,6 +410,27 @@ def test_write_file_honours_an_explicit_mode(transport: Transport, workdir: str)
     """``mode`` is applied exactly, whatever the umask."""
     transport.write_file(f"{workdir}/run.sh", b"#!/bin/sh\n", mode=0o755)
     assert _mode(transport, f"{workdir}/run.sh") == "755"
+
+
+def test_create_file_creates_only_where_nothing_is_and_one_of_two_at_once_wins(
+    transport: Transport, workdir: str
+) -> None:
+    """The claim's primitive: a file created private with its bytes, and never over anything
+    that is there (a file, a directory, a dangling link); of several creators at once, one."""
+    path = f"{workdir}/seg-0002.queued"
+    assert transport.create_file(path, b"walltime=60\n") is True
+    assert transport.read_file(path) == b"walltime=60\n" and _mode(transport, path) == "600"
+    assert transport.create_file(path, b"by=another\n") is False
+    assert transport.read_file(path) == b"walltime=60\n"
+    transport.makedirs(f"{workdir}/d")
+    assert transport.create_file(f"{workdir}/d", b"x") is False
+    transport.run(["ln", "-s", f"{workdir}/nowhere", f"{workdir}/link"])
+    assert transport.create_file(f"{workdir}/link", b"x") is False
+    with pytest.raises(TransportError, match=r"cannot create .*/no-dir/f on "):
+        transport.create_file(f"{workdir}/no-dir/f", b"x")
+    with ThreadPoolExecutor(8) as pool:
+        won = list(pool.map(lambda i: transport.create_file(f"{workdir}/race", b"%d" % i), range(8)))
+    assert won.count(True) == 1
 
 
 def test_write_file_into_missing_directory_raises_transport_error(transport: Transport, workdir: str) -> None:

@@ -19,11 +19,24 @@ from typing import Callable, Optional
 
 from chainrun import carry, rundir, snapshot
 from chainrun.decide import placement
-from chainrun.decide.retry import after_submit, array_refused
+from chainrun.decide.retry import after_submit, array_refused, backoff
 from chainrun.engine.observe import Key, Polled
-from chainrun.errors import SchedulerError, StoreUnavailable, TransportError, UnsafePathError
+from chainrun.errors import ClaimedError, SchedulerError, StoreUnavailable, TransportError, UnsafePathError
 from chainrun.logs import get_logger
-from chainrun.model import Action, Adopt, Cancel, Chain, Finish, ListedJob, Progress, Remove, SetGrace, Submit
+from chainrun.model import (
+    Action,
+    Adopt,
+    Cancel,
+    Carried,
+    Chain,
+    Finish,
+    ListedJob,
+    Progress,
+    Remove,
+    RetryLater,
+    SetGrace,
+    Submit,
+)
 from chainrun.schedulers.base import ArrayScheduler
 from chainrun.schedulers.script import render_array_script
 from chainrun.schedulers.segment import SegmentJob, array_stem, array_tag
@@ -155,7 +168,9 @@ class Executor:
                 snapshot.deliver_to(polled.cluster.transport, chain.spec)
             rundir.trust_run_dir(polled.cluster.transport, chain.spec, chain.id, ran_there=chain.ran_on(host))
             carry.leave_record(polled.cluster.transport, chain, self.store.home)
-            job_id = polled.cluster.submit(job)
+            job_id = polled.cluster.submit(job, by="service")
+        except ClaimedError as exc:  # the segment before it queues it, or has: never twice
+            return _claimed(exc, attempts, now)
         except snapshot.SnapshotError as exc:  # tried again later, as a host that did not answer
             return after_submit(sub.n, attempts, TransportError(str(exc)), now)
         except (TransportError, SchedulerError, UnsafePathError) as exc:
@@ -256,3 +271,13 @@ class Executor:
             )
             for i, job, step, _, _ in tasks
         ]
+
+
+def _claimed(exc: ClaimedError, attempts: int, now: float) -> Action:
+    """A segment another claimant holds: adopted once its claim names the job it queued;
+    until then, looked at again (its submission may be under way)."""
+    held = exc.held if isinstance(exc.held, Carried) else None
+    who = (held.by if held is not None else "") or "the segment before it"
+    if held is not None and held.job_id:
+        return Adopt(n=exc.n, job_id=held.job_id, how=f"queued by {who} (its claim)")
+    return RetryLater(n=exc.n, at=now + backoff(attempts), reason=f"{who} is queueing it (its claim)")

@@ -193,9 +193,10 @@ def _snapshot(fields: dict[str, str]) -> Optional[Progress]:
     )
 
 
-def claim_text(walltime: int, after: str) -> bytes:
-    """A claim as made, before the submission; ``claim_job`` adds the job once it answered."""
-    return f"walltime={walltime}\nafter={after}\n".encode()
+def claim_text(walltime: int, after: str, by: str) -> bytes:
+    """A claim as made by ``by``, before the submission; ``claim_job`` adds the job once it
+    answered."""
+    return f"walltime={walltime}\nafter={after}\nby={by}\n".encode()
 
 
 def claim_job(job_id: str) -> bytes:
@@ -209,7 +210,10 @@ def parse_claim(data: bytes) -> Optional[Carried]:
     if walltime is None or "after" not in fields:
         return None
     return Carried(
-        job_id=fields.get("job", "").strip(), walltime=int(walltime), after=fields["after"].strip()
+        job_id=fields.get("job", "").strip(),
+        walltime=int(walltime),
+        after=fields["after"].strip(),
+        by=fields.get("by", "").strip(),
     )
 
 

@@ -68,6 +68,11 @@ class Transport(Protocol):
 
     def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None: ...
 
+    def create_file(self, path: str, data: bytes, mode: int = 0o600) -> bool:
+        """Create ``path`` with ``data`` only if nothing is there (exclusively: of two at
+        once, one alone succeeds); False when something was. A reader may see it part written."""
+        ...
+
     def listdir(self, path: str) -> list[FileInfo] | None: ...
 
     def stat(self, path: str) -> FileInfo | None:

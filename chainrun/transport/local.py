@@ -165,6 +165,22 @@ class LocalTransport:
         except OSError as e:
             raise file_error("create directory", path, "localhost", e) from None
 
+    def create_file(self, path: str, data: bytes, mode: int = 0o600) -> bool:
+        try:
+            fd = os.open(os.path.expanduser(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        except FileExistsError:
+            return False
+        except OSError as e:
+            raise file_error("create", path, "localhost", e) from None
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise file_error("write", path, "localhost", e) from None
+        return True
+
     def remove(self, path: str) -> None:
         try:
             os.unlink(os.path.expanduser(path))

@@ -267,6 +267,25 @@ class SSHTransport:
 
         self._sftp_call("write", path, write)
 
+    def create_file(self, path: str, data: bytes, mode: int = 0o600) -> bool:
+        def create(sftp: paramiko.SFTPClient, p: str) -> bool:
+            try:
+                f = sftp.open(p, "wxb")  # SSH_FXF_EXCL: refused when anything is there
+            except OSError:
+                try:
+                    sftp.lstat(p)
+                except FileNotFoundError:
+                    raise
+                return False  # it was there (SFTP says only "failure")
+            with f:
+                f.chmod(mode)
+                f.write(data)
+                f.flush()
+                _sftp_fsync(sftp, f)
+            return True
+
+        return self._sftp_call("create", path, create)
+
     def listdir(self, path: str) -> list[FileInfo] | None:
         def listdir(sftp: paramiko.SFTPClient, p: str) -> list[FileInfo] | None:
             try:
