@@ -327,6 +327,7 @@ class EndMarker:
     # Who owned the checkpoint directory when this segment was fenced (checkpoint/_fence.py):
     # it was stopped, or never started, without committing; "" when it was not.
     fenced: str = ""
+    skip: str = ""  # why the segment skipped its command (the goal reached, and by whom)
 
     @property
     def stop_seconds(self) -> Optional[float]:
@@ -365,7 +366,7 @@ class EndMarker:
         if self.fenced:
             return f"fenced: {self.fenced} of the chain owns the checkpoint; stopped without committing"
         if self.skipped:
-            return "skipped: the goal was already reached"
+            return f"skipped: {self.skip or 'the goal was already reached'}"
         how = f"after SIG{self.signal}" if self.signal else "on its own"
         if self.preempted:
             how += " (the job was preempted)"

@@ -159,7 +159,7 @@ def write_job(
     walltime: int = 0,
     grace: Optional[int] = 0,
     total: str = "30m",
-    target_epoch: int = 1000,
+    target_epoch: Optional[int] = 1000,
     max_failures: int = 2,
     queue: str = "",
     env: dict[str, str] | None = None,
@@ -180,6 +180,8 @@ def write_job(
     }
     if grace is None:  # none in the job file: adaptive
         del fields["grace"]
+    if target_epoch is None:  # a plain chain: done when the command exits 0 on its own
+        del fields["target_epoch"]
     if progress:
         fields["progress"] = progress
     if container:
@@ -411,15 +413,20 @@ while epoch < 20:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("progress", ["ckpt/state.json:epoch", ""], ids=["progress-key", "no-epoch-source"])
+@pytest.mark.parametrize(
+    ("progress", "target"),
+    [("ckpt/state.json:epoch", 20), ("", 20), ("", None)],
+    ids=["progress-key", "no-epoch-source", "no-target"],
+)
 @pytest.mark.parametrize("cluster", ALL, indirect=True)
 def test_a_script_with_its_own_json_checkpoint_completes_and_never_runs_again(
-    cluster: Cluster, work: Path, chainrun: CLI, progress: str
+    cluster: Cluster, work: Path, chainrun: CLI, progress: str, target: Optional[int]
 ) -> None:
     """A plain script that resumes from its own {"epoch": N} file and exits 0 at epoch 20:
     with progress = "FILE:KEY" chainrun reads the epoch and sees the target reached; with
-    no epoch source at all, exit 0 on its own ends the run. Either way the chain completes,
-    no failure is charged, and the successor queued ahead never runs the script again."""
+    no epoch source at all, or no target_epoch (a plain chain), exit 0 on its own ends the
+    run. Each way the chain completes, no failure is charged, and the successor queued
+    ahead, which the scheduler starts the moment the script ends, never runs it again."""
     (work / "own.py").write_text(OWN_CHECKPOINT)
     path = write_job(
         work,
@@ -427,7 +434,7 @@ def test_a_script_with_its_own_json_checkpoint_completes_and_never_runs_again(
         "python3 own.py",
         walltime=max(60, cluster.walltime),
         grace=10,
-        target_epoch=20,
+        target_epoch=target,
         checkpoint_dir="ckpt",
         progress=progress,
     )
@@ -437,10 +444,15 @@ def test_a_script_with_its_own_json_checkpoint_completes_and_never_runs_again(
     assert st["state"] == "completed" and st["failures"] == 0, st["reason"]
     if progress:
         assert st["epoch"] == 20 and "target epoch 20 reached" in st["reason"]
-    else:
+    elif target is not None:
         assert "cannot read an epoch" in st["reason"]
+    else:
+        assert st["reason"] == "segment 1 exited 0 before its walltime", st["reason"]
     assert (work / "runs.txt").read_text() == "run\n", "the script ran again after it finished"
     assert starts_in_log(work, 2) == 0
+    skipped = [x for x in st["segments"] if x["n"] > 1 and x["outcome"] == "completed"]
+    for x in skipped:  # the successor started once the script had ended: the record says why it skipped
+        assert x["reason"].endswith("skipped: segment 1 finished on its own (exit 0 before its walltime)"), x
     # A successor SGE had just started when the chain ended is being deleted (state dt) a moment longer.
     wait_for(lambda: cluster.live_jobs(st["id"]) == [], 60, "the chain's jobs to leave the scheduler")
 

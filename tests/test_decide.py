@@ -711,3 +711,27 @@ def test_a_segment_whose_stop_changes_the_grace_sets_it_for_later_segments() -> 
     again = chain(stopped(1, 4.0), seg(2), seg(3, Phase.PENDING), spec=ADAPTIVE)
     job2 = JobFacts(listed=replace(job.listed, job_id="j2", name="j2"), end=replace(marker, grace=10))
     assert not any(isinstance(a, SetGrace) for a in run(again, {"j2": job2}, AFTER))  # still 10 s
+
+
+def test_a_successor_that_skipped_its_command_is_free_and_says_which_segment_ended_the_run() -> None:
+    """A plain chain (no target): segment 1 exited 0 on its own, and segment 2, queued ahead,
+    started the moment it ended and skipped the command. Segment 2 costs nothing, is not taken
+    for a second run that finished, and its record names the segment that ended the run."""
+    plain = replace(SPEC, target_epoch=None)
+    first = EndMarker(0, 0, "", False, NOW - 2)
+    second = EndMarker(
+        0, 0, "", True, NOW - 1, skip="segment 1 finished on its own (exit 0 before its walltime)"
+    )
+    listed = ListedJob("j1", "j1", Phase.ENDED, None, None, NOW - 60, NOW - 2)
+    jobs = {
+        "j1": JobFacts(listed=listed, end=first),
+        "j2": JobFacts(listed=replace(listed, job_id="j2"), end=second),
+    }
+    actions = run(chain(seg(1), seg(2, Phase.PENDING), spec=plain), jobs, BEFORE)
+    ends = [a for a in actions if isinstance(a, EndSegment)]
+    assert [(e.n, e.charged) for e in ends] == [(1, False), (2, False)]
+    assert ends[1].reason == (
+        "completed (exit 0) after the goal was already reached: "
+        "skipped: segment 1 finished on its own (exit 0 before its walltime)"
+    )
+    assert actions[-1] == Finish(ChainState.COMPLETED, "segment 1 exited 0 before its walltime")

@@ -143,7 +143,8 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
         advanced = end_progress.advanced_from(start)
         # Exit 0 before the walltime ends the run when there is no target, or no
         # epoch to compare with it: running the command again would only repeat that.
-        finished = finished_on_its_own(
+        skipped = job.end is not None and job.end.skipped  # it never ran the command
+        finished = not skipped and finished_on_its_own(
             ending.exit_code, ending.outcome is not Outcome.COMPLETED, end_progress.epoch, spec.target_epoch
         )
         tail = job.end.tail if job.end is not None else ()
@@ -157,7 +158,7 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
         else:
             # Readable now (a node lost mid-save may have left it torn, or behind).
             intact = _intact(end_progress, start) if facts.progress is not None else None
-            charged, why = _charge(ending, advanced, finished, goal_met, intact)
+            charged, why = _charge(ending, advanced, finished, goal_met or skipped, intact)
         crashes[seg.n] = _crash(ending.outcome, ending.exit_code, tail)
         if not repeated and not advanced:
             repeated = _repeated(chain, seg.n, crashes, mark)

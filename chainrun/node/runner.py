@@ -354,7 +354,7 @@ class Segment:
             self.stem + ".start", f"job={self.job}\nhost={host}\nat={int(time.time())}\n" + self.snapshot()
         )
 
-    def end_marker(self, code: int, original: int, skipped: bool) -> None:
+    def end_marker(self, code: int, original: int, skipped: bool, why: str = "") -> None:
         """How the command ended and the checkpoint it left: how chainrun learns the real exit
         code and whether the walltime signal came first. A failed command leaves the last lines
         of its output there too, so its failure explains itself."""
@@ -364,7 +364,8 @@ class Segment:
             f"exit={code}\noriginal={original}\nsignal={self.got}\n"
             f"signalled_at={'' if self.sent is None else self.sent}\nskipped={int(skipped)}\n"
             f"preempted={'1' if self.preempted else ''}\njob={self.job}\nat={int(time.time())}\n"
-            f"path={path}\ngrace={self.grace}\nready={ready}\nfenced={self.fenced or ''}\n" + self.snapshot()
+            f"path={path}\ngrace={self.grace}\nready={ready}\nfenced={self.fenced or ''}\nskip={why}\n"
+            + self.snapshot()
         )
         if original != 0:
             text += "".join(f"tail={line}\n" for line in self.tail())
@@ -498,7 +499,7 @@ class Segment:
         skip = rules.skip_reason(self.n, final, before, self.found(), s["target"])
         if skip:
             say(f"segment {self.n} skipped: {skip}")
-            self.end_marker(0, 0, skipped=True)
+            self.end_marker(0, 0, skipped=True, why=skip)
             return 0
         try:
             os.chdir(s["code"])

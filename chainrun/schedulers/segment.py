@@ -242,6 +242,7 @@ def parse_end_marker(data: bytes) -> Optional[EndMarker]:
             ready=fields.get("ready", "") if fields.get("ready") in ("0", "1") else "",
             save_seconds=_number(fields.get("ckpt_save"), float),
             fenced=fields.get("fenced", "").strip(),
+            skip=fields.get("skip", "").strip(),
         )
     except (KeyError, ValueError):
         return None
