@@ -17,10 +17,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Generic, NamedTuple, Optional, TypeVar
 
 from chainrun import jobfile, progress, rundir, snapshot, sweep
-from chainrun.decide.claims import Claim, Holder, claim, holder
+from chainrun.decide.claims import Claim, Holder, ancestors, claim, holder, inside, same_job
 from chainrun.decide.goal import goal_reached, reached_target
 from chainrun.engine import Engine, TickSummary
 from chainrun.errors import ChainrunError, TransportError, UsageError
@@ -85,8 +85,8 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
                 claims.take(one, mine)
                 held = claims.holder(one, mine)
                 if held is not None:
-                    if held.name != one.name or fresh:
-                        raise ChainrunError(_refusal(one, held, fresh))
+                    if not same_job(one.name, mine, held) or fresh:
+                        raise ChainrunError(_refusal(one, mine, held, fresh))
                     _note(f"{one.name}: still running as chain {held.chain_id}; left as it is")
                     out.append(Submitted(held.chain_id, one, False))
                     continue
@@ -111,7 +111,7 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
             held = now.holder(one, mine)
             if held is not None:
                 meanwhile = " (it was submitted meanwhile; nothing stored)"
-                raise ChainrunError(_refusal(one, held, fresh) + meanwhile)
+                raise ChainrunError(_refusal(one, mine, held, fresh) + meanwhile)
 
     ids = store.add_chains(new, time.time(), vet)
     for chain_id, snap in zip(ids, pins):
@@ -137,8 +137,8 @@ def claimed(store: Store, chains: Sequence[JobSpec]) -> list[str]:
         mine = _claim(one)
         claims.take(one, mine)
         held = claims.holder(one, mine)
-        if held is not None and held.name != one.name:
-            raise ChainrunError(_refusal(one, held, False))
+        if held is not None and not same_job(one.name, mine, held):
+            raise ChainrunError(_refusal(one, mine, held, False))
         if held is not None:
             running = f"{one.name} is still running as chain {held.chain_id}"
             notes.append(f"note: {running}; submit returns it as it is")
@@ -152,36 +152,73 @@ def _claim(spec: JobSpec) -> Claim:
     return claim(spec, posixpath.normpath(path))
 
 
+_T = TypeVar("_T")
+
+
+class _Near(Generic[_T]):
+    """Claims by directory, found by a directory, those within it and those it is within
+    (a sweep of thousands of chains compares each path with the few near it)."""
+
+    def __init__(self) -> None:
+        self._at: dict[str, list[_T]] = {}
+        self._under: dict[str, list[_T]] = {}  # by each directory a claim is within
+
+    def add(self, path: str, item: _T) -> None:
+        self._at.setdefault(path, []).append(item)
+        for directory in ancestors(path):
+            self._under.setdefault(directory, []).append(item)
+
+    def near(self, path: str) -> list[_T]:
+        return [
+            *self._at.get(path, ()),
+            *self._under.get(path, ()),
+            *(item for directory in ancestors(path) for item in self._at.get(directory, ())),
+        ]
+
+
 class _Claims:
-    """The claims a submission meets, by directory (a sweep of thousands of chains resolves
-    each path once and compares it with the few that share it): the active chains', and
-    those of the submission's own chains so far."""
+    """The claims a submission meets: the active chains', and those of the submission's own
+    chains so far."""
 
     def __init__(self, unended: Sequence[tuple[str, str, JobSpec]]) -> None:
-        self._active: dict[str, list[Holder]] = {}
+        self._active: _Near[Holder] = _Near()
         for chain_id, name, spec in unended:
             theirs = _claim(spec)
-            self._active.setdefault(theirs.path, []).append(Holder(chain_id, name, theirs))
-        self._own: dict[str, list[tuple[JobSpec, Claim]]] = {}
+            self._active.add(theirs.path, Holder(chain_id, name, theirs))
+        self._own: _Near[tuple[JobSpec, Claim]] = _Near()
 
     def holder(self, spec: JobSpec, mine: Claim) -> Optional[Holder]:
         """The active chain that holds ``spec``'s claim (see ``decide.claims.holder``)."""
-        return holder(spec.name, mine, self._active.get(mine.path, ()))
+        return holder(spec.name, mine, self._active.near(mine.path))
 
     def take(self, spec: JobSpec, mine: Claim) -> None:
         """Add ``spec``'s claim to the submission's; refused when another of its chains has it."""
-        for other, theirs in self._own.get(mine.path, ()):
+        for other, theirs in self._own.near(mine.path):
             if theirs.clashes(mine):
+                how = "is also" if theirs.path == mine.path else f"{_relation(mine, theirs)}, which is"
                 raise ChainrunError(
-                    f"{spec.source}: checkpoint_dir {spec.checkpoint_dir} is also {other.name}'s, submitted "
+                    f"{spec.source}: checkpoint_dir {spec.checkpoint_dir} {how} {other.name}'s, submitted "
                     "with it; give each job a checkpoint_dir of its own"
                 )
-        self._own.setdefault(mine.path, []).append((spec, mine))
+        self._own.add(mine.path, (spec, mine))
 
 
-def _refusal(spec: JobSpec, held: Holder, fresh: bool) -> str:
-    """Why ``spec`` cannot be stored while ``held`` trains into its checkpoint directory."""
+def _relation(mine: Claim, theirs: Claim) -> str:
+    """How ``mine``'s directory stands to ``theirs``, one within the other."""
+    return f"{'is inside' if inside(mine.path, theirs.path) else 'holds'} {theirs.path}"
+
+
+def _refusal(spec: JobSpec, mine: Claim, held: Holder, fresh: bool) -> str:
+    """Why ``spec`` cannot be stored while ``held`` trains into its checkpoint directory, or
+    into one within it or around it."""
     cancel = f"`chainrun cancel {held.chain_id}`"
+    if held.claim.path != mine.path:
+        return (
+            f"{spec.source}: checkpoint_dir {spec.checkpoint_dir} {_relation(mine, held.claim)}, where chain "
+            f"{held.chain_id} ({held.name}) still trains: their checkpoints would mix, and --fresh on the "
+            f"outer one would move the inner one's aside; give this job a checkpoint_dir of its own, or "
+            f"cancel that chain first ({cancel})"
+        )
     if held.name == spec.name and fresh:
         return (
             f"chain {held.chain_id} of {spec.name} still trains in {spec.checkpoint_dir}, so --fresh "

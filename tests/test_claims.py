@@ -112,6 +112,34 @@ def test_another_job_training_into_the_same_directory_is_refused_at_check_and_su
     assert len(stored(home)) == 2
 
 
+def test_a_directory_inside_or_around_an_active_chains_is_refused_too(
+    tmp_path: Path, home: Path, chainrun: CLI
+) -> None:
+    """A chain in ckpt/ and another in ckpt/run1/ each see the other's files, and --fresh on
+    the outer one would move the inner one's checkpoints aside: refused, both ways round,
+    naming the chain and the directory; the same job file moved into a subdirectory of its
+    own running chain is not that chain submitted again, and is refused as well. A sibling
+    directory (ckpt-2/, a name that only starts the same) is free."""
+    work = tmp_path / "work"
+    outer = work / "ckpt"
+    (chain_id,) = chainrun("submit", str(job(work, checkpoint_dir=str(outer))), check=True).stdout.split()
+    for name, directory, how in (
+        ("inner", outer / "run1", f"is inside {outer}"),
+        ("around", work, f"holds {outer}"),
+        ("net", outer / "again", f"is inside {outer}"),  # the same name, another directory
+    ):
+        other = job(tmp_path / name, name=name, checkpoint_dir=str(directory))
+        for command in ("check", "submit"):
+            refused = chainrun(command, str(other))
+            assert refused.returncode == 1, refused.stdout + refused.stderr
+            assert refused.stderr.startswith(
+                f"chainrun: {other}: checkpoint_dir {directory} {how}, where chain {chain_id} (net) still trains"
+            ), refused.stderr
+    assert stored(home) == [(chain_id, "net")]
+    sibling = job(tmp_path / "sibling", name="sibling", checkpoint_dir=str(work / "ckpt-2"))
+    assert len(chainrun("submit", str(sibling), check=True).stdout.split()) == 1
+
+
 def test_fresh_never_moves_the_directory_of_a_chain_still_training(
     tmp_path: Path, home: Path, chainrun: CLI
 ) -> None:
@@ -147,6 +175,13 @@ def test_two_jobs_of_one_submission_sharing_a_directory_are_refused(
     sweep.write_text(sweep.read_text() + "[sweep]\nreps = 1\n[sweep.grid]\nlr = [0.1, 0.01]\n")
     refused = chainrun("submit", str(sweep))
     assert refused.returncode == 1 and "is also lrs-" in refused.stderr, refused.stderr
+    outer, inner = (
+        job(tmp_path / "c", name="outer", checkpoint_dir=str(tmp_path / "nest")),
+        job(tmp_path / "d", name="inner", checkpoint_dir=str(tmp_path / "nest" / "in")),
+    )
+    refused = chainrun("submit", str(outer), str(inner))
+    assert refused.returncode == 1, refused.stderr
+    assert f"is inside {tmp_path / 'nest'}, which is outer's, submitted with it" in refused.stderr
     assert stored(home) == []
 
 
@@ -179,3 +214,16 @@ def test_a_chain_submitted_meanwhile_is_seen_by_the_transaction_that_stores(
     finally:
         store.close()
     assert stored(home) == [(raced[0], "net")]
+
+
+def test_claims_clash_on_one_directory_or_one_inside_the_other_seen_from_a_machine_in_common() -> None:
+    from chainrun.decide.claims import Claim, ancestors, inside
+
+    here = frozenset({""})
+    assert Claim(here, "/w/ckpt").clashes(Claim(here, "/w/ckpt"))
+    assert Claim(here, "/w/ckpt/run1").clashes(Claim(here, "/w/ckpt"))
+    assert Claim(here, "/w").clashes(Claim(here, "/w/ckpt/run1"))
+    assert not Claim(here, "/w/ckpt-2").clashes(Claim(here, "/w/ckpt"))  # a name that starts the same
+    assert not Claim(frozenset({"gpu1"}), "/w/ckpt").clashes(Claim(here, "/w/ckpt"))  # another machine's
+    assert inside("/a/b", "/") and not inside("/", "/") and not inside("/a", "/a/b")
+    assert ancestors("/a/b/c") == ["/a/b", "/a", "/"] and ancestors("/") == []

@@ -4,8 +4,10 @@ Two chains training into one directory each resume from what the other saved: a 
 run and twice the allocation. A chain *claims* its checkpoint directory from submission
 until it ends; the claim is where the directory is (the machines that see it, this one
 written "") and the directory, resolved by the caller where it can be (a path on this
-machine, symlinks followed). Submitting a job file whose chain still holds the claim
-returns that chain; any other claim on the same directory is refused.
+machine, symlinks followed). A directory inside another's clashes with it too: their files
+mix, and ``--fresh`` on the outer one moves the inner one's checkpoints aside. Submitting a
+job file whose chain still holds the claim on the same directory returns that chain; any
+other clashing claim is refused.
 """
 
 from __future__ import annotations
@@ -25,7 +27,24 @@ class Claim:
     path: str  # absolute, normalised; resolved where the caller could
 
     def clashes(self, other: Claim) -> bool:
-        return self.path == other.path and bool(self.machines & other.machines)
+        """Seen from a machine in common, one directory, or one inside the other."""
+        return bool(self.machines & other.machines) and (
+            self.path == other.path or inside(self.path, other.path) or inside(other.path, self.path)
+        )
+
+
+def inside(path: str, directory: str) -> bool:
+    """Whether ``path`` is strictly within ``directory`` (both absolute and normalised)."""
+    return path != directory and path.startswith(directory.rstrip("/") + "/")
+
+
+def ancestors(path: str) -> list[str]:
+    """The directories ``path`` is within, nearest first (``/a/b`` -> ``/a``, ``/``)."""
+    found = []
+    while path not in ("/", ""):
+        path = path.rsplit("/", 1)[0] or "/"
+        found.append(path)
+    return found
 
 
 def claim(spec: JobSpec, path: str) -> Claim:
@@ -47,7 +66,13 @@ class Holder:
 
 def holder(name: str, mine: Claim, active: Iterable[Holder]) -> Optional[Holder]:
     """The active chain that holds the claim a new chain named ``name`` would make: the
-    chain of the same name first (the same job file submitted again), else any other."""
+    chain of the same name in the same directory first (the same job file submitted again),
+    else any other."""
     clashing = [h for h in active if h.claim.clashes(mine)]
-    same = [h for h in clashing if h.name == name]
+    same = [h for h in clashing if same_job(name, mine, h)]
     return next(iter(same or clashing), None)
+
+
+def same_job(name: str, mine: Claim, held: Holder) -> bool:
+    """``held`` is the chain of this very job file (its name, its directory), submitted before."""
+    return held.name == name and held.claim.path == mine.path
