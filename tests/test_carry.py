@@ -114,6 +114,7 @@ def test_an_ended_segment_leaves_a_ticking_service_to_it_and_waits_for_one_that_
         ((marked(0, 0, code=1), marked(0, 0, code=1), marked(0, 0, code=1)), {"ended": True}, "3 failures"),
         ((marked(0, None),), {"known": Known(0, 0, 99 * 3600.0, NO_PROGRESS)}, "time budget"),
         ((marked(0, None),), {"n": 100}, "segments"),
+        ((marked(0, None),), {"heard": None}, "no heartbeat of the service can be read here"),
         (
             (marked(0, 5, signal_=""),),
             {"ended": True, "spec": replace(LONG, target_epoch=None)},
@@ -129,6 +130,7 @@ def test_an_ended_segment_leaves_a_ticking_service_to_it_and_waits_for_one_that_
         "crash-loop",
         "time",
         "count",
+        "no-heartbeat",
         "exit-0",
     ],
 )

@@ -15,7 +15,6 @@ repeats word for word, what accounting knows) ``decide`` applies when the servic
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
@@ -56,7 +55,7 @@ class Alone:
     since: Sequence[JobFacts]
     progress: Progress  # the checkpoint now
     final: bool  # the chain has ended (the final marker)
-    heard_at: Optional[float]  # the service's last tick (its heartbeat), None: never
+    heard_at: Optional[float]  # the service's last tick (its heartbeat); None: none readable here
     interval: Optional[float] = None  # the service's tick interval, as its heartbeat says
     deadline: Optional[float] = None  # when the asking segment's walltime ends
     ended: bool = False  # the asking segment's command has ended (its end marker written)
@@ -104,10 +103,19 @@ def carry(alone: Alone, now: float) -> Verdict:
         return Verdict(None, None, f"self-queueing is off ({off})")
     if alone.final:
         return Verdict(None, None, "the chain has ended")
+    if alone.heard_at is None:
+        # Not "never heard": a state directory the node does not see (a local disk, as the
+        # docs advise) reads so while the service ticks. Queueing then would race it.
+        return Verdict(
+            None,
+            None,
+            "no heartbeat of the service can be read here (CHAINRUN_HOME not seen from this node?): "
+            "the service queues the next segment",
+        )
     waiting = _silence(alone, now)
     if waiting is not None:
         return waiting
-    silent = now - alone.heard_at if alone.heard_at is not None else math.inf
+    silent = now - alone.heard_at
     failures, used, mark = alone.known.failures, alone.known.used, alone.known.mark
     running = not alone.ended  # then the asking segment may still fail, and use its walltime
     for i, job in enumerate(alone.since):
@@ -139,9 +147,10 @@ def carry(alone: Alone, now: float) -> Verdict:
     walltime = next_walltime(spec, spec.total_time - used)
     if walltime is None:
         return Verdict(None, None, f"the time budget is spent ({format_duration(used)} used)")
-    heard = "never" if math.isinf(silent) else f"not for {format_duration(silent)}"
     return Verdict(
-        Submit(n=alone.n + 1, walltime=walltime, after=alone.job_id), None, f"service heard {heard}"
+        Submit(n=alone.n + 1, walltime=walltime, after=alone.job_id),
+        None,
+        f"service heard not for {format_duration(silent)}",
     )
 
 
@@ -152,7 +161,8 @@ def _silence(alone: Alone, now: float) -> Optional[Verdict]:
     that ticks (its last tick within a few intervals) queues the next segment itself; one
     that missed its ticks is waited for up to the bound, never past the walltime."""
     bound = away_bound(alone.spec, alone.interval)
-    if alone.heard_at is None or now - alone.heard_at >= bound:
+    assert alone.heard_at is not None
+    if now - alone.heard_at >= bound:
         return None
     silent = now - alone.heard_at
     again = min(ASK_EVERY, bound - silent + 1)
