@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 from test_decide import SPEC as DECIDE_SPEC
 
+from chainrun import rundir
 from chainrun.cluster import Cluster
 from chainrun.decide import LOST_AFTER, Facts, backoff, decide
 from chainrun.decide.retry import ACCOUNTING_FIRST, STUCK_AFTER, STUCK_RETRY
 from chainrun.engine import Engine
 from chainrun.engine.observe import Polled
+from chainrun.errors import TransportError
 from chainrun.model import (
     NO_PROGRESS,
     Action,
@@ -26,7 +28,7 @@ from chainrun.model import (
     SchedulerSpec,
     Submit,
 )
-from chainrun.schedulers.segment import SegmentJob
+from chainrun.schedulers.segment import SegmentJob, grace_path
 from chainrun.store import Store
 from chainrun.testing import FakeClock, FakeCluster
 
@@ -521,3 +523,37 @@ def test_every_change_of_a_chain_in_a_tick_is_one_transaction(
     assert [s for s in statements if s.startswith("BEGIN IMMEDIATE")] == ["BEGIN IMMEDIATE"]
     events = [e.message for e in world.store.events(chain_id)]
     assert events[-2:] == ["chain active: a tick succeeded again", "segment 1 is running"]
+
+
+def test_a_grace_that_could_not_be_written_is_written_at_a_later_tick(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Segment 1 stopped 4 s after its signal: later segments get the floor (10 s). The run
+    directory refuses the write once: the history says so, once, and the next tick writes it
+    (before, later segments kept the default for good)."""
+    spec = replace(SPEC, walltime=3600, grace=300, adaptive_grace=True)
+    chain_id = world.add(spec)
+    world.tick()
+    world.cluster.start("1", epoch=0)
+    world.tick()
+    world.cluster.end("1", "timeout", marker=False)
+    now = world.clock()
+    stem = world.cluster.jobs["1"].stem
+    marker = f"exit=0\noriginal=0\nsignal=USR1\nsignalled_at={now - 5}\nskipped=0\njob=1\nat={now - 1}\ngrace=300\n"
+    world.cluster.files[stem + ".end"] = (marker + "ckpt_epoch=1\nckpt_saved=" + str(now - 2) + "\n").encode()
+    refused = [TransportError("disk quota exceeded")]
+    write = rundir.write_grace
+
+    def full_once(*args: object) -> None:
+        if refused:
+            raise refused.pop()
+        write(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rundir, "write_grace", full_once)
+    world.tick()
+    path = grace_path(spec, chain_id)
+    assert path not in world.cluster.files
+    assert "could not write the grace for later segments (disk quota exceeded)" in world.history(chain_id)
+    world.tick()
+    assert world.cluster.files[path] == b"grace=10\n"
+    assert world.history(chain_id).count("could not write the grace") == 1

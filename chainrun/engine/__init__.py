@@ -309,6 +309,8 @@ class Engine:
         is left in ``arrays``."""
         now = self.clock()
         step = Step(chain, now)
+        if chain.id in self.executor.owed_grace:
+            self.executor.write_grace(polled, chain, self.executor.owed_grace[chain.id], step.warnings)
         if chain.spec.scheduler.hosts:
             free, jobs = tick.pool(chain)
             facts = replace(facts, free=free, pool_jobs=jobs)

@@ -90,6 +90,23 @@ class Executor:
     def __init__(self, store: Store, clock: Callable[[], float]) -> None:
         self.store = store
         self.clock = clock
+        # By chain, a grace decided on that could not be written yet: written again each tick.
+        self.owed_grace: dict[str, int] = {}
+
+    def write_grace(self, polled: Polled, chain: Chain, seconds: int, warnings: list[str]) -> None:
+        """Write the grace later segments get where their runner reads it; one that cannot be
+        written is owed, and tried again at the chain's next tick (said once)."""
+        try:
+            rundir.write_grace(polled.cluster.transport, chain.spec, chain.id, seconds)
+        except TransportError as exc:
+            if chain.id not in self.owed_grace:
+                warnings.append(
+                    f"could not write the grace for later segments ({exc}); trying again each tick, "
+                    "while they keep the one before"
+                )
+            self.owed_grace[chain.id] = seconds
+            return
+        self.owed_grace.pop(chain.id, None)
 
     def carry_out(
         self,
@@ -109,12 +126,7 @@ class Executor:
             except TransportError as exc:
                 step.warnings.append(f"could not write the final marker ({exc}); a late successor may start")
         for grace in (a for a in actions if isinstance(a, SetGrace)):
-            try:
-                rundir.write_grace(polled.cluster.transport, chain.spec, chain.id, grace.seconds)
-            except TransportError as exc:
-                step.warnings.append(
-                    f"could not write the grace for later segments ({exc}); they keep the one before"
-                )
+            self.write_grace(polled, chain, grace.seconds, step.warnings)
         self._cancel(
             tick, polled, chain, [a for a in actions if isinstance(a, (Cancel, Remove))], step.warnings
         )
