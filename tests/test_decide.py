@@ -673,8 +673,11 @@ def stopped(n: int, stop: Optional[float]) -> Segment:
     ("spec", "stops", "seconds", "words"),
     [
         (ADAPTIVE, [], 300, "until a segment is seen stopping"),
-        (ADAPTIVE, [None, 1.0], 10, "the floor"),
-        (ADAPTIVE, [3.0, 21.2], 43, "2 x the longest stop seen (21.2s, segment 2)"),
+        (ADAPTIVE, [None, 1.0], 150, "half the grace before, 5m"),  # one lucky stop is not learned at once
+        (ADAPTIVE, [1.0] * 4, 19, "half the grace before, 38s"),  # 150, 75, 38, 19
+        (ADAPTIVE, [1.0] * 5, 10, "the floor"),
+        (ADAPTIVE, [3.0, 21.2], 75, "half the grace before, 2m30s"),
+        (ADAPTIVE, [21.2, 3.0, 3.0], 43, "2 x the longest stop seen (21.2s, segment 1)"),  # 150, 75, 43
         (ADAPTIVE, [200.0, 4.0], 300, "the default"),
         (replace(ADAPTIVE, grace=8), [1.0], 8, "the default"),  # a short walltime: the floor is capped too
         (replace(ADAPTIVE, adaptive_grace=False), [1.0], 300, "set in the job file"),
@@ -707,10 +710,12 @@ def test_a_segment_whose_stop_changes_the_grace_sets_it_for_later_segments() -> 
     actions = run(chain(seg(1), seg(2, Phase.PENDING), spec=ADAPTIVE), {"j1": job}, AFTER)
     end = actions[0]
     assert isinstance(end, EndSegment) and end.stop == 4.0
-    assert SetGrace(10, "the floor, as 2 x the longest stop seen (4.0s, segment 1) is no longer") in actions
-    again = chain(stopped(1, 4.0), seg(2), seg(3, Phase.PENDING), spec=ADAPTIVE)
-    job2 = JobFacts(listed=replace(job.listed, job_id="j2", name="j2"), end=replace(marker, grace=10))
-    assert not any(isinstance(a, SetGrace) for a in run(again, {"j2": job2}, AFTER))  # still 10 s
+    why = "half the grace before, 5m: it comes down one halving a segment towards 2 x the longest stop seen"
+    assert SetGrace(150, f"{why} (4.0s, segment 1)") in actions
+    floor = [stopped(n, 4.0) for n in range(1, 6)]  # 150, 75, 38, 19, 10
+    again = chain(*floor, seg(6), seg(7, Phase.PENDING), spec=ADAPTIVE)
+    job6 = JobFacts(listed=replace(job.listed, job_id="j6", name="j6"), end=replace(marker, grace=10))
+    assert not any(isinstance(a, SetGrace) for a in run(again, {"j6": job6}, AFTER))  # still 10 s
 
 
 def test_a_successor_that_skipped_its_command_is_free_and_says_which_segment_ended_the_run() -> None:

@@ -3,8 +3,11 @@
 A job file's own ``grace`` is kept. Without one, the segments get the default
 (``schema.default_grace``: a quarter of the walltime, at most 5 minutes) until the chain has
 seen its command stop; from then on, twice the longest stop seen, at least ``FLOOR``, at most
-the default. A segment's stop is what its end marker says: the seconds from the walltime
-signal to the command's end, or its last save (the sidecar's ``save_seconds``), the longer. A
+the default, and never less than half the grace before: one segment's stop brings it down
+one halving at most, so a lucky stop (a script that saves at the end of its epoch, signalled
+just before one) is not learned at once, and the longest of several decides. A segment's
+stop is what its end marker says: the seconds from the walltime signal to the command's end,
+or its last save (the sidecar's ``save_seconds``), the longer. A
 segment that the walltime's kill ended before it stopped needed more than it had: the default
 again. The wrapper sends the signal by its own timer at walltime minus the grace it reads
 (``grace`` in the run directory, written when this changes), so a scheduler's coarse warning
@@ -43,8 +46,8 @@ def rule(spec: JobSpec) -> str:
         return f"{format_duration(spec.grace)}, {grace_in_force(spec, ()).source}"
     return (
         f"adaptive: {format_duration(spec.grace)} ({DEFAULT}) until a segment is seen stopping, then "
-        f"{FACTOR} x the longest stop seen, at least {format_duration(min(FLOOR, spec.grace))}, "
-        f"at most {format_duration(spec.grace)}"
+        f"{FACTOR} x the longest stop seen, at least {format_duration(min(FLOOR, spec.grace))} and half "
+        f"the grace before, at most {format_duration(spec.grace)}"
     )
 
 
@@ -68,17 +71,32 @@ def grace_in_force(spec: JobSpec, segments: Iterable[Segment]) -> Grace:
         if spec.signal == "TERM":
             return Grace(spec.grace, "fixed: SIGTERM is never held back, it may be a preemption")
         return Grace(spec.grace, "set in the job file")
-    stops = [(s.stop, s.n) for s in segments if s.stop is not None]
-    if not stops:
-        return Grace(spec.grace, f"{DEFAULT}, until a segment is seen stopping")
-    longest, n = max(stops)
+    grace = Grace(spec.grace, f"{DEFAULT}, until a segment is seen stopping")
+    longest: Optional[tuple[float, int]] = None
+    for seg in sorted(segments, key=lambda s: s.n):
+        if seg.stop is not None:
+            longest = max(longest or (seg.stop, seg.n), (seg.stop, seg.n))
+            grace = _after(spec, grace.seconds, *longest)
+    return grace
+
+
+def _after(spec: JobSpec, before: int, longest: float, n: int) -> Grace:
+    """The grace once a segment has stopped: from the longest stop seen (``longest``, by
+    segment ``n``) and the grace before it."""
     wanted = math.ceil(FACTOR * longest)
+    halved = math.ceil(before / 2)
     seen = f"the longest stop seen ({longest:.1f}s, segment {n})"
-    seconds = min(spec.grace, max(FLOOR, wanted))
+    seconds = min(spec.grace, max(FLOOR, wanted, halved))
     if seconds == spec.grace:
         return Grace(seconds, f"{DEFAULT}, as {FACTOR} x {seen} is no shorter")
     if seconds == FLOOR:
         return Grace(seconds, f"the floor, as {FACTOR} x {seen} is no longer")
+    if seconds == halved and halved > wanted:
+        return Grace(
+            seconds,
+            f"half the grace before, {format_duration(before)}: it comes down one halving a segment "
+            f"towards {FACTOR} x {seen}",
+        )
     return Grace(seconds, f"{FACTOR} x {seen}")
 
 
