@@ -33,7 +33,12 @@ MUTMUT = "mutmut==3.8.1"
 # What is mutated, by name: the modules, and the fast tests that pin them.
 TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "decide": (
-        ("chainrun/decide/chain.py", "chainrun/decide/retry.py", "chainrun/decide/placement.py"),
+        (
+            "chainrun/decide/chain.py",
+            "chainrun/decide/retry.py",
+            "chainrun/decide/placement.py",
+            "chainrun/decide/grace.py",
+        ),
         (
             "tests/test_decide.py",
             "tests/test_decide_edges.py",
@@ -44,6 +49,10 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "tests/test_arrays.py",
             "tests/test_pool.py",
         ),
+    ),
+    "rules": (  # what a segment may queue while the service is away, and who holds a directory
+        ("chainrun/decide/carry.py", "chainrun/decide/claims.py"),
+        ("tests/test_carry.py", "tests/test_claims.py", "tests/test_decide.py"),
     ),
     "runner": (  # the rules the segment runner applies in the job, and the completion rule
         ("chainrun/decide/segment.py", "chainrun/decide/goal.py"),

@@ -11,6 +11,7 @@ in the scheduler's own words). Nothing else in chainrun runs a scheduler command
 from __future__ import annotations
 
 import posixpath
+import time
 from collections.abc import Sequence
 from typing import Callable, Optional, TypeVar
 
@@ -25,6 +26,9 @@ from chainrun.transport import Transport
 
 POLL_TIMEOUT = 60.0
 SUBMIT_TIMEOUT = 120.0
+# A claim that names no job this long after it was made: its claimant stopped (killed between
+# making it and submitting, or its submission failed unheard) and is taken over.
+STALE_CLAIM = SUBMIT_TIMEOUT + 60.0
 
 _T = TypeVar("_T")
 
@@ -86,13 +90,18 @@ class Cluster:
         it carrying the chain, ``by``) first creates its claim (``seg-N.queued``)
         exclusively, so a segment is never queued twice however the two interleave. A claim
         ``by`` holds already (its own submission tried before) is taken again; another's
-        raises ClaimedError. A submission the scheduler refused frees the claim; one that
-        answered records its job there."""
+        raises ClaimedError, unless it has named no job for ``STALE_CLAIM`` (its claimant
+        stopped): then it is taken over. A submission the scheduler refused frees the claim;
+        one that answered records its job there."""
         text = claim_text(job.walltime, job.after or "", by)
         if not self.transport.create_file(job.claim_path, text):
             held = parse_claim(self.transport.read_file(job.claim_path) or b"")
             if held is None or held.by != by:
-                raise ClaimedError(job.n, held)
+                info = self.transport.stat(job.claim_path)
+                fresh = info is not None and time.time() - info.mtime < STALE_CLAIM
+                if (held is not None and held.job_id) or fresh:
+                    raise ClaimedError(job.n, held)
+                self.transport.write_file(job.claim_path, text)  # abandoned: taken over
         self.write_script(job)
         try:
             job_id = self.call(self.scheduler.submit_argv(job), self.scheduler.parse_submit, SUBMIT_TIMEOUT)

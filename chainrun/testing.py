@@ -76,6 +76,7 @@ class FakeCluster:
         self.arrays = arrays
         self.jobs: dict[str, FakeJob] = {}
         self.files: dict[str, bytes] = {}
+        self.mtimes: dict[str, float] = {}  # when a file was written through the transport (else: now)
         self.dirs: set[str] = set()  # what makedirs made (files need none)
         self.commands: list[list[str]] = []
         self.next_id = 1
@@ -333,17 +334,19 @@ class FakeTransport:
 
     def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
         self.cluster.files[path] = data
+        self.cluster.mtimes[path] = self.cluster.clock()
 
     def create_file(self, path: str, data: bytes, mode: int = 0o600) -> bool:
         if path in self.cluster.files:
             return False
-        self.cluster.files[path] = data
+        self.write_file(path, data, mode)
         return True
 
     def stat(self, path: str) -> Optional[FileInfo]:
         data = self.cluster.files.get(path)
         if data is not None:
-            return FileInfo(posixpath.basename(path), len(data), self.cluster.clock(), True, 0o100700, USER)
+            mtime = self.cluster.mtimes.get(path, self.cluster.clock())
+            return FileInfo(posixpath.basename(path), len(data), mtime, True, 0o100700, USER)
         if path.rstrip("/") in self.cluster.dirs:
             return FileInfo(
                 posixpath.basename(path.rstrip("/")), 0, self.cluster.clock(), False, 0o040700, USER

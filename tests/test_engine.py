@@ -3,6 +3,7 @@ every action decide() can return, carried out and recorded, with no process and 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from test_decide import SPEC as DECIDE_SPEC
 
 from chainrun import rundir
-from chainrun.cluster import Cluster
+from chainrun.cluster import STALE_CLAIM, Cluster
 from chainrun.decide import LOST_AFTER, Facts, backoff, decide
 from chainrun.decide.retry import ACCOUNTING_FIRST, STUCK_AFTER, STUCK_RETRY
 from chainrun.engine import Engine
@@ -528,7 +529,8 @@ def test_every_change_of_a_chain_in_a_tick_is_one_transaction(
 def test_a_grace_that_could_not_be_written_is_written_at_a_later_tick(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Segment 1 stopped 4 s after its signal: later segments get the floor (10 s). The run
+    """Segment 1 stopped 4 s after its signal: later segments get 2m30s (half the default,
+    on the way to twice the stop). The run
     directory refuses the write once: the history says so, once, and the next tick writes it
     (before, later segments kept the default for good)."""
     spec = replace(SPEC, walltime=3600, grace=300, adaptive_grace=True)
@@ -555,5 +557,27 @@ def test_a_grace_that_could_not_be_written_is_written_at_a_later_tick(
     assert path not in world.cluster.files
     assert "could not write the grace for later segments (disk quota exceeded)" in world.history(chain_id)
     world.tick()
-    assert world.cluster.files[path] == b"grace=10\n"
+    assert world.cluster.files[path] == b"grace=150\n"
     assert world.history(chain_id).count("could not write the grace") == 1
+
+
+def test_a_claim_whose_claimant_stopped_before_it_queued_anything_is_taken_over(world: World) -> None:
+    """A claim of segment 2 that names no job: while it is young its claimant may still be
+    submitting, and the service waits, saying so; once it is older than STALE_CLAIM (its
+    claimant was killed between making it and submitting), the service takes it over and
+    queues the segment, once."""
+    chain_id = world.add()
+    world.clock.now = time.time()  # the claim's age is told by this machine's clock
+    world.tick(0)
+    world.cluster.start("1", epoch=0)
+    claim = f"/w/.chainrun/{chain_id}/seg-0002.queued"
+    world.cluster.files[claim] = b"walltime=100\nafter=1\nby=segment 1\n"
+    world.cluster.mtimes[claim] = time.time()
+    world.tick(0)
+    assert "segment 1 is queueing it (its claim)" in world.history(chain_id)
+    assert f"cr.{chain_id}.2" not in [j.name for j in world.cluster.jobs.values()]
+    world.cluster.mtimes[claim] = time.time() - STALE_CLAIM - 1
+    world.clock.now = time.time() + 600  # past the retry's backoff
+    world.tick(0)
+    assert [j.name for j in world.cluster.jobs.values()].count(f"cr.{chain_id}.2") == 1
+    assert b"by=service\n" in world.cluster.files[claim] and b"job=" in world.cluster.files[claim]

@@ -340,7 +340,9 @@ def test_a_ray_tune_experiment_across_the_allocation_resumes_without_restarting_
 
     for name in ("segment.sh", "train.py"):
         shutil.copy(RAY_EXAMPLE / name, work / name)
-    steps = 40  # of 2 s: a minute or more of trials' work in one-minute windows
+    # Of 2 s: more than one segment's window (WALLTIME - grace) of trials' work, however fast
+    # Ray starts (40 steps once fitted in the first segment on a quiet machine).
+    steps = (WALLTIME - 30) // 2 + 10
     path = write_job(
         work,
         cluster,

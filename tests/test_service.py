@@ -650,8 +650,9 @@ def test_ready_comes_only_after_the_first_tick_adopted_an_interrupted_submission
 
     daemon(NOTIFY_SOCKET=listener.name)
     ready = listener.wait(lambda f: f == "READY=1", 60, "READY=1")
-    # Read at READY: the interrupted submission is already resolved, by adoption.
-    ((n, job_id, phase),) = segments(home)
+    # Read at READY: the interrupted submission is already resolved, by adoption (on a busy
+    # machine a second tick may have queued segment 2 by the time this reads).
+    n, job_id, phase = segments(home)[0]
     assert n == 1 and job_id is not None and phase in ("pending", "running")
     assert "adopted after a restart" in chainrun("history", chain_id, check=True).stdout
     assert listener.fields()[ready + 1][1].startswith("STATUS=")

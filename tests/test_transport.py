@@ -415,8 +415,9 @@ def test_write_file_honours_an_explicit_mode(transport: Transport, workdir: str)
 def test_create_file_creates_only_where_nothing_is_and_one_of_two_at_once_wins(
     transport: Transport, workdir: str
 ) -> None:
-    """The claim's primitive: a file created private with its bytes, and never over anything
-    that is there (a file, a directory, a dangling link); of several creators at once, one."""
+    """The claim's primitive: a file created private with its bytes, whole (never seen empty or
+    part written), and never over anything that is there (a file, a directory, a dangling
+    link); of several creators at once, one."""
     path = f"{workdir}/seg-0002.queued"
     assert transport.create_file(path, b"walltime=60\n") is True
     assert transport.read_file(path) == b"walltime=60\n" and _mode(transport, path) == "600"
@@ -431,6 +432,8 @@ def test_create_file_creates_only_where_nothing_is_and_one_of_two_at_once_wins(
     with ThreadPoolExecutor(8) as pool:
         won = list(pool.map(lambda i: transport.create_file(f"{workdir}/race", b"%d" % i), range(8)))
     assert won.count(True) == 1
+    listing = transport.listdir(workdir) or []
+    assert [i.name for i in listing if i.name.endswith(".tmp")] == []  # written whole, aside, then linked
 
 
 def test_write_file_into_missing_directory_raises_transport_error(transport: Transport, workdir: str) -> None:

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Optional
 
 from chainrun.decide.chain import lost_at
-from chainrun.errors import SchedulerError, TransportError, UnsafePathError
-from chainrun.model import Action, Chain, ChainState, MarkStuck, Reject, RetryLater
+from chainrun.errors import ClaimedError, SchedulerError, TransportError, UnsafePathError
+from chainrun.model import Action, Adopt, Carried, Chain, ChainState, MarkStuck, Reject, RetryLater
 
 STUCK_AFTER = 3  # failing ticks in a row before a chain is marked stuck
 STUCK_RETRY = 600.0  # seconds between tries of a stuck chain
@@ -31,10 +31,18 @@ def backoff(attempts: int) -> float:
 
 
 def after_submit(
-    n: int, attempts: int, error: SchedulerError | TransportError | UnsafePathError, now: float
+    n: int, attempts: int, error: SchedulerError | TransportError | UnsafePathError | ClaimedError, now: float
 ) -> Action:
     """What the ``attempts``-th failed submission of segment ``n`` means: retry later,
-    or rejected for good (the scheduler refused it, or its run directory is not safe)."""
+    or rejected for good (the scheduler refused it, or its run directory is not safe). A
+    segment another claimant holds (the segment before it, carrying the chain) is theirs:
+    adopted once its claim names the job, looked at again until then."""
+    if isinstance(error, ClaimedError):
+        held = error.held if isinstance(error.held, Carried) else None
+        who = (held.by if held is not None else "") or "the segment before it"
+        if held is not None and held.job_id:
+            return Adopt(n=n, job_id=held.job_id, how=f"queued by {who} (its claim)")
+        return RetryLater(n=n, at=now + backoff(attempts), reason=f"{who} is queueing it (its claim)")
     if isinstance(error, UnsafePathError) or (isinstance(error, SchedulerError) and not error.transient):
         return Reject(n=n, reason=str(error))
     return RetryLater(n=n, at=now + backoff(attempts), reason=str(error))

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 from chainrun import carry, rundir, snapshot
 from chainrun.decide import placement
-from chainrun.decide.retry import after_submit, array_refused, backoff
+from chainrun.decide.retry import after_submit, array_refused
 from chainrun.engine.observe import Key, Polled
 from chainrun.errors import ClaimedError, SchedulerError, StoreUnavailable, TransportError, UnsafePathError
 from chainrun.logs import get_logger
@@ -27,13 +27,11 @@ from chainrun.model import (
     Action,
     Adopt,
     Cancel,
-    Carried,
     Chain,
     Finish,
     ListedJob,
     Progress,
     Remove,
-    RetryLater,
     SetGrace,
     Submit,
 )
@@ -181,12 +179,10 @@ class Executor:
             rundir.trust_run_dir(polled.cluster.transport, chain.spec, chain.id, ran_there=chain.ran_on(host))
             carry.leave_record(polled.cluster.transport, chain, self.store.home)
             job_id = polled.cluster.submit(job, by="service")
-        except ClaimedError as exc:  # the segment before it queues it, or has: never twice
-            return _claimed(exc, attempts, now)
         except snapshot.SnapshotError as exc:  # tried again later, as a host that did not answer
             return after_submit(sub.n, attempts, TransportError(str(exc)), now)
-        except (TransportError, SchedulerError, UnsafePathError) as exc:
-            return after_submit(sub.n, attempts, exc, now)
+        except (TransportError, SchedulerError, UnsafePathError, ClaimedError) as exc:
+            return after_submit(sub.n, attempts, exc, now)  # claimed: the segment before it queues it
         return Adopt(
             n=sub.n, job_id=job_id, how="submitted" + (f" after job {sub.after}" if sub.after else "")
         )
@@ -283,13 +279,3 @@ class Executor:
             )
             for i, job, step, _, _ in tasks
         ]
-
-
-def _claimed(exc: ClaimedError, attempts: int, now: float) -> Action:
-    """A segment another claimant holds: adopted once its claim names the job it queued;
-    until then, looked at again (its submission may be under way)."""
-    held = exc.held if isinstance(exc.held, Carried) else None
-    who = (held.by if held is not None else "") or "the segment before it"
-    if held is not None and held.job_id:
-        return Adopt(n=exc.n, job_id=held.job_id, how=f"queued by {who} (its claim)")
-    return RetryLater(n=exc.n, at=now + backoff(attempts), reason=f"{who} is queueing it (its claim)")

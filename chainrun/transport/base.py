@@ -70,7 +70,7 @@ class Transport(Protocol):
 
     def create_file(self, path: str, data: bytes, mode: int = 0o600) -> bool:
         """Create ``path`` with ``data`` only if nothing is there (exclusively: of two at
-        once, one alone succeeds); False when something was. A reader may see it part written."""
+        once, one alone succeeds), whole or not at all; False when something was."""
         ...
 
     def listdir(self, path: str) -> list[FileInfo] | None: ...

@@ -166,19 +166,26 @@ class LocalTransport:
             raise file_error("create directory", path, "localhost", e) from None
 
     def create_file(self, path: str, data: bytes, mode: int = 0o600) -> bool:
+        full = os.path.expanduser(path)
+        directory = os.path.dirname(full) or "."
         try:
-            fd = os.open(os.path.expanduser(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        except FileExistsError:
-            return False
+            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(full)}.", suffix=".tmp", dir=directory)
         except OSError as e:
             raise file_error("create", path, "localhost", e) from None
         try:
             with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), mode)
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
+            os.link(tmp, full)  # whole or not at all, and only where nothing is: a link never replaces
+        except FileExistsError:
+            return False
         except OSError as e:
-            raise file_error("write", path, "localhost", e) from None
+            raise file_error("create", path, "localhost", e) from None
+        finally:
+            _unlink_quietly(tmp)
+        _fsync_dir(directory)
         return True
 
     def remove(self, path: str) -> None:

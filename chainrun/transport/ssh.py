@@ -269,20 +269,28 @@ class SSHTransport:
 
     def create_file(self, path: str, data: bytes, mode: int = 0o600) -> bool:
         def create(sftp: paramiko.SFTPClient, p: str) -> bool:
+            directory, base = posixpath.split(p)
+            tmp = posixpath.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
             try:
-                f = sftp.open(p, "wxb")  # SSH_FXF_EXCL: refused when anything is there
-            except OSError:
+                with sftp.open(tmp, "wxb") as f:
+                    f.chmod(mode)
+                    f.write(data)
+                    f.flush()
+                    _sftp_fsync(sftp, f)
                 try:
-                    sftp.lstat(p)
-                except FileNotFoundError:
-                    raise
-                return False  # it was there (SFTP says only "failure")
-            with f:
-                f.chmod(mode)
-                f.write(data)
-                f.flush()
-                _sftp_fsync(sftp, f)
-            return True
+                    # SFTP's own rename (not posix-rename) refuses a target that exists: the file
+                    # appears whole, and only where nothing was.
+                    sftp.rename(tmp, p)
+                except OSError as exc:
+                    try:
+                        sftp.lstat(p)
+                    except FileNotFoundError:
+                        raise exc from None
+                    return False
+                return True
+            finally:
+                with contextlib.suppress(Exception):  # gone once renamed
+                    sftp.remove(tmp)
 
         return self._sftp_call("create", path, create)
 
