@@ -99,6 +99,7 @@ def config(files: tuple[str, ...], tests: tuple[str, ...]) -> str:
     return (
         "\n[tool.mutmut]\n"
         'source_paths = ["chainrun"]\n'
+        'also_copy = ["docs"]\n'  # tests read the pages they point users to
         f"only_mutate = {toml_list(files)}\n"
         f"pytest_add_cli_args_test_selection = {toml_list(tests)}\n"
         f"pytest_add_cli_args = {toml_list(['-p', 'no:cacheprovider', '-x', '-q', '-m', FAST])}\n"
@@ -106,7 +107,7 @@ def config(files: tuple[str, ...], tests: tuple[str, ...]) -> str:
 
 
 def copy_repository(into: Path) -> None:
-    for name in ("chainrun", "tests"):
+    for name in ("chainrun", "tests", "docs"):
         shutil.copytree(REPO / name, into / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for name in ("setup.cfg", "pyproject.toml"):
         shutil.copy(REPO / name, into / name)
