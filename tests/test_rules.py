@@ -206,3 +206,24 @@ def test_max_concurrent_holds_back_the_newest_of_a_sweeps_chains_that_have_not_s
     first, second = (replace(chain(spec=sweep), id=i, created_at=at) for i, at in (("b", 2.0), ("c", 3.0)))
     assert held_back([other, started, first, second]) == {"b", "c"}
     assert held_back([other, first, second]) == {"c"}
+
+
+def test_a_submission_another_claimant_holds_is_adopted_once_its_claim_names_the_job() -> None:
+    """after_submit for a ClaimedError: the job the claim names is adopted, saying who queued
+    it; while it names none (a submission under way), the segment is looked at again after
+    the backoff; a claim that does not read is another's too, the segment before it."""
+    from chainrun.decide.retry import after_submit
+    from chainrun.errors import ClaimedError
+    from chainrun.model import Adopt, Carried, RetryLater
+
+    queued = Carried(job_id="77", walltime=60, after="41", by="segment 1")
+    assert after_submit(2, 1, ClaimedError(2, queued), NOW) == Adopt(
+        n=2, job_id="77", how="queued by segment 1 (its claim)"
+    )
+    under_way = replace(queued, job_id="")
+    assert after_submit(2, 3, ClaimedError(2, under_way), NOW) == RetryLater(
+        n=2, at=NOW + backoff(3), reason="segment 1 is queueing it (its claim)"
+    )
+    assert after_submit(2, 1, ClaimedError(2, None), NOW) == RetryLater(
+        n=2, at=NOW + backoff(1), reason="the segment before it is queueing it (its claim)"
+    )
