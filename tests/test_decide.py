@@ -11,7 +11,7 @@ from typing import Optional
 import pytest
 
 from chainrun.decide import LOST_AFTER, Facts, JobFacts, decide, quiet_until
-from chainrun.decide.grace import grace_in_force, stop_seen
+from chainrun.decide.grace import Grace, grace_in_force, stop_seen
 from chainrun.model import (
     NO_PROGRESS,
     Cancel,
@@ -740,3 +740,27 @@ def test_a_successor_that_skipped_its_command_is_free_and_says_which_segment_end
         "skipped: segment 1 finished on its own (exit 0 before its walltime)"
     )
     assert actions[-1] == Finish(ChainState.COMPLETED, "segment 1 exited 0 before its walltime")
+
+
+def test_the_grace_says_exactly_where_it_came_from() -> None:
+    """The words status and history show, whole: a fixed grace, SIGTERM's, the halving, and
+    twice the stop where the halving would give as much."""
+    fixed = replace(ADAPTIVE, adaptive_grace=False)
+    assert grace_in_force(fixed, [stopped(1, 1.0)]) == Grace(300, "set in the job file")
+    assert grace_in_force(replace(fixed, signal="TERM"), [stopped(1, 1.0)]) == Grace(
+        300, "fixed: SIGTERM is never held back, it may be a preemption"
+    )
+    assert grace_in_force(ADAPTIVE, [stopped(1, 1.0)]) == Grace(
+        150,
+        "half the grace before, 5m: it comes down one halving a segment towards "
+        "2 x the longest stop seen (1.0s, segment 1)",
+    )
+    assert grace_in_force(ADAPTIVE, [stopped(1, 75.0)]) == Grace(
+        150, "2 x the longest stop seen (75.0s, segment 1)"
+    )
+
+
+def test_a_stop_that_reached_the_grace_but_a_second_is_a_kill_mid_stop() -> None:
+    end = EndMarker(0, 0, "USR1", False, at=NOW, grace=20, signalled_at=NOW - 19)
+    assert stop_seen(ADAPTIVE, end, Outcome.TIMEOUT) == 300.0  # 19 s of a 20 s grace: cut short
+    assert stop_seen(ADAPTIVE, replace(end, signalled_at=NOW - 18), Outcome.TIMEOUT) == 18.0
