@@ -23,7 +23,8 @@ from test_contract import ALL, CLI, Cluster, Service, status, write_job
 from test_decide import NOW, SPEC, chain, seg
 
 from chainrun.decide import Facts, JobFacts, decide
-from chainrun.decide.carry import AWAY_CAP, Alone, Known, away_bound, carry
+from chainrun.decide.carry import AWAY_CAP, DEADLINE_MARGIN, Alone, Known, Verdict, away_bound, carry
+from chainrun.fields import format_duration
 from chainrun.model import (
     NO_PROGRESS,
     Adopt,
@@ -274,6 +275,62 @@ def test_the_chain_carries_itself_while_the_service_is_away_and_the_service_reco
         starts = [(logs / f"seg-{n:04d}.log").read_text().count("of chain") for n in (1, 2, 3)]
         assert crash["failures"] == 3 and starts == [1, 1, 1] and not (logs / "seg-0004.log").exists()
         assert [s["charged"] for s in crash["segments"] if s["started_at"]] == [True] * 3, crash["segments"]
+
+
+def test_the_silence_rule_at_its_edges_with_the_exact_words() -> None:
+    """When to ask again and when to act, at each boundary of the bound, the ticks and the
+    deadline, with what the segment's log says."""
+    running = marked(0, None)
+    assert carry(alone(running, heard=NOW - 290), NOW) == Verdict(None, 11.0, "the service is there")
+    assert carry(alone(running, heard=NOW - BOUND), NOW).submit is not None  # silent the whole bound: acts
+    slow = carry(replace(alone(running, heard=NOW - 400), interval=200.0), NOW)
+    assert slow == Verdict(None, 30.0, "the service is there")  # three of its 200 s ticks: 600 s
+    done = marked(0, 5)
+    ticking = carry(alone(done, heard=NOW - 29, ended=True), NOW)
+    assert ticking == Verdict(None, None, "the service is there: it queues the next segment")
+    missed = carry(alone(done, heard=NOW - 30, ended=True), NOW)  # three ticks of 10 s missed
+    assert missed == Verdict(None, 30.0, "the service missed its ticks")
+    # It acts once waiting out the bound would reach the last DEADLINE_MARGIN of its walltime.
+    edge = NOW + (BOUND - 40) + DEADLINE_MARGIN
+    assert carry(alone(done, heard=NOW - 40, ended=True, deadline=edge), NOW).submit is not None
+    assert carry(alone(done, heard=NOW - 40, ended=True, deadline=edge + 1), NOW).submit is None
+
+
+def test_what_a_segment_counts_and_says_before_it_queues_the_next() -> None:
+    """A segment that ended with no trace is charged a failure and a whole walltime; the time
+    adds up from what the service knew; the segment count, the failure budget and the goal
+    each stop it in exactly these words."""
+    unknown = JobFacts(start=StartMarker("j", NOW - 7200, Progress(epoch=0, saved_at=0.0)))
+    running = marked(0, None)
+    known = Known(0, 1, 0.0, NO_PROGRESS)
+    assert carry(alone(unknown, running, known=known), NOW) == Verdict(
+        None,
+        None,
+        "2 failures (and this segment may fail); max_failures = 2: the service decides when it is back",
+    )
+    spent = Known(0, 0, 98.5 * 3600, NO_PROGRESS)
+    assert carry(alone(unknown, running, known=spent), NOW) == Verdict(
+        None, None, "the time budget is spent (4d4h30m used)"
+    )
+    assert carry(alone(running, n=99), NOW).submit == Submit(n=100, walltime=3600, after="41")
+    assert carry(alone(running, n=100), NOW) == Verdict(None, None, "segment 101 would pass the 100 segments")
+    crashed = [marked(0, 0, code=1)] * 3
+    assert carry(alone(*crashed, ended=True), NOW).reason == (
+        "3 failures; max_failures = 2: the service decides when it is back"
+    )
+    assert carry(alone(running, final=True), NOW) == Verdict(None, None, "the chain has ended")
+    assert carry(alone(running, spec=replace(LONG, self_queue=False)), NOW) == Verdict(
+        None, None, "self-queueing is off (self_queue = false)"
+    )
+    assert carry(alone(running, heard=None), NOW).reason == (
+        "no heartbeat of the service can be read here (CHAINRUN_HOME not seen from this node?): "
+        "the service queues the next segment"
+    )
+    plain = replace(LONG, target_epoch=None)
+    assert carry(alone(marked(0, 5, signal_=""), ended=True, spec=plain), NOW) == Verdict(
+        None, None, "the command finished on its own"
+    )
+    assert carry(alone(running), NOW).reason == f"service heard not for {format_duration(BOUND + 1)}"
 
 
 # -- clusters whose nodes cannot submit, and the setting that turns it off ------------------
