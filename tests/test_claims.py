@@ -227,3 +227,19 @@ def test_claims_clash_on_one_directory_or_one_inside_the_other_seen_from_a_machi
     assert not Claim(frozenset({"gpu1"}), "/w/ckpt").clashes(Claim(here, "/w/ckpt"))  # another machine's
     assert inside("/a/b", "/") and not inside("/", "/") and not inside("/a", "/a/b")
     assert ancestors("/a/b/c") == ["/a/b", "/a", "/"] and ancestors("/") == []
+
+
+def test_the_chain_a_submission_meets_is_its_own_job_first_and_only_in_its_own_directory() -> None:
+    from chainrun.decide.claims import Claim, Holder, holder, inside, same_job
+
+    here = frozenset({""})
+    mine = Claim(here, "/w/ckpt")
+    other = Holder("other-1", "other", Claim(here, "/w/ckpt"))
+    own = Holder("net-1", "net", Claim(here, "/w/ckpt"))
+    nested = Holder("net-2", "net", Claim(here, "/w/ckpt/run1"))
+    assert same_job("net", mine, own)
+    assert not same_job("net", mine, other) and not same_job("net", mine, nested)
+    assert holder("net", mine, [other, nested, own]) == own  # its own job file's chain, found first
+    assert holder("net", mine, [other, nested]) == other
+    assert holder("net", mine, []) is None
+    assert inside("/w/ckptX/a", "/w/ckptX") and not inside("/w/ckpt", "/w/ckptX")
