@@ -108,25 +108,18 @@ class LocalTransport:
 
     def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
         full = os.path.expanduser(path)
-        directory, base = os.path.split(full)
-        directory = directory or "."
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
+            tmp = _aside(full, data, mode)
         except OSError as e:
             raise file_error("write", path, "localhost", e) from None
         try:
-            with os.fdopen(fd, "wb") as f:
-                os.fchmod(f.fileno(), mode)
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
             os.replace(tmp, full)
         except BaseException as e:
             _unlink_quietly(tmp)
             if isinstance(e, OSError):
                 raise file_error("write", path, "localhost", e) from None
             raise
-        _fsync_dir(directory)
+        _fsync_dir(os.path.dirname(full) or ".")
 
     def listdir(self, path: str) -> list[FileInfo] | None:
         full = os.path.expanduser(path)
@@ -167,17 +160,11 @@ class LocalTransport:
 
     def create_file(self, path: str, data: bytes, mode: int = 0o600) -> bool:
         full = os.path.expanduser(path)
-        directory = os.path.dirname(full) or "."
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(full)}.", suffix=".tmp", dir=directory)
+            tmp = _aside(full, data, mode)
         except OSError as e:
             raise file_error("create", path, "localhost", e) from None
         try:
-            with os.fdopen(fd, "wb") as f:
-                os.fchmod(f.fileno(), mode)
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
             os.link(tmp, full)  # whole or not at all, and only where nothing is: a link never replaces
         except FileExistsError:
             return False
@@ -185,7 +172,7 @@ class LocalTransport:
             raise file_error("create", path, "localhost", e) from None
         finally:
             _unlink_quietly(tmp)
-        _fsync_dir(directory)
+        _fsync_dir(os.path.dirname(full) or ".")
         return True
 
     def remove(self, path: str) -> None:
@@ -235,6 +222,23 @@ def _local_info(entry: os.DirEntry[str]) -> FileInfo:
     except FileNotFoundError:  # dangling symlink
         st = entry.stat(follow_symlinks=False)
     return FileInfo(entry.name, st.st_size, st.st_mtime, stat.S_ISREG(st.st_mode))
+
+
+def _aside(full: str, data: bytes, mode: int) -> str:
+    """``data`` written whole and durable to a private temp file beside ``full`` (``mode``
+    set before any data lands), to be put into place by the caller; its path."""
+    directory, base = os.path.split(full)
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    return tmp
 
 
 def _unlink_quietly(path: str) -> None:

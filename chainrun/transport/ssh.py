@@ -249,16 +249,8 @@ class SSHTransport:
 
     def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
         def write(sftp: paramiko.SFTPClient, p: str) -> None:
-            directory, base = posixpath.split(p)
-            tmp = posixpath.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
+            tmp = _sftp_aside(sftp, p, data, mode)
             try:
-                # 'x' creates it exclusively; the mode is set before any data lands.
-                with sftp.open(tmp, "wxb") as f:
-                    f.chmod(mode)
-                    f.set_pipelined(True)
-                    f.write(data)
-                    f.flush()
-                    _sftp_fsync(sftp, f)
                 sftp.posix_rename(tmp, p)
             except BaseException:
                 with contextlib.suppress(Exception):  # best effort: the original error matters
@@ -269,28 +261,20 @@ class SSHTransport:
 
     def create_file(self, path: str, data: bytes, mode: int = 0o600) -> bool:
         def create(sftp: paramiko.SFTPClient, p: str) -> bool:
-            directory, base = posixpath.split(p)
-            tmp = posixpath.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
+            tmp = _sftp_aside(sftp, p, data, mode)
             try:
-                with sftp.open(tmp, "wxb") as f:
-                    f.chmod(mode)
-                    f.write(data)
-                    f.flush()
-                    _sftp_fsync(sftp, f)
-                try:
-                    # SFTP's own rename (not posix-rename) refuses a target that exists: the file
-                    # appears whole, and only where nothing was.
-                    sftp.rename(tmp, p)
-                except OSError as exc:
-                    try:
-                        sftp.lstat(p)
-                    except FileNotFoundError:
-                        raise exc from None
-                    return False
-                return True
-            finally:
-                with contextlib.suppress(Exception):  # gone once renamed
+                # SFTP's own rename (not posix-rename) refuses a target that exists: the file
+                # appears whole, and only where nothing was.
+                sftp.rename(tmp, p)
+            except OSError as exc:
+                with contextlib.suppress(Exception):
                     sftp.remove(tmp)
+                try:
+                    sftp.lstat(p)
+                except FileNotFoundError:
+                    raise exc from None
+                return False
+            return True
 
         return self._sftp_call("create", path, create)
 
@@ -587,6 +571,25 @@ def _kill_remote(chan: paramiko.Channel) -> None:
 def _with_name(attrs: paramiko.SFTPAttributes, name: str) -> paramiko.SFTPAttributes:
     attrs.filename = name
     return attrs
+
+
+def _sftp_aside(sftp: paramiko.SFTPClient, p: str, data: bytes, mode: int) -> str:
+    """``data`` written whole and durable to a private temp file beside ``p`` (created
+    exclusively, ``mode`` set before any data lands), to be put into place; its path."""
+    directory, base = posixpath.split(p)
+    tmp = posixpath.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
+    try:
+        with sftp.open(tmp, "wxb") as f:
+            f.chmod(mode)
+            f.set_pipelined(True)
+            f.write(data)
+            f.flush()
+            _sftp_fsync(sftp, f)
+    except BaseException:
+        with contextlib.suppress(Exception):  # best effort: the original error matters
+            sftp.remove(tmp)
+        raise
+    return tmp
 
 
 def _sftp_fsync(sftp: paramiko.SFTPClient, f: paramiko.SFTPFile) -> None:
