@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Callable, Optional, TypeVar
 
 from chainrun import rundir
+from chainrun.decide.carry import abandoned
 from chainrun.errors import ClaimedError, SchedulerError
 from chainrun.model import CommandResult, JobSpec, ListedJob
 from chainrun.schedulers.base import ArrayScheduler, HelperFile, NodeSubmitProbe, Scheduler, parse_cancel
@@ -26,9 +27,6 @@ from chainrun.transport import Transport
 
 POLL_TIMEOUT = 60.0
 SUBMIT_TIMEOUT = 120.0
-# A claim that names no job this long after it was made: its claimant stopped (killed between
-# making it and submitting, or its submission failed unheard) and is taken over.
-STALE_CLAIM = SUBMIT_TIMEOUT + 60.0
 
 _T = TypeVar("_T")
 
@@ -90,16 +88,15 @@ class Cluster:
         it carrying the chain, ``by``) first creates its claim (``seg-N.queued``)
         exclusively, so a segment is never queued twice however the two interleave. A claim
         ``by`` holds already (its own submission tried before) is taken again; another's
-        raises ClaimedError, unless it has named no job for ``STALE_CLAIM`` (its claimant
-        stopped): then it is taken over. A submission the scheduler refused frees the claim;
+        raises ClaimedError, unless it is abandoned (``decide.carry.abandoned``): then it is
+        taken over. A submission the scheduler refused frees the claim;
         one that answered records its job there."""
         text = claim_text(job.walltime, job.after or "", by)
         if not self.transport.create_file(job.claim_path, text):
             held = parse_claim(self.transport.read_file(job.claim_path) or b"")
             if held is None or held.by != by:
                 info = self.transport.stat(job.claim_path)
-                fresh = info is not None and time.time() - info.mtime < STALE_CLAIM
-                if (held is not None and held.job_id) or fresh:
+                if not abandoned(held, None if info is None else time.time() - info.mtime):
                     raise ClaimedError(job.n, held)
                 self.transport.write_file(job.claim_path, text)  # abandoned: taken over
         self.write_script(job)

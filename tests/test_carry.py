@@ -433,3 +433,14 @@ def test_a_cancel_while_the_service_is_gone_ends_the_segments_it_queued_too(
     assert st["state"] == "cancelled" and all(s["phase"] == "ended" for s in st["segments"]), st["segments"]
     assert len(st["segments"]) >= 3, st["segments"]
     wait_for(lambda: gone(local, chain_id), 60, "the chain's jobs to end")
+
+
+def test_a_claim_is_taken_over_only_when_it_names_no_job_and_is_older_than_a_submission() -> None:
+    from chainrun.decide.carry import STALE_CLAIM, abandoned
+    from chainrun.model import Carried
+
+    pending = Carried(job_id="", walltime=60, after="41", by="segment 1")
+    assert not abandoned(pending, STALE_CLAIM - 1) and abandoned(pending, STALE_CLAIM)
+    assert not abandoned(replace(pending, job_id="77"), 10 * STALE_CLAIM)  # it queued one: never
+    assert abandoned(None, STALE_CLAIM) and not abandoned(None, 0.0)  # one that does not read
+    assert abandoned(pending, None)  # gone meanwhile

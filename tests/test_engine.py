@@ -12,8 +12,9 @@ import pytest
 from test_decide import SPEC as DECIDE_SPEC
 
 from chainrun import rundir
-from chainrun.cluster import STALE_CLAIM, Cluster
+from chainrun.cluster import Cluster
 from chainrun.decide import LOST_AFTER, Facts, backoff, decide
+from chainrun.decide.carry import STALE_CLAIM
 from chainrun.decide.retry import ACCOUNTING_FIRST, STUCK_AFTER, STUCK_RETRY
 from chainrun.engine import Engine
 from chainrun.engine.observe import Polled

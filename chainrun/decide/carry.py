@@ -23,12 +23,15 @@ from chainrun.decide.chain import charge_by_markers, next_walltime
 from chainrun.decide.facts import JobFacts
 from chainrun.decide.goal import finished_on_its_own, goal_reached
 from chainrun.fields import format_duration
-from chainrun.model import JobSpec, Progress, Submit
+from chainrun.model import Carried, JobSpec, Progress, Submit
 
 AWAY_CAP = 300.0  # a few minutes: the longest the service may be silent before a segment acts
 TICKS_AWAY = 3  # ...and never less than this many of the service's ticks
 ASK_EVERY = 30.0  # the longest wait between two questions of a segment
 DEADLINE_MARGIN = 10.0  # an ended segment acts this long before its walltime ends, at the latest
+# A successor's claim that names no job this long after it was made (the longest a submission
+# may take, 120 s, and a minute): its claimant stopped before it queued anything.
+STALE_CLAIM = 180.0
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,13 @@ def off_because(spec: JobSpec) -> str:
     if spec.scheduler.remote:
         return "the service's heartbeat is on this machine, not on the cluster reached over SSH"
     return ""
+
+
+def abandoned(held: Optional[Carried], age: Optional[float]) -> bool:
+    """Whether another claimant's claim on a successor (``held``; None: it does not read) made
+    ``age`` seconds ago (None: gone meanwhile) may be taken over: it names no job, and its
+    claimant has had longer than a submission takes."""
+    return (held is None or not held.job_id) and (age is None or age >= STALE_CLAIM)
 
 
 def away_bound(spec: JobSpec, interval: Optional[float]) -> float:
