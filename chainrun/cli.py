@@ -331,11 +331,13 @@ def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
 def gc(ctx: click.Context, older_than: Optional[str]) -> None:
     """Remove the code snapshots of chains that ended long ago.
 
-    Their refs (refs/chainrun/ID) and unpacked code (WORKDIR/.chainrun/code/COMMIT),
-    never what a chain that has not ended (or ended more recently) runs: a code
-    directory shared with such a chain stays. The service does this at start and
+    Their refs (refs/chainrun/ID), each chain's working copy (WORKDIR/.chainrun/ID/code)
+    and the unpacked code (WORKDIR/.chainrun/code/COMMIT), never what a chain that has
+    not ended (or ended more recently) runs: a code directory shared with such a chain
+    stays. What a copy still holds is first brought home to the workdir; a copy holding
+    something that cannot be is named and kept. The service does this at start and
     once a day.
-    Exits 0; 1 when something could not be removed (a host out of reach).
+    Exits 0; 1 when something could not be removed (a host out of reach, a file kept).
     """
     import time
 
@@ -351,6 +353,8 @@ def gc(ctx: click.Context, older_than: Optional[str]) -> None:
             raise UsageError(f"--older-than {older_than}: not {DURATION_HELP}") from None
     with _store(ctx) as store:
         done = cleanup.collect(store, time.time(), keep)
+    for where in done.moved:
+        click.echo(f"brought home {where}")
     for chain_id in done.refs:
         click.echo(f"removed ref refs/chainrun/{chain_id}")
     for where in done.code:

@@ -328,6 +328,8 @@ class EndMarker:
     # it was stopped, or never started, without committing; "" when it was not.
     fenced: str = ""
     skip: str = ""  # why the segment skipped its command (the goal reached, and by whom)
+    # A snapshot chain's files kept beside the workdir's own (node.share): NAME.chainrun-<chain-id>.
+    beside: tuple[str, ...] = ()
 
     @property
     def stop_seconds(self) -> Optional[float]:
@@ -370,6 +372,8 @@ class EndMarker:
         how = f"after SIG{self.signal}" if self.signal else "on its own"
         if self.preempted:
             how += " (the job was preempted)"
+        if self.beside:
+            how += f"; kept beside the workdir's own files, which had changed: {', '.join(self.beside)}"
         return f"the command exited {self.original} {how}"
 
 

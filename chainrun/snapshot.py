@@ -107,15 +107,11 @@ def unpin(spec: JobSpec, chain_id: str) -> bool:
     return True
 
 
-def remove(transport: Transport, spec: JobSpec) -> bool:
-    """Delete the unpacked code of a snapshot chain where it ran; False when it is gone."""
-    target = code_root(spec)
-    if transport.stat(target) is None:
-        return False
+def remove(transport: Transport, target: str) -> None:
+    """Delete a snapshot's unpacked code, or a chain's working copy of it, where it ran."""
     result = transport.run(["rm", "-rf", "--", target], timeout=GIT_TIMEOUT)
     if not result.ok:
         raise TransportError(f"removing {target} failed: {result.describe()}")
-    return True
 
 
 def prepare(transport: Transport, spec: JobSpec) -> tuple[JobSpec, Optional[Snapshot]]:

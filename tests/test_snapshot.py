@@ -4,9 +4,12 @@ remote case the real loopback sshd (scripts/start-sshd) with the real Slurm behi
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
 
@@ -157,7 +160,7 @@ def check_chain(repo: Path, chainrun: CLI, service: Callable[..., object], path:
         str(e + 1) for e in range(state["epoch"])
     ]
     assert len((workdir / "outputs" / "log.txt").read_text().split()) == state["epoch"]
-    (code,) = (workdir / ".chainrun" / "code").iterdir()
+    code = workdir / ".chainrun" / chain_id / "code"  # the chain's own copy of the snapshot
     assert all((code / name).is_symlink() for name in ("data", "ckpt", "runs", "outputs"))
     assert (code / "version.txt").read_text() == "v2\n"
 
@@ -252,3 +255,149 @@ def test_gc_removes_the_snapshots_of_chains_that_ended_long_ago_never_one_in_use
     (config / "chainrun" / "config.toml").write_text('gc_after = "1s"\n')
     service(interval=0.3)
     wait_for(lambda: not refs() and not code.exists(), 60, "the service to remove the last ref and the code")
+
+
+# A sweep's chains write results the ordinary way: a row a step, each save a `.tmp` then
+# `os.replace`, into a directory the repository tracks; they read data from the repository's
+# parent of the job's directory, and each rewrites a tracked file (issue 35, items 4 to 6).
+SWEEP_TRAIN = """\
+import os, signal, sys, time
+lr, epochs, stop = sys.argv[1], int(sys.argv[2]), []
+signal.signal(signal.SIGUSR1, lambda *_: stop.append(1))
+data = open("../data/x.txt").read().strip()
+out = f"results/lr{lr}.csv"
+rows = open(out).read().splitlines() if os.path.exists(out) else []
+while len(rows) < epochs and not stop:
+    time.sleep(0.4)
+    rows.append(f"{len(rows) + 1},{lr},{data}")
+    with open(out + ".tmp", "w") as f:
+        f.write(rows[0] + "\\n")
+        f.flush()
+        time.sleep(0.3)  # half-written for a while, as a big save is
+        f.write("".join(r + "\\n" for r in rows[1:]))
+    os.replace(out + ".tmp", out)
+    with open(os.path.join(os.environ["CHAINRUN_CHECKPOINT_DIR"], "step"), "w") as f:
+        f.write(str(len(rows)))
+with open("config.yaml", "w") as f:
+    f.write(f"lr: {lr}\\n")
+"""
+LRS = (1, 2, 3, 4)
+EPOCHS = 10
+
+
+def make_sweep(top: Path, host: str = "", workdir: Path | None = None) -> Path:
+    """A repository whose job sits in ``exp/``, with a tracked ``results/`` directory and a
+    tracked ``config.yaml``; the data lies (ignored) in the repository's top, ``../data``."""
+    exp = top / "exp"
+    (exp / "results").mkdir(parents=True)
+    git(top, "init", "-q", "-b", "main")
+    git(top, "config", "user.name", "Test User")
+    git(top, "config", "user.email", "test@example.org")
+    (top / ".gitignore").write_text("data/\ncheckpoints/\n")
+    (exp / "train.py").write_text(SWEEP_TRAIN)
+    (exp / "config.yaml").write_text("lr: none\n")
+    (exp / "results" / "README.md").write_text("results land here\n")
+    make_data(top)
+    lines = [
+        'name = "outs"',
+        f'command = "exec python3 train.py {{lr}} {EPOCHS}"',
+        'total_time = "10m"',
+        'walltime = "4s"',
+        'grace = "2s"',
+        'snapshot = "git"',
+    ]
+    if workdir is not None:
+        lines.append(f"workdir = {json.dumps(str(workdir))}")
+    if host:
+        lines += ["[scheduler]", f"host = {json.dumps(host)}"]
+    lines += ["[sweep.grid]", f"lr = {list(LRS)}"]
+    (exp / "sweep.toml").write_text("\n".join(lines) + "\n")
+    git(top, "add", ".")
+    git(top, "commit", "-q", "-m", "the experiment")
+    return exp / "sweep.toml"
+
+
+@pytest.mark.parametrize("where", ["local", pytest.param("ssh", marks=pytest.mark.ssh)])
+def test_a_snapshot_sweep_brings_every_output_home_and_gc_keeps_them(
+    tmp_path: Path,
+    chainrun: CLI,
+    service: Callable[..., object],
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+) -> None:
+    """Four chains of one snapshot sweep each write their results file through a `.tmp` and
+    `os.replace` in a tracked directory, and rewrite a tracked file: no chain touches another's
+    half-written file, every result reaches the workdir (a clone here; over SSH a plain
+    directory that has no `results/`), the tracked file that several chains rewrote is kept
+    once in place and beside it for the others, named in their history; the data in the
+    repository's parent directory is reached; and `gc` then removes the code, not the results."""
+    host, workdir = "", None
+    if where == "ssh":
+        ok = subprocess.run(
+            ["ssh", "-F", SSH_CONFIG, "-o", "BatchMode=yes", "root-local", "true"], capture_output=True
+        )
+        need("the test sshd", ok.returncode == 0, "sudo scripts/start-sshd")
+        monkeypatch.setenv("CHAINRUN_SSH_CONFIG", SSH_CONFIG)
+        host, workdir = "root-local", tmp_path / "cluster" / "exp run"
+        workdir.mkdir(parents=True)
+        make_data(workdir.parent)
+    job = make_sweep(tmp_path / "repo", host, workdir)
+    work = workdir or job.parent
+    submitted = chainrun("submit", str(job))
+    assert submitted.returncode == 0, submitted.stderr
+    service(interval=0.3)
+
+    def chains() -> list[dict]:  # type: ignore[type-arg]
+        return json.loads(chainrun("status", "outs", "--json", "--all", check=True).stdout)  # type: ignore[no-any-return]
+
+    final = ("completed", "failed", "exhausted", "cancelled")
+    wait_for(lambda: all(c["state"] in final for c in chains()), 600, "the sweep's four chains to end")
+    ended = chains()
+    told = {c["params"]["lr"]: [(s["n"], s["outcome"], s["reason"]) for s in c["segments"]] for c in ended}
+    assert [c["state"] for c in ended] == ["completed"] * 4, told
+    assert all(c["failures"] == 0 for c in ended), told
+    assert all(len([s for s in c["segments"] if s["started_at"]]) >= 2 for c in ended), told
+    for lr in LRS:
+        rows = (work / "results" / f"lr{lr}.csv").read_text().splitlines()
+        assert rows == [f"{e},{lr},the data" for e in range(1, EPOCHS + 1)], (lr, told[str(lr)])
+    assert not list(work.rglob("*.tmp"))
+    # config.yaml: one chain's in place, each other's beside it under its chain's name.
+    beside = {p.name: p.read_text() for p in work.glob("config.yaml.chainrun-*")}
+    assert len(beside) == 3, sorted(beside)
+    kept = {(work / "config.yaml").read_text(), *beside.values()}
+    assert kept == {f"lr: {lr}\n" for lr in LRS}
+    for c in ended:
+        name = f"config.yaml.chainrun-{c['id']}"
+        history = chainrun("history", c["id"], check=True).stdout
+        assert (name in beside) == (name in history), history
+
+    # A file a segment left in its copy (killed before its last share), where the workdir's
+    # directory cannot take it now: gc names the copy and keeps it, and the commit it came from.
+    late = work / ".chainrun" / ended[0]["id"] / "code" / "exp" / "results" / "late.csv"
+    late.write_text("written after the last share\n")
+    with read_only(work / "results"):
+        blocked = chainrun("gc", "--older-than", "0s")
+    assert blocked.returncode == 1 and "late.csv" in blocked.stderr, blocked
+    assert late.read_text() == "written after the last share\n"
+    assert [p.name for p in (work / ".chainrun").glob("*/code")] == ["code"], "only the blocked copy stays"
+    assert list((work / ".chainrun" / "code").iterdir()), "the commit it was copied from stays"
+    collected = chainrun("gc", "--older-than", "0s")
+    assert collected.returncode == 0, collected.stderr
+    assert f"brought home {work / 'results' / 'late.csv'}" in collected.stdout
+    assert (work / "results" / "late.csv").read_text() == "written after the last share\n"
+    assert not list((work / ".chainrun" / "code").iterdir())
+    assert not list((work / ".chainrun").glob("*/code")), "a chain's working copy is left"
+    for lr in LRS:
+        assert len((work / "results" / f"lr{lr}.csv").read_text().splitlines()) == EPOCHS
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """``path`` mounted read-only over itself for a while (as root: scripts/test runs so)."""
+    need("root, to mount a directory read-only", os.geteuid() == 0, "run the tests as root")
+    subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True)
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], check=True)

@@ -34,7 +34,7 @@ from typing import Any, Optional
 from chainrun.checkpoint import _fence as fence
 from chainrun.decide import segment as rules
 from chainrun.node import proc
-from chainrun.node.share import link_code
+from chainrun.node.share import share
 
 # What systemd gave the service is not the job's (--export=ALL and -V pass it on): a job
 # answering NOTIFY_SOCKET would speak for the service.
@@ -207,6 +207,7 @@ class Segment:
         self.timer = "wait"
         self.killed = False
         self.fenced: Optional[str] = None  # who owns the checkpoint directory once this one is fenced
+        self.beside: list[str] = []  # a snapshot chain's files kept beside the workdir's own
         self.env = self._environment()
 
     # ---- what the job is told ----
@@ -366,6 +367,7 @@ class Segment:
             f"preempted={'1' if self.preempted else ''}\njob={self.job}\nat={int(time.time())}\n"
             f"path={path}\ngrace={self.grace}\nready={ready}\nfenced={self.fenced or ''}\nskip={why}\n"
             + self.snapshot()
+            + "".join("beside=" + " ".join(where.splitlines()) + "\n" for where in self.beside)
         )
         if original != 0:
             text += "".join(f"tail={line}\n" for line in self.tail())
@@ -502,9 +504,9 @@ class Segment:
             self.end_marker(0, 0, skipped=True, why=skip)
             return 0
         try:
-            os.chdir(s["code"])
+            os.chdir(s["workdir"])
         except OSError:
-            say(f"cannot enter workdir {s['code']}", err=True)
+            say(f"cannot enter workdir {s['workdir']}", err=True)
             self.end_marker(2, 2, skipped=False)
             return 2
         old = os.umask(0o077)
@@ -517,7 +519,13 @@ class Segment:
         if not self.claim():
             self.end_marker(0, 0, skipped=True)
             return 0
-        self.share()
+        try:
+            self.share()
+            os.chdir(s["code"])
+        except OSError as exc:
+            say(f"cannot make the snapshot's working copy {s['code']}: {exc.strerror or exc}", err=True)
+            self.end_marker(2, 2, skipped=False)
+            return 2
         rc = self.run_command()
         self.fenced = self.fenced or self.usurped()  # the helper's commit may have found it first
         self.share()
@@ -635,16 +643,17 @@ class Segment:
                 os.kill(pid, number)
 
     def share(self) -> None:
-        """A snapshot chain's code (unpacked by a chainrun that listed its paths) with its workdir."""
-        s = self.s
-        if s["code"] == s["workdir"] or not s["code_names"] or not os.path.isfile(s["code_names"]):
+        """A snapshot chain's working copy: made, what the command left there brought home
+        (what was kept beside the workdir's own file is named in the end marker), and the
+        workdir linked in (``node.share``). OSError when the copy cannot be made."""
+        copy = share(self.s["share"])
+        if copy is None:
             return
-        try:
-            with open(s["code_names"], "rb") as f:
-                names = set(os.fsdecode(name) for name in f.read().split(b"\0"))
-        except OSError:
-            return
-        link_code(s["code"], s["workdir"], s["code_path"], names)
+        self.beside += [b for b in copy.beside if b not in self.beside]
+        for what in copy.beside:
+            say(f"segment {self.n} kept {what} beside the workdir's own file, which is not this chain's")
+        for what in copy.left:
+            say(f"segment {self.n} could not bring {what} home; it stays in the working copy", err=True)
 
 
 def main() -> int:

@@ -20,8 +20,8 @@ from chainrun.schedulers.segment import (
     RUN_DIR_NAME,
     SegmentJob,
     code_dir,
-    code_names,
     made_dirs,
+    share_settings,
     sweep_environment,
 )
 from chainrun.schedulers.ship import SEGMENT_RUNNER
@@ -63,16 +63,15 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
         "preempting": scheduler.preempting_shell,
         "run_dir": job.run_dir,
         "workdir": spec.workdir,
-        "code": code_dir(spec),
-        "code_names": code_names(spec) if spec.snapshot_commit else "",
-        "code_path": f"{spec.snapshot_subdir}/" if spec.snapshot_subdir else "",
+        "code": code_dir(spec, job.chain_id),
+        "share": share_settings(spec, job.chain_id),
         "checkpoint_dir": spec.checkpoint_dir,
         "made_dirs": made_dirs(spec),
         "progress_file": spec.progress_file or "",
         "progress_key": spec.progress_key,
         "target": spec.target_epoch,
         "env": dict([*spec.inherited, *sweep_environment(spec), *spec.env]),  # [env] wins
-        "container": container.argv(spec, code_dir(spec)),
+        "container": container.argv(spec, code_dir(spec, job.chain_id)),
         "command": spec.command,
     }
     return "\n".join(

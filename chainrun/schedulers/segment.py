@@ -105,23 +105,45 @@ def run_dir(spec: JobSpec, chain_id: str) -> str:
 
 
 def code_root(spec: JobSpec) -> str:
-    """Where a snapshot chain's commit is unpacked."""
+    """Where a snapshot chain's commit is unpacked, once, for every chain of that commit to
+    copy (never run in)."""
     return posixpath.join(spec.workdir, RUN_DIR_NAME, CODE_DIR, spec.snapshot_commit)
 
 
-def code_dir(spec: JobSpec) -> str:
-    """Where the command runs: the workdir, or a snapshot chain's unpacked commit (at the
-    job's subdirectory of its repository)."""
+def working_copy(spec: JobSpec, chain_id: str) -> str:
+    """A snapshot chain's own copy of its commit, in its run directory (``node.share``)."""
+    return posixpath.join(run_dir(spec, chain_id), CODE_DIR)
+
+
+def code_dir(spec: JobSpec, chain_id: str) -> str:
+    """Where the command runs: the workdir, or a snapshot chain's working copy (at the job's
+    subdirectory of its repository)."""
     if not spec.snapshot_commit:
         return spec.workdir
-    base = code_root(spec)
-    return posixpath.join(base, spec.snapshot_subdir) if spec.snapshot_subdir else base
+    copy = working_copy(spec, chain_id)
+    return posixpath.join(copy, spec.snapshot_subdir) if spec.snapshot_subdir else copy
 
 
 def code_names(spec: JobSpec) -> str:
     """The list of every path of a snapshot's tree (NUL-separated), written last when it was
     unpacked: what is the snapshot's own in its directory, and what the command made there."""
     return posixpath.join(code_root(spec), CODE_NAMES)
+
+
+def share_settings(spec: JobSpec, chain_id: str) -> Optional[dict[str, str]]:
+    """What ``node.share`` needs to keep a snapshot chain's working copy and bring its files
+    home (the segment runner before and after each segment, ``gc`` before it removes the
+    copy); None for a chain without a snapshot."""
+    if not spec.snapshot_commit:
+        return None
+    return {
+        "pristine": code_root(spec),
+        "copy": working_copy(spec, chain_id),
+        "names": code_names(spec),
+        "subdir": spec.snapshot_subdir,
+        "workdir": spec.workdir,
+        "chain": chain_id,
+    }
 
 
 def made_dirs(spec: JobSpec) -> list[str]:
@@ -149,18 +171,22 @@ def sweep_environment(spec: JobSpec) -> list[tuple[str, str]]:
     return [*pairs, ("CHAINRUN_PARAMS", everything), ("CHAINRUN_REP", str(spec.rep))]
 
 
+_REPEATED = ("tail=", "beside=")  # the end marker's keys that come once a line each
+
+
 def _fields(data: bytes) -> dict[str, str]:
-    """A marker's ``key=value`` lines (its ``tail=`` lines are read by ``_tail``)."""
-    return dict(line.split("=", 1) for line in _lines(data) if "=" in line and not line.startswith("tail="))
+    """A marker's ``key=value`` lines (its repeated ones are read by ``_repeated``)."""
+    return dict(line.split("=", 1) for line in _lines(data) if "=" in line and not line.startswith(_REPEATED))
 
 
 def _lines(data: bytes) -> list[str]:
     return data.decode(errors="replace").split("\n")
 
 
-def _tail(data: bytes) -> tuple[str, ...]:
-    """The last lines of a failed command's output, as the end marker keeps them."""
-    return tuple(line[len("tail=") :] for line in _lines(data) if line.startswith("tail="))
+def _repeated(data: bytes, key: str) -> tuple[str, ...]:
+    """Each value of a key the end marker has once a line (``tail``: the last lines of a
+    failed command's output; ``beside``: a snapshot chain's files kept beside the workdir's)."""
+    return tuple(line[len(key) + 1 :] for line in _lines(data) if line.startswith(key + "="))
 
 
 def _number(text: Optional[str], kind: type[float] | type[int]) -> Optional[float]:
@@ -236,7 +262,8 @@ def parse_end_marker(data: bytes) -> Optional[EndMarker]:
             at=float(fields["at"]) if fields.get("at") else None,
             progress=_snapshot(fields),
             path=fields.get("path", ""),
-            tail=_tail(data),
+            tail=_repeated(data, "tail"),
+            beside=_repeated(data, "beside"),
             signalled_at=float(fields["signalled_at"]) if fields.get("signalled_at") else None,
             grace=_whole(fields.get("grace")),
             ready=fields.get("ready", "") if fields.get("ready") in ("0", "1") else "",
