@@ -12,7 +12,11 @@ State lives under ``$CHAINRUN_HOME/local/machines/<machine-id>/``, one
 directory per machine (``/etc/machine-id``, else the hostname), so that the
 machines of a lab can share one home over NFS: each keeps its own job
 numbers, records, slot locks and logs, and a job is only ever judged on the
-machine that started it. A job is ``jobs/<id>/``: ``job.json`` (what was
+machine that started it. Two machines with one id (a cloned image) would judge each
+other's jobs: ``machine.json`` there names the boot that uses the directory (its boot id,
+hostname, and when it last said so: at each command, and every few seconds while a job is
+supervised), and a machine whose id another boot used after this machine started is
+refused (``judge``). A job is ``jobs/<id>/``: ``job.json`` (what was
 asked), ``supervisor.pid`` (the supervisor's PID, its start time and the
 machine's boot id: a PID alone may name another process after a reboot or
 in a new PID namespace), ``start.json``, ``end.json``, and a ``cancel``
@@ -58,7 +62,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from chainrun.home import HomeError, default_home, private_dir
+from chainrun.home import HomeError, default_home, private_dir, short_path
 from chainrun.node import proc
 
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL, like Slurm's KillWait
@@ -67,6 +71,10 @@ TICK = 0.2
 KEEP_ENDED = 7 * 86400
 RETRY = 1.0  # seconds between tries of a record that could not be written
 END_PATIENCE = 6 * 3600  # how long an ended job's supervisor keeps trying to write end.json
+MACHINE_FILE = "machine.json"  # in the machine's directory: the boot that uses it (``judge``)
+REFRESH = 5.0  # seconds between a boot's notes that it still uses its directory
+SILENT = 600.0  # a boot that has not said so for this long is gone
+SLACK = 5.0  # seconds of clock difference allowed across a restart
 
 
 def machine_id() -> str:
@@ -89,6 +97,54 @@ def boot_id() -> str:
         return ""
 
 
+def booted_at() -> Optional[float]:
+    """When this boot began (by this machine's clock; a time namespace's own boot in one)."""
+    try:
+        return time.time() - float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def judge(
+    record: Optional[dict[str, Any]], me: dict[str, str], booted: Optional[float], now: float
+) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+    """Whether this boot (``me``: boot id and hostname, ``booted`` at) may use a machine
+    directory whose ``machine.json`` says ``record``: (what to write there, or None; the host
+    of another machine that uses it, or None). One machine never runs two boots at once, so
+    another boot that noted its use after this one began is another machine with the same
+    id: this one is refused, and the other keeps the directory. Else the directory is this
+    boot's: after a restart, a rename, or the other boot gone quiet for ``SILENT``."""
+    mine = {**me, "seen": now}
+    if record is None:
+        return mine, None
+    seen = _number(record.get("seen"))
+    if record.get("boot") == me["boot"]:
+        return (mine if now - seen >= REFRESH or record.get("host") != me["host"] else None), None
+    if booted is not None and seen > booted + SLACK and now - seen < SILENT:
+        return None, str(record.get("host"))
+    return mine, None
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+def claim_machine(path: Path) -> None:
+    """Note in machine directory ``path`` that this boot uses it (``judge``); HomeError when
+    another machine with the same id does. A failed write costs nothing: it is noted again."""
+    me = {"boot": boot_id(), "host": os.uname().nodename}
+    write, other = judge(_read_json(path / MACHINE_FILE), me, booted_at(), time.time())
+    if write is not None:
+        with contextlib.suppress(OSError):
+            _write_json(path / MACHINE_FILE, write)
+    if other is not None:
+        raise HomeError(
+            f"machine id {path.name} is also used by host {other}, up at the same time: two machines"
+            f" with one /etc/machine-id (a cloned image?) cannot share {short_path(path.parent)};"
+            " give one its own (rm /etc/machine-id; systemd-machine-id-setup) and restart it"
+        )
+
+
 def machine_dir(base: Path) -> Path:
     """The state directory of this machine under the runner's ``base`` (``$CHAINRUN_HOME/local``)."""
     return base / "machines" / machine_id()
@@ -101,15 +157,13 @@ def home() -> Path:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         with contextlib.suppress(OSError):  # numbered on from the jobs of before (``_job_dirs``)
             shutil.copyfile(base / "next_id", path / "next_id")
-    with contextlib.suppress(OSError):  # for a reader of the shared home: which machine is this
-        if not (path / "hostname").exists():
-            _write_atomic(path / "hostname", os.uname().nodename + "\n")
+    claim_machine(path)
     return path
 
 
 def _write_atomic(path: Path, text: str) -> None:
     """Write ``path`` whole or not at all; a failed write leaves no temporary file."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # two writers never share one
     try:
         with open(tmp, "w") as f:
             f.write(text)
@@ -378,10 +432,13 @@ def supervise(jobdir: Path) -> int:
         return 1
     records = _Records(jobdir)
     cancel = jobdir / "cancel"
+    beat = _beat(root, -REFRESH)
     while not _ended(root, job["after"]) and not cancel.exists():
+        beat = _beat(root, beat)
         time.sleep(TICK * 2)
     slot: Optional[tuple[int, int]] = None  # (index, the fd that holds its lock)
     while job.get("slots") and not cancel.exists():
+        beat = _beat(root, beat)
         slot = _take_slot(root, job["slots"])
         if slot is not None:
             break
@@ -439,6 +496,7 @@ def supervise(jobdir: Path) -> int:
             if term_at is not None and now >= term_at + KILL_WAIT:
                 _kill_job(child, root)
             records.flush()
+            beat = _beat(root, beat)
             time.sleep(TICK)
     finally:
         # Like a scheduler: nothing outlives the job, nor a supervisor that failed.
@@ -447,6 +505,18 @@ def supervise(jobdir: Path) -> int:
     outcome = why or ("completed" if rc == 0 else "failed")
     end = {"outcome": outcome, "exit_code": rc, "started_at": started, "ended_at": time.time()}
     return records.end({**end, **where})
+
+
+def _beat(root: Path, last: float) -> float:
+    """Every REFRESH seconds while a job is supervised, note that this boot of the machine
+    uses its directory (``claim_machine``): another machine with the same id, started since,
+    is then refused before it judges this one's jobs. When it was noted (monotonic)."""
+    now = time.monotonic()
+    if now - last < REFRESH:
+        return last
+    with contextlib.suppress(HomeError):  # the job is this machine's all the same: it goes on
+        claim_machine(root)
+    return now
 
 
 def _take_slot(root: Path, slots: int) -> Optional[tuple[int, int]]:

@@ -18,7 +18,7 @@ from typing import Optional
 from chainrun import heartbeat
 from chainrun.errors import AlreadyRunning, ChainrunError, StoreUnavailable
 from chainrun.logs import get_logger
-from chainrun.store import private_dir
+from chainrun.store import local_dir, private_dir
 from chainrun.store.database import DB_FILE
 
 log = get_logger(__name__)
@@ -53,8 +53,8 @@ class InstanceLock:
     Linux local filesystems the two kinds are separate and never conflict, so
     this lock does not stand in the way of SQLite, in this process or any
     other. (On NFS, Linux emulates flock with a POSIX lock on the whole file,
-    which SQLite's locks would then collide with: keep CHAINRUN_HOME on a
-    local filesystem.)
+    which SQLite's locks would then collide with: ``acquire`` refuses a home on a
+    network file system, as the store does.)
     """
 
     def __init__(self, home: Path) -> None:
@@ -65,7 +65,9 @@ class InstanceLock:
         self._held = False
 
     def acquire(self) -> None:
-        """Take the lock, creating the database file (0600) if needed; else AlreadyRunning."""
+        """Take the lock, creating the database file (0600) if needed; else AlreadyRunning.
+        UsageError on a network file system, where neither it nor the database holds."""
+        local_dir(self.home)
         for _ in range(LOCK_TRIES):
             fd = self._open(create=True)
             assert fd is not None

@@ -38,7 +38,7 @@ CLI = Callable[..., "subprocess.CompletedProcess[str]"]
 
 
 def _namespaces_work() -> bool:
-    probe = ["unshare", "--pid", "--uts", "--mount", "--mount-proc", "--fork", "true"]
+    probe = ["unshare", "--pid", "--uts", "--mount", "--mount-proc", "--time", "--fork", "true"]
     return shutil.which("unshare") is not None and subprocess.run(probe, capture_output=True).returncode == 0
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli_env, wait_for
+from conftest import REPO, cli_env, need, wait_for
 
-from chainrun.localrunner import identity, machine_dir
+from chainrun.localrunner import MACHINE_FILE, REFRESH, SILENT, identity, judge, machine_dir
 from chainrun.node.proc import alive
 
 PAGE = 4096
@@ -424,7 +424,7 @@ def test_a_reused_pid_or_a_record_from_before_a_restart_is_not_a_running_job(tmp
 
 def test_each_machine_keeps_its_own_state_under_a_shared_home(tmp_path: Path) -> None:
     """The runner's state is under the machine's identity (/etc/machine-id), named with its
-    hostname, so that machines sharing one home over NFS never read each other's jobs."""
+    hostname and boot, so that machines sharing one home over NFS never read each other's jobs."""
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     script = make_script(tmp_path, "true")
@@ -432,7 +432,9 @@ def test_each_machine_keeps_its_own_state_under_a_shared_home(tmp_path: Path) ->
     mine = machine_dir(home / "local")
     assert mine.parent == home / "local" / "machines"
     assert mine.name == Path("/etc/machine-id").read_text().strip()
-    assert (mine / "hostname").read_text() == os.uname().nodename + "\n"
+    noted = json.loads((mine / MACHINE_FILE).read_text())
+    assert noted["host"] == os.uname().nodename
+    assert noted["boot"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     assert [p.name for p in (mine / "jobs").iterdir()] == ["1"]
 
 
@@ -472,3 +474,90 @@ def test_the_job_is_told_when_its_walltime_began(local_home: Path, tmp_path: Pat
     line = ended(local_home, int(submitted.stdout))
     assert line["outcome"] == "completed", line
     assert int(seen.read_text()) == int(line["started_at"]), line
+
+
+ME = {"boot": "b2", "host": "hoff"}
+BOOTED, NOW = 1000.0, 2000.0  # this boot began at 1000; it is 2000 now
+
+
+@pytest.mark.parametrize(
+    ("record", "writes", "other"),
+    [
+        (None, {**ME, "seen": NOW}, None),  # the first use
+        ({**ME, "seen": NOW - 1}, None, None),  # noted just now: nothing written
+        ({**ME, "seen": NOW - REFRESH}, {**ME, "seen": NOW}, None),  # noted again
+        ({"boot": "b2", "host": "old-name", "seen": NOW - 1}, {**ME, "seen": NOW}, None),  # renamed
+        ({"boot": "b1", "host": "hoff", "seen": BOOTED - 30}, {**ME, "seen": NOW}, None),  # restarted
+        ({"boot": "b1", "host": "hoff", "seen": BOOTED + 2}, {**ME, "seen": NOW}, None),  # clocks' slack
+        (  # another boot said so since this one began: another machine with this id
+            {"boot": "b1", "host": "norman", "seen": NOW - 60},
+            None,
+            "norman",
+        ),
+        ({"boot": "b1", "host": "norman", "seen": NOW - SILENT}, {**ME, "seen": NOW}, None),  # gone quiet
+    ],
+)
+def test_a_machine_directory_is_refused_to_a_second_machine_with_the_same_id(
+    record: dict[str, Any] | None, writes: dict[str, Any] | None, other: str | None
+) -> None:
+    """``judge``'s table: a restart, a rename or a machine gone quiet take the directory over;
+    another boot seen since this one began is another machine: this one is refused."""
+    assert judge(record, ME, BOOTED, NOW) == (writes, other)
+
+
+def _twin(tmp_path: Path, name: str, command: str) -> subprocess.Popen[str]:
+    """``command`` run on a lab machine (scripts/lab-machine: its own boot id and uptime)
+    called ``name``, whose /etc/machine-id is the one every twin of this test has."""
+    identity_dir = tmp_path / "machines" / name
+    identity_dir.mkdir(parents=True, exist_ok=True)
+    (identity_dir / "machine-id").write_text("0123456789abcdef0123456789abcdef\n")
+    run = f"{sys.executable} -m chainrun.localrunner"
+    return subprocess.Popen(
+        [
+            str(REPO / "scripts" / "lab-machine"),
+            name,
+            str(identity_dir),
+            "bash",
+            "-c",
+            command.format(run=run),
+        ],
+        env=cli_env(tmp_path / "home"),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+def test_two_machines_with_one_machine_id_on_one_home_are_refused_and_a_restart_is_not(
+    tmp_path: Path,
+) -> None:
+    """Cloned images: lab-a runs a job; lab-b, the same /etc/machine-id, started after it and
+    sharing the home, is refused with one line instead of reading lab-a's running job as
+    ended by a restart; lab-a goes on. lab-a started again (a new boot of the same machine)
+    takes its directory back and reads the job its restart ended as ended."""
+    need("root, and util-linux's unshare with time namespaces", os.geteuid() == 0, "scripts/test as root")
+    (tmp_path / "home").mkdir(mode=0o700)
+    script = make_script(tmp_path, "sleep 60")
+    submit = " ".join(submit_argv(tmp_path, "cr.twin.1", script, "--walltime", "120"))
+    a = _twin(tmp_path, "lab-a", f"{{run}} {submit} && sleep {REFRESH + 4} && {{run}} poll")
+    wait_for(lambda: list((tmp_path / "home").glob("local/machines/*/jobs/1/start.json")), 30, "lab-a's job")
+    # lab-b is polled some seconds after it started, as a service's tick finds it; by then
+    # lab-a's supervisor has said again that lab-a uses the directory.
+    b = _twin(tmp_path, "lab-b", f"sleep {REFRESH + 1} && {{run}} poll")
+    out, err = b.communicate(timeout=60)
+    assert b.returncode == 2, (out, err)
+    assert (
+        err.count("\n") == 1
+        and "machine id 0123456789abcdef0123456789abcdef is also used by host lab-a" in err
+    )
+    assert "cloned image" in err and out == ""
+    out, err = a.communicate(timeout=60)
+    assert a.returncode == 0, err
+    assert json.loads(out.splitlines()[-1])["state"] == "running"  # lab-a's job, judged by lab-a
+    again = _twin(tmp_path, "lab-a", "{run} poll")  # the same identity, a new boot
+    out, err = again.communicate(timeout=60)
+    assert again.returncode == 0, err
+    job = json.loads(out)
+    assert (job["state"], job["outcome"]) == ("ended", "node_fail") and "machine restarted" in job["reason"]

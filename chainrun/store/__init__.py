@@ -41,7 +41,7 @@ from chainrun.logs import get_logger
 from chainrun.model import Action, Chain, ChainState, Finish, JobSpec, Progress, Submit
 from chainrun.store import views, writes
 from chainrun.store.database import READ_TIMEOUT as READ_TIMEOUT
-from chainrun.store.database import Database, private_dir
+from chainrun.store.database import Database, local_dir, private_dir
 from chainrun.store.migrations import MIGRATIONS as MIGRATIONS
 from chainrun.store.migrations import SCHEMA_VERSION as SCHEMA_VERSION
 from chainrun.store.rows import (
@@ -65,6 +65,7 @@ __all__ = [
     "SegmentGlance",
     "Store",
     "default_home",
+    "local_dir",
     "private_dir",
     "ran",
 ]

@@ -40,6 +40,20 @@ def private_dir(path: Path) -> Path:
         raise UsageError(str(exc)) from None
 
 
+def local_dir(path: Path) -> Path:
+    """``private_dir``, refused on a network file system (``chainrun.home.mount_of``): SQLite's
+    WAL keeps shared memory beside the database, and the service's flock on it turns into a
+    whole-file POSIX lock over NFS that collides with SQLite's own; neither holds there."""
+    mount = state_home.mount_of(path)
+    if mount is not None and mount.network:
+        raise UsageError(
+            f"{state_home.short_path(path)} is on a network file system ({mount.kind} at {mount.point}),"
+            " where chainrun's database and service lock do not hold: set CHAINRUN_HOME to a directory"
+            " on this machine's own disk"
+        )
+    return private_dir(path)
+
+
 class Database:
     """One SQLite file under ``home``; ``db`` is the connection."""
 
@@ -50,7 +64,7 @@ class Database:
         self.db = self._open_reader() if readonly else self._open_writer()
 
     def _open_writer(self) -> sqlite3.Connection:
-        private_dir(self.home)
+        local_dir(self.home)
         # A new database is created private (0600; its -wal and -shm copy its mode);
         # an existing one keeps the mode it has.
         old_umask = os.umask(0o077)
