@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Generic, NamedTuple, Optional, TypeVar
 
 from chainrun import jobfile, progress, rundir, snapshot, sweep
+from chainrun.decide.carry import applies, carry_line
 from chainrun.decide.claims import Claim, Holder, ancestors, claim, holder, inside, same_job
 from chainrun.decide.goal import goal_reached, reached_target
 from chainrun.engine import Engine, TickSummary
@@ -68,9 +69,6 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     pins: list[Optional[snapshot.Snapshot]] = []
     for spec in specs:
         preflight(spec)
-        spec = probe_nodes(spec)
-        if spec.nodes_cannot_submit:
-            _note(f"{spec.name}: {spec.nodes_cannot_submit}: no segment queues its successor itself")
         if spec.scheduler.hosts:
             shared, words = probe_shared(spec, create=True)
             _note(f"{spec.name}: workdir {spec.workdir} {words}")
@@ -78,6 +76,7 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
         transport = transport_for(spec.scheduler.first_host)
         try:
             jobfile.where_it_runs(spec)
+            start = len(new)
             # The code is captured once per job file: a sweep's chains all run the same commit.
             spec, snap = snapshot.prepare(transport, spec)
             for one in sweep.expand(spec):
@@ -100,6 +99,8 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
                 mines.append(mine)
                 pins.append(snap)
                 out.append(None)
+            if len(new) > start:  # asked once per job file, once nothing refuses it
+                new[start:] = _probed(spec, transport, new[start:])
         except TransportError as exc:
             if spec.scheduler.first_host is None:
                 raise
@@ -119,6 +120,28 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
             snapshot.pin(snap, chain_id)
     stored = iter(Submitted(chain_id, one, True) for chain_id, (one, _) in zip(ids, new))
     return [item or next(stored) for item in out]
+
+
+def _probed(
+    spec: JobSpec, transport: Transport, chains: list[tuple[JobSpec, Progress]]
+) -> list[tuple[JobSpec, Progress]]:
+    """The new ``chains`` of one job file (each with its starting point) as the probes
+    from where they run find them (``plan.probe_nodes``); said when they may not carry
+    themselves."""
+    found = probe_nodes(spec, transport)
+    if found.self_queue and not applies(found):
+        _note(f"{spec.name}: {carry_line(found)}")
+    return [
+        (
+            replace(
+                one,
+                nodes_cannot_submit=found.nodes_cannot_submit,
+                carrier_cannot_run=found.carrier_cannot_run,
+            ),
+            b,
+        )
+        for one, b in chains
+    ]
 
 
 def probe_shared(spec: JobSpec, create: bool = False) -> tuple[Optional[bool], str]:

@@ -19,10 +19,18 @@ from urllib.parse import urlsplit
 
 from chainrun.errors import JobFileError
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on old Pythons only
-    import tomli as tomllib
+
+def _tomllib() -> Any:
+    """The TOML parser (tomli before Python 3.11), imported only to parse: the carrier, which
+    imports this module on a node's python3, needs no package beside the standard library."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib
+    import tomli  # pragma: no cover - exercised on old Pythons only
+
+    return tomli
+
 
 DURATION_HELP = "a duration such as 90s, 45m, 4h, 2d, 1h30m, HH:MM:SS or D-HH:MM:SS"
 
@@ -240,7 +248,7 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise JobFileError(f"{path_shown(path)}: not UTF-8 text; {what} is TOML") from None
     try:
-        data: dict[str, Any] = tomllib.loads(text)
+        data: dict[str, Any] = _tomllib().loads(text)
     except RecursionError:
         raise JobFileError(f"{path_shown(path)}: not valid TOML: nested too deeply") from None
     except ValueError as exc:  # TOMLDecodeError, and ints past Python's digit limit

@@ -1,8 +1,9 @@
 """The heartbeat file (``service.status`` in the state directory): the running service's pid,
 the time of its last tick, its tick interval and its one-line status, written after every
-tick and read by ``chainrun status`` (which need not import the service for it) and by a
-segment that would carry the chain while the service is away (``chainrun.carry``). A service that stops leaves
-the time of its last tick (and no pid): what ``status`` shows is as of then.
+tick and read by ``chainrun status`` (which need not import the service for it). A service
+that stops leaves the time of its last tick (and no pid): what ``status`` shows is as of then.
+The state directory is on this machine, which a cluster's nodes need not see: a segment that
+would carry the chain reads the service's beat in its run root instead (``carry.beat_path``).
 """
 
 from __future__ import annotations

@@ -203,10 +203,11 @@ class JobSpec:
     # A sweep chain's CHAINRUN_SEED, set by ``sweep.expand``; None: one from the chain id.
     seed: Optional[int] = None
     # While the service is away, a segment queues its own successor (``decide.carry``),
-    # unless the job file says self_queue = false, or the probe at submit found that the
-    # cluster's nodes cannot submit (why, in words).
+    # unless the job file says self_queue = false, or the probes at submit found that the
+    # cluster's nodes cannot submit, or that the carrier does not run there (why, in words).
     self_queue: bool = True
     nodes_cannot_submit: str = ""
+    carrier_cannot_run: str = ""
     # No grace in the job file: each segment's is made of the chain's stops so far
     # (decide/grace.py), at most ``grace``.
     adaptive_grace: bool = False

@@ -13,8 +13,9 @@ import posixpath
 import shlex
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Optional
 
-from chainrun import rundir, snapshot
+from chainrun import carry, rundir, snapshot
 from chainrun.cluster import Cluster
 from chainrun.decide import grace
 from chainrun.decide.carry import applies, away_bound, off_because
@@ -26,7 +27,7 @@ from chainrun.schedulers.script import render_script
 from chainrun.schedulers.segment import SegmentJob
 from chainrun.sweep import param_text
 from chainrun.text import one_line
-from chainrun.transport import LocalTransport
+from chainrun.transport import LocalTransport, Transport, transport_for
 
 
 def preflight(spec: JobSpec) -> tuple[str, list[str]]:
@@ -47,19 +48,31 @@ def preflight(spec: JobSpec) -> tuple[str, list[str]]:
     return script, argv
 
 
-def probe_nodes(spec: JobSpec) -> JobSpec:
+def probe_nodes(spec: JobSpec, transport: Optional[Transport] = None) -> JobSpec:
     """For a chain whose segments may queue their successors while the service is away,
     ask the cluster's configuration whether its compute nodes may submit jobs at all (at
-    check and submit); where they may not, the spec says why and the chain waits for the
-    service as before. Where it cannot be told, a segment's own submission finds out."""
+    check and submit), and, at submit (``transport``: where the chain's commands run, its
+    workdir there already), whether the carrier runs there with the interpreter its
+    launcher would use (``carry.probe``); where either may not, the spec says why and the
+    chain waits for the service as before. What cannot be told here a segment finds out,
+    and says in its log."""
     if not applies(spec):
         return spec
-    cluster = Cluster(scheduler_for(spec.scheduler.kind, None), LocalTransport())
+    host = spec.scheduler.host
+    cluster = Cluster(scheduler_for(spec.scheduler.kind, host), transport or transport_for(host))
     try:
         why = cluster.nodes_cannot_submit(spec.scheduler.queue)
     except (TransportError, SchedulerError):
+        why = ""
+    if why:
+        return replace(spec, nodes_cannot_submit=why)
+    if transport is None:
         return spec
-    return replace(spec, nodes_cannot_submit=why) if why else spec
+    try:
+        cannot = carry.probe(transport, spec)
+    except TransportError as exc:
+        cannot = f"the carrier could not be placed and run there ({exc})"
+    return replace(spec, carrier_cannot_run=cannot) if cannot else spec
 
 
 def summary(path: str, spec: JobSpec, chains: Sequence[JobSpec], shared: str = "") -> list[str]:

@@ -339,7 +339,9 @@ class Service:
         done = False
         try:
             self.lock.check()  # never tick a home another service may have taken
-            summary = self._engine().tick()
+            engine = self._engine()
+            engine.beat_every = self.interval
+            summary = engine.tick()
             if self.on_tick is not None:
                 self.on_tick(summary)
             done = self.stop_when is not None and self.stop_when()

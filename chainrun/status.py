@@ -307,6 +307,10 @@ def details(chain: Chain, now: float, seen: Optional[float] = None) -> list[str]
     from chainrun.decide.grace import grace_in_force  # here: a plain `status` imports no rules
 
     lines.append(f"grace: {grace_in_force(chain.spec, chain.segments).describe()}")
+    from chainrun.decide.carry import carry_line
+
+    if carry_line(chain.spec) and not chain.state.final:
+        lines.append(carry_line(chain.spec))
     placed = _placed(chain)
     if placed:
         lines.append(f"hosts: {placed}")
@@ -491,6 +495,8 @@ def service_line(home: Path, now: float) -> str:
 
 def to_json(c: Chain, now: float) -> dict[str, Any]:
     """One chain for scripts: everything in the table, unrounded, plus the segments."""
+    from chainrun.decide.carry import off_because
+
     g = Glance.of(c)
     upcoming = None if c.state.final else _upcoming(g)
     rate = epoch_rate(g, now)
@@ -518,6 +524,7 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
         "max_segments": c.max_segments,
         "accounting": account(c, now).to_json(),
         "scheduler": c.spec.scheduler.kind,
+        "self_queue_off": off_because(c.spec) or None,  # why segments never queue their successors
         "host": c.host,
         "created_at": c.created_at,
         "ended_at": c.ended_at,

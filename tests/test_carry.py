@@ -11,7 +11,10 @@ trainer's lock). A crash-looping command beside it stops after its failure budge
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -115,7 +118,7 @@ def test_an_ended_segment_leaves_a_ticking_service_to_it_and_waits_for_one_that_
         ((marked(0, 0, code=1), marked(0, 0, code=1), marked(0, 0, code=1)), {"ended": True}, "3 failures"),
         ((marked(0, None),), {"known": Known(0, 0, 99 * 3600.0, NO_PROGRESS)}, "time budget"),
         ((marked(0, None),), {"n": 100}, "segments"),
-        ((marked(0, None),), {"heard": None}, "no heartbeat of the service can be read here"),
+        ((marked(0, None),), {"heard": None}, "no beat of the service can be read in the run root"),
         (
             (marked(0, 5, signal_=""),),
             {"ended": True, "spec": replace(LONG, target_epoch=None)},
@@ -323,8 +326,7 @@ def test_what_a_segment_counts_and_says_before_it_queues_the_next() -> None:
         None, None, "self-queueing is off (self_queue = false)"
     )
     assert carry(alone(running, heard=None), NOW).reason == (
-        "no heartbeat of the service can be read here (CHAINRUN_HOME not seen from this node?): "
-        "the service queues the next segment"
+        "no beat of the service can be read in the run root: the service queues the next segment"
     )
     plain = replace(LONG, target_epoch=None)
     assert carry(alone(marked(0, 5, signal_=""), ended=True, spec=plain), NOW) == Verdict(
@@ -444,3 +446,178 @@ def test_a_claim_is_taken_over_only_when_it_names_no_job_and_is_older_than_a_sub
     assert not abandoned(replace(pending, job_id="77"), 10 * STALE_CLAIM)  # it queued one: never
     assert abandoned(None, STALE_CLAIM) and not abandoned(None, 0.0)  # one that does not read
     assert abandoned(pending, None)  # gone meanwhile
+
+
+# -- carry only where it is safe (issue 35 item 3) -------------------------------------------
+
+
+def beats(work: Path) -> list[Path]:
+    """The service's beats in the run root of chains in ``work``."""
+    return list((work / ".chainrun").glob("service-*.beat"))
+
+
+def launcher_answer(work: Path, chain_id: str, n: int, job_id: str, stale_status: Optional[Path]) -> str:
+    """What the chain's launcher answers for segment ``n`` (job ``job_id``) running, asked as
+    a node asks it; with ``stale_status``, on a node that sees that file as the service's
+    state directory's status (a copy, or another machine's), in a mount namespace of its own."""
+    import subprocess
+
+    where = run_dir(work, chain_id)
+    ask = ["sh", str(where / "carry"), str(where), str(n), job_id, "running"]
+    if stale_status is not None:
+        home = Path(os.environ["CHAINRUN_HOME"])
+        script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+        ask = [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            script,
+            "-",
+            str(stale_status),
+            str(home / "service.status"),
+            *ask,
+        ]
+    result = subprocess.run(ask, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip() + result.stderr
+
+
+@pytest.mark.slow
+def test_a_node_that_sees_a_stale_copy_of_the_state_directory_never_queues_while_the_service_ticks(
+    work: Path, chainrun: CLI, service: Service, tmp_path: Path
+) -> None:
+    """The state directory is on the service's own disk (as the README advises); a node sees
+    an old copy of its status there (another machine's file, a stale mount). The service
+    ticks, so a segment asked whether to queue the next must leave it to the service: it reads
+    the service's beat in the run root, beside its own script, which the service writes
+    each tick, and never the state directory."""
+    local = test_contract.CLUSTERS["local"]
+    path = write_job(work, local, "python3 trainer.py --epochs 1000 --epoch-time 1")
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    service(interval=0.5)
+    wait_for(
+        lambda: any(s["n"] == 1 and s["phase"] == "running" for s in status(chainrun, chain_id)["segments"]),
+        60,
+        "segment 1 to run",
+    )
+    stale = tmp_path / "stale.status"
+    stale.write_text(json.dumps({"pid": 1, "at": time.time() - 86400, "status": "old", "interval": 0.5}))
+    os.utime(stale, (time.time() - 86400, time.time() - 86400))
+    # Segment 2 asks as though it ran (its job, queued ahead, is its dependency): nothing is
+    # queued after it yet.
+    second = next(s for s in status(chainrun, chain_id)["segments"] if s["n"] == 2)
+    said = launcher_answer(work, chain_id, 2, second["job_id"], stale)
+    assert said.isdigit(), said  # "ask again in N s": the service is there
+    assert not (run_dir(work, chain_id) / "seg-0003.queued").exists()
+    [beat] = beats(work)
+    written = beat.stat().st_mtime
+    wait_for(lambda: beat.stat().st_mtime > written, 30, "the service to beat again")
+    assert beat.stat().st_mode & 0o077 == 0, oct(beat.stat().st_mode)
+    chainrun("cancel", chain_id, check=True)
+
+
+@pytest.mark.slow
+@pytest.mark.sge
+def test_a_chain_carries_itself_where_the_services_interpreter_is_not_on_the_nodes(
+    work: Path, chainrun: CLI, home: Path, tmp_path: Path
+) -> None:
+    """The service runs from a Python the cluster's nodes do not have (a virtual environment on
+    its own disk, here removed once it started): killed, its chain still goes on segment
+    after segment, its carrier run by the segment runner's own interpreter."""
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+
+    sge = test_contract.CLUSTERS["sge"]
+    with test_contract.holding_scheduler("sge"):
+        test_contract.need("a running sge", sge.available(), "sudo scripts/start-sge")
+        venv = tmp_path / "service-venv"
+        (venv / "bin").mkdir(parents=True)
+        real = Path(sys.prefix)
+        shutil.copy(real / "pyvenv.cfg", venv / "pyvenv.cfg")
+        (venv / "lib").symlink_to(real / "lib")
+        (venv / "bin" / "python").symlink_to(Path(sys.executable).resolve())
+        path = write_job(work, sge, "python3 trainer.py --exclusive --epochs 1000 --epoch-time 1")
+        chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+        env = cli_env(home)
+        proc = subprocess.Popen(
+            [str(venv / "bin" / "python"), "-m", "chainrun", "daemon", "--interval", "0.5"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_for(
+                lambda: sum(1 for s in status(chainrun, chain_id)["segments"] if s["job_id"]) >= 2,
+                120,
+                "a successor queued ahead",
+            )
+        finally:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(venv)  # what the nodes see of it: nothing
+        wait_for(lambda: carried(work, chain_id) >= 2, 30 * sge.walltime + 120, "segments queued by segments")
+        chainrun("cancel", chain_id, check=True)
+        wait_for(lambda: gone(sge, chain_id), 120, "the chain's jobs to end")
+
+
+@pytest.mark.sge
+def test_where_the_carrier_cannot_run_submit_status_and_the_page_say_self_queueing_is_off(
+    work: Path, chainrun: CLI, home: Path, tmp_path: Path
+) -> None:
+    """Where the segments' python3 cannot run the carrier (a Python 3.8, which runs the segment
+    runner but not the carrier, played by a script), the probe at submit
+    turns self-queueing off for the chain and says why in one line; `status` and the web
+    page say it too."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    from conftest import cli_env
+
+    sge = test_contract.CLUSTERS["sge"]
+    with test_contract.holding_scheduler("sge"):
+        test_contract.need("a running sge", sge.available(), "sudo scripts/start-sge")
+        old = tmp_path / "old-python"
+        old.mkdir()
+        (old / "python3").write_text(
+            "#!/bin/sh\n"
+            f'[ "$1" = -c ] && exec {sys.executable} "$@"  # the segment runner\'s check passes\n'
+            "echo \"AttributeError: module 'functools' has no attribute 'cache'\" >&2; exit 1\n"
+        )
+        (old / "python3").chmod(0o755)
+        env = cli_env(home)
+        env["PATH"] = f"{old}{os.pathsep}{env['PATH']}"
+        path = write_job(work, sge, "python3 trainer.py --epochs 1000 --epoch-time 1")
+        submitted = subprocess.run(
+            [sys.executable, "-m", "chainrun", "submit", str(path)], env=env, capture_output=True, text=True
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        chain_id = submitted.stdout.strip()
+        line = (
+            "t: self-queueing off (the carrier does not run with python3 there "
+            "(AttributeError: module 'functools' has no attribute 'cache')): after one walltime without "
+            "the service, "
+            "the chain waits for it"
+        )
+        assert submitted.stderr.splitlines()[0] == line, submitted.stderr
+        assert "the carrier does not run with python3 there" in status(chainrun, chain_id)["self_queue_off"]
+        verbose = chainrun("status", "-v", chain_id, check=True).stdout
+        assert line[len("t: ") :] in " ".join(verbose.split()), verbose  # wrapped to the terminal
+        ui = subprocess.Popen(
+            [sys.executable, "-m", "chainrun", "ui"], env=cli_env(home), stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert ui.stdout is not None
+            url = ui.stdout.readline().strip()
+            base, token = url.split("/?token=")
+            with urllib.request.urlopen(f"{base}/chain/{chain_id}?token={token}", timeout=30) as page:
+                body = page.read().decode()
+        finally:
+            ui.kill()
+            ui.wait()
+        assert "self-queueing off (the carrier does not run with python3 there" in body, body
+        chainrun("cancel", chain_id, check=True)

@@ -239,14 +239,17 @@ def test_no_shell_script_in_the_package_holds_policy() -> None:
     assert long == {}
 
 
-@pytest.mark.parametrize("runner", ["SEGMENT_RUNNER", "LOCAL_RUNNER"])
+@pytest.mark.parametrize("runner", ["SEGMENT_RUNNER", "LOCAL_RUNNER", "CARRIER"])
 def test_a_runner_ships_with_what_it_imports_and_runs_on_python_3_8(runner: str) -> None:
     """The segment runner and the local runner run on a node's python3, without chainrun:
     each and the modules it takes along import the standard library and each other alone, in
     Python 3.8's syntax."""
     from chainrun.schedulers import ship
 
-    shipped = {"chainrun." + name[: -len(".py")].replace("/", ".") for name in getattr(ship, runner).modules}
+    shipped = {
+        ("chainrun." + name[: -len(".py")].replace("/", ".")).removesuffix(".__init__")
+        for name in getattr(ship, runner).modules
+    }
     known = modules()
     for name in shipped:
         ast.parse(known[name].read_text(), feature_version=(3, 8))

@@ -11,6 +11,13 @@ service recorded, plus those the markers of the segments since show (charged as 
 charges them, ``charge_by_markers``), plus the running segment's own should it fail, stay
 within ``max_failures``, as for a successor queued ahead. What it leaves out (a crash that
 repeats word for word, what accounting knows) ``decide`` applies when the service is back.
+
+The service is heard from by its beat in the chain's run root (``chainrun.carry.beat_path``),
+which it writes each tick on the cluster's file system, through the transport that writes
+the chain's scripts. Its age is the beat file's mtime against the node's clock. Older than
+the bound: the service is away. Missing or unreadable (a file system fault, or a service
+too old to write it, since the service writes it before any segment can start): the service
+is taken to be there, and the segment never queues its successor.
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ class Alone:
     since: Sequence[JobFacts]
     progress: Progress  # the checkpoint now
     final: bool  # the chain has ended (the final marker)
-    heard_at: Optional[float]  # the service's last tick (its heartbeat); None: none readable here
+    heard_at: Optional[float]  # the service's last beat in the run root; None: missing or unreadable
     interval: Optional[float] = None  # the service's tick interval, as its heartbeat says
     deadline: Optional[float] = None  # when the asking segment's walltime ends
     ended: bool = False  # the asking segment's command has ended (its end marker written)
@@ -76,8 +83,9 @@ class Verdict:
 
 def applies(spec: JobSpec) -> bool:
     """Whether a chain's segments may queue their successors: not when the job file says
-    ``self_queue = false`` or the probe at submit found the nodes cannot submit, and not on
-    a cluster reached over SSH, where the service's heartbeat is not on the nodes' file system."""
+    ``self_queue = false``, the probes at submit found that the nodes cannot submit or that
+    the carrier does not run there, and not where the service alone can place a segment
+    (a pool, a remote workstation's local runner)."""
     return not off_because(spec)
 
 
@@ -87,9 +95,24 @@ def off_because(spec: JobSpec) -> str:
         return "self_queue = false"
     if spec.nodes_cannot_submit:
         return f"the cluster's nodes cannot submit jobs: {spec.nodes_cannot_submit}"
-    if spec.scheduler.remote:
-        return "the service's heartbeat is on this machine, not on the cluster reached over SSH"
+    if spec.carrier_cannot_run:
+        return spec.carrier_cannot_run
+    if spec.scheduler.hosts:
+        return "a pool's segments are placed on its hosts by the service alone"
+    if spec.scheduler.remote and spec.scheduler.kind == "local":
+        return "a remote workstation's local runner takes its jobs from the service alone"
     return ""
+
+
+def carry_line(spec: JobSpec) -> str:
+    """What ``submit``, ``status`` and the web page say of a chain that may not carry itself
+    ("" for one that may)."""
+    off = off_because(spec)
+    return (
+        f"self-queueing off ({off}): after one walltime without the service, the chain waits for it"
+        if off
+        else ""
+    )
 
 
 def abandoned(held: Optional[Carried], age: Optional[float]) -> bool:
@@ -114,13 +137,14 @@ def carry(alone: Alone, now: float) -> Verdict:
     if alone.final:
         return Verdict(None, None, "the chain has ended")
     if alone.heard_at is None:
-        # Not "never heard": a state directory the node does not see (a local disk, as the
-        # docs advise) reads so while the service ticks. Queueing then would race it.
+        # Not "never heard": the service writes its beat in the run root before the first
+        # segment can start, so a beat missing or unreadable beside a readable record is a
+        # fault of the file system (or of a service too old to write it), not a silence.
+        # Queueing then could race a service that ticks.
         return Verdict(
             None,
             None,
-            "no heartbeat of the service can be read here (CHAINRUN_HOME not seen from this node?): "
-            "the service queues the next segment",
+            "no beat of the service can be read in the run root: the service queues the next segment",
         )
     waiting = _silence(alone, now)
     if waiting is not None:

@@ -38,14 +38,17 @@ retries; nothing is charged for it.
 from __future__ import annotations
 
 import gc
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, TypeVar
 
+from chainrun import carry
 from chainrun.cluster import Cluster
 from chainrun.decide import Facts, decide, placement, quiet_until
+from chainrun.decide.carry import applies
 from chainrun.decide.retry import after_fault
 from chainrun.engine.act import Executor, Round, Step
 from chainrun.engine.observe import Key, Observer, Polled, poll
@@ -157,6 +160,12 @@ class Engine:
         self.answers: dict[Key, tuple[bool, float]] = {}
         self.pool_hosts: set[Key] = set()  # every pool host polled since the service started
         self.failed: set[str] = set()  # the chains that failed while this service ran
+        # The service's tick interval: set, each tick says in the run roots of the chains that
+        # may carry themselves that the service ticks (``carry.beat_path``); None: a tick of
+        # a command (``cancel``), which is no service.
+        self.beat_every: Optional[float] = None
+        self.beaten: dict[tuple[Key, str], float] = {}  # when each run root's beat was written
+        self.beat_failed: set[tuple[Key, str]] = set()  # said once until a write works again
 
     def tick(self, only: Optional[Collection[str]] = None) -> TickSummary:
         """Move every active chain (or only the chains with the ids in ``only``) forward once.
@@ -234,6 +243,7 @@ class Engine:
             self.executor.submit_arrays(polled, arrays, summary.errors)
             for step in steps:
                 retries += self._guarded(step.chain, summary, self._record, step) or []
+            self._beat(polled, chains, now)
         self._count(summary, loaded)
         if retries:
             summary.next_in = max(0.0, min(retries) - self.clock())
@@ -257,6 +267,31 @@ class Engine:
             if why is not None:
                 away[chain.id] = why
         return away
+
+    def _beat(self, polled: Polled, chains: list[Chain], now: float) -> None:
+        """Say, in the run root of each of these chains that may carry itself, that the service
+        ticks: one small write per run root (after the chains acted: a new chain's root exists
+        then), at most every half interval. A write that fails is logged, and its segments
+        may take the service for away: the beat is how the service is heard."""
+        if self.beat_every is None:
+            return
+        data = carry.beat(self.beat_every)
+        roots = {carry.beat_path(c.spec, self.store.home) for c in chains if applies(c.spec)}
+        for path in roots:
+            key = (polled.key, path)
+            if now - self.beaten.get(key, -math.inf) < self.beat_every / 2:
+                continue
+            try:
+                polled.cluster.transport.write_file(path, data)
+            except TransportError as exc:
+                if key not in self.beat_failed:
+                    log.warning(
+                        "cannot write the service's beat", path=path, host=polled.key[1], error=str(exc)
+                    )
+                self.beat_failed.add(key)
+                continue
+            self.beat_failed.discard(key)
+            self.beaten[key] = now
 
     def _count(self, summary: TickSummary, loaded: list[Chain]) -> None:
         """The status line's counts, from the chains this tick loaded (as it found them) and

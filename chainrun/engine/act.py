@@ -177,7 +177,7 @@ class Executor:
             if host is not None and not chain.ran_on(host):  # a pool host new to the chain
                 snapshot.deliver_to(polled.cluster.transport, chain.spec)
             rundir.trust_run_dir(polled.cluster.transport, chain.spec, chain.id, ran_there=chain.ran_on(host))
-            carry.leave_record(polled.cluster.transport, chain, self.store.home)
+            carry.leave_record(polled.cluster, chain, self.store.home)
             job_id = polled.cluster.submit(job, by="service")
         except snapshot.SnapshotError as exc:  # tried again later, as a host that did not answer
             return after_submit(sub.n, attempts, TransportError(str(exc)), now)
@@ -248,7 +248,7 @@ class Executor:
             job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime)
             try:
                 rundir.trust_run_dir(cluster.transport, chain.spec, chain.id)
-                carry.leave_record(cluster.transport, chain, self.store.home)
+                carry.leave_record(cluster, chain, self.store.home)
                 cluster.write_script(job)
             except (TransportError, SchedulerError, UnsafePathError) as exc:
                 outcome.append((step, after_submit(sub.n, attempts, exc, now)))  # that chain's alone

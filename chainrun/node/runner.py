@@ -137,7 +137,8 @@ class Carrier:
     def __init__(self, run_dir: str, n: int, job: str, env: dict[str, str]) -> None:
         self.launcher = os.path.join(run_dir, "carry")
         self.argv = [self.launcher, run_dir, str(n), job]
-        self.env = env
+        # The carrier runs with this interpreter, known to run here (``carry.PYTHON_VAR``).
+        self.env = {**env, "CHAINRUN_PYTHON": sys.executable}
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self.ask_at: Optional[float] = 0.0 if os.access(self.launcher, os.X_OK) else None
 

@@ -17,6 +17,7 @@ from urllib.parse import quote, urlencode
 
 from chainrun import status as view
 from chainrun.accounting import ChainAccount, SegmentAccount, account
+from chainrun.decide.carry import carry_line
 from chainrun.fields import format_duration
 from chainrun.model import Chain, JobSpec, Progress
 from chainrun.store import Glance
@@ -250,6 +251,9 @@ def chain_page(chain: Chain, log: Log, link: Links, now: float) -> str:
     for i, (name, points) in enumerate(sorted(_metric_series(log).items())):
         plots.append(charts.plot(points, "epoch", name, f"metric-{i}"))
     reason = f'<p class="reason">{escape(chain.reason)}</p>' if chain.reason else ""
+    off = "" if chain.state.final else carry_line(chain.spec)
+    if off:
+        reason += f'<p class="note" id="self-queue">{escape(off)}</p>'
     return (
         f'<h1 class="chain-id">{escape(chain.id)}</h1>'
         f'<p><span class="state {chain.state.value}" id="state">{escape(view.state_cell(g, now))}</span>'
