@@ -82,7 +82,9 @@ def test_script_that_never_advances_stops_with_no_progress(tmp_path: Path, chain
 @pytest.mark.slow
 def test_corrupt_sidecar_is_no_progress_and_never_crashes_the_service(tmp_path: Path, chainrun: CLI) -> None:
     """A half-written sidecar counts as no new progress; the service keeps going."""
-    path = job(tmp_path, mode="corrupt", walltime="3s", max_failures=1)
+    # Long enough that the half-written sidecar is written (a second in) and read by the service
+    # (every 0.3 s) before the signal, on a machine as busy as CI's.
+    path = job(tmp_path, mode="corrupt", walltime="8s", max_failures=1)
     result = chainrun("run", str(path), "--interval", "0.3")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
