@@ -24,6 +24,7 @@ error lines); running the probe is ``jobfile``'s, through the transport.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Optional
 
@@ -46,10 +47,14 @@ NOT_FOUND = 127  # bash: the runtime itself is not on PATH
 
 
 def binds(spec: JobSpec) -> list[str]:
-    """The directories bound into the container at their own paths: the workdir, and the
-    checkpoint directory when it lies outside it."""
-    dirs = [spec.workdir]
-    if not within(spec.checkpoint_dir, spec.workdir):
+    """The directories bound into the container at their own paths: the workdir (for a code
+    snapshot of a job in a subdirectory of its repository, the workdir's parent as many levels
+    up, which its working copy links in), and the checkpoint directory when it lies outside."""
+    top = spec.workdir
+    for _ in spec.snapshot_subdir.split("/") if spec.snapshot_commit and spec.snapshot_subdir else ():
+        top = posixpath.dirname(top)
+    dirs = [top]
+    if not within(spec.checkpoint_dir, top):
         dirs.append(spec.checkpoint_dir)
     return dirs
 

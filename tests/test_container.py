@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -69,6 +70,21 @@ def test_charliecloud_binds_workdir_and_an_outside_checkpoint_dir_and_execs_in_p
     assert container.argv(spec, spec.workdir) == words
     script = render_script(SlurmScheduler(), SegmentJob("t-1", 1, spec, 3600))
     assert (settings_of(script)["container"], settings_of(script)["command"]) == (words, "python3 train.py")
+
+
+def test_a_snapshot_of_a_job_in_a_subdirectory_binds_the_parent_its_working_copy_links_in(
+    tmp_path: Path,
+) -> None:
+    """The working copy pairs the repository's top with the workdir's parent (``../data``):
+    inside the container those links must lead somewhere."""
+    work, img = tmp_path / "repo" / "exp", tmp_path / "img"
+    for d in (work, img / str(work.parent).lstrip("/")):
+        d.mkdir(parents=True)
+    spec = load(tmp_path, 'workdir = "repo/exp"\ncontainer = "img"\n', fake_runtime(tmp_path, "ch-run"))
+    assert container.binds(spec) == [str(work)]
+    snap = replace(spec, snapshot_commit="c0ffee", snapshot_subdir="exp")
+    assert container.binds(snap) == [str(work.parent)]
+    assert container.binds(replace(snap, snapshot_subdir="")) == [str(work)]
 
 
 def test_apptainer_execs_the_image_with_binds_and_the_workdir(tmp_path: Path) -> None:
