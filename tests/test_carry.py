@@ -43,6 +43,7 @@ from chainrun.model import (
 from chainrun.schedulers.sge import SgeScheduler
 from chainrun.schedulers.slurm import SlurmScheduler
 
+HOWS = ("SIGSTOP", "SIGKILL")
 cluster = test_contract.cluster  # the contract's fixtures: the scheduler, shared, and the workdir
 work = test_contract.work
 
@@ -206,8 +207,19 @@ def gone(cluster: Cluster, chain_id: str) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["SIGSTOP", "SIGKILL"])
-@pytest.mark.parametrize("cluster", ALL, indirect=True)
+@pytest.mark.parametrize(
+    ("cluster", "how"),
+    [
+        *[
+            pytest.param(*c.values, how, marks=c.marks, id=f"{c.values[0]}-{how}")
+            for c in ALL
+            for how in HOWS
+        ],
+        # Over SSH the carrier runs on the cluster, from the archive the service left there.
+        pytest.param("sge-ssh", "SIGKILL", marks=[pytest.mark.sge, pytest.mark.ssh], id="sge-ssh-SIGKILL"),
+    ],
+    indirect=["cluster"],
+)
 def test_the_chain_carries_itself_while_the_service_is_away_and_the_service_reconciles(
     cluster: Cluster, work: Path, chainrun: CLI, service: Service, how: str
 ) -> None:

@@ -110,6 +110,10 @@ SSH_CONFIG = "/var/lib/chainrun-test/ssh/config"
 CLUSTERS["slurm-ssh"] = replace(
     CLUSTERS["slurm"], host="root-local", start_script="start-slurm and scripts/start-sshd"
 )
+# SGE the same way: a quick scheduler behind the same sshd, for tests that need many segments.
+CLUSTERS["sge-ssh"] = replace(
+    CLUSTERS["sge"], host="root-local", start_script="start-sge and scripts/start-sshd"
+)
 ALL = [
     pytest.param("local"),
     pytest.param("slurm", marks=pytest.mark.slurm),
