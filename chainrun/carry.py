@@ -56,7 +56,7 @@ _JOB_ONLY = ("CHAINRUN_", "SLURM_", "SBATCH_")
 _KEPT = ("CHAINRUN_HOME", "SLURM_CONF")
 PYTHON_VAR = "CHAINRUN_PYTHON"  # the segment runner's interpreter, set for the launcher alone
 PROBE = "--probe"  # ``main``'s argument at submit: can this interpreter run the carrier here?
-MIN_PYTHON = (3, 9)
+MIN_PYTHON = (3, 8)  # as the segment runner's
 
 
 def beat_path(spec: JobSpec, home: Path) -> str:
@@ -161,7 +161,7 @@ def probe(transport: Transport, spec: JobSpec) -> str:
 def _probed(expected: str) -> int:
     """``--probe``: this interpreter runs the carrier and makes the same segment runner."""
     if sys.version_info < MIN_PYTHON:
-        print(f"Python {sys.version.split()[0]}; the carrier needs 3.9 or later", file=sys.stderr)
+        print(f"Python {sys.version.split()[0]}; the carrier needs 3.8 or later", file=sys.stderr)
         return 1
     if SEGMENT_RUNNER.name() != expected:
         print("it builds another segment runner than the service", file=sys.stderr)

@@ -152,7 +152,8 @@ def parse(
     f.checked("max_failures", max_failures, lambda v: v <= MAX_FAILURES, f"at most {MAX_FAILURES}")
 
     signal = f.get("signal", str, "a signal name: " + ", ".join(SIGNALS), default="USR1", max_bytes=64)
-    signal = signal.upper().removeprefix("SIG")
+    signal = signal.upper()
+    signal = signal[3:] if signal.startswith("SIG") else signal  # not removeprefix: Python 3.8 runs this
     if signal not in SIGNALS:
         raise f.error("signal", "allowed: " + ", ".join(SIGNALS))
     grace = f.duration("grace", default=default_grace(walltime))

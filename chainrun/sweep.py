@@ -27,7 +27,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any, Optional, Tuple  # noqa: UP035
 
 from chainrun.errors import JobFileError
 from chainrun.model import SEED_LIMIT, JobSpec, seed_of
@@ -42,7 +42,8 @@ _ESCAPES = {"{{": "{", "}}": "}"}
 _HASH_DIGITS = 8
 _SUFFIX_RESERVE = 1 + _HASH_DIGITS + 2  # "-" hash "-r", then the rep's digits
 
-Config = tuple[tuple[str, str], ...]  # (name, value as JSON) in the job file's order
+# (name, value as JSON) in the job file's order; typing's Tuple: the carrier runs on Python 3.8
+Config = Tuple[Tuple[str, str], ...]  # noqa: UP006
 
 
 def param_text(value_json: str) -> str:
@@ -189,7 +190,8 @@ def _one(spec: JobSpec, config: Config, rep: int, seed: int) -> JobSpec:
     values = {**{k: param_text(v) for k, v in config}, "name": name, "rep": str(rep)}
     checkpoint_dir = spec.checkpoint_dir
     # Its own placeholders, not the workdir's it sits in: without any, each chain its own directory.
-    own = checkpoint_dir.removeprefix(spec.workdir.rstrip("/") + "/")
+    workdir = spec.workdir.rstrip("/") + "/"
+    own = checkpoint_dir[len(workdir) :] if checkpoint_dir.startswith(workdir) else checkpoint_dir
     if not placeholders(own):
         checkpoint_dir = f"{checkpoint_dir.rstrip('/')}/{{name}}"
     return replace(

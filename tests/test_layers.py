@@ -6,7 +6,12 @@ is small enough to hold one job. Read from the source with ``ast``: nothing is i
 from __future__ import annotations
 
 import ast
+import glob
+import os
 import re
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -255,6 +260,49 @@ def test_a_runner_ships_with_what_it_imports_and_runs_on_python_3_8(runner: str)
         ast.parse(known[name].read_text(), feature_version=(3, 8))
         outside = {target for target, _ in imports(name, known[name], known)} - shipped
         assert outside == set(), name
+
+
+def pythons() -> dict[str, str]:
+    """Each Python 3.8 or later on this machine, by version: this one, those on PATH
+    (``python3.N``), and pyenv's."""
+    found = {".".join(map(str, sys.version_info[:2])): sys.executable}
+    candidates = [shutil.which(f"python3.{minor}") for minor in range(8, 20)]
+    candidates += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.*/bin/python3")))
+    for path in filter(None, candidates):
+        answer = subprocess.run(
+            [path, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True
+        )
+        version = answer.stdout.strip()
+        if answer.returncode == 0 and tuple(map(int, version.split("."))) >= (3, 8):
+            found.setdefault(version, path)
+    return found
+
+
+@pytest.mark.parametrize("runner", ["SEGMENT_RUNNER", "LOCAL_RUNNER", "CARRIER"])
+def test_each_runner_archive_imports_on_every_python_from_3_8_here(runner: str, tmp_path: Path) -> None:
+    """Parsing is not running: a ``tuple[int, int]`` outside an annotation, ``functools.cache``
+    or ``str.removeprefix`` parse as 3.8 and fail there. Each archive is imported (the
+    carrier: run with ``--probe``, as submit does) by every interpreter from 3.8 on found
+    here (pyenv's on the project's machines)."""
+    from chainrun.schedulers import ship
+
+    shipped = getattr(ship, runner)
+    archive = tmp_path / shipped.name()
+    archive.write_bytes(shipped.data())
+    entry = {"SEGMENT_RUNNER": "chainrun.node.runner", "LOCAL_RUNNER": "chainrun.localrunner"}
+    for version, python in sorted(pythons().items()):
+        if runner == "CARRIER":
+            argv = [python, "-I", str(archive), "--probe", ship.SEGMENT_RUNNER.name()]
+        else:
+            argv = [
+                python,
+                "-I",
+                "-c",
+                f"import sys; sys.path.insert(0, sys.argv[1]); import {entry[runner]}",
+            ]
+            argv.append(str(archive))
+        answer = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert answer.returncode == 0, (version, answer.stderr[-2000:])
 
 
 # The rules the engine may call besides decide(): what to observe and what a carried-out

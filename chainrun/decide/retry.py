@@ -9,7 +9,7 @@ Every function is pure: the engine keeps what it needs across ticks and passes `
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Optional
+from typing import Dict, Optional, Tuple  # noqa: UP035
 
 from chainrun.decide.chain import lost_at
 from chainrun.errors import ClaimedError, SchedulerError, TransportError, UnsafePathError
@@ -22,7 +22,8 @@ ACCOUNTING_MAX = 120.0  # the interval doubles up to this
 
 # Per job gone from the listing without an end marker that accounting did not know:
 # when to ask again, and the interval after that.
-Unaccounted = Mapping[str, tuple[float, float]]
+# (typing's Dict and Tuple: the carrier runs on Python 3.8)
+Unaccounted = Dict[str, Tuple[float, float]]  # noqa: UP006
 
 
 def backoff(attempts: int) -> float:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import pkgutil
 import posixpath
 import zipfile
 from dataclasses import dataclass
-from importlib import resources
 
 
 @dataclass(frozen=True)
@@ -103,9 +103,8 @@ CARRIER = Shipped(
 LOCAL_RUNNER = Shipped("localrunner", ("localrunner.py", "home.py", "node/proc.py"))
 
 
-@functools.cache
+@functools.lru_cache(maxsize=None)  # noqa: UP033 (functools.cache is 3.9's; the carrier runs on 3.8)
 def _archive(entry: str, modules: tuple[str, ...]) -> bytes:
-    package = resources.files("chainrun")
     # Each package a module is in, as an empty one: a node needs nothing else of chainrun.
     stubs = {"__init__.py"} | {
         posixpath.join(posixpath.dirname(m), "__init__.py") for m in modules if "/" in m
@@ -122,5 +121,14 @@ def _archive(entry: str, modules: tuple[str, ...]) -> bytes:
         for stub in sorted(stubs - set(modules)):
             add("chainrun/" + stub, b"")
         for name in modules:
-            add("chainrun/" + name, package.joinpath(name).read_bytes())
+            add("chainrun/" + name, _source(name))
     return buffer.getvalue()
+
+
+def _source(name: str) -> bytes:
+    """A module's bytes, from the installed package or from the archive this runs in
+    (pkgutil: ``importlib.resources.files`` is Python 3.9's, and the carrier runs on 3.8)."""
+    data = pkgutil.get_data("chainrun", name)
+    if data is None:
+        raise FileNotFoundError(f"chainrun/{name}")
+    return data

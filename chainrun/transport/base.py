@@ -183,7 +183,8 @@ def _bytes(n: int) -> str:
         value /= 1024
         if value < 1024 or unit == "TiB":
             break
-    return f"{value:.1f}".removesuffix(".0") + f" {unit}"
+    text = f"{value:.1f}"
+    return (text[:-2] if text.endswith(".0") else text) + f" {unit}"  # not removesuffix: Python 3.8
 
 
 def makedirs_with(
