@@ -277,6 +277,8 @@ class Engine:
             return
         data = carry.beat(self.beat_every)
         roots = {carry.beat_path(c.spec, self.store.home) for c in chains if applies(c.spec)}
+        for gone in [k for k in self.beaten if k[0] == polled.key and k[1] not in roots]:
+            del self.beaten[gone]  # no chain there any more: forgotten, written again if one comes
         for path in roots:
             key = (polled.key, path)
             if now - self.beaten.get(key, -math.inf) < self.beat_every / 2:
