@@ -171,11 +171,11 @@ def one_case(root: Path, ticks: int, vanish: int) -> dict[str, Any]:
     os.environ["FAKE_SLURM"] = str(root)
     os.environ["PATH"] = f"{root / 'bin'}:{os.environ['PATH']}"
     os.environ["CHAINRUN_HOME"] = str(root / "home")
-    from chainrun import logs
+    from chainrun import logsetup
     from chainrun.engine import Engine
     from chainrun.store import Store
 
-    logs.setup("info", stream=sys.stderr, pretty=False)  # as the service logs under journald
+    logsetup.setup("info", stream=sys.stderr, pretty=False)  # as the service logs under journald
     meta = json.loads((root / "meta.json").read_text())
     start, lines, running = meta["start"], meta["lines"], meta["running"]
     store = Store(root / "home")

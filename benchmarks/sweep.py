@@ -75,13 +75,13 @@ def one_case(root: Path, n: int, arrays: bool) -> dict[str, Any]:
     """Store a sweep of ``n`` chains, tick through its waves, count the commands of each."""
     os.environ["FAKE_SLURM"] = str(root)
     os.environ["PATH"] = f"{_tools(root)}:{os.environ['PATH']}"
-    from chainrun import logs
+    from chainrun import logsetup
     from chainrun.engine import Engine
     from chainrun.model import NO_PROGRESS, JobSpec, SchedulerSpec
     from chainrun.store import Store
     from chainrun.sweep import expand
 
-    logs.setup("warning", stream=sys.stderr, pretty=False)
+    logsetup.setup("warning", stream=sys.stderr, pretty=False)
     (root / "work").mkdir()
     spec = JobSpec(
         name="bench",

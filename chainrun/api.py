@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-from chainrun import control, jobfile, logs
+from chainrun import control, jobfile, logsetup
 from chainrun import model as _model
 from chainrun.constants import DEFAULT_INTERVAL
 from chainrun.errors import AlreadyRunning, StoreUnavailable, UsageError
@@ -208,15 +208,15 @@ def _trouble_only() -> Iterator[None]:
     """While ``wait`` is the service: its log lines on stderr only for trouble (warnings and
     errors), as under ``chainrun run``, unless this process set chainrun's logging up itself;
     after, the logging it had."""
-    if logs.configured():
+    if logsetup.configured():
         yield
         return
     level = logging.getLogger().level
-    logs.setup("warning")
+    logsetup.setup("warning")
     try:
         yield
     finally:
-        logs.reset()
+        logsetup.reset()
         logging.getLogger().setLevel(level)
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chainrun import logs, snapshot
+from chainrun import logsetup, snapshot
 from chainrun.errors import ChainrunError, TransportError
 from chainrun.model import Chain
 from chainrun.node import share
@@ -27,7 +27,7 @@ from chainrun.schedulers.segment import code_root, share_settings
 from chainrun.store import Store
 from chainrun.transport import Transport, transport_for
 
-log = logs.get_logger(__name__)
+log = logsetup.get_logger(__name__)
 
 SHARE_SOURCE = Path(share.__file__).read_text()  # run where the code is, by the host's python3
 BRING_HOME_TIMEOUT = 600

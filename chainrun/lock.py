@@ -17,7 +17,7 @@ from typing import Optional
 
 from chainrun import heartbeat
 from chainrun.errors import AlreadyRunning, ChainrunError, StoreUnavailable
-from chainrun.logs import get_logger
+from chainrun.logsetup import get_logger
 from chainrun.store import local_dir, private_dir
 from chainrun.store.database import DB_FILE
 

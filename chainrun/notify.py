@@ -31,7 +31,7 @@ from urllib.parse import quote, urljoin, urlsplit
 
 from chainrun.constants import VERSION
 from chainrun.errors import TransportError
-from chainrun.logs import get_logger
+from chainrun.logsetup import get_logger
 from chainrun.model import Chain
 from chainrun.transport import LocalTransport, Transport
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from chainrun.checkpoint import SIDECAR_NAME, read_progress
-from chainrun.logs import get_logger
+from chainrun.logsetup import get_logger
 from chainrun.model import NO_PROGRESS, JobSpec, Progress
 from chainrun.transport import FileInfo, FileRefused, Transport
 

@@ -9,7 +9,7 @@ import os
 import socket
 from typing import Optional
 
-from chainrun.logs import get_logger
+from chainrun.logsetup import get_logger
 
 log = get_logger(__name__)
 

@@ -44,7 +44,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from chainrun import cleanup, heartbeat, logs
+from chainrun import cleanup, heartbeat, logsetup
 from chainrun.config import MIN_INTERVAL, ServiceConfig, load_config
 from chainrun.constants import DEFAULT_INTERVAL
 from chainrun.engine import Engine, TickSummary
@@ -54,7 +54,7 @@ from chainrun.notify import Hooks, Notifier
 from chainrun.sdnotify import SdNotify
 from chainrun.store import Store
 
-log = logs.get_logger(__name__)
+log = logsetup.get_logger(__name__)
 
 MIN_DELAY = MIN_INTERVAL  # the soonest a tick may follow the previous one, whatever the engine asks
 STOP_WAIT = 15.0  # seconds a tick in flight gets to finish on stop
@@ -112,7 +112,7 @@ class Service:
         from apscheduler.executors.pool import ThreadPoolExecutor
         from apscheduler.schedulers.background import BackgroundScheduler
 
-        logs.configure_now()  # its log records go where chainrun's go
+        logsetup.configure_now()  # its log records go where chainrun's go
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(1)}, timezone=timezone.utc
         )
@@ -126,7 +126,7 @@ class Service:
         restore = self._catch_signals()
         try:
             try:
-                logs.open_file(self.home)
+                logsetup.open_file(self.home)
             except OSError as exc:  # a read-only or full home: log to stderr alone
                 log.warning("cannot open the log file; logging to stderr only", error=str(exc))
             self.notifier = Notifier(self.home, self._hooks(self.config))
@@ -182,7 +182,7 @@ class Service:
                 # Closing the store under a tick that still uses it would be worse
                 # than leaving: every step is journaled and resumes at the next start.
                 log.error("a tick did not finish; exiting without it", waited=STOP_WAIT)
-                logs.flush()
+                logsetup.flush()
                 os._exit(1)
             if self.store is not None:
                 self.store.close()
@@ -194,7 +194,7 @@ class Service:
             self._wake_r.close()
             self._wake_w.close()
             log.info("service stopped")
-            logs.close_file()
+            logsetup.close_file()
         if self.failure is not None:
             raise self.failure
 
@@ -208,7 +208,7 @@ class Service:
     def reload(self) -> None:
         """Re-read the service config and re-open the log file; the ticks go on."""
         self.sd.send("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}", "STATUS=reloading")
-        logs.reopen_file()
+        logsetup.reopen_file()
         try:
             config = load_config(self.config_path)
         except ChainrunError as exc:

@@ -30,8 +30,7 @@ import structlog
 from click.testing import CliRunner, Result
 from conftest import REPO, cli_env, wait_for
 
-from chainrun import jobfile
-from chainrun import logs as chainrun_logs
+from chainrun import jobfile, logsetup
 from chainrun.checkpoint import write_progress
 from chainrun.cli import main
 
@@ -154,7 +153,7 @@ def restore_logging() -> Iterator[None]:
     """In-process runs set up logging to CliRunner's streams: put back what was there."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    ours = chainrun_logs._handlers[:]
+    ours = logsetup._handlers[:]
     config = structlog.get_config()
     yield
     for handler in root.handlers[:]:
@@ -164,7 +163,7 @@ def restore_logging() -> Iterator[None]:
         if handler not in root.handlers:
             root.addHandler(handler)
     root.setLevel(level)
-    chainrun_logs._handlers[:] = ours
+    logsetup._handlers[:] = ours
     structlog.configure(**config)
 
 
@@ -877,17 +876,23 @@ STORE_MODULES = ("checked", "database", "migrations", "rows", "views", "writes")
     [
         (
             ["--help"],
-            {"chainrun.cli", "chainrun.cligroup", "chainrun.cliweb", "chainrun.constants", "chainrun.errors"},
+            {
+                "chainrun.cli",
+                "chainrun.cli.group",
+                "chainrun.cli.web",
+                "chainrun.constants",
+                "chainrun.errors",
+            },
         ),
         (
             ["submit", "--help"],  # the group's own option (--home) is handled first
             {
                 "chainrun.cli",
-                "chainrun.cligroup",
-                "chainrun.cliweb",
+                "chainrun.cli.group",
+                "chainrun.cli.web",
                 "chainrun.constants",
                 "chainrun.errors",
-                "chainrun.logs",
+                "chainrun.logsetup",
             }
             | {"chainrun.model", "chainrun.home"},  # where the store is
         ),
@@ -895,11 +900,11 @@ STORE_MODULES = ("checked", "database", "migrations", "rows", "views", "writes")
             ["status"],
             {
                 "chainrun.cli",
-                "chainrun.cligroup",
-                "chainrun.cliweb",
+                "chainrun.cli.group",
+                "chainrun.cli.web",
                 "chainrun.constants",
                 "chainrun.errors",
-                "chainrun.logs",
+                "chainrun.logsetup",
             }
             | {
                 "chainrun.model",

@@ -24,7 +24,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "base": (
         "chainrun.constants",
         "chainrun.errors",
-        "chainrun.logs",
+        "chainrun.logsetup",
         "chainrun.model",
         "chainrun.fields",
         "chainrun.text",
@@ -62,9 +62,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "face": (
         "chainrun",  # the package itself: the Python API, loaded on first use
         "chainrun.__main__",
-        "chainrun.cli",
-        "chainrun.cligroup",
-        "chainrun.cliweb",
+        "chainrun.cli",  # the commands; cli.group its click frame, cli.web the web commands
         "chainrun.plan",
         "chainrun.status",
         "chainrun.poolstatus",

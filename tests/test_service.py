@@ -29,7 +29,7 @@ import structlog
 from conftest import REPO, cli_env, have, need, wait_for
 
 from chainrun import config as service_config
-from chainrun import heartbeat, jobfile, logs, sdnotify, systemd
+from chainrun import heartbeat, jobfile, logsetup, sdnotify, systemd
 from chainrun import service as service_module
 from chainrun.engine import TickSummary
 from chainrun.errors import JobFileError, StoreUnavailable
@@ -295,7 +295,7 @@ def in_process(
 
     def make(engine: FakeEngine, **kwargs: Any) -> InProcess:
         out = io.StringIO()
-        logs.setup("info", stream=out)
+        logsetup.setup("info", stream=out)
         monkeypatch.setattr(service_module, "Engine", engine)
         kwargs.setdefault("config_path", tmp_path / "no-config.toml")
         notify = sdnotify.SdNotify(listener.name, watchdog_usec=400_000)
@@ -1149,13 +1149,13 @@ def test_a_bad_interval_in_the_config_stops_the_service_start_in_one_line(
 def restore_logging() -> Iterator[None]:
     """Leave logging as it was for the tests that follow."""
     yield
-    logs.reset()
+    logsetup.reset()
 
 
 def test_logs_are_json_lines_with_bound_context_off_a_terminal(restore_logging: None) -> None:
     """Not a TTY, not journald: one JSON object per line, chain/segment/job included."""
     out = io.StringIO()
-    logs.setup("info", stream=out)
+    logsetup.setup("info", stream=out)
     structlog.get_logger("chainrun.test").bind(chain="c-1", segment=2).info("submitted", job="42")
     logging.getLogger("apscheduler.scheduler").warning("Run time of job was missed")
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
@@ -1171,7 +1171,7 @@ def test_logs_under_journald_carry_the_syslog_priority_prefix(
     with open(tmp_path / "journal", "w+") as stream:
         st = os.fstat(stream.fileno())
         monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino}")
-        logs.setup("debug", stream=stream)
+        logsetup.setup("debug", stream=stream)
         log = structlog.get_logger("chainrun.test")
         log.debug("d")
         log.info("i")
@@ -1193,7 +1193,7 @@ def test_journal_stream_of_another_file_does_not_add_prefixes(
     """A JOURNAL_STREAM inherited by a process whose stderr went elsewhere is ignored."""
     monkeypatch.setenv("JOURNAL_STREAM", "1:1")
     out = io.StringIO()
-    logs.setup("info", stream=out)
+    logsetup.setup("info", stream=out)
     structlog.get_logger("chainrun.test").warning("w")
     assert out.getvalue().startswith("{")
 
@@ -1202,14 +1202,14 @@ def test_log_file_rotates_and_reopens(
     restore_logging: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """service.log rotates by size, and reopen_file starts a fresh file after an outside rename."""
-    monkeypatch.setattr(logs, "MAX_BYTES", 2000)
-    logs.setup("info", stream=io.StringIO())
-    path = logs.open_file(tmp_path)
+    monkeypatch.setattr(logsetup, "MAX_BYTES", 2000)
+    logsetup.setup("info", stream=io.StringIO())
+    path = logsetup.open_file(tmp_path)
     log = structlog.get_logger("chainrun.test")
     for i in range(40):
         log.info("tick", n=i)
     assert (tmp_path / "service.log.1").exists()
     path.rename(tmp_path / "moved.log")
-    logs.reopen_file()
+    logsetup.reopen_file()
     log.info("after reopen")
     assert json.loads(path.read_text().splitlines()[-1])["event"] == "after reopen"

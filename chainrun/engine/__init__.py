@@ -53,7 +53,7 @@ from chainrun.decide.retry import after_fault
 from chainrun.engine.act import Executor, Round, Step
 from chainrun.engine.observe import Key, Observer, Polled, poll
 from chainrun.errors import ChainrunError, SchedulerError, StoreUnavailable, TransportError
-from chainrun.logs import get_logger
+from chainrun.logsetup import get_logger
 from chainrun.model import (
     Action,
     Adopt,

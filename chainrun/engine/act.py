@@ -22,7 +22,7 @@ from chainrun.decide import placement
 from chainrun.decide.retry import after_submit, array_refused
 from chainrun.engine.observe import Key, Polled
 from chainrun.errors import ClaimedError, SchedulerError, StoreUnavailable, TransportError, UnsafePathError
-from chainrun.logs import get_logger
+from chainrun.logsetup import get_logger
 from chainrun.model import (
     Action,
     Adopt,

@@ -18,7 +18,7 @@ from chainrun.decide import Facts, JobFacts, placement
 from chainrun.decide.carry import applies
 from chainrun.decide.retry import accounting_again, accounting_due
 from chainrun.errors import SchedulerError, TransportError
-from chainrun.logs import get_logger
+from chainrun.logsetup import get_logger
 from chainrun.markers import MarkerReader
 from chainrun.model import Carried, Chain, ListedJob, Phase
 from chainrun.progress import ProgressReader

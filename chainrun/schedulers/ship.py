@@ -74,7 +74,7 @@ CARRIER = Shipped(
         "fields.py",
         "home.py",
         "localrunner.py",
-        "logs.py",
+        "logsetup.py",
         "model.py",
         "node/proc.py",
         "node/runner.py",

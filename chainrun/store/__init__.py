@@ -37,7 +37,7 @@ from typing import Any, Optional, Union
 
 from chainrun.errors import StoreError, UsageError
 from chainrun.home import default_home as default_home  # where chainrun keeps its state
-from chainrun.logs import get_logger
+from chainrun.logsetup import get_logger
 from chainrun.model import Action, Chain, ChainState, Finish, JobSpec, Progress, Submit
 from chainrun.store import views, writes
 from chainrun.store.database import READ_TIMEOUT as READ_TIMEOUT

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Optional, cast
 
 import click
 
-from chainrun.cligroup import LOG_LEVELS, Group
-from chainrun.cliweb import tensorboard, ui
+from chainrun.cli.group import LOG_LEVELS, Group
+from chainrun.cli.web import tensorboard, ui
 from chainrun.constants import CONFIRM_ABOVE, DEFAULT_INTERVAL, VERSION
 from chainrun.errors import ChainrunError, StoreUnavailable, TransportError, UsageError
 
@@ -82,7 +82,7 @@ def main(ctx: click.Context, home: Optional[str], log_level: str, debug: bool) -
     file, option, chain or state directory), always one line on stderr;
     130 Ctrl-C.
     """
-    from chainrun import logs
+    from chainrun import logsetup
     from chainrun.home import default_home
 
     if home == "":  # click would make it ".": state in whatever directory this runs in
@@ -90,7 +90,7 @@ def main(ctx: click.Context, home: Optional[str], log_level: str, debug: bool) -
     # `run` prints the chain's events itself; its service logs only trouble. `cancel` says in
     # its own lines what its tick did; the tick's records go to the service's log file.
     quiet = ctx.invoked_subcommand == "run" and log_level == "info"
-    logs.setup("warning" if quiet else log_level, console=ctx.invoked_subcommand != "cancel")
+    logsetup.setup("warning" if quiet else log_level, console=ctx.invoked_subcommand != "cancel")
     ctx.obj = Path(home) if home else default_home()
 
 
@@ -283,7 +283,7 @@ def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
     CHAIN is damaged, the cluster cannot be reached, or a sweep's cancel was
     not confirmed.
     """
-    from chainrun import control, logs
+    from chainrun import control, logsetup
     from chainrun.fields import format_duration
 
     with _store(ctx) as store:
@@ -300,7 +300,7 @@ def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
             if not sys.stdin.isatty() or not click.confirm(question, default=False, err=True):
                 raise ChainrunError(f"not cancelled; to cancel sweep {chain_ref} without asking, add --yes")
         with suppress(OSError):  # a home it cannot write: the records go nowhere
-            logs.open_file(ctx.obj)
+            logsetup.open_file(ctx.obj)
         summary = control.cancel(ctx.obj, store, going)
         if summary is None:
             for chain in going:
