@@ -31,7 +31,16 @@ from typing import Any, Optional
 from chainrun import progress, rundir
 from chainrun.cluster import Cluster
 from chainrun.decide import JobFacts
-from chainrun.decide.carry import ASK_EVERY, TICKS_AWAY, Alone, Known, Verdict, applies, away_bound, carry
+from chainrun.decide.carry import (
+    ASK_EVERY,
+    TICKS_AWAY,
+    CarryAnswer,
+    Recorded,
+    SegmentView,
+    applies,
+    away_bound,
+    carry,
+)
 from chainrun.errors import ChainrunError, ClaimedError, SchedulerError
 from chainrun.localrunner import machine_id
 from chainrun.model import NO_PROGRESS, Chain, JobSpec, Progress
@@ -212,14 +221,14 @@ def ask(
     chain_id = str(record["chain"])
     home = record.get("home")
     rundir.trust_run_dir(transport, spec, chain_id, create=False)
-    known = Known(
+    known = Recorded(
         through=int(record["through"]),
         failures=int(record["failures"]),
         used=float(record["used"]),
         mark=Progress.from_json(record["mark"]),
     )
     heard_at, interval = _heard(transport, record.get("beat"))
-    alone = Alone(
+    alone = SegmentView(
         spec=spec,
         n=n,
         job_id=job_id,
@@ -259,7 +268,7 @@ def _heard(transport: Transport, path: Optional[str]) -> tuple[Optional[float], 
 
 
 def _queue(
-    transport: Transport, home: Optional[str], spec: JobSpec, chain_id: str, verdict: Verdict
+    transport: Transport, home: Optional[str], spec: JobSpec, chain_id: str, verdict: CarryAnswer
 ) -> Optional[float]:
     """Make sure no job has the successor's tag, then claim and submit it (``Cluster.submit``,
     as the service does); when to ask again."""

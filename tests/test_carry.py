@@ -26,7 +26,15 @@ from test_contract import ALL, CLI, Cluster, Service, status, write_job
 from test_decide import NOW, SPEC, chain, seg
 
 from chainrun.decide import Facts, JobFacts, decide
-from chainrun.decide.carry import AWAY_CAP, DEADLINE_MARGIN, Alone, Known, Verdict, away_bound, carry
+from chainrun.decide.carry import (
+    AWAY_CAP,
+    DEADLINE_MARGIN,
+    CarryAnswer,
+    Recorded,
+    SegmentView,
+    away_bound,
+    carry,
+)
 from chainrun.fields import format_duration
 from chainrun.model import (
     NO_PROGRESS,
@@ -51,7 +59,7 @@ work = test_contract.work
 
 LONG = replace(SPEC, walltime=3600, total_time=100 * 3600, max_failures=2, target_epoch=100)
 BOUND = away_bound(LONG, 10.0)
-NOTHING_KNOWN = Known(0, 0, 0.0, NO_PROGRESS)
+NOTHING_KNOWN = Recorded(0, 0, 0.0, NO_PROGRESS)
 
 
 def marked(start: int, end: Optional[int], code: int = 0, signal_: str = "USR1") -> JobFacts:
@@ -68,14 +76,14 @@ def marked(start: int, end: Optional[int], code: int = 0, signal_: str = "USR1")
 def alone(
     *since: JobFacts,
     heard: Optional[float] = NOW - BOUND - 1,
-    known: Known = NOTHING_KNOWN,
+    known: Recorded = NOTHING_KNOWN,
     **kw: object,
-) -> Alone:
+) -> SegmentView:
     fields: dict[str, object] = dict(
         spec=LONG, n=len(since), job_id="41", known=known, since=since, progress=NO_PROGRESS, final=False
     )
     fields.update(kw)
-    return Alone(heard_at=heard, interval=10.0, **fields)  # type: ignore[arg-type]
+    return SegmentView(heard_at=heard, interval=10.0, **fields)  # type: ignore[arg-type]
 
 
 def test_the_bound_is_the_smaller_of_a_few_minutes_and_half_a_walltime_and_never_under_three_ticks() -> None:
@@ -104,7 +112,7 @@ def test_an_ended_segment_leaves_a_ticking_service_to_it_and_waits_for_one_that_
     assert missed.submit is None and missed.again is not None
     late = carry(alone(done, heard=NOW - 40, deadline=NOW + 60, ended=True), NOW)
     assert late.submit is not None and late.submit.n == 2
-    judged = carry(alone(heard=NOW - 5, n=1, known=Known(1, 0, 600.0, NO_PROGRESS), ended=True), NOW)
+    judged = carry(alone(heard=NOW - 5, n=1, known=Recorded(1, 0, 600.0, NO_PROGRESS), ended=True), NOW)
     assert judged.submit is None and judged.again is None  # the service already judged it: there
 
 
@@ -115,9 +123,9 @@ def test_an_ended_segment_leaves_a_ticking_service_to_it_and_waits_for_one_that_
         ((marked(0, None),), {"spec": replace(LONG, self_queue=False)}, "off"),
         ((marked(0, None),), {"progress": Progress(epoch=100)}, "goal"),
         ((marked(90, 100),), {"ended": True}, "goal"),
-        ((marked(0, None),), {"known": Known(0, 2, 0.0, NO_PROGRESS)}, "may fail"),
+        ((marked(0, None),), {"known": Recorded(0, 2, 0.0, NO_PROGRESS)}, "may fail"),
         ((marked(0, 0, code=1), marked(0, 0, code=1), marked(0, 0, code=1)), {"ended": True}, "3 failures"),
-        ((marked(0, None),), {"known": Known(0, 0, 99 * 3600.0, NO_PROGRESS)}, "time budget"),
+        ((marked(0, None),), {"known": Recorded(0, 0, 99 * 3600.0, NO_PROGRESS)}, "time budget"),
         ((marked(0, None),), {"n": 100}, "segments"),
         ((marked(0, None),), {"heard": None}, "no beat of the service can be read in the run root"),
         (
@@ -296,15 +304,15 @@ def test_the_silence_rule_at_its_edges_with_the_exact_words() -> None:
     """When to ask again and when to act, at each boundary of the bound, the ticks and the
     deadline, with what the segment's log says."""
     running = marked(0, None)
-    assert carry(alone(running, heard=NOW - 290), NOW) == Verdict(None, 11.0, "the service is there")
+    assert carry(alone(running, heard=NOW - 290), NOW) == CarryAnswer(None, 11.0, "the service is there")
     assert carry(alone(running, heard=NOW - BOUND), NOW).submit is not None  # silent the whole bound: acts
     slow = carry(replace(alone(running, heard=NOW - 400), interval=200.0), NOW)
-    assert slow == Verdict(None, 30.0, "the service is there")  # three of its 200 s ticks: 600 s
+    assert slow == CarryAnswer(None, 30.0, "the service is there")  # three of its 200 s ticks: 600 s
     done = marked(0, 5)
     ticking = carry(alone(done, heard=NOW - 29, ended=True), NOW)
-    assert ticking == Verdict(None, None, "the service is there: it queues the next segment")
+    assert ticking == CarryAnswer(None, None, "the service is there: it queues the next segment")
     missed = carry(alone(done, heard=NOW - 30, ended=True), NOW)  # three ticks of 10 s missed
-    assert missed == Verdict(None, 30.0, "the service missed its ticks")
+    assert missed == CarryAnswer(None, 30.0, "the service missed its ticks")
     # It acts once waiting out the bound would reach the last DEADLINE_MARGIN of its walltime.
     edge = NOW + (BOUND - 40) + DEADLINE_MARGIN
     assert carry(alone(done, heard=NOW - 40, ended=True, deadline=edge), NOW).submit is not None
@@ -317,31 +325,33 @@ def test_what_a_segment_counts_and_says_before_it_queues_the_next() -> None:
     each stop it in exactly these words."""
     unknown = JobFacts(start=StartMarker("j", NOW - 7200, Progress(epoch=0, saved_at=0.0)))
     running = marked(0, None)
-    known = Known(0, 1, 0.0, NO_PROGRESS)
-    assert carry(alone(unknown, running, known=known), NOW) == Verdict(
+    known = Recorded(0, 1, 0.0, NO_PROGRESS)
+    assert carry(alone(unknown, running, known=known), NOW) == CarryAnswer(
         None,
         None,
         "2 failures (and this segment may fail); max_failures = 2: the service decides when it is back",
     )
-    spent = Known(0, 0, 98.5 * 3600, NO_PROGRESS)
-    assert carry(alone(unknown, running, known=spent), NOW) == Verdict(
+    spent = Recorded(0, 0, 98.5 * 3600, NO_PROGRESS)
+    assert carry(alone(unknown, running, known=spent), NOW) == CarryAnswer(
         None, None, "the time budget is spent (4d4h30m used)"
     )
     assert carry(alone(running, n=99), NOW).submit == Submit(n=100, walltime=3600, after="41")
-    assert carry(alone(running, n=100), NOW) == Verdict(None, None, "segment 101 would pass the 100 segments")
+    assert carry(alone(running, n=100), NOW) == CarryAnswer(
+        None, None, "segment 101 would pass the 100 segments"
+    )
     crashed = [marked(0, 0, code=1)] * 3
     assert carry(alone(*crashed, ended=True), NOW).reason == (
         "3 failures; max_failures = 2: the service decides when it is back"
     )
-    assert carry(alone(running, final=True), NOW) == Verdict(None, None, "the chain has ended")
-    assert carry(alone(running, spec=replace(LONG, self_queue=False)), NOW) == Verdict(
+    assert carry(alone(running, final=True), NOW) == CarryAnswer(None, None, "the chain has ended")
+    assert carry(alone(running, spec=replace(LONG, self_queue=False)), NOW) == CarryAnswer(
         None, None, "self-queueing is off (self_queue = false)"
     )
     assert carry(alone(running, heard=None), NOW).reason == (
         "no beat of the service can be read in the run root: the service queues the next segment"
     )
     plain = replace(LONG, target_epoch=None)
-    assert carry(alone(marked(0, 5, signal_=""), ended=True, spec=plain), NOW) == Verdict(
+    assert carry(alone(marked(0, 5, signal_=""), ended=True, spec=plain), NOW) == CarryAnswer(
         None, None, "the command finished on its own"
     )
     assert carry(alone(running), NOW).reason == f"service heard not for {format_duration(BOUND + 1)}"

@@ -42,7 +42,7 @@ STALE_CLAIM = 180.0
 
 
 @dataclass(frozen=True)
-class Known:
+class Recorded:
     """The chain as the service recorded it when it last submitted (the run directory's
     ``carry.json``): segments up to ``through`` are judged there."""
 
@@ -53,13 +53,13 @@ class Known:
 
 
 @dataclass(frozen=True)
-class Alone:
+class SegmentView:
     """What a segment's wrapper can read in the run directory, for ``carry``."""
 
     spec: JobSpec
     n: int  # the asking segment
     job_id: str  # its job: the successor's dependency
-    known: Known
+    known: Recorded
     # The markers of segments ``known.through + 1`` .. ``n``, in order (the asking one's end
     # marker absent while its command runs).
     since: Sequence[JobFacts]
@@ -72,7 +72,7 @@ class Alone:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class CarryAnswer:
     """``submit``: queue it now; else ask again in ``again`` seconds (None: never, for
     this segment); ``reason`` in words either way."""
 
@@ -128,20 +128,20 @@ def away_bound(spec: JobSpec, interval: Optional[float]) -> float:
     return max(min(AWAY_CAP, spec.walltime / 2), TICKS_AWAY * (interval or 0.0))
 
 
-def carry(alone: Alone, now: float) -> Verdict:
+def carry(alone: SegmentView, now: float) -> CarryAnswer:
     """Whether segment ``alone.n`` queues its successor now, and why (not)."""
     spec = alone.spec
     off = off_because(spec)
     if off:
-        return Verdict(None, None, f"self-queueing is off ({off})")
+        return CarryAnswer(None, None, f"self-queueing is off ({off})")
     if alone.final:
-        return Verdict(None, None, "the chain has ended")
+        return CarryAnswer(None, None, "the chain has ended")
     if alone.heard_at is None:
         # Not "never heard": the service writes its beat in the run root before the first
         # segment can start, so a beat missing or unreadable beside a readable record is a
         # fault of the file system (or of a service too old to write it), not a silence.
         # Queueing then could race a service that ticks.
-        return Verdict(
+        return CarryAnswer(
             None,
             None,
             "no beat of the service can be read in the run root: the service queues the next segment",
@@ -161,34 +161,34 @@ def carry(alone: Alone, now: float) -> Verdict:
         else:
             charged, mark, elapsed = judged
             if _finished(spec, job):
-                return Verdict(None, None, "the command finished on its own")
+                return CarryAnswer(None, None, "the command finished on its own")
         failures += charged
         used += elapsed
     if running:
         used += spec.walltime
     best = alone.progress if alone.progress.key > mark.key or alone.progress.done else mark
     if goal_reached(best, spec.target_epoch):
-        return Verdict(None, None, f"the goal is reached ({best.describe()})")
+        return CarryAnswer(None, None, f"the goal is reached ({best.describe()})")
     if failures + running > spec.max_failures:
-        return Verdict(
+        return CarryAnswer(
             None,
             None,
             f"{failures} failures{' (and this segment may fail)' if running else ''}; "
             f"max_failures = {spec.max_failures}: the service decides when it is back",
         )
     if alone.n + 1 > spec.max_segments:
-        return Verdict(None, None, f"segment {alone.n + 1} would pass the {spec.max_segments} segments")
+        return CarryAnswer(None, None, f"segment {alone.n + 1} would pass the {spec.max_segments} segments")
     walltime = next_walltime(spec, spec.total_time - used)
     if walltime is None:
-        return Verdict(None, None, f"the time budget is spent ({format_duration(used)} used)")
-    return Verdict(
+        return CarryAnswer(None, None, f"the time budget is spent ({format_duration(used)} used)")
+    return CarryAnswer(
         Submit(n=alone.n + 1, walltime=walltime, after=alone.job_id),
         None,
         f"service heard not for {format_duration(silent)}",
     )
 
 
-def _silence(alone: Alone, now: float) -> Optional[Verdict]:
+def _silence(alone: SegmentView, now: float) -> Optional[CarryAnswer]:
     """None once the service has been silent long enough for the segment to act; else what
     to do meanwhile. While the command runs: ask again once the bound may have passed. Once
     it has ended (a crash, or the walltime signal), the segment cannot wait long: a service
@@ -201,12 +201,12 @@ def _silence(alone: Alone, now: float) -> Optional[Verdict]:
     silent = now - alone.heard_at
     again = min(ASK_EVERY, bound - silent + 1)
     if not alone.ended:
-        return Verdict(None, again, "the service is there")
+        return CarryAnswer(None, again, "the service is there")
     if alone.interval is None or silent < TICKS_AWAY * alone.interval:
-        return Verdict(None, None, "the service is there: it queues the next segment")
+        return CarryAnswer(None, None, "the service is there: it queues the next segment")
     if alone.deadline is not None and now + (bound - silent) >= alone.deadline - DEADLINE_MARGIN:
         return None  # the walltime ends before the bound: the missed ticks must do
-    return Verdict(None, again, "the service missed its ticks")
+    return CarryAnswer(None, again, "the service missed its ticks")
 
 
 def _finished(spec: JobSpec, job: JobFacts) -> bool:

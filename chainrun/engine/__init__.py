@@ -50,8 +50,8 @@ from chainrun.cluster import Cluster
 from chainrun.decide import Facts, decide, placement, quiet_until
 from chainrun.decide.carry import applies
 from chainrun.decide.retry import after_fault
-from chainrun.engine.act import Executor, Round, Step
-from chainrun.engine.observe import Key, Observer, Polled, poll
+from chainrun.engine.act import ChainTick, Executor, TickClusters
+from chainrun.engine.observe import ClusterKey, Observer, Polled, poll
 from chainrun.errors import ChainrunError, SchedulerError, StoreUnavailable, TransportError
 from chainrun.logsetup import get_logger
 from chainrun.model import (
@@ -94,10 +94,10 @@ class TickSummary:
     stuck: int = 0
     errors: list[str] = field(default_factory=list)
     # Clusters (scheduler kind, host) whose poll failed this tick, with why: their chains wait.
-    unreachable: dict[Key, ChainrunError] = field(default_factory=dict)
+    unreachable: dict[ClusterKey, ChainrunError] = field(default_factory=dict)
     # Each pool host polled: whether it answered when last polled, since when, and the jobs
     # it listed this tick (None: not polled this tick, or it did not answer).
-    pool: dict[Key, tuple[bool, float, Optional[dict[str, ListedJob]]]] = field(default_factory=dict)
+    pool: dict[ClusterKey, tuple[bool, float, Optional[dict[str, ListedJob]]]] = field(default_factory=dict)
     # Seconds until the engine wants its next tick (a submission's backoff
     # ends sooner than the interval); None: the service's interval.
     next_in: Optional[float] = None
@@ -157,15 +157,15 @@ class Engine:
         # that answer holds for them (see _quiet).
         self.quiet: dict[str, tuple[Chain, Facts, float]] = {}
         # Each cluster polled: whether its last poll answered, and since when that is so.
-        self.answers: dict[Key, tuple[bool, float]] = {}
-        self.pool_hosts: set[Key] = set()  # every pool host polled since the service started
+        self.answers: dict[ClusterKey, tuple[bool, float]] = {}
+        self.pool_hosts: set[ClusterKey] = set()  # every pool host polled since the service started
         self.failed: set[str] = set()  # the chains that failed while this service ran
         # The service's tick interval: set, each tick says in the run roots of the chains that
         # may carry themselves that the service ticks (``carry.beat_path``); None: a tick of
         # a command (``cancel``), which is no service.
         self.beat_every: Optional[float] = None
-        self.beaten: dict[tuple[Key, str], float] = {}  # when each run root's beat was written
-        self.beat_failed: set[tuple[Key, str]] = set()  # said once until a write works again
+        self.beaten: dict[tuple[ClusterKey, str], float] = {}  # when each run root's beat was written
+        self.beat_failed: set[tuple[ClusterKey, str]] = set()  # said once until a write works again
 
     def tick(self, only: Optional[Collection[str]] = None) -> TickSummary:
         """Move every active chain (or only the chains with the ids in ``only``) forward once.
@@ -186,7 +186,7 @@ class Engine:
     def _tick(self, only: Optional[Collection[str]]) -> TickSummary:
         summary = TickSummary()
         now = self.clock()
-        groups: dict[Key, list[Chain]] = defaultdict(list)
+        groups: dict[ClusterKey, list[Chain]] = defaultdict(list)
         pooled: list[Chain] = []  # a pool's chains: grouped once its hosts are polled
         loaded = self.store.chains(active_only=True)
         held = placement.held_back(loaded)
@@ -199,7 +199,7 @@ class Engine:
         # One poll per cluster: every cluster a chain lives on, and every host of a pool
         # (free slots are counted from its poll; one that stops answering is noticed).
         pools = [(c.spec.scheduler.kind, h) for c in loaded for h in c.spec.scheduler.hosts]
-        tick = Round({})
+        tick = TickClusters({})
         for key in dict.fromkeys([*groups, *pools]):
             kind, host = key
             try:
@@ -231,8 +231,8 @@ class Engine:
                 if facts is not None:
                     gathered[chain.id] = replace(facts, may_start=False) if chain.id in held else facts
             gathered = self.observer.account(polled, chains, gathered, now)
-            steps: list[Step] = []
-            arrays: list[tuple[Step, Submit]] = []  # first segments to submit as array tasks
+            steps: list[ChainTick] = []
+            arrays: list[tuple[ChainTick, Submit]] = []  # first segments to submit as array tasks
             for chain in chains:
                 if chain.id in gathered:
                     step = self._guarded(
@@ -250,7 +250,7 @@ class Engine:
         return summary
 
     def _group(
-        self, pooled: list[Chain], groups: dict[Key, list[Chain]], tick: Round, now: float
+        self, pooled: list[Chain], groups: dict[ClusterKey, list[Chain]], tick: TickClusters, now: float
     ) -> dict[str, str]:
         """Group each pool chain with the host it is looked at from this tick
         (``placement.observe_on``); returns why each chain looked at from another host than
@@ -306,7 +306,7 @@ class Engine:
         summary.active = len(loaded)
         summary.failed = len(self.failed)
 
-    def _cluster(self, key: Key) -> Cluster:
+    def _cluster(self, key: ClusterKey) -> Cluster:
         kind, host = key
         return Cluster(self.schedulers(kind, host or None), self.transports(host or None))
 
@@ -340,12 +340,17 @@ class Engine:
             return None
 
     def _act(
-        self, polled: Polled, chain: Chain, facts: Facts, tick: Round, arrays: list[tuple[Step, Submit]]
-    ) -> Step:
+        self,
+        polled: Polled,
+        chain: Chain,
+        facts: Facts,
+        tick: TickClusters,
+        arrays: list[tuple[ChainTick, Submit]],
+    ) -> ChainTick:
         """Decide and carry out; a sweep's first segment that can go out as an array task
         is left in ``arrays``."""
         now = self.clock()
-        step = Step(chain, now)
+        step = ChainTick(chain, now)
         if chain.id in self.executor.owed_grace:
             self.executor.write_grace(polled, chain, self.executor.owed_grace[chain.id], step.warnings)
         if chain.spec.scheduler.hosts:
@@ -360,12 +365,12 @@ class Engine:
             self.quiet.pop(chain.id, None)
         else:
             self.quiet[chain.id] = (chain, facts, quiet_until(chain, now))
-        self.executor.carry_out(polled, chain, actions, step, tick, arrays)
+        self.executor.execute(polled, chain, actions, step, tick, arrays)
         if facts.progress is not None and facts.progress != chain.latest:
             step.latest = facts.progress
         return step
 
-    def _record(self, step: Step) -> list[float]:
+    def _record(self, step: ChainTick) -> list[float]:
         """Write what the chain's tick learned and did, in one transaction (nothing, when
         nothing changed); returns when its failed submissions want their next try."""
         chain = step.chain

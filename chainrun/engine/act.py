@@ -6,7 +6,7 @@ tick's record), then made, with what its segment needs to carry the chain while 
 service is away (``carry.leave_record``), on the pool host ``decide`` chose for it, if any.
 A sweep's first segments that ``decide`` marked as array tasks go out together after
 the cluster's chains have acted (``submit_arrays``): one array job per set of chains whose
-directives and workdir are the same. What was done is kept in each chain's ``Step``, which
+directives and workdir are the same. What was done is kept in each chain's ``ChainTick``, which
 the engine records in one transaction.
 """
 
@@ -20,7 +20,7 @@ from typing import Callable, Optional
 from chainrun import carry, rundir, snapshot
 from chainrun.decide import placement
 from chainrun.decide.retry import after_submit, array_refused
-from chainrun.engine.observe import Key, Polled
+from chainrun.engine.observe import ClusterKey, Polled
 from chainrun.errors import ClaimedError, SchedulerError, StoreUnavailable, TransportError, UnsafePathError
 from chainrun.logsetup import get_logger
 from chainrun.model import (
@@ -44,7 +44,7 @@ log = get_logger(__name__)
 
 
 @dataclass
-class Step:
+class ChainTick:
     """One chain's tick: what was carried out (each action with its reason), the newest
     progress seen and what went wrong on the way, to be recorded at once, at ``now``."""
 
@@ -56,13 +56,13 @@ class Step:
 
 
 @dataclass
-class Round:
+class TickClusters:
     """The clusters one tick polled, and the slots its placements have taken on each."""
 
-    polled: dict[Key, Polled]
-    placed: dict[Key, int] = field(default_factory=lambda: defaultdict(int))
+    polled: dict[ClusterKey, Polled]
+    placed: dict[ClusterKey, int] = field(default_factory=lambda: defaultdict(int))
 
-    def free(self, key: Key, slots: int) -> int:
+    def free(self, key: ClusterKey, slots: int) -> int:
         """A pool host's slots not in use by its jobs (running or ready) nor taken this tick."""
         return placement.free_slots(slots, self.polled[key].jobs.values(), self.placed[key])
 
@@ -106,14 +106,14 @@ class Executor:
             return
         self.owed_grace.pop(chain.id, None)
 
-    def carry_out(
+    def execute(
         self,
         polled: Polled,
         chain: Chain,
         actions: list[Action],
-        step: Step,
-        tick: Round,
-        arrays: list[tuple[Step, Submit]],
+        step: ChainTick,
+        tick: TickClusters,
+        arrays: list[tuple[ChainTick, Submit]],
     ) -> None:
         """Carry ``actions`` out for ``chain`` into ``step``. A sweep's first segment that can
         go out as an array task is left in ``arrays``."""
@@ -143,7 +143,7 @@ class Executor:
 
     def _cancel(
         self,
-        tick: Round,
+        tick: TickClusters,
         polled: Polled,
         chain: Chain,
         actions: Iterable[Cancel | Remove],
@@ -151,7 +151,7 @@ class Executor:
     ) -> None:
         """Cancel the actions' jobs: one command per cluster (a ``Remove`` with a host: that
         pool host's)."""
-        by_cluster: dict[Key, list[str]] = defaultdict(list)
+        by_cluster: dict[ClusterKey, list[str]] = defaultdict(list)
         for action in actions:
             host = action.host if isinstance(action, Remove) else None
             key = polled.key if host is None else (chain.spec.scheduler.kind, host)
@@ -187,7 +187,9 @@ class Executor:
             n=sub.n, job_id=job_id, how="submitted" + (f" after job {sub.after}" if sub.after else "")
         )
 
-    def submit_arrays(self, polled: Polled, arrays: list[tuple[Step, Submit]], errors: list[str]) -> None:
+    def submit_arrays(
+        self, polled: Polled, arrays: list[tuple[ChainTick, Submit]], errors: list[str]
+    ) -> None:
         """Submit first segments of sweeps as array tasks: one array job per set of chains whose
         directives and workdir are the same, each chain journaled as its task first; what
         came of each goes into its step.
@@ -199,8 +201,8 @@ class Executor:
         scheduler = polled.cluster.arrays
         if not arrays or scheduler is None:
             return
-        groups: dict[str, list[tuple[Step, Submit, int]]] = defaultdict(list)
-        fresh: dict[object, list[tuple[Step, Submit]]] = defaultdict(list)
+        groups: dict[str, list[tuple[ChainTick, Submit, int]]] = defaultdict(list)
+        fresh: dict[object, list[tuple[ChainTick, Submit]]] = defaultdict(list)
         for step, sub in sorted(arrays, key=lambda a: a[0].chain.id):
             chain = step.chain
             first = chain.segments[0] if chain.segments else None
@@ -232,16 +234,16 @@ class Executor:
         polled: Polled,
         scheduler: ArrayScheduler,
         name: str,
-        group: list[tuple[Step, Submit, int]],
-    ) -> list[tuple[Step, Action]]:
+        group: list[tuple[ChainTick, Submit, int]],
+    ) -> list[tuple[ChainTick, Action]]:
         """Journal each chain as its task, write each chain's own segment script and the
         array's script, submit the array once: each chain's Adopt, or what its failure means.
         An array the scheduler refuses for good is sent again as single jobs
         (``retry.array_refused``)."""
         now = self.clock()
         cluster = polled.cluster
-        outcome: list[tuple[Step, Action]] = []
-        tasks: list[tuple[int, SegmentJob, Step, Submit, int]] = []
+        outcome: list[tuple[ChainTick, Action]] = []
+        tasks: list[tuple[int, SegmentJob, ChainTick, Submit, int]] = []
         for step, sub, index in group:
             chain = step.chain
             attempts = self.store.journal_submit(chain.id, sub, now, task=(name, index))

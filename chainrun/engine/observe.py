@@ -26,21 +26,21 @@ from chainrun.schedulers.segment import ARRAY_PREFIX, SegmentJob, parse_claim, p
 
 log = get_logger(__name__)
 
-Key = tuple[str, str]  # a cluster: (scheduler kind, host; "" for this machine)
+ClusterKey = tuple[str, str]  # a cluster: (scheduler kind, host; "" for this machine)
 
 
 @dataclass(frozen=True)
 class Polled:
     """One cluster as this tick's poll found it."""
 
-    key: Key
+    key: ClusterKey
     cluster: Cluster
     jobs: dict[str, ListedJob]  # every job the poll listed, by id
     tagged: dict[str, dict[int, tuple[ListedJob, ...]]]  # listed jobs tagged cr.CHAIN.N, by chain and N
     tasks: dict[tuple[str, int], tuple[ListedJob, ...]]  # listed array tasks, by array name and index
 
 
-def poll(key: Key, cluster: Cluster) -> Polled:
+def poll(key: ClusterKey, cluster: Cluster) -> Polled:
     """Poll ``cluster`` once, its jobs indexed by the chain and segment their tags name.
     Raises TransportError or SchedulerError when the poll fails."""
     cluster.prepare()
@@ -93,7 +93,7 @@ class Observer:
         self.progress = ProgressReader()  # re-reads a sidecar only when it changed
         # Per cluster, jobs gone from the listing without an end marker that accounting
         # did not know: when to ask again, and the interval after that.
-        self.unaccounted: dict[Key, dict[str, tuple[float, float]]] = {}
+        self.unaccounted: dict[ClusterKey, dict[str, tuple[float, float]]] = {}
 
     def facts(self, polled: Polled, chain: Chain) -> Facts:
         """What ``decide`` needs to know of ``chain`` now (accounting aside: ``account``)."""

@@ -336,7 +336,7 @@ class Segment:
             pass
         return newest
 
-    def snapshot(self) -> str:
+    def progress_fields(self) -> str:
         f = self.found()
 
         def text(value: Any) -> str:
@@ -352,9 +352,8 @@ class Segment:
 
     def start_marker(self) -> None:
         host = socket.gethostname()
-        write_atomically(
-            self.stem + ".start", f"job={self.job}\nhost={host}\nat={int(time.time())}\n" + self.snapshot()
-        )
+        lines = f"job={self.job}\nhost={host}\nat={int(time.time())}\n"
+        write_atomically(self.stem + ".start", lines + self.progress_fields())
 
     def end_marker(self, code: int, original: int, skipped: bool, why: str = "") -> None:
         """How the command ended and the checkpoint it left: how chainrun learns the real exit
@@ -367,7 +366,7 @@ class Segment:
             f"signalled_at={'' if self.sent is None else self.sent}\nskipped={int(skipped)}\n"
             f"preempted={'1' if self.preempted else ''}\njob={self.job}\nat={int(time.time())}\n"
             f"path={path}\ngrace={self.grace}\nready={ready}\nfenced={self.fenced or ''}\nskip={why}\n"
-            + self.snapshot()
+            + self.progress_fields()
             + "".join("beside=" + " ".join(where.splitlines()) + "\n" for where in self.beside)
         )
         if original != 0:

@@ -201,7 +201,7 @@ def _whole(text: Optional[str]) -> Optional[int]:
     return None if number is None else int(number)
 
 
-def _snapshot(fields: dict[str, str]) -> Optional[Progress]:
+def _progress(fields: dict[str, str]) -> Optional[Progress]:
     """The checkpoint as a marker recorded it; None for a marker without one."""
     if "ckpt_epoch" not in fields:
         return None
@@ -246,7 +246,7 @@ def parse_claim(data: bytes) -> Optional[Carried]:
 def parse_start_marker(data: bytes) -> StartMarker:
     """The wrapper's start marker."""
     fields = _fields(data)
-    return StartMarker(fields.get("job", "").strip(), _number(fields.get("at"), float), _snapshot(fields))
+    return StartMarker(fields.get("job", "").strip(), _number(fields.get("at"), float), _progress(fields))
 
 
 def parse_end_marker(data: bytes) -> Optional[EndMarker]:
@@ -260,7 +260,7 @@ def parse_end_marker(data: bytes) -> Optional[EndMarker]:
             skipped=fields.get("skipped") == "1",
             preempted=fields.get("preempted") == "1",
             at=float(fields["at"]) if fields.get("at") else None,
-            progress=_snapshot(fields),
+            progress=_progress(fields),
             path=fields.get("path", ""),
             tail=_repeated(data, "tail"),
             beside=_repeated(data, "beside"),

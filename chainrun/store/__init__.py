@@ -192,7 +192,7 @@ class Store:
     def _load(self, where: str, args: tuple[Any, ...] = ()) -> list[Union[Chain, DamagedChain]]:
         """The chains ``where`` (an SQL condition on ``chains``) selects, oldest first, each
         with all its segments: two queries, whatever the number of chains."""
-        with self._database.snapshot():
+        with self._database.read_transaction():
             rows = self._database.rows(
                 f"SELECT rowid AS rowid_, * FROM chains WHERE {where} ORDER BY created_at, rowid", args
             )
@@ -203,7 +203,7 @@ class Store:
         """The tick's load: the active chains, each read again only when its ``version``
         says that it or one of its segments changed since the last load."""
         live = f"chains.state IN ({', '.join('?' * len(LIVE_STATES))})"
-        with self._database.snapshot():
+        with self._database.read_transaction():
             versions = self._database.rows(
                 f"SELECT rowid, id, version FROM chains WHERE {live} ORDER BY created_at, rowid",
                 LIVE_STATES,
@@ -346,7 +346,7 @@ class Store:
         picked = f"c.rowid IN (SELECT rowid FROM chains WHERE {where})"  # the index on state alone
         glances: dict[int, Glance] = {}
         unread: list[int] = []
-        with self._database.snapshot():
+        with self._database.read_transaction():
             live: dict[int, list[Optional[SegmentGlance]]] = {}
             for r in self._database.rows(views.SEGMENT_GLANCE_SQL.format(picked=picked), args):
                 live.setdefault(r[0], []).append(views.read_segment_glance(r))

@@ -223,7 +223,7 @@ class Database:
                 raise
 
     @contextmanager
-    def snapshot(self) -> Iterator[None]:
+    def read_transaction(self) -> Iterator[None]:
         """Reads inside see the database as it was at the first one (WAL: no lock taken
         from writers), so a load's queries agree with each other."""
         with self.sql():
