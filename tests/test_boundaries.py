@@ -14,6 +14,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+
+try:
+    import tomllib
+except ImportError:  # Python before 3.11
+    import tomli as tomllib  # type: ignore[no-redef]
 from conftest import wait_for, write_segment
 from mutants import mutant, rules_mutant
 from test_decide import SPEC, chain, seg
@@ -24,7 +29,6 @@ from chainrun import schema
 from chainrun.decide import Facts, JobFacts
 from chainrun.decide import chain as chain_rules
 from chainrun.errors import JobFileError
-from chainrun.fields import tomllib
 from chainrun.model import (
     ChainState,
     EndMarker,

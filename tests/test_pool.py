@@ -18,6 +18,11 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+
+try:
+    import tomllib
+except ImportError:  # Python before 3.11
+    import tomli as tomllib  # type: ignore[no-redef]
 from conftest import wait_for
 from private_sshd import PrivateSSHD
 from test_decide import SPEC as DECIDE_SPEC
@@ -29,7 +34,6 @@ from chainrun.cluster import Cluster
 from chainrun.decide import place
 from chainrun.engine import Engine
 from chainrun.errors import JobFileError
-from chainrun.fields import tomllib
 from chainrun.follow import Follower
 from chainrun.jobfile import parse
 from chainrun.localrunner import machine_dir
