@@ -7,6 +7,7 @@ it, so that every error reads the same way.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import re
@@ -155,13 +156,21 @@ class Fields:
             return JobFileError(f"{path_shown(self.path)}: {name} = {shown}: {problem}")
         return JobFileError(f"{path_shown(self.path)}: {name}: {problem}")
 
-    def check_keys(self, allowed: tuple[str, ...]) -> None:
+    def check_keys(self, allowed: tuple[str, ...], aliases: Optional[dict[str, str]] = None) -> None:
+        """Every key of the table is one of ``allowed``; else JobFileError naming it, and what
+        to write instead: for a key another tool spells so (``aliases``: key -> what chainrun
+        calls it), that; for a near miss of an allowed key, that key."""
         for key in self.table:
-            if key not in allowed:
-                known = ", ".join(allowed)
-                raise JobFileError(
-                    f"{path_shown(self.path)}: unknown key {self.prefix}{_key(key)}; allowed here: {known}"
-                )
+            if key in allowed:
+                continue
+            unknown = f"{path_shown(self.path)}: unknown key {self.prefix}{_key(key)}"
+            instead = (aliases or {}).get(key.lower())
+            if instead:
+                raise JobFileError(f"{unknown}; chainrun's is {instead}")
+            near = difflib.get_close_matches(key.lower(), allowed, n=1, cutoff=0.75)
+            allowed_here = f"llowed here: {', '.join(allowed)}"
+            hint = f"; did you mean {self.prefix}{near[0]}? A{allowed_here}" if near else f"; a{allowed_here}"
+            raise JobFileError(unknown + hint)
 
     def get(
         self,

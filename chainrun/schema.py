@@ -89,6 +89,43 @@ TOP_KEYS = (
     "self_queue",
 )
 SCHEDULER_KEYS = ("kind", "host", "queue", "options", "hosts", "slots", "gpus_per_slot", "host_timeout")
+# What other tools (sbatch, submitit, Hydra, Lightning) call a key of chainrun's: the error
+# for one of these says what to write instead.
+_PER_SEGMENT = 'walltime = "24h" (each segment; total_time: the whole run)'
+TOP_ALIASES = {
+    **dict.fromkeys(("time", "time_limit", "timeout", "timeout_min"), _PER_SEGMENT),
+    **dict.fromkeys(("epochs", "max_epochs", "num_epochs", "n_epochs"), "target_epoch"),
+    **dict.fromkeys(("retries", "max_retries", "max_restarts", "max_num_timeout"), "max_failures"),
+    **dict.fromkeys(("cwd", "chdir", "working_dir", "working_directory"), "workdir"),
+    **dict.fromkeys(("environment", "environ"), "env"),
+    **dict.fromkeys(("image", "singularity", "apptainer"), "container"),
+    **dict.fromkeys(("checkpoint", "checkpoints", "ckpt_dir", "ckpt_path", "output_dir"), "checkpoint_dir"),
+    **{k: f"{k} in [scheduler]" for k in ("kind", "queue", "options", "host", "hosts")},
+    "partition": 'queue = "NAME" in [scheduler] (the Slurm partition, the SGE queue)',
+}
+SCHEDULER_ALIASES = {
+    "partition": 'queue = "NAME" (the Slurm partition, the SGE queue)',
+    **dict.fromkeys(("type", "backend", "cluster", "scheduler"), 'kind = "slurm", "sge" or "local"'),
+    **{
+        k: f'options = ["--{k.replace("_", "-")}=..."], the scheduler\'s own options as on its command line'
+        for k in (
+            "account",
+            "qos",
+            "gres",
+            "gpus",
+            "gpus_per_node",
+            "nodes",
+            "ntasks",
+            "ntasks_per_node",
+            "cpus_per_task",
+            "mem",
+            "mem_per_cpu",
+            "constraint",
+            "reservation",
+        )
+    },
+    **dict.fromkeys(("time", "walltime", "time_limit"), "walltime, at the top of the job file"),
+}
 MAX_HOSTS = 1000  # hosts in a pool
 MAX_SLOTS = 1024  # runs per host at once
 
@@ -125,7 +162,7 @@ def parse(
     ``inherit_env`` takes its values from ``environ``. The spec's ``source`` is ``path``
     as given; a container runtime not given is left "" for ``jobfile`` to find."""
     f = Fields(path, data)
-    f.check_keys(TOP_KEYS)
+    f.check_keys(TOP_KEYS, TOP_ALIASES)
 
     name = f.get("name", str, "a name of letters, digits, . _ -", required=True)
     f.checked(
@@ -333,7 +370,7 @@ def _resolve(f: Fields, key: str, raw: str, base: Path, remote: bool) -> str:
 
 def _scheduler(path: str, table: dict[str, Any]) -> SchedulerSpec:
     f = Fields(path, table, "scheduler.")
-    f.check_keys(SCHEDULER_KEYS)
+    f.check_keys(SCHEDULER_KEYS, SCHEDULER_ALIASES)
     kind = f.get("kind", str, "one of " + ", ".join(SCHEDULER_KINDS), default="local", max_bytes=64)
     f.checked("kind", kind, SCHEDULER_KINDS.__contains__, "allowed: " + ", ".join(SCHEDULER_KINDS))
     host = f.get("host", str, "an ssh host or ~/.ssh/config alias", max_bytes=255)

@@ -181,8 +181,29 @@ def test_progress_names_the_scripts_own_json_file_and_the_key_of_its_epoch(tmp_p
     [
         ('command="true"\ntotal_time="1h"\nwalltime="20m"\n', "name: missing"),
         ('name="a"\ntotal_time="1h"\nwalltime="20m"\n', "command: missing"),
-        (BASE + 'walltme = "4h"\n', "unknown key walltme"),
-        (BASE + '[scheduler]\nkind="slurm"\nqueu="gpu"\n', "unknown key scheduler.queu"),
+        (BASE + 'walltme = "4h"\n', "unknown key walltme; did you mean walltime? Allowed here: name,"),
+        (
+            BASE + '[scheduler]\nkind="slurm"\nqueu="gpu"\n',
+            "unknown key scheduler.queu; did you mean scheduler.queue?",
+        ),
+        (BASE + 'nosuch = "4h"\n', "unknown key nosuch; allowed here: name, command,"),
+        # What other tools call chainrun's keys: what to write instead, in one line.
+        (BASE + "max_epochs = 90\n", "unknown key max_epochs; chainrun's is target_epoch"),
+        (
+            BASE + 'time = "4h"\n',
+            'unknown key time; chainrun\'s is walltime = "24h" (each segment; total_time',
+        ),
+        (BASE + 'partition = "gpu"\n', 'unknown key partition; chainrun\'s is queue = "NAME" in [scheduler]'),
+        (BASE + 'image = "x.sif"\n', "unknown key image; chainrun's is container"),
+        (
+            BASE + '[scheduler]\nPartition="gpu"\n',
+            'unknown key scheduler.Partition; chainrun\'s is queue = "NAME"',
+        ),
+        (
+            BASE + "[scheduler]\ncpus_per_task=4\n",
+            'unknown key scheduler.cpus_per_task; chainrun\'s is options = ["--cpus-per-task=..."], the',
+        ),
+        (BASE + '[scheduler]\ntime="1h"\n', "unknown key scheduler.time; chainrun's is walltime, at the top"),
         (BASE + 'target_epoch = "ten"\n', "target_epoch = 'ten': expected a whole number"),
         (BASE + "max_failures = true\n", "max_failures = True: expected a whole number"),
         (BASE + "max_failures = -1\n", "max_failures = -1: must be 0 or more"),

@@ -466,7 +466,7 @@ def test_broken_config_stops_the_service_from_starting_with_one_line(tmp_path: P
     assert result.returncode == 2
     assert (
         result.stderr.strip()
-        == f"chainrun: {config}: unknown key webhok; allowed here: on_end, webhook, interval, gc_after"
+        == f"chainrun: {config}: unknown key webhok; did you mean webhook? Allowed here: on_end, webhook, interval, gc_after"
     )
     assert not os.path.exists(home / "service.status")
 

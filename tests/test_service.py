@@ -526,7 +526,9 @@ def test_config_unknown_key_is_an_error_that_names_it(tmp_path: Path) -> None:
     """A typo in config.toml is refused, naming the key and what is allowed."""
     path = tmp_path / "config.toml"
     path.write_text('on_edn = "true"\n')
-    with pytest.raises(JobFileError, match="unknown key on_edn; allowed here: on_end, webhook, interval"):
+    with pytest.raises(
+        JobFileError, match=r"unknown key on_edn; did you mean on_end\? Allowed here: on_end, webhook, interval"
+    ):
         service_config.load_config(path)
 
 
