@@ -11,6 +11,7 @@ machine's directories: its paths are the cluster's. Its container is checked whe
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import stat
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ from chainrun import container, schema, snapshot, sweep
 from chainrun.errors import JobFileError, TransportError
 from chainrun.fields import Fields, file_kind, path_shown, read_toml, why
 from chainrun.model import JobSpec
+from chainrun.text import quote
 from chainrun.transport import Transport, transport_for
 
 
@@ -134,12 +136,53 @@ _PYTHON_PROBE = (
 )
 
 
+_SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".R", ".jl", ".pl")
+_REDIRECTS = ("<", ">", ">>", ">&", "&>", "<<", "<<<")
+
+
+def scripts_named(command: str) -> list[str]:
+    """The script files a command names (``python3 train.py``, ``bash run.sh``, ``torchrun
+    --nproc-per-node 4 x.py``, ``./go``), as written: each word that ends in a script's suffix
+    or starts with ``./``, but not one the shell makes (``$``, ``*``, ``~``, braces), one a
+    redirection writes or reads, the code of ``-c`` or the module of ``-m``, or an option's
+    value; none at all for a command that changes directory first, where a relative path
+    means something else."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        words = list(lexer)
+    except ValueError:
+        return []
+    if {"cd", "pushd"} & set(words):
+        return []
+    found = []
+    for before, word in zip(["", *words], words):
+        if before in _REDIRECTS or before in ("-c", "-m") or word.startswith("-") or "=" in word:
+            continue
+        if any(c in word for c in "$*?[]~{}`\\") or word in found:
+            continue
+        if word.endswith(_SCRIPT_SUFFIXES) or (word.startswith("./") and len(word) > 2):
+            found.append(word)
+    return found
+
+
 def where_it_runs(spec: JobSpec, transports: Callable[[Optional[str]], Transport] = transport_for) -> None:
     """What a segment needs is there on each machine that runs the segments (the host, each
     host of a pool, else this one), as a segment's shell finds it: a ``python3`` for the
-    segment runner, and the container's runtime and image. One probe through the transport
-    each; JobFileError naming the machine when not; TransportError when one cannot be asked."""
+    segment runner, the container's runtime and image, and each script the command names
+    (``scripts_named``; a snapshot chain's, in the repository it is taken from, on this
+    machine). One probe through the transport each; JobFileError naming the machine when
+    not; TransportError when one cannot be asked."""
     script, args = container.probe(spec) if spec.container else ("", [])
+    scripts = [s for s in scripts_named(spec.command) if not (spec.container and s.startswith("/"))]
+    if spec.snapshot:
+        _scripts_there(spec, scripts, snapshot.source_dir(spec), "this machine", None)
+        scripts = []
+    elif scripts:
+        # No. i of the scripts is missing: by number, so that no name's spaces split the answer.
+        each = " ".join(quote(s) for s in scripts)
+        look = f'i=0; for f in {each}; do [ -e "$f" ] || echo "no-script-$i"; i=$((i + 1)); done'
+        script = (script + "; " if script else "") + f"(cd -- {quote(spec.workdir)} 2>/dev/null && {look})"
     argv = ["sh", "-c", f"{_PYTHON_PROBE}; {script}" if script else _PYTHON_PROBE, "probe", *args]
     for host in spec.scheduler.hosts or (spec.scheduler.host,):
         where = host or "this machine"
@@ -155,6 +198,22 @@ def where_it_runs(spec: JobSpec, transports: Callable[[Optional[str]], Transport
         problem = container.probe_problem(spec, result.stdout, where) if spec.container else None
         if problem:
             raise JobFileError(f"{path_shown(spec.source)}: container: {problem}")
+        missing = [s for i, s in enumerate(scripts) if f"no-script-{i}" in result.stdout.split()]
+        _scripts_there(spec, scripts, spec.workdir, where, missing)
+
+
+def _scripts_there(
+    spec: JobSpec, scripts: list[str], directory: str, where: str, missing: Optional[list[str]]
+) -> None:
+    """JobFileError for the first of ``scripts`` that is not in ``directory`` (on ``where``;
+    ``missing``: as a probe there found, None: look here, on this machine)."""
+    if missing is None:
+        missing = [s for s in scripts if not os.path.exists(os.path.join(directory, s))]
+    if missing:
+        raise JobFileError(
+            f"{path_shown(spec.source)}: command: {missing[0]} is not in {path_shown(directory)} on {where}, "
+            "where the command runs; fix the command, or the workdir"
+        )
 
 
 def _local_dir(f: Fields, key: str, path: str, must_exist: bool) -> None:

@@ -529,6 +529,7 @@ def test_version_and_check_show_script_say_what_runs(tmp_path: Path) -> None:
     assert (version.returncode, version.stdout.strip()) == (0, f"chainrun {__version__}")
     work = tmp_path / "work dir"
     work.mkdir()
+    (work / "train.py").write_text("pass\n")
     for kind, submit, directive in (
         ("local", "-m chainrun.localrunner submit --name cr.t-", "# local runner job cr.t-"),
         ("slurm", "sbatch ", "#SBATCH --job-name=cr.t-"),
@@ -556,6 +557,7 @@ def test_check_says_where_the_epoch_comes_from_and_warns_when_a_target_may_have_
     """With target_epoch and no progress = "FILE:KEY", check warns that the epoch must come from
     chainrun.checkpoint; with progress set, it names the file and key and says nothing more."""
     base = 'name = "t"\ncommand = "python3 train.py"\ntotal_time = "2h"\nwalltime = "1h"\ntarget_epoch = 20\n'
+    (tmp_path / "train.py").write_text("pass\n")
     for extra, warns, source in (
         ("", True, "chainrun.checkpoint's sidecar"),
         ('progress = "ckpt/state.json:epoch"\n', False, f"the epoch is epoch in {tmp_path}/ckpt/state.json"),
@@ -571,6 +573,7 @@ def test_check_says_where_the_epoch_comes_from_and_warns_when_a_target_may_have_
 def test_check_shows_how_the_segments_get_their_grace(tmp_path: Path) -> None:
     """Issue 24: without a grace in the job file, the adaptive rule; with one, that one."""
     base = 'name = "t"\ncommand = "python3 train.py"\ntotal_time = "2h"\nwalltime = "1h"\n'
+    (tmp_path / "train.py").write_text("pass\n")
     for extra, shown in (
         ("", "adaptive: 5m (the default, a quarter of the walltime at most 5m) until a segment"),
         ('grace = "2m"\n', "2m, set in the job file"),
@@ -595,8 +598,10 @@ def _world(tmp_path: Path) -> dict[str, str]:
     work.mkdir()
     job = work / "job.toml"
     job.write_text('name = "t"\ncommand = "python3 train.py"\ntotal_time = "2h"\nwalltime = "1h"\n')
+    (work / "train.py").write_text("pass\n")  # the script the command names is there
     done = tmp_path / "done"
     (done / "checkpoints").mkdir(parents=True)
+    (done / "train.py").write_text("pass\n")
     (done / "job.toml").write_text(
         'name = "d"\ncommand = "python3 train.py"\ntotal_time = "2h"\nwalltime = "1h"\ntarget_epoch = 3\n'
     )

@@ -194,6 +194,7 @@ def test_a_charliecloud_image_without_gpu_libraries_is_refused_at_submit_with_ch
     need("ch-run", have("ch-run"), "apt-get install charliecloud")
     path = tmp_path / "job.toml"
     path.write_text(BASE + f'container = "{image}"\ncontainer_gpus = true\n')
+    (tmp_path / "train.py").write_text("pass\n")
     refused = chainrun("submit", str(path))
     assert refused.returncode == 2, refused.stderr
     assert f"ch-fromhost --nvidia {image}" in refused.stderr and "\n" not in refused.stderr.strip()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -599,3 +600,43 @@ def test_numbers_and_keys_that_would_break_later_are_one_short_line(
 ) -> None:
     """An integer SQLite cannot store; a key that would break the line or flood the terminal."""
     refused(write(tmp_path, BASE + extra), needle)
+
+
+@pytest.mark.parametrize(
+    ("command", "scripts"),
+    [
+        ("python train.py --lr 0.1", ["train.py"]),
+        ("exec python3 -u train.py", ["train.py"]),
+        ("bash run.sh && ./post", ["run.sh", "./post"]),
+        ("torchrun --nproc-per-node 4 src/main.py --config=conf.py", ["src/main.py"]),
+        ("srun python 'my script.py' 2>&1 | tee log.txt", ["my script.py"]),
+        ("python -m pkg.main", []),
+        ("python -c 'import x.py'", []),
+        ("python train.py > out.py", ["train.py"]),
+        ("python $SCRIPT.py {lr}.py ~/x.py *.py", []),
+        ("cd sub && python train.py", []),
+        ("python 'unterminated", []),
+    ],
+)
+def test_the_scripts_a_command_names(command: str, scripts: list[str]) -> None:
+    assert jobfile.scripts_named(command) == scripts
+
+
+def test_check_and_submit_refuse_a_command_whose_script_is_not_in_the_workdir(
+    tmp_path: Path, chainrun: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    """`python trian.py` would fail in every segment: check and submit say so at once, in one
+    line naming the script, the directory and the machine; nothing is stored."""
+    path = tmp_path / "job.toml"
+    path.write_text(BASE.replace('command="true"', 'command="python3 trian.py --epochs 3"'))
+    (tmp_path / "train.py").write_text("pass\n")
+    for command in ("check", "submit"):
+        result = chainrun(command, str(path))
+        assert result.returncode == 2, result
+        assert result.stderr == (
+            f"chainrun: {path}: command: trian.py is not in {tmp_path} on this machine, where the command "
+            "runs; fix the command, or the workdir\n"
+        )
+    assert json.loads(chainrun("status", "--json", "--all", check=True).stdout) == []
+    path.write_text(BASE.replace('command="true"', 'command="python3 train.py --epochs 3"'))
+    assert chainrun("check", str(path)).returncode == 0

@@ -728,10 +728,15 @@ ALL = generate()
 # ---- running them -------------------------------------------------------------------------
 
 
+SCRIPTS = ("train.py", "t.py", "run.sh")  # what ``base``'s commands name
+
+
 def make_sandbox(root: Path) -> Path:
     """Things a path may point at that are no directory (and one that is)."""
     root.mkdir()
     (root / "work").mkdir()
+    for script in SCRIPTS:
+        (root / "work" / script).write_text("")
     (root / "file").write_text("x")
     os.mkfifo(root / "fifo")
     (root / "loop1").symlink_to(root / "loop2")
@@ -750,6 +755,8 @@ def materialize(c: Case, n: int, sandbox: Path) -> Path:
         return Path(c.where)
     if c.where == "file":
         job.write_bytes(c.content.replace(SANDBOX.encode(), str(sandbox).encode()))
+        for script in SCRIPTS:  # the scripts the valid job files' commands name, in workdir "."
+            (d / script).write_text("")
     elif c.where == "fifo":
         os.mkfifo(job)
     elif c.where == "dir":

@@ -195,15 +195,17 @@ def test_a_failed_chain_keeps_the_last_lines_of_the_failing_segments_output(
 
 
 @pytest.mark.slow
-def test_a_missing_script_fails_the_chain_after_two_segments_not_the_whole_budget(
+def test_a_missing_file_fails_the_chain_after_two_segments_not_the_whole_budget(
     tmp_path: Path, chainrun: CLI
 ) -> None:
-    """`python missing.py` fails twice alike before any progress: the chain ends FAILED after two
-    segments (max_failures = 3 would allow four runs), and says why with Python's own line."""
+    """A script that cannot open its input fails twice alike before any progress: the chain
+    ends FAILED after two segments (max_failures = 3 would allow four runs), and says why with
+    Python's own line."""
     path = command_job(
-        tmp_path, "python missing.py", 'total_time = "5m"\nwalltime = "10s"\ngrace = "2s"\nmax_failures = 3\n'
+        tmp_path, "python reads.py", 'total_time = "5m"\nwalltime = "10s"\ngrace = "2s"\nmax_failures = 3\n'
     )
     work = path.parent
+    (work / "reads.py").write_text("open('missing.py')\n")
     result = chainrun("run", str(path), "--interval", "0.3")
     assert result.returncode == 1, result.stdout + result.stderr
     st = status(chainrun, "t")

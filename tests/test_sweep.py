@@ -234,6 +234,7 @@ def test_check_on_a_sweep_shows_each_chains_own_checkpoint_dir_and_seed(
         BASE
         + 'checkpoint_dir = "ck/{lr}-{rep}"\n[sweep]\nreps = 2\n[sweep.grid]\nlr = [0.1, 0.01]\ntag = ["x"]\n'
     )
+    (tmp_path / "train.py").write_text("pass\n")
     out = chainrun("check", str(path), check=True).stdout
     for one in sweep.expand(jobfile.load(path)):
         assert f"checkpoint_dir {os.path.relpath(one.checkpoint_dir, tmp_path)}, seed {one.seed}" in out
