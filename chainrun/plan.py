@@ -175,7 +175,12 @@ def _plan(spec: JobSpec, shared: str) -> list[tuple[str, str]]:
         plan.append(("container", f"{spec.container} ({spec.container_runtime}{gpus})"))
     if spec.sweep:
         configs = f"{len(spec.sweep)} configurations x {spec.reps} repetitions"
-        plan.append(("sweep", f"{configs}: one chain each, with its own checkpoint_dir and seed"))
+        at_once = (
+            f"; at most {spec.max_concurrent} under way at once (max_concurrent)"
+            if spec.max_concurrent
+            else "; all under way at once (no max_concurrent)"
+        )
+        plan.append(("sweep", f"{configs}: one chain each, with its own checkpoint_dir and seed{at_once}"))
         plan.append(("seed", "CHAINRUN_SEED, from the sweep's name, configuration and repetition"))
     else:
         plan.append(("seed", "CHAINRUN_SEED, the chain's own (from its id, made at submit)"))

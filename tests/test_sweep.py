@@ -239,6 +239,10 @@ def test_check_on_a_sweep_shows_each_chains_own_checkpoint_dir_and_seed(
     for one in sweep.expand(jobfile.load(path)):
         assert f"checkpoint_dir {os.path.relpath(one.checkpoint_dir, tmp_path)}, seed {one.seed}" in out
     assert "checkpoint_dir ck/0.01-1, seed" in out
+    assert "checkpoint_dir and seed; all under way at once (no max_concurrent)" in out
+    path.write_text(path.read_text().replace("reps = 2\n", "reps = 2\nmax_concurrent = 3\n"))
+    out = chainrun("check", str(path), check=True).stdout
+    assert "checkpoint_dir and seed; at most 3 under way at once (max_concurrent)" in out
     assert not any("{rep}" in line for line in out.splitlines()), out
 
 
