@@ -284,14 +284,17 @@ class Progress:
         return "no checkpoint yet"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """As JSON: ``metrics`` an object, name to value, in the sidecar's order."""
+        return {**asdict(self), "metrics": dict(self.metrics)}
 
     @classmethod
     def from_json(cls, data: Optional[dict[str, Any]]) -> Progress:
+        """From ``to_json``'s JSON; ``metrics`` also as the list of pairs stored before."""
         if not data:
             return cls()
-        metrics = tuple((str(k), float(v)) for k, v in data.get("metrics", ()))
-        return cls(**{**data, "metrics": metrics})
+        raw = data.get("metrics") or ()
+        pairs = raw.items() if isinstance(raw, dict) else raw
+        return cls(**{**data, "metrics": tuple((str(k), float(v)) for k, v in pairs)})
 
 
 NO_PROGRESS = Progress()

@@ -301,3 +301,17 @@ def test_a_dotted_key_reaches_into_nested_objects(transport: Transport, ckdir: s
     spec = replace(spec_for(ckdir), progress_file=path, progress_key="meta.epoch")
     progress = reading.read(transport, spec)
     assert progress is not None and progress.epoch == 3
+
+
+def test_metrics_are_an_object_in_json_and_the_stored_list_of_pairs_still_reads() -> None:
+    """``status --json`` and every stored record give the metrics as name: value, in the
+    sidecar's order (issue 36: a list of pairs was no object a script could index); a record
+    stored before, with its list of pairs, reads the same."""
+    from chainrun.model import Progress
+
+    p = Progress(epoch=3, metrics=(("loss", 0.5), ("acc", 0.9)))
+    assert p.to_json()["metrics"] == {"loss": 0.5, "acc": 0.9}
+    assert list(p.to_json()["metrics"]) == ["loss", "acc"]
+    assert Progress.from_json(p.to_json()) == p
+    assert Progress.from_json({**p.to_json(), "metrics": [["loss", 0.5], ["acc", 0.9]]}) == p
+    assert Progress.from_json({"epoch": 1}) == Progress(epoch=1)
