@@ -463,9 +463,10 @@ def frame(
 ) -> str:
     """What `chainrun status` prints: the table (or that there are no chains), then the service."""
     # A command to paste (indented four) is left whole: broken in two, it would not run.
+    active = any(not c.state.final for c in chains)
     service = "\n".join(
         wrapped
-        for line in service_line(home, now).splitlines()
+        for line in service_line(home, now, advise=active).splitlines()
         for wrapped in ([escaped(line)] if line.startswith("    ") else _wrap(line, width))
     )
     if not chains and not damaged:
@@ -476,21 +477,20 @@ def frame(
     return f"{text}\n{service}"
 
 
-def service_line(home: Path, now: float) -> str:
+def service_line(home: Path, now: float, advise: bool = True) -> str:
     """Whether a service is ticking these chains (it holds the lock), with its status file's
-    news; when not, since when the state shown is known, and a second line on how to
-    start one."""
+    news; when not, since when the state shown is known, and (``advise``: some chain has not
+    ended) a second line on how to start one."""
     st = heartbeat.read(home) or {}
     at = st.get("at")
     last = f"last tick {when(at, now)}" if isinstance(at, (int, float)) else ""
     if _service_runs(home):
         pid = st.get("pid") if isinstance(st.get("pid"), int) else lock_for(home).holder()
         return f"service: running (pid {pid or '?'}){'; ' if last else ''}{last}: {st.get('status') or '?'}"
-    return (
-        f"service: not running{f' ({last})' if last else ''};"
-        " chains advance only while one runs:\n"
-        f"  {systemd.start_advice(home)}"
-    )
+    stopped = f"service: not running{f' ({last})' if last else ''}"
+    if not advise:
+        return stopped
+    return f"{stopped}; chains advance only while one runs:\n  {systemd.start_advice(home)}"
 
 
 def to_json(c: Chain, now: float) -> dict[str, Any]:

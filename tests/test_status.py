@@ -265,7 +265,8 @@ def test_golden_one_failed_chain_shows_its_last_output_and_the_logs_command(tmp_
         "    Traceback (most recent call last):\n"
         '      File "train.py", line 9\n'
         "    ValueError: nan\n"
-        "  all of it: chainrun logs resnet50-0f9e8d -n 4\n" + SERVICE
+        "  all of it: chainrun logs resnet50-0f9e8d -n 4\n"
+        "service: not running"  # no chain left for one to advance: no advice to start one
     )
 
 
@@ -407,6 +408,14 @@ def test_service_line_tells_running_from_stale(tmp_path: Path) -> None:
     assert view.service_line(tmp_path, NOW).startswith("service: not running (last tick 4s ago); ")
 
 
+def test_the_advice_to_start_a_service_comes_only_while_a_chain_has_not_ended(tmp_path: Path) -> None:
+    """With no chains, or only ended ones, a service would have nothing to do: status says it
+    is not running, and no more (issue 36: it gave the advice to start one)."""
+    assert view.frame(tmp_path, [], NOW).splitlines()[-1] == "service: not running"
+    assert view.frame(tmp_path, [failed()], NOW).splitlines()[-1] == "service: not running"
+    assert view.frame(tmp_path, [failed(), realistic()], NOW).endswith(SERVICE)
+
+
 def test_the_advice_on_starting_a_service_fits_the_machine(
     tmp_path: Path, a_machine_with_systemd: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -428,7 +437,7 @@ def test_the_advice_on_starting_a_service_fits_the_machine(
     advice = view.service_line(home, NOW).splitlines()[1:]
     assert advice[0] == "  no systemd user manager here; start one with:"
     assert f"CHAINRUN_HOME={home}" in advice[1] and "daemon" in advice[1]
-    assert view.frame(home, [], NOW, width=40).splitlines()[-1] == advice[1]  # whole, to paste
+    assert view.frame(home, [realistic()], NOW, width=40).splitlines()[-1] == advice[1]  # whole, to paste
     monkeypatch.setenv("PATH", str(tmp_path))  # no tmux
     assert " nohup " in view.service_line(home, NOW) and f">> {home}/daemon.out 2>&1 &" in view.service_line(
         home, NOW
@@ -457,7 +466,8 @@ def test_status_table_through_the_cli_names_the_chain_and_the_service(tmp_path: 
     out = chainrun("status", check=True).stdout.splitlines()
     assert out[0].split() == list(view.HEADER)  # a short id leaves room for every column
     assert out[1].startswith(chain_id) and " cancelled " in out[1]
-    assert out[-2].startswith("service: not running") and "chainrun service install --now" in out[-1]
+    # Only an ended chain: nothing for a service to do, so no advice to start one (issue 36).
+    assert out[-1] == "service: not running" and "service install" not in "\n".join(out)
     assert all(len(line) <= 80 for line in out)
 
 
