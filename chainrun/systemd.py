@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from chainrun.errors import ChainrunError
+from chainrun.logsetup import LOG_FILE
 
 if TYPE_CHECKING:
     from chainrun.transport import Transport
@@ -295,8 +296,11 @@ def install(home: Path, now: bool = False, transport: Optional[Transport] = None
             "to run the service here without systemd:",
             f"  {by_hand(command, env, home)}",
         ]
-    lines += linger_advice(systemd)
-    lines.append(f"logs: journalctl --user -u {UNIT_NAME} -f")
+    if ok:  # lingering and the journal are the user manager's: no advice about them without one
+        lines += linger_advice(systemd)
+        lines.append(f"logs: journalctl --user -u {UNIT_NAME} -f")
+    else:
+        lines.append(f"logs: {Path(env['CHAINRUN_HOME']) / LOG_FILE} (chainrun logs CHAIN for a chain's)")
     return lines, ok
 
 
