@@ -271,6 +271,36 @@ def test_a_segment_ended_while_its_successor_runs_is_credited_what_the_successor
     ]
 
 
+def test_three_live_segments_after_an_adoption_are_each_credited_what_the_next_one_found() -> None:
+    """Segments 2 and 3 were queued by the segment before each while the service was away and
+    adopted: three are live. Neither 1 nor 2 left an end marker (killed at the walltime), so
+    each left what the segment after it found at its start, not what the one before it found,
+    nor the last one's."""
+    five, six = Progress(epoch=5, saved_at=250.0), Progress(epoch=6, saved_at=300.0)
+
+    def timed_out(job: str, found: Progress) -> JobFacts:
+        return replace(ended(job, Outcome.TIMEOUT), start=StartMarker(job, NOW - 90, found))
+
+    facts = Facts(
+        jobs={
+            "j1": timed_out("j1", BEFORE),
+            "j2": timed_out("j2", five),
+            "j3": JobFacts(
+                listed=listed("j3", Phase.RUNNING, started_at=NOW - 5), start=StartMarker("j3", NOW - 5, six)
+            ),
+        },
+        progress=Progress(epoch=7, saved_at=350.0),
+    )
+    c = chain(seg(1), seg(2, Phase.PENDING, after="j1"), seg(3, Phase.PENDING, after="j2"))
+    why = "timeout (exit 0) with progress"
+    assert decide(c, facts, NOW) == [
+        end(Outcome.TIMEOUT, 0, why, 89.0, NOW - 1, five, stop=KILLED_STOPPING),
+        end(Outcome.TIMEOUT, 0, why, 89.0, NOW - 1, six, n=2, stop=KILLED_STOPPING),
+        Track(3, Phase.RUNNING, "", NOW - 5, None),
+        Submit(4, 100, after="j3"),
+    ]
+
+
 def test_each_segment_is_judged_from_the_checkpoint_it_found_not_the_chains_mark() -> None:
     """Both found epoch 5 and left epoch 5: neither trained, though the chain's mark is epoch 3.
     The second is judged against the same mark, not the first one's checkpoint."""
