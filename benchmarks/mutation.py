@@ -54,10 +54,11 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("chainrun/decide/carry.py", "chainrun/decide/claims.py"),
         ("tests/test_carry.py", "tests/test_claims.py", "tests/test_decide.py"),
     ),
-    "runner": (  # the rules the segment runner applies in the job, and the completion rule
-        ("chainrun/decide/segment.py", "chainrun/decide/goal.py"),
+    "runner": (  # the rules the segment runner applies in the job, the completion rule, the fence
+        ("chainrun/decide/segment.py", "chainrun/decide/goal.py", "chainrun/checkpoint/_fence.py"),
         (
             "tests/test_segment_rules.py",
+            "tests/test_fence.py",
             "tests/test_decide.py",
             "tests/test_decide_edges.py",
             "tests/test_rules.py",
