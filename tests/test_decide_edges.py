@@ -10,12 +10,13 @@ import math
 from dataclasses import replace
 from typing import Optional
 
-from test_decide import BEFORE, NOW, SPEC, chain, ended, seg, shown
+from test_decide import AFTER, BEFORE, NOW, SPEC, chain, ended, seg, shown
 
 from chainrun.decide import Facts, JobFacts, decide, quiet_until
 from chainrun.model import (
     Adopt,
     Cancel,
+    Carried,
     ChainState,
     EndMarker,
     EndSegment,
@@ -160,6 +161,23 @@ def test_a_submission_sent_again_keeps_its_dependency() -> None:
 # -- jobs held, and how a job ended ------------------------------------------------------
 
 
+def test_a_successor_rejected_for_good_ends_the_chain_and_the_running_segment_keeps_what_it_did() -> None:
+    """Segment 2's submission was refused for good while segment 1 runs: the chain fails in
+    the scheduler's words, and segment 1 is cancelled, credited the time it ran and the
+    checkpoint it has saved since its start."""
+    rejected = replace(
+        seg(2, Phase.ENDED), job_id=None, outcome=Outcome.REJECTED, reason="sbatch: error: invalid account"
+    )
+    running = JobFacts(
+        listed=listed("j1", Phase.RUNNING, started_at=NOW - 50), start=StartMarker("j1", NOW - 50, BEFORE)
+    )
+    facts = Facts(jobs={"j1": running}, progress=AFTER)
+    assert decide(chain(seg(1, started_at=NOW - 50), rejected), facts, NOW) == [
+        Cancel(1, "j1", "chain failed; ran 50s; progress: epoch 4", elapsed=50.0, progress=AFTER),
+        Finish(ChainState.FAILED, "sbatch: error: invalid account"),
+    ]
+
+
 def test_a_job_held_by_the_scheduler_is_removed_and_ends_in_its_words() -> None:
     held = listed(
         "j1", Phase.ENDED, exit_code=3, started_at=NOW - 50, ended_at=NOW - 10, reason="Eqw", stuck=True
@@ -268,6 +286,39 @@ def test_a_segment_ended_while_its_successor_runs_is_credited_what_the_successor
         end(Outcome.TIMEOUT, 0, "timeout (exit 0) with progress", 89.0, NOW - 1, found, stop=KILLED_STOPPING),
         Track(2, Phase.RUNNING, "", NOW - 5, None),
         Submit(3, 100, after="j2"),
+    ]
+
+
+def test_segments_queued_while_the_service_was_away_are_adopted_in_order_up_to_the_first_unknown_job() -> (
+    None
+):
+    """From the chain's next segment on, each claim is adopted with its walltime and dependency
+    (its job from the claim, else the first the listing shows under its tag), and judged from
+    the next tick on; the first with no job known ends the adoption (the usual submission
+    takes it), and so nothing after it is adopted. A cancel meanwhile cancels them too, each
+    adopted segment first, then those recorded before."""
+    c = chain(seg(1, Phase.PENDING), seg(2, after="j1"))
+    carried = {
+        1: Carried("k1", 100, ""),  # recorded already: never adopted again
+        3: Carried("j3", 600, "j2"),
+        4: Carried("", 500, "j3"),
+        5: Carried("", 400, "j4"),
+        6: Carried("j6", 300, "j5"),
+    }
+    tagged = {4: (listed("j4", Phase.PENDING), listed("j9", Phase.PENDING))}
+    facts = Facts(jobs={"j2": ended("j2", Outcome.TIMEOUT)}, carried=carried, tagged=tagged, progress=BEFORE)
+    adopted = [
+        Adopt(3, "j3", "queued by segment 2 while the service was away", walltime=600, after="j2"),
+        Adopt(4, "j4", "queued by segment 3 while the service was away", walltime=500, after="j3"),
+    ]
+    assert decide(c, facts, NOW) == adopted
+    assert decide(replace(c, cancel_requested=True), facts, NOW) == [
+        *adopted,
+        Cancel(3, "j3", "chain cancelled"),
+        Cancel(4, "j4", "chain cancelled"),
+        Cancel(1, "j1", "chain cancelled"),
+        Cancel(2, "j2", "chain cancelled; ran 1m29s; progress: none made", elapsed=89.0),
+        Finish(ChainState.CANCELLED, "cancelled by user"),
     ]
 
 
