@@ -526,3 +526,114 @@ def test_a_segment_that_resumed_from_an_older_checkpoint_is_credited_what_it_lef
         NOW - 1,
         left,
     )
+
+
+# -- what a segment cancelled as the chain ends keeps ---------------------------------------
+
+
+def running(job: str, since: float, found: Optional[Progress], listed_at: Optional[float] = None) -> JobFacts:
+    """The listing shows ``job`` running (since ``listed_at``); its start marker says ``since``
+    and the checkpoint it found."""
+    return JobFacts(
+        listed=listed(job, Phase.RUNNING, started_at=listed_at), start=StartMarker(job, since, found)
+    )
+
+
+def cancelled(c: object, jobs: dict[str, JobFacts], progress: Progress) -> list[object]:
+    return decide(replace(c, cancel_requested=True), Facts(jobs=jobs, progress=progress), NOW)  # type: ignore[type-var]
+
+
+def test_a_cancel_credits_each_running_segment_the_time_it_ran_and_the_progress_past_the_mark() -> None:
+    """Cancelled while it runs: the time from its start (the listing's, else the start
+    marker's) to now, at most its walltime, none before it started or with a clock ahead;
+    the checkpoint now where it is past both what the segment found and the chain's mark."""
+    epoch2, epoch5 = Progress(epoch=2, saved_at=50.0), Progress(epoch=5, saved_at=250.0)
+    cases = [
+        # (its start marker, the listing's start, the checkpoint it found, the checkpoint now): (Cancel's words, time, progress)
+        ((NOW - 40, NOW - 50, BEFORE, AFTER), ("ran 50s; progress: epoch 4", 50.0, AFTER)),
+        ((NOW - 40, None, BEFORE, AFTER), ("ran 40s; progress: epoch 4", 40.0, AFTER)),
+        ((NOW - 500, None, BEFORE, AFTER), ("ran 1m40s; progress: epoch 4", 100.0, AFTER)),
+        ((NOW - 1, None, BEFORE, AFTER), ("ran 1s; progress: epoch 4", 1.0, AFTER)),
+        (
+            (NOW - 40, None, epoch5, epoch5),
+            ("ran 40s; progress: none made", 40.0, None),
+        ),  # found it: not its own
+        ((NOW - 40, None, epoch2, BEFORE), ("ran 40s; progress: none made", 40.0, None)),  # the mark already
+        ((NOW + 5, None, BEFORE, AFTER), ("", 0.0, None)),  # its clock ahead of the service's
+    ]
+    for (since, listed_at, found, now), (words, elapsed, progress) in cases:
+        jobs = {"j1": running("j1", since, found, listed_at)}
+        reason = "chain cancelled" + (f"; {words}" if words else "")
+        assert cancelled(chain(seg(1)), jobs, now) == [
+            Cancel(1, "j1", reason, elapsed=elapsed, progress=progress),
+            Finish(ChainState.CANCELLED, "cancelled by user"),
+        ], (since, listed_at, found, now)
+
+
+def test_a_cancel_of_a_job_that_ended_meanwhile_credits_its_run_to_its_end() -> None:
+    """The listing says it ended 1 s ago after 89 s: that, not the time to now. A segment not
+    yet submitted, with nothing under its tag, is cancelled as it is."""
+    jobs = {"j1": ended("j1", Outcome.TIMEOUT)}
+    c = chain(seg(1), unsubmitted(2, after="j1"))
+    assert cancelled(c, jobs, BEFORE) == [
+        Cancel(1, "j1", "chain cancelled; ran 1m29s; progress: none made", elapsed=89.0),
+        Cancel(2, None, "chain cancelled"),
+        Finish(ChainState.CANCELLED, "cancelled by user"),
+    ]
+
+
+def ends_the_chain(kind: str) -> tuple[object, dict[str, JobFacts], str]:
+    """A chain whose segment 1 ends it, by ``kind``, while segment 2 (recorded as queued)
+    has started: its job, its start marker, and the words the chain ends with."""
+    target = Progress(epoch=10, saved_at=900.0)
+    if kind == "completed":
+        first = replace(
+            ended("j1", Outcome.TIMEOUT), end=EndMarker(0, 0, "USR1", False, NOW - 1, progress=target)
+        )
+        return (
+            chain(seg(1), seg(2, Phase.PENDING, after="j1")),
+            {"j1": first},
+            "target epoch 10 reached (epoch 10)",
+        )
+    if kind == "not found":
+        first = replace(
+            ended("j1", Outcome.FAILED, 127), end=EndMarker(127, 127, "", False, NOW - 1, path="/bin")
+        )
+        why = "command not found or not executable (exit 127): python train.py (PATH was /bin); "
+        why += "run it by hand in the workdir, or list what it needs in inherit_env or [env]"
+        return chain(seg(1), seg(2, Phase.PENDING, after="j1")), {"j1": first}, why
+    tail = ("Traceback", "KeyError: 'lr'")
+    crashed = replace(
+        ended("j2", Outcome.FAILED, 1), end=EndMarker(1, 1, "", False, NOW - 1, progress=BEFORE, tail=tail)
+    )
+    if kind == "repeated":
+        before = replace(seg(1, Phase.ENDED), outcome=Outcome.FAILED, exit_code=1, tail=tail)
+        why = "segment 2 failed (exit 1) as segment 1 did, with the same output, before any progress: "
+        why += "running it again cannot help; fix it and submit the job file again. Output: Traceback | KeyError: 'lr'"
+        return chain(before, seg(2), seg(3, Phase.PENDING, after="j2"), baseline=BEFORE), {"j2": crashed}, why
+    why = "failure budget spent (3 failures, max_failures = 2): segment 2 failed (exit 1): the command exited 1 on its own"
+    return chain(seg(2), seg(3, Phase.PENDING, after="j2"), failures=2), {"j2": crashed}, why
+
+
+def test_each_way_a_chain_ends_cancels_a_successor_that_started_crediting_what_it_did() -> None:
+    """Completed, a command not found, a crash repeated, the failure budget spent: the
+    successor recorded as queued has started meanwhile (its start marker says so) and is
+    cancelled, credited the time it ran and the checkpoint it saved past what it found and
+    past the chain's mark."""
+    found, saved = Progress(epoch=5, saved_at=250.0), Progress(epoch=6, saved_at=300.0)
+    for kind, state in (
+        ("completed", ChainState.COMPLETED),
+        ("not found", ChainState.FAILED),
+        ("repeated", ChainState.FAILED),
+        ("budget", ChainState.FAILED),
+    ):
+        c, jobs, why = ends_the_chain(kind)
+        last = max(s.n for s in c.segments)  # type: ignore[attr-defined]
+        jobs[f"j{last}"] = JobFacts(start=StartMarker(f"j{last}", NOW - 30, found))
+        actions = decide(c, Facts(jobs=jobs, progress=saved), NOW)  # type: ignore[arg-type]
+        credit = None if kind == "completed" else saved  # past the target reached, epoch 6 is none
+        words = f"chain {state.value}; ran 30s; progress: {'epoch 6' if credit else 'none made'}"
+        assert actions[-2:] == [
+            Cancel(last, f"j{last}", words, elapsed=30.0, progress=credit),
+            Finish(state, why),
+        ], kind
