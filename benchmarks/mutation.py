@@ -85,6 +85,7 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                 "a_fence_reads_only_as_four_fields_with_numbers_where_numbers_go",
                 "only_the_fences_token_or_no_fence_at_all_lets_a_segment_commit",
                 "a_claim_replaces_the_fence_whole_and_leaves_no_temporary_file",
+                "only_a_fences_first_512_bytes_are_read",
             )
         ),
     ),

@@ -121,14 +121,31 @@ def test_a_claim_replaces_the_fence_whole_and_leaves_no_temporary_file(
     assert lock.stat().st_mode & 0o777 == 0o600
     assert sorted(os.listdir(tmp_path)) == [fence.FENCE_NAME, fence.FENCE_NAME + ".lock"]
 
+    renamed = []
+
     def full(src: str, dst: str) -> None:
+        renamed.append((src, dst))
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(fence.os, "replace", full)
     with pytest.raises(OSError):
         fence.claim(str(tmp_path), one)
+    temp = str(tmp_path / f"{fence.FENCE_NAME}.{os.getpid()}.tmp")  # beside the fence: one file system
+    assert renamed == [(temp, str(tmp_path / fence.FENCE_NAME))]
     assert fence.read(str(tmp_path)) == other
     assert sorted(os.listdir(tmp_path)) == [fence.FENCE_NAME, fence.FENCE_NAME + ".lock"]
+    monkeypatch.undo()
+    os.mkdir(temp)  # the temporary file cannot even be made: that error, the fence as it was
+    with pytest.raises(IsADirectoryError):
+        fence.claim(str(tmp_path), one)
+    assert fence.read(str(tmp_path)) == other
+
+
+def test_only_a_fences_first_512_bytes_are_read(tmp_path: Path) -> None:
+    """A token is one short line; what a stray writer appended past 512 bytes is not read."""
+    token = fence.Token(CHAIN, 3, 0, "j3")
+    (tmp_path / fence.FENCE_NAME).write_text(token.text().ljust(512) + "appended")
+    assert fence.read(str(tmp_path)) == token
 
 
 def test_a_segment_whose_fence_a_newer_one_took_stops_its_command_at_no_cost(work: Path) -> None:
