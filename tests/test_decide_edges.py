@@ -13,6 +13,7 @@ from typing import Optional
 from test_decide import AFTER, BEFORE, NOW, SPEC, chain, ended, seg, shown
 
 from chainrun.decide import Facts, JobFacts, decide, quiet_until
+from chainrun.decide.chain import charge_by_markers
 from chainrun.model import (
     Adopt,
     Cancel,
@@ -637,3 +638,248 @@ def test_each_way_a_chain_ends_cancels_a_successor_that_started_crediting_what_i
             Cancel(last, f"j{last}", words, elapsed=30.0, progress=credit),
             Finish(state, why),
         ], kind
+
+
+# -- what the markers alone say a segment costs (the carrier's view) -------------------------
+
+
+def test_charge_by_markers_charges_as_decide_from_the_end_and_start_markers_alone() -> None:
+    """Whether it is charged, the checkpoint it left (its end marker's where that is past the
+    mark, else the mark) and the time from its start marker to its end marker: what a
+    segment that queues the next one reads of the one before it. None without an end marker."""
+    older = Progress(epoch=2, saved_at=50.0)
+
+    def judged(end: Optional[EndMarker], found: Optional[Progress] = BEFORE, **kw: object) -> object:
+        start = StartMarker("j1", NOW - 61, found) if found is not None else None
+        return charge_by_markers(JobFacts(end=end, start=start, **kw), older)  # type: ignore[arg-type]
+
+    def stopped(code: int, progress: Optional[Progress], **kw: object) -> EndMarker:
+        return EndMarker(code, code, "USR1", False, NOW - 1, progress=progress, **kw)  # type: ignore[arg-type]
+
+    assert judged(None) is None
+    assert [
+        judged(stopped(0, AFTER)),  # a timeout with progress: free
+        judged(stopped(0, BEFORE)),  # no progress past what it found: charged; past the mark
+        judged(stopped(0, older), found=older),  # none, and not past the mark: the mark
+        judged(stopped(0, None)),  # no checkpoint named: the mark
+        judged(EndMarker(1, 1, "", False, NOW - 1, progress=AFTER)),  # a crash costs, progress or not
+        judged(EndMarker(0, 0, "", True, NOW - 1)),  # skipped: the goal reached before it
+        judged(stopped(0, AFTER), found=None),  # no start marker: from the mark; no time known
+        judged(EndMarker(0, 0, "USR1", False, None, progress=AFTER)),  # no end time: no time known
+        judged(EndMarker(0, 0, "USR1", False, NOW - 70, progress=AFTER)),  # an end before the start: none
+    ] == [
+        (False, AFTER, 60.0),
+        (True, BEFORE, 60.0),
+        (True, older, 60.0),
+        (True, older, 60.0),
+        (True, AFTER, 60.0),
+        (False, older, 60.0),
+        (False, AFTER, 0.0),
+        (False, AFTER, 0.0),
+        (False, AFTER, 0.0),
+    ]
+    node_fail = ListedJob("j1", "j1", Phase.ENDED, Outcome.NODE_FAIL, 1, NOW - 61, NOW - 1)
+    # A node failure that left an intact checkpoint costs nothing; one that left none costs.
+    assert judged(EndMarker(1, 1, "", False, NOW - 1, progress=BEFORE), accounting=node_fail) == (
+        False,
+        BEFORE,
+        60.0,
+    )
+    assert judged(EndMarker(1, 1, "", False, NOW - 1), accounting=node_fail) == (True, older, 60.0)
+    empty = Progress()  # a checkpoint that holds nothing is not intact
+    assert judged(EndMarker(1, 1, "", False, NOW - 1, progress=empty), found=empty, accounting=node_fail) == (
+        True,
+        older,
+        60.0,
+    )
+
+
+# -- how each segment ended, word for word -----------------------------------------------
+
+
+def test_a_lost_host_ends_its_segments_lost_for_free_each_credited_its_time_and_the_checkpoint() -> None:
+    """The pool host is gone: the running segment is lost at no cost, credited the time since
+    it started (at most its walltime; none if it never started) and the checkpoint now where
+    that is past the mark; the time counts against total_time, so the next segment gets
+    what is left."""
+    gone = "host gpu2 has not answered for 10m (host_timeout); its run is lost, at no cost"
+    c = chain(seg(1, started_at=NOW - 50), used=880.0)
+    facts = Facts(jobs={}, progress=AFTER, host_lost=gone)
+    assert decide(c, facts, NOW) == [
+        EndSegment(1, Outcome.LOST, None, False, 50.0, NOW, gone, AFTER),
+        Submit(2, 70),  # 1000 - 880 - 50
+    ]
+    behind = Progress(epoch=2, saved_at=50.0)  # the checkpoint read now is behind the mark
+    assert decide(chain(seg(1, started_at=NOW - 500)), replace(facts, progress=behind), NOW) == [
+        EndSegment(1, Outcome.LOST, None, False, 100.0, NOW, gone, BEFORE),
+        Submit(2, 100),
+    ]
+    assert decide(chain(seg(1, Phase.PENDING)), facts, NOW)[0] == EndSegment(
+        1, Outcome.LOST, None, False, 0.0, NOW, gone, AFTER
+    )
+
+
+def test_a_job_queued_again_after_it_started_is_tracked_as_requeued_in_the_listings_words() -> None:
+    """Requeued (the end marker of its first run says whether a preemption did it): the
+    segment has not ended; the listing's reason follows."""
+    again = [
+        (None, ""),
+        (EndMarker(0, 0, "USR1", False, NOW - 5), "BeginTime"),
+        (EndMarker(0, 0, "USR1", False, NOW - 5, preempted=True), "Priority"),
+    ]
+    tracked = [
+        decide(
+            chain(seg(1, started_at=NOW - 60)),
+            Facts(jobs={"j1": JobFacts(listed=listed("j1", Phase.PENDING, reason=reason), end=end)}),
+            NOW,
+        )[0]
+        for end, reason in again
+    ]
+    assert tracked == [
+        Track(1, Phase.PENDING, "requeued", None, None, False),
+        Track(1, Phase.PENDING, "requeued; BeginTime", None, None, False),
+        Track(1, Phase.PENDING, "preempted, requeued; Priority", None, None, True),
+    ]
+
+
+def test_the_words_and_the_charge_of_a_fenced_a_preempted_and_a_held_back_segment() -> None:
+    """Fenced: free, whatever it left. Preempted: free with or without progress, said so.
+    Killed by the walltime signal it had said it was ready for, the last time it held
+    it back: charged, saying so. Every end keeps when the signal came."""
+
+    def ending(marker: EndMarker, progress: Progress = BEFORE) -> EndSegment:
+        job = JobFacts(listed=listed("j1", Phase.ENDED, started_at=NOW - 61, ended_at=NOW - 1), end=marker)
+        first = decide(chain(seg(1)), Facts(jobs={"j1": job}, progress=progress), NOW)[0]
+        assert isinstance(first, EndSegment)
+        return first
+
+    fenced = ending(EndMarker(75, 75, "", False, NOW - 1, fenced="segment 2 (job j2)"))
+    assert (fenced.outcome, fenced.charged, fenced.reason) == (
+        Outcome.FENCED,
+        False,
+        "fenced: fenced: segment 2 (job j2) of the chain owns the checkpoint; stopped without committing: free",
+    )
+    preempted = [
+        ending(EndMarker(0, 0, "TERM", False, NOW - 1, progress=p, preempted=True, signalled_at=NOW - 9))
+        for p in (AFTER, BEFORE)
+    ]
+    assert [(e.outcome, e.charged, e.reason, e.signalled_at) for e in preempted] == [
+        (
+            Outcome.PREEMPTED,
+            False,
+            "preempted (exit 0) with progress: the command exited 0 after SIGTERM (the job was preempted)",
+            NOW - 9,
+        ),
+        (
+            Outcome.PREEMPTED,
+            False,
+            "preempted (exit 0) before any progress: not charged: the command exited 0 after SIGTERM "
+            "(the job was preempted)",
+            NOW - 9,
+        ),
+    ]
+    held = ending(EndMarker(138, 138, "USR1", False, NOW - 1, ready="0", signalled_at=NOW - 3))
+    assert (held.outcome, held.charged, held.reason, held.signalled_at) == (
+        Outcome.TIMEOUT,
+        True,
+        "timeout (exit 138) and made no progress: SIGUSR1 killed the command which never said it was ready "
+        "for the walltime signal (held back until then: the command was still starting, or no longer makes "
+        "its SegmentClock)",
+        NOW - 3,
+    )
+
+
+def test_a_preemption_the_marker_saw_overrides_a_listing_that_says_failed() -> None:
+    """The listing says failed (exit 1), the end marker says the preemption signal came first:
+    preempted, free. Gone from the listing, accounting's start counts before the start marker's."""
+    marker = EndMarker(1, 1, "TERM", False, NOW - 1, preempted=True)
+    failed = listed(
+        "j1", Phase.ENDED, outcome=Outcome.FAILED, exit_code=1, started_at=NOW - 61, ended_at=NOW - 1
+    )
+    for job in (
+        JobFacts(listed=failed, end=marker),
+        JobFacts(accounting=failed, end=marker, start=StartMarker("j1", NOW - 31, None)),
+    ):
+        assert decide(chain(seg(1)), Facts(jobs={"j1": job}, progress=BEFORE), NOW)[0] == EndSegment(
+            1,
+            Outcome.PREEMPTED,
+            1,
+            False,
+            60.0,
+            NOW - 1,
+            "preempted (exit 1) before any progress: not charged: the command exited 1 after SIGTERM "
+            "(the job was preempted)",
+            BEFORE,
+        )
+
+
+def test_the_time_a_segment_trained_comes_from_the_best_evidence_of_its_last_run() -> None:
+    """The listing's start of the run that ended counts before the start the store recorded
+    (an earlier run, requeued since); a job held by the scheduler counts from the listing's start."""
+    c = chain(seg(1, started_at=NOW - 200))
+    job = ended("j1", Outcome.FAILED, 1)  # started NOW - 90, ended NOW - 1
+    assert decide(c, Facts(jobs={"j1": job}, progress=BEFORE), NOW)[0] == end(
+        Outcome.FAILED, 1, "failed (exit 1)", 89.0, NOW - 1, BEFORE
+    )
+    held = listed("j1", Phase.ENDED, exit_code=3, started_at=NOW - 50, ended_at=NOW - 10, stuck=True)
+    gone = JobFacts(listed=held, start=StartMarker("j1", NOW - 20, None))
+    assert decide(chain(seg(1)), Facts(jobs={"j1": gone}, progress=BEFORE), NOW)[1] == end(
+        Outcome.FAILED, 3, "failed (exit 3)", 40.0, NOW - 10, BEFORE
+    )
+
+
+def test_a_segment_being_submitted_adopts_the_job_its_claim_names() -> None:
+    """Its submission never answered, but its claim (taken before the submission) names the job."""
+    c = chain(seg(1), unsubmitted(2, after="j1"))
+    facts = Facts(
+        jobs={"j1": shown("j1", Phase.RUNNING)}, carried={2: Carried("j7", 100, "j1", by="service")}
+    )
+    assert decide(c, facts, NOW) == [Adopt(2, "j7", "adopted after a restart")]
+
+
+def test_a_crash_repeats_only_with_a_status_below_128_and_the_same_output_clipped_to_200() -> None:
+    """Exit 0 or 128 and over (a signal) may go another way next time: charged, the chain goes
+    on. Exit 1 to 127 with the same last lines ends it, the lines shown clipped to 200
+    characters; the segment after it (which ran first: a dependency dropped) counts too."""
+    long = "E" * 250
+    for code, repeats in ((0, False), (1, True), (127, True), (128, False)):
+        before = replace(seg(1, Phase.ENDED), outcome=Outcome.FAILED, exit_code=code, tail=(long,))
+        crash = replace(
+            ended("j2", Outcome.FAILED, code), end=EndMarker(code, code, "", False, NOW - 1, tail=(long,))
+        )
+        c = chain(before, seg(2), baseline=BEFORE)
+        last = decide(c, Facts(jobs={"j2": crash}, progress=BEFORE), NOW)[-1]
+        assert isinstance(last, Finish) is repeats, code
+    after = replace(seg(3, Phase.ENDED), outcome=Outcome.FAILED, exit_code=1, tail=(long,))
+    crash = replace(ended("j2", Outcome.FAILED, 1), end=EndMarker(1, 1, "", False, NOW - 1, tail=(long,)))
+    last = decide(chain(seg(2), after, baseline=BEFORE), Facts(jobs={"j2": crash}, progress=BEFORE), NOW)[-1]
+    assert last == Finish(
+        ChainState.FAILED,
+        "segment 3 failed (exit 1) as segment 2 did, with the same output, before any progress: running it "
+        f"again cannot help; fix it and submit the job file again. Output: {'E' * 199}…",
+    )
+
+
+def test_a_container_that_cannot_start_ends_the_chain_once_and_its_queued_successor_is_free() -> None:
+    """The runtime's own failure (apptainer: exit 255, FATAL) in the chain's first segment ends
+    it in the runtime's words; the successor queued behind it, which failed alike before the
+    service saw the first end, is not charged again."""
+    spec = replace(SPEC, container="img.sif", container_runtime="apptainer")
+    fatal = ("FATAL:   could not open image img.sif: no such file",)
+
+    def failed(job: str) -> JobFacts:
+        return replace(
+            ended(job, Outcome.FAILED, 255), end=EndMarker(255, 255, "", False, NOW - 1, tail=fatal)
+        )
+
+    c = chain(seg(1), seg(2, Phase.PENDING, after="j1"), spec=spec)
+    actions = decide(c, Facts(jobs={"j1": failed("j1"), "j2": failed("j2")}, progress=BEFORE), NOW)
+    assert [(a.n, a.charged, a.reason) for a in actions if isinstance(a, EndSegment)] == [
+        (1, True, "failed (exit 255): the command exited 255 on its own"),
+        (2, False, "failed (exit 255): the same as segment 1"),
+    ]
+    assert actions[-1] == Finish(
+        ChainState.FAILED,
+        f"apptainer could not start the command in img.sif (exit 255): {fatal[0]}; fix the image or runtime "
+        "on the machine the segments run on, then submit again",
+    )
