@@ -300,7 +300,7 @@ def test_segments_queued_while_the_service_was_away_are_adopted_in_order_up_to_t
     adopted segment first, then those recorded before."""
     c = chain(seg(1, Phase.PENDING), seg(2, after="j1"))
     carried = {
-        1: Carried("k1", 100, ""),  # recorded already: never adopted again
+        2: Carried("k2", 100, "j1"),  # recorded already: never adopted again
         3: Carried("j3", 600, "j2"),
         4: Carried("", 500, "j3"),
         5: Carried("", 400, "j4"),
@@ -460,6 +460,14 @@ def test_a_last_segment_always_has_the_time_to_start_and_save_after_its_grace() 
     )
     assert decide(chain(used=SPEC.total_time - 10.5), Facts(progress=BEFORE), NOW) == [
         Finish(ChainState.EXHAUSTED, spent)
+    ]
+    spent_all = "time budget spent: 16m40s of total_time 16m40s used; epoch 3"  # nothing left to say is short
+    assert decide(chain(used=SPEC.total_time), Facts(progress=BEFORE), NOW) == [
+        Finish(ChainState.EXHAUSTED, spent_all)
+    ]
+    one = "time budget spent: 16m39s of total_time 16m40s used; the 1s left is too short for a segment"
+    assert decide(chain(used=SPEC.total_time - 1), Facts(progress=BEFORE), NOW) == [
+        Finish(ChainState.EXHAUSTED, f"{one} (grace 10s + 2s to start); epoch 3")
     ]
     (short,) = decide(chain(used=SPEC.total_time - SPEC.grace - MIN_START + 0.5), Facts(progress=BEFORE), NOW)
     assert isinstance(short, Finish) and short.state is ChainState.EXHAUSTED
@@ -657,6 +665,8 @@ def test_charge_by_markers_charges_as_decide_from_the_end_and_start_markers_alon
         return EndMarker(code, code, "USR1", False, NOW - 1, progress=progress, **kw)  # type: ignore[arg-type]
 
     assert judged(None) is None
+    still = JobFacts(listed=listed("j1", Phase.RUNNING), end=stopped(0, AFTER))  # the listing knows better
+    assert charge_by_markers(still, older) is None
     assert [
         judged(stopped(0, AFTER)),  # a timeout with progress: free
         judged(stopped(0, BEFORE)),  # no progress past what it found: charged; past the mark
