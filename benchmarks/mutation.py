@@ -10,6 +10,9 @@ decide module which it is.
 
 The run happens in a copy of the repository (mutmut writes its ``mutants/`` tree there), so
 the working tree is never touched. It is not part of ``scripts/test``: it takes minutes.
+Each module measured is recorded in ``benchmarks/mutation.json`` (the commit, a sha256 of
+the bytes mutated, the counts), so that ``tests/test_benchmarks.py`` fails when a module
+changed after its score was measured.
 
 Usage: ``.venv/bin/python benchmarks/mutation.py [--modules decide ...] [--max-children N]
 [--keep DIR]``; prints a Markdown table and the survivors, one line each.
@@ -18,6 +21,9 @@ Usage: ``.venv/bin/python benchmarks/mutation.py [--modules decide ...] [--max-c
 from __future__ import annotations
 
 import argparse
+import datetime
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -29,6 +35,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 MUTMUT = "mutmut==3.8.1"
+RECORD = REPO / "benchmarks" / "mutation.json"  # what was measured: each module's commit and sha256
 
 # What is mutated, by name: the modules, and the fast tests that pin them.
 TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -62,6 +69,24 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "tests/test_decide_edges.py",
             "tests/test_rules.py",
             "tests/test_carry.py",
+        ),
+    ),
+    # Which segment may commit into a checkpoint directory. Its own target, with the tests that
+    # call it in the test's process: a segment runner started as a job ships the module's
+    # mutated copy, which does not run there (mutmut's trampoline), so those tests would fail
+    # on every mutant, and on the runner target's too.
+    "fence": (
+        ("chainrun/checkpoint/_fence.py",),
+        tuple(
+            f"tests/test_fence.py::test_{name}"
+            for name in (
+                "the_helper_commits_while_its_segment_holds_the_fence_and_never_after",
+                "a_requeued_run_of_a_segment_is_newer_and_a_later_job_of_one_segment_wins",
+                "a_fence_reads_only_as_four_fields_with_numbers_where_numbers_go",
+                "only_the_fences_token_or_no_fence_at_all_lets_a_segment_commit",
+                "a_claim_replaces_the_fence_whole_and_leaves_no_temporary_file",
+                "only_a_fences_first_512_bytes_are_read",
+            )
         ),
     ),
     "schema": (
@@ -142,11 +167,36 @@ def change(where: Path, name: str) -> str:
     return f"{' '.join(old)[:90]}  ->  {' '.join(new)[:90]}"
 
 
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def commit_of(path: str) -> str:
+    """The commit the working tree is at, ``+changes`` where ``path`` differs from it."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", path], cwd=REPO).returncode != 0
+    return head + ("+changes" if changed else "")
+
+
+def record(measured: dict[str, dict[str, object]]) -> None:
+    """Merge this run's modules into ``RECORD``, keeping those it did not measure."""
+    modules = json.loads(RECORD.read_text())["modules"] if RECORD.exists() else {}
+    modules.update(measured)
+    text = json.dumps({"mutmut": MUTMUT, "modules": dict(sorted(modules.items()))}, indent=2)
+    RECORD.write_text(text + "\n")
+
+
 def run(target: str, max_children: int, keep: Path | None) -> tuple[list[str], list[str]]:
     files, tests = TARGETS[target]
     scratch = Path(tempfile.mkdtemp(prefix=f"chainrun-mutation-{target}-"))
     try:
         copy_repository(scratch)
+        measured: dict[str, dict[str, object]] = {
+            path: {"target": target, "commit": commit_of(path), "sha256": sha256(scratch / path)}
+            for path in files
+        }
         with open(scratch / "pyproject.toml", "a") as f:
             f.write(config(files, tests))
         started = time.monotonic()
@@ -162,8 +212,11 @@ def run(target: str, max_children: int, keep: Path | None) -> tuple[list[str], l
             other = len(mine) - killed - len(survived)
             score = f"{100 * killed / len(mine):.1f}%" if mine else "-"
             rows.append(f"| {path} | {len(mine)} | {killed} | {len(survived)} | {other} | {score} |")
+            measured[path].update(mutants=len(mine), killed=killed, survived=len(survived))
+            measured[path]["measured"] = datetime.date.today().isoformat()
             survivors += [f"- `{n.removeprefix(module + '.x')}`: `{change(scratch, n)}`" for n in survived]
         rows.append(f"| ({target}: {took / 60:.1f} min with {max_children} workers) | | | | | |")
+        record(measured)
         return rows, survivors
     finally:
         if keep is not None:

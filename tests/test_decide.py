@@ -12,6 +12,7 @@ import pytest
 
 from chainrun.decide import LOST_AFTER, Facts, JobFacts, decide, quiet_until
 from chainrun.decide.grace import Grace, grace_in_force, stop_seen
+from chainrun.decide.grace import rule as grace_rule
 from chainrun.model import (
     NO_PROGRESS,
     Cancel,
@@ -758,6 +759,20 @@ def test_the_grace_says_exactly_where_it_came_from() -> None:
     assert grace_in_force(ADAPTIVE, [stopped(1, 75.0)]) == Grace(
         150, "2 x the longest stop seen (75.0s, segment 1)"
     )
+
+
+def test_check_says_how_the_segments_get_their_grace() -> None:
+    """The rule in words (``chainrun check``), and the grace in force as status shows it."""
+    fixed = replace(ADAPTIVE, adaptive_grace=False)
+    assert grace_rule(fixed) == "5m, set in the job file"
+    assert grace_rule(ADAPTIVE) == (
+        "adaptive: 5m (the default, a quarter of the walltime at most 5m) until a segment is seen "
+        "stopping, then 2 x the longest stop seen, at least 10s and half the grace before, at most 5m"
+    )
+    assert grace_rule(replace(ADAPTIVE, grace=6)).endswith(
+        "at least 6s and half the grace before, at most 6s"
+    )
+    assert Grace(90, "set in the job file").describe() == "1m30s (set in the job file)"
 
 
 def test_a_stop_that_reached_the_grace_but_a_second_is_a_kill_mid_stop() -> None:

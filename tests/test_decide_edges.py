@@ -10,12 +10,14 @@ import math
 from dataclasses import replace
 from typing import Optional
 
-from test_decide import BEFORE, NOW, SPEC, chain, ended, seg, shown
+from test_decide import AFTER, BEFORE, NOW, SPEC, chain, ended, seg, shown
 
 from chainrun.decide import Facts, JobFacts, decide, quiet_until
+from chainrun.decide.chain import charge_by_markers
 from chainrun.model import (
     Adopt,
     Cancel,
+    Carried,
     ChainState,
     EndMarker,
     EndSegment,
@@ -160,6 +162,23 @@ def test_a_submission_sent_again_keeps_its_dependency() -> None:
 # -- jobs held, and how a job ended ------------------------------------------------------
 
 
+def test_a_successor_rejected_for_good_ends_the_chain_and_the_running_segment_keeps_what_it_did() -> None:
+    """Segment 2's submission was refused for good while segment 1 runs: the chain fails in
+    the scheduler's words, and segment 1 is cancelled, credited the time it ran and the
+    checkpoint it has saved since its start."""
+    rejected = replace(
+        seg(2, Phase.ENDED), job_id=None, outcome=Outcome.REJECTED, reason="sbatch: error: invalid account"
+    )
+    running = JobFacts(
+        listed=listed("j1", Phase.RUNNING, started_at=NOW - 50), start=StartMarker("j1", NOW - 50, BEFORE)
+    )
+    facts = Facts(jobs={"j1": running}, progress=AFTER)
+    assert decide(chain(seg(1, started_at=NOW - 50), rejected), facts, NOW) == [
+        Cancel(1, "j1", "chain failed; ran 50s; progress: epoch 4", elapsed=50.0, progress=AFTER),
+        Finish(ChainState.FAILED, "sbatch: error: invalid account"),
+    ]
+
+
 def test_a_job_held_by_the_scheduler_is_removed_and_ends_in_its_words() -> None:
     held = listed(
         "j1", Phase.ENDED, exit_code=3, started_at=NOW - 50, ended_at=NOW - 10, reason="Eqw", stuck=True
@@ -271,6 +290,69 @@ def test_a_segment_ended_while_its_successor_runs_is_credited_what_the_successor
     ]
 
 
+def test_segments_queued_while_the_service_was_away_are_adopted_in_order_up_to_the_first_unknown_job() -> (
+    None
+):
+    """From the chain's next segment on, each claim is adopted with its walltime and dependency
+    (its job from the claim, else the first the listing shows under its tag), and judged from
+    the next tick on; the first with no job known ends the adoption (the usual submission
+    takes it), and so nothing after it is adopted. A cancel meanwhile cancels them too, each
+    adopted segment first, then those recorded before."""
+    c = chain(seg(1, Phase.PENDING), seg(2, after="j1"))
+    carried = {
+        2: Carried("k2", 100, "j1"),  # recorded already: never adopted again
+        3: Carried("j3", 600, "j2"),
+        4: Carried("", 500, "j3"),
+        5: Carried("", 400, "j4"),
+        6: Carried("j6", 300, "j5"),
+    }
+    tagged = {4: (listed("j4", Phase.PENDING), listed("j9", Phase.PENDING))}
+    facts = Facts(jobs={"j2": ended("j2", Outcome.TIMEOUT)}, carried=carried, tagged=tagged, progress=BEFORE)
+    adopted = [
+        Adopt(3, "j3", "queued by segment 2 while the service was away", walltime=600, after="j2"),
+        Adopt(4, "j4", "queued by segment 3 while the service was away", walltime=500, after="j3"),
+    ]
+    assert decide(c, facts, NOW) == adopted
+    assert decide(replace(c, cancel_requested=True), facts, NOW) == [
+        *adopted,
+        Cancel(3, "j3", "chain cancelled"),
+        Cancel(4, "j4", "chain cancelled"),
+        Cancel(1, "j1", "chain cancelled"),
+        Cancel(2, "j2", "chain cancelled; ran 1m29s; progress: none made", elapsed=89.0),
+        Finish(ChainState.CANCELLED, "cancelled by user"),
+    ]
+
+
+def test_three_live_segments_after_an_adoption_are_each_credited_what_the_next_one_found() -> None:
+    """Segments 2 and 3 were queued by the segment before each while the service was away and
+    adopted: three are live. Neither 1 nor 2 left an end marker (killed at the walltime), so
+    each left what the segment after it found at its start, not what the one before it found,
+    nor the last one's."""
+    five, six = Progress(epoch=5, saved_at=250.0), Progress(epoch=6, saved_at=300.0)
+
+    def timed_out(job: str, found: Progress) -> JobFacts:
+        return replace(ended(job, Outcome.TIMEOUT), start=StartMarker(job, NOW - 90, found))
+
+    facts = Facts(
+        jobs={
+            "j1": timed_out("j1", BEFORE),
+            "j2": timed_out("j2", five),
+            "j3": JobFacts(
+                listed=listed("j3", Phase.RUNNING, started_at=NOW - 5), start=StartMarker("j3", NOW - 5, six)
+            ),
+        },
+        progress=Progress(epoch=7, saved_at=350.0),
+    )
+    c = chain(seg(1), seg(2, Phase.PENDING, after="j1"), seg(3, Phase.PENDING, after="j2"))
+    why = "timeout (exit 0) with progress"
+    assert decide(c, facts, NOW) == [
+        end(Outcome.TIMEOUT, 0, why, 89.0, NOW - 1, five, stop=KILLED_STOPPING),
+        end(Outcome.TIMEOUT, 0, why, 89.0, NOW - 1, six, n=2, stop=KILLED_STOPPING),
+        Track(3, Phase.RUNNING, "", NOW - 5, None),
+        Submit(4, 100, after="j3"),
+    ]
+
+
 def test_each_segment_is_judged_from_the_checkpoint_it_found_not_the_chains_mark() -> None:
     """Both found epoch 5 and left epoch 5: neither trained, though the chain's mark is epoch 3.
     The second is judged against the same mark, not the first one's checkpoint."""
@@ -379,6 +461,14 @@ def test_a_last_segment_always_has_the_time_to_start_and_save_after_its_grace() 
     assert decide(chain(used=SPEC.total_time - 10.5), Facts(progress=BEFORE), NOW) == [
         Finish(ChainState.EXHAUSTED, spent)
     ]
+    spent_all = "time budget spent: 16m40s of total_time 16m40s used; epoch 3"  # nothing left to say is short
+    assert decide(chain(used=SPEC.total_time), Facts(progress=BEFORE), NOW) == [
+        Finish(ChainState.EXHAUSTED, spent_all)
+    ]
+    one = "time budget spent: 16m39s of total_time 16m40s used; the 1s left is too short for a segment"
+    assert decide(chain(used=SPEC.total_time - 1), Facts(progress=BEFORE), NOW) == [
+        Finish(ChainState.EXHAUSTED, f"{one} (grace 10s + 2s to start); epoch 3")
+    ]
     (short,) = decide(chain(used=SPEC.total_time - SPEC.grace - MIN_START + 0.5), Facts(progress=BEFORE), NOW)
     assert isinstance(short, Finish) and short.state is ChainState.EXHAUSTED
     assert decide(chain(used=SPEC.total_time - SPEC.grace - MIN_START), Facts(progress=BEFORE), NOW) == [
@@ -444,4 +534,362 @@ def test_a_segment_that_resumed_from_an_older_checkpoint_is_credited_what_it_lef
         60.0,
         NOW - 1,
         left,
+    )
+
+
+# -- what a segment cancelled as the chain ends keeps ---------------------------------------
+
+
+def running(job: str, since: float, found: Optional[Progress], listed_at: Optional[float] = None) -> JobFacts:
+    """The listing shows ``job`` running (since ``listed_at``); its start marker says ``since``
+    and the checkpoint it found."""
+    return JobFacts(
+        listed=listed(job, Phase.RUNNING, started_at=listed_at), start=StartMarker(job, since, found)
+    )
+
+
+def cancelled(c: object, jobs: dict[str, JobFacts], progress: Progress) -> list[object]:
+    return decide(replace(c, cancel_requested=True), Facts(jobs=jobs, progress=progress), NOW)  # type: ignore[type-var]
+
+
+def test_a_cancel_credits_each_running_segment_the_time_it_ran_and_the_progress_past_the_mark() -> None:
+    """Cancelled while it runs: the time from its start (the listing's, else the start
+    marker's) to now, at most its walltime, none before it started or with a clock ahead;
+    the checkpoint now where it is past both what the segment found and the chain's mark."""
+    epoch2, epoch5 = Progress(epoch=2, saved_at=50.0), Progress(epoch=5, saved_at=250.0)
+    cases = [
+        # (its start marker, the listing's start, the checkpoint it found, the checkpoint now): (Cancel's words, time, progress)
+        ((NOW - 40, NOW - 50, BEFORE, AFTER), ("ran 50s; progress: epoch 4", 50.0, AFTER)),
+        ((NOW - 40, None, BEFORE, AFTER), ("ran 40s; progress: epoch 4", 40.0, AFTER)),
+        ((NOW - 500, None, BEFORE, AFTER), ("ran 1m40s; progress: epoch 4", 100.0, AFTER)),
+        ((NOW - 1, None, BEFORE, AFTER), ("ran 1s; progress: epoch 4", 1.0, AFTER)),
+        (
+            (NOW - 40, None, epoch5, epoch5),
+            ("ran 40s; progress: none made", 40.0, None),
+        ),  # found it: not its own
+        ((NOW - 40, None, epoch2, BEFORE), ("ran 40s; progress: none made", 40.0, None)),  # the mark already
+        ((NOW + 5, None, BEFORE, AFTER), ("", 0.0, None)),  # its clock ahead of the service's
+    ]
+    for (since, listed_at, found, now), (words, elapsed, progress) in cases:
+        jobs = {"j1": running("j1", since, found, listed_at)}
+        reason = "chain cancelled" + (f"; {words}" if words else "")
+        assert cancelled(chain(seg(1)), jobs, now) == [
+            Cancel(1, "j1", reason, elapsed=elapsed, progress=progress),
+            Finish(ChainState.CANCELLED, "cancelled by user"),
+        ], (since, listed_at, found, now)
+
+
+def test_a_cancel_of_a_job_that_ended_meanwhile_credits_its_run_to_its_end() -> None:
+    """The listing says it ended 1 s ago after 89 s: that, not the time to now. A segment not
+    yet submitted, with nothing under its tag, is cancelled as it is."""
+    jobs = {"j1": ended("j1", Outcome.TIMEOUT)}
+    c = chain(seg(1), unsubmitted(2, after="j1"))
+    assert cancelled(c, jobs, BEFORE) == [
+        Cancel(1, "j1", "chain cancelled; ran 1m29s; progress: none made", elapsed=89.0),
+        Cancel(2, None, "chain cancelled"),
+        Finish(ChainState.CANCELLED, "cancelled by user"),
+    ]
+
+
+def ends_the_chain(kind: str) -> tuple[object, dict[str, JobFacts], str]:
+    """A chain whose segment 1 ends it, by ``kind``, while segment 2 (recorded as queued)
+    has started: its job, its start marker, and the words the chain ends with."""
+    target = Progress(epoch=10, saved_at=900.0)
+    if kind == "completed":
+        first = replace(
+            ended("j1", Outcome.TIMEOUT), end=EndMarker(0, 0, "USR1", False, NOW - 1, progress=target)
+        )
+        return (
+            chain(seg(1), seg(2, Phase.PENDING, after="j1")),
+            {"j1": first},
+            "target epoch 10 reached (epoch 10)",
+        )
+    if kind == "not found":
+        first = replace(
+            ended("j1", Outcome.FAILED, 127), end=EndMarker(127, 127, "", False, NOW - 1, path="/bin")
+        )
+        why = "command not found or not executable (exit 127): python train.py (PATH was /bin); "
+        why += "run it by hand in the workdir, or list what it needs in inherit_env or [env]"
+        return chain(seg(1), seg(2, Phase.PENDING, after="j1")), {"j1": first}, why
+    tail = ("Traceback", "KeyError: 'lr'")
+    crashed = replace(
+        ended("j2", Outcome.FAILED, 1), end=EndMarker(1, 1, "", False, NOW - 1, progress=BEFORE, tail=tail)
+    )
+    if kind == "repeated":
+        before = replace(seg(1, Phase.ENDED), outcome=Outcome.FAILED, exit_code=1, tail=tail)
+        why = "segment 2 failed (exit 1) as segment 1 did, with the same output, before any progress: "
+        why += "running it again cannot help; fix it and submit the job file again. Output: Traceback | KeyError: 'lr'"
+        return chain(before, seg(2), seg(3, Phase.PENDING, after="j2"), baseline=BEFORE), {"j2": crashed}, why
+    why = "failure budget spent (3 failures, max_failures = 2): segment 2 failed (exit 1): the command exited 1 on its own"
+    return chain(seg(2), seg(3, Phase.PENDING, after="j2"), failures=2), {"j2": crashed}, why
+
+
+def test_each_way_a_chain_ends_cancels_a_successor_that_started_crediting_what_it_did() -> None:
+    """Completed, a command not found, a crash repeated, the failure budget spent: the
+    successor recorded as queued has started meanwhile (its start marker says so) and is
+    cancelled, credited the time it ran and the checkpoint it saved past what it found and
+    past the chain's mark."""
+    found, saved = Progress(epoch=5, saved_at=250.0), Progress(epoch=6, saved_at=300.0)
+    for kind, state in (
+        ("completed", ChainState.COMPLETED),
+        ("not found", ChainState.FAILED),
+        ("repeated", ChainState.FAILED),
+        ("budget", ChainState.FAILED),
+    ):
+        c, jobs, why = ends_the_chain(kind)
+        last = max(s.n for s in c.segments)  # type: ignore[attr-defined]
+        jobs[f"j{last}"] = JobFacts(start=StartMarker(f"j{last}", NOW - 30, found))
+        actions = decide(c, Facts(jobs=jobs, progress=saved), NOW)  # type: ignore[arg-type]
+        credit = None if kind == "completed" else saved  # past the target reached, epoch 6 is none
+        words = f"chain {state.value}; ran 30s; progress: {'epoch 6' if credit else 'none made'}"
+        assert actions[-2:] == [
+            Cancel(last, f"j{last}", words, elapsed=30.0, progress=credit),
+            Finish(state, why),
+        ], kind
+
+
+# -- what the markers alone say a segment costs (the carrier's view) -------------------------
+
+
+def test_charge_by_markers_charges_as_decide_from_the_end_and_start_markers_alone() -> None:
+    """Whether it is charged, the checkpoint it left (its end marker's where that is past the
+    mark, else the mark) and the time from its start marker to its end marker: what a
+    segment that queues the next one reads of the one before it. None without an end marker."""
+    older = Progress(epoch=2, saved_at=50.0)
+
+    def judged(end: Optional[EndMarker], found: Optional[Progress] = BEFORE, **kw: object) -> object:
+        start = StartMarker("j1", NOW - 61, found) if found is not None else None
+        return charge_by_markers(JobFacts(end=end, start=start, **kw), older)  # type: ignore[arg-type]
+
+    def stopped(code: int, progress: Optional[Progress], **kw: object) -> EndMarker:
+        return EndMarker(code, code, "USR1", False, NOW - 1, progress=progress, **kw)  # type: ignore[arg-type]
+
+    assert judged(None) is None
+    still = JobFacts(listed=listed("j1", Phase.RUNNING), end=stopped(0, AFTER))  # the listing knows better
+    assert charge_by_markers(still, older) is None
+    assert [
+        judged(stopped(0, AFTER)),  # a timeout with progress: free
+        judged(stopped(0, BEFORE)),  # no progress past what it found: charged; past the mark
+        judged(stopped(0, older), found=older),  # none, and not past the mark: the mark
+        judged(stopped(0, None)),  # no checkpoint named: the mark
+        judged(EndMarker(1, 1, "", False, NOW - 1, progress=AFTER)),  # a crash costs, progress or not
+        judged(EndMarker(0, 0, "", True, NOW - 1)),  # skipped: the goal reached before it
+        judged(stopped(0, AFTER), found=None),  # no start marker: from the mark; no time known
+        judged(EndMarker(0, 0, "USR1", False, None, progress=AFTER)),  # no end time: no time known
+        judged(EndMarker(0, 0, "USR1", False, NOW - 70, progress=AFTER)),  # an end before the start: none
+    ] == [
+        (False, AFTER, 60.0),
+        (True, BEFORE, 60.0),
+        (True, older, 60.0),
+        (True, older, 60.0),
+        (True, AFTER, 60.0),
+        (False, older, 60.0),
+        (False, AFTER, 0.0),
+        (False, AFTER, 0.0),
+        (False, AFTER, 0.0),
+    ]
+    node_fail = ListedJob("j1", "j1", Phase.ENDED, Outcome.NODE_FAIL, 1, NOW - 61, NOW - 1)
+    # A node failure that left an intact checkpoint costs nothing; one that left none costs.
+    assert judged(EndMarker(1, 1, "", False, NOW - 1, progress=BEFORE), accounting=node_fail) == (
+        False,
+        BEFORE,
+        60.0,
+    )
+    assert judged(EndMarker(1, 1, "", False, NOW - 1), accounting=node_fail) == (True, older, 60.0)
+    empty = Progress()  # a checkpoint that holds nothing is not intact
+    assert judged(EndMarker(1, 1, "", False, NOW - 1, progress=empty), found=empty, accounting=node_fail) == (
+        True,
+        older,
+        60.0,
+    )
+
+
+# -- how each segment ended, word for word -----------------------------------------------
+
+
+def test_a_lost_host_ends_its_segments_lost_for_free_each_credited_its_time_and_the_checkpoint() -> None:
+    """The pool host is gone: the running segment is lost at no cost, credited the time since
+    it started (at most its walltime; none if it never started) and the checkpoint now where
+    that is past the mark; the time counts against total_time, so the next segment gets
+    what is left."""
+    gone = "host gpu2 has not answered for 10m (host_timeout); its run is lost, at no cost"
+    c = chain(seg(1, started_at=NOW - 50), used=880.0)
+    facts = Facts(jobs={}, progress=AFTER, host_lost=gone)
+    assert decide(c, facts, NOW) == [
+        EndSegment(1, Outcome.LOST, None, False, 50.0, NOW, gone, AFTER),
+        Submit(2, 70),  # 1000 - 880 - 50
+    ]
+    behind = Progress(epoch=2, saved_at=50.0)  # the checkpoint read now is behind the mark
+    assert decide(chain(seg(1, started_at=NOW - 500)), replace(facts, progress=behind), NOW) == [
+        EndSegment(1, Outcome.LOST, None, False, 100.0, NOW, gone, BEFORE),
+        Submit(2, 100),
+    ]
+    assert decide(chain(seg(1, Phase.PENDING)), facts, NOW)[0] == EndSegment(
+        1, Outcome.LOST, None, False, 0.0, NOW, gone, AFTER
+    )
+
+
+def test_a_job_queued_again_after_it_started_is_tracked_as_requeued_in_the_listings_words() -> None:
+    """Requeued (the end marker of its first run says whether a preemption did it): the
+    segment has not ended; the listing's reason follows."""
+    again = [
+        (None, ""),
+        (EndMarker(0, 0, "USR1", False, NOW - 5), "BeginTime"),
+        (EndMarker(0, 0, "USR1", False, NOW - 5, preempted=True), "Priority"),
+    ]
+    tracked = [
+        decide(
+            chain(seg(1, started_at=NOW - 60)),
+            Facts(jobs={"j1": JobFacts(listed=listed("j1", Phase.PENDING, reason=reason), end=end)}),
+            NOW,
+        )[0]
+        for end, reason in again
+    ]
+    assert tracked == [
+        Track(1, Phase.PENDING, "requeued", None, None, False),
+        Track(1, Phase.PENDING, "requeued; BeginTime", None, None, False),
+        Track(1, Phase.PENDING, "preempted, requeued; Priority", None, None, True),
+    ]
+
+
+def test_the_words_and_the_charge_of_a_fenced_a_preempted_and_a_held_back_segment() -> None:
+    """Fenced: free, whatever it left. Preempted: free with or without progress, said so.
+    Killed by the walltime signal it had said it was ready for, the last time it held
+    it back: charged, saying so. Every end keeps when the signal came."""
+
+    def ending(marker: EndMarker, progress: Progress = BEFORE) -> EndSegment:
+        job = JobFacts(listed=listed("j1", Phase.ENDED, started_at=NOW - 61, ended_at=NOW - 1), end=marker)
+        first = decide(chain(seg(1)), Facts(jobs={"j1": job}, progress=progress), NOW)[0]
+        assert isinstance(first, EndSegment)
+        return first
+
+    fenced = ending(EndMarker(75, 75, "", False, NOW - 1, fenced="segment 2 (job j2)"))
+    assert (fenced.outcome, fenced.charged, fenced.reason) == (
+        Outcome.FENCED,
+        False,
+        "fenced: fenced: segment 2 (job j2) of the chain owns the checkpoint; stopped without committing: free",
+    )
+    preempted = [
+        ending(EndMarker(0, 0, "TERM", False, NOW - 1, progress=p, preempted=True, signalled_at=NOW - 9))
+        for p in (AFTER, BEFORE)
+    ]
+    assert [(e.outcome, e.charged, e.reason, e.signalled_at) for e in preempted] == [
+        (
+            Outcome.PREEMPTED,
+            False,
+            "preempted (exit 0) with progress: the command exited 0 after SIGTERM (the job was preempted)",
+            NOW - 9,
+        ),
+        (
+            Outcome.PREEMPTED,
+            False,
+            "preempted (exit 0) before any progress: not charged: the command exited 0 after SIGTERM "
+            "(the job was preempted)",
+            NOW - 9,
+        ),
+    ]
+    held = ending(EndMarker(138, 138, "USR1", False, NOW - 1, ready="0", signalled_at=NOW - 3))
+    assert (held.outcome, held.charged, held.reason, held.signalled_at) == (
+        Outcome.TIMEOUT,
+        True,
+        "timeout (exit 138) and made no progress: SIGUSR1 killed the command which never said it was ready "
+        "for the walltime signal (held back until then: the command was still starting, or no longer makes "
+        "its SegmentClock)",
+        NOW - 3,
+    )
+
+
+def test_a_preemption_the_marker_saw_overrides_a_listing_that_says_failed() -> None:
+    """The listing says failed (exit 1), the end marker says the preemption signal came first:
+    preempted, free. Gone from the listing, accounting's start counts before the start marker's."""
+    marker = EndMarker(1, 1, "TERM", False, NOW - 1, preempted=True)
+    failed = listed(
+        "j1", Phase.ENDED, outcome=Outcome.FAILED, exit_code=1, started_at=NOW - 61, ended_at=NOW - 1
+    )
+    for job in (
+        JobFacts(listed=failed, end=marker),
+        JobFacts(accounting=failed, end=marker, start=StartMarker("j1", NOW - 31, None)),
+    ):
+        assert decide(chain(seg(1)), Facts(jobs={"j1": job}, progress=BEFORE), NOW)[0] == EndSegment(
+            1,
+            Outcome.PREEMPTED,
+            1,
+            False,
+            60.0,
+            NOW - 1,
+            "preempted (exit 1) before any progress: not charged: the command exited 1 after SIGTERM "
+            "(the job was preempted)",
+            BEFORE,
+        )
+
+
+def test_the_time_a_segment_trained_comes_from_the_best_evidence_of_its_last_run() -> None:
+    """The listing's start of the run that ended counts before the start the store recorded
+    (an earlier run, requeued since); a job held by the scheduler counts from the listing's start."""
+    c = chain(seg(1, started_at=NOW - 200))
+    job = ended("j1", Outcome.FAILED, 1)  # started NOW - 90, ended NOW - 1
+    assert decide(c, Facts(jobs={"j1": job}, progress=BEFORE), NOW)[0] == end(
+        Outcome.FAILED, 1, "failed (exit 1)", 89.0, NOW - 1, BEFORE
+    )
+    held = listed("j1", Phase.ENDED, exit_code=3, started_at=NOW - 50, ended_at=NOW - 10, stuck=True)
+    gone = JobFacts(listed=held, start=StartMarker("j1", NOW - 20, None))
+    assert decide(chain(seg(1)), Facts(jobs={"j1": gone}, progress=BEFORE), NOW)[1] == end(
+        Outcome.FAILED, 3, "failed (exit 3)", 40.0, NOW - 10, BEFORE
+    )
+
+
+def test_a_segment_being_submitted_adopts_the_job_its_claim_names() -> None:
+    """Its submission never answered, but its claim (taken before the submission) names the job."""
+    c = chain(seg(1), unsubmitted(2, after="j1"))
+    facts = Facts(
+        jobs={"j1": shown("j1", Phase.RUNNING)}, carried={2: Carried("j7", 100, "j1", by="service")}
+    )
+    assert decide(c, facts, NOW) == [Adopt(2, "j7", "adopted after a restart")]
+
+
+def test_a_crash_repeats_only_with_a_status_below_128_and_the_same_output_clipped_to_200() -> None:
+    """Exit 0 or 128 and over (a signal) may go another way next time: charged, the chain goes
+    on. Exit 1 to 127 with the same last lines ends it, the lines shown clipped to 200
+    characters; the segment after it (which ran first: a dependency dropped) counts too."""
+    long = "E" * 250
+    for code, repeats in ((0, False), (1, True), (127, True), (128, False)):
+        before = replace(seg(1, Phase.ENDED), outcome=Outcome.FAILED, exit_code=code, tail=(long,))
+        crash = replace(
+            ended("j2", Outcome.FAILED, code), end=EndMarker(code, code, "", False, NOW - 1, tail=(long,))
+        )
+        c = chain(before, seg(2), baseline=BEFORE)
+        last = decide(c, Facts(jobs={"j2": crash}, progress=BEFORE), NOW)[-1]
+        assert isinstance(last, Finish) is repeats, code
+    after = replace(seg(3, Phase.ENDED), outcome=Outcome.FAILED, exit_code=1, tail=(long,))
+    crash = replace(ended("j2", Outcome.FAILED, 1), end=EndMarker(1, 1, "", False, NOW - 1, tail=(long,)))
+    last = decide(chain(seg(2), after, baseline=BEFORE), Facts(jobs={"j2": crash}, progress=BEFORE), NOW)[-1]
+    assert last == Finish(
+        ChainState.FAILED,
+        "segment 3 failed (exit 1) as segment 2 did, with the same output, before any progress: running it "
+        f"again cannot help; fix it and submit the job file again. Output: {'E' * 199}…",
+    )
+
+
+def test_a_container_that_cannot_start_ends_the_chain_once_and_its_queued_successor_is_free() -> None:
+    """The runtime's own failure (apptainer: exit 255, FATAL) in the chain's first segment ends
+    it in the runtime's words; the successor queued behind it, which failed alike before the
+    service saw the first end, is not charged again."""
+    spec = replace(SPEC, container="img.sif", container_runtime="apptainer")
+    fatal = ("FATAL:   could not open image img.sif: no such file",)
+
+    def failed(job: str) -> JobFacts:
+        return replace(
+            ended(job, Outcome.FAILED, 255), end=EndMarker(255, 255, "", False, NOW - 1, tail=fatal)
+        )
+
+    c = chain(seg(1), seg(2, Phase.PENDING, after="j1"), spec=spec)
+    actions = decide(c, Facts(jobs={"j1": failed("j1"), "j2": failed("j2")}, progress=BEFORE), NOW)
+    assert [(a.n, a.charged, a.reason) for a in actions if isinstance(a, EndSegment)] == [
+        (1, True, "failed (exit 255): the command exited 255 on its own"),
+        (2, False, "failed (exit 255): the same as segment 1"),
+    ]
+    assert actions[-1] == Finish(
+        ChainState.FAILED,
+        f"apptainer could not start the command in img.sif (exit 255): {fatal[0]}; fix the image or runtime "
+        "on the machine the segments run on, then submit again",
     )

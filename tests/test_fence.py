@@ -63,6 +63,91 @@ def test_a_requeued_run_of_a_segment_is_newer_and_a_later_job_of_one_segment_win
     assert fence.parse(again.text()) == again and fence.parse("a b c d") is None
 
 
+def test_a_fence_reads_only_as_four_fields_with_numbers_where_numbers_go() -> None:
+    """Anything else (a torn write, a stray file) is no token, which holds no one's commit."""
+    assert [fence.parse(text) for text in ("c 1 0 -\n", "c 12 3 j9", " c  1 0  j ")] == [
+        fence.Token("c", 1, 0, ""),
+        fence.Token("c", 12, 3, "j9"),
+        fence.Token("c", 1, 0, "j"),
+    ]
+    torn = ("", "c 1 0", "c 1 0 j extra", "c x 0 j", "c 1 -1 j", "c 1 y j", "c -1 0 j")
+    assert [fence.parse(text) for text in torn] == [None] * len(torn)
+    assert fence.Token("c", 2, 0, "").text() == "c 2 0 -\n"
+    assert fence.Token("c", 2, 0, "").describe() == "segment 2 (job ?)"
+    assert fence.Token("c", 2, 1, "j7").describe() == "segment 2, run 2 (job j7)"
+
+
+def test_only_the_fences_token_or_no_fence_at_all_lets_a_segment_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No fence: a directory set up anew, anyone commits. A fence that does not read (torn)
+    holds no one's: the segment is fenced, by "another run". A process
+    that is no segment of a chain (no CHAINRUN_FENCE) is never fenced."""
+    one = fence.Token(CHAIN, 1, 0, "101")
+    assert fence.read(str(tmp_path)) is None and fence.holds(str(tmp_path), one)
+    path = tmp_path / fence.FENCE_NAME
+    path.write_bytes(b"\xff\xfe 1 0 101")  # not UTF-8: still read, as no chain of ours
+    assert fence.read(str(tmp_path)) == fence.Token("\ufffd\ufffd", 1, 0, "101")
+    path.write_text(f"{CHAIN} 1")
+    assert fence.read(str(tmp_path)) is None and not fence.holds(str(tmp_path), one)
+    monkeypatch.setenv(fence.FENCE_VAR, one.text().strip())
+    with pytest.raises(Fenced) as refused:
+        fence.check(str(tmp_path))
+    assert str(refused.value) == (
+        f"chainrun: segment 1 (job 101) is fenced: another run of the chain now owns {tmp_path}; "
+        "this save was not committed, and the command stops"
+    )
+    assert capsys.readouterr().err == str(refused.value) + "\n"
+    path.write_text(one.text())
+    fence.check(str(tmp_path))  # its own token: it commits
+    path.write_text(fence.Token(CHAIN, 1, 1, "101").text())
+    with pytest.raises(Fenced):
+        fence.check(str(tmp_path))  # a requeued run of itself took it
+    assert "is fenced: segment 1, run 2 (job 101) of the chain now owns" in capsys.readouterr().err
+    monkeypatch.delenv(fence.FENCE_VAR)
+    fence.check(str(tmp_path))
+    assert capsys.readouterr().err == ""
+
+
+def test_a_claim_replaces_the_fence_whole_and_leaves_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same segment, or another chain's, takes the fence; the lock beside it is private.
+    A claim that fails to write leaves the fence as it was and no temporary file."""
+    one, other = fence.Token(CHAIN, 5, 0, "j5"), fence.Token("other", 1, 0, "k1")
+    assert fence.claim(str(tmp_path), one) is None and fence.claim(str(tmp_path), one) is None
+    assert fence.claim(str(tmp_path), other) is None and fence.read(str(tmp_path)) == other
+    lock = tmp_path / (fence.FENCE_NAME + ".lock")
+    assert lock.stat().st_mode & 0o777 == 0o600
+    assert sorted(os.listdir(tmp_path)) == [fence.FENCE_NAME, fence.FENCE_NAME + ".lock"]
+
+    renamed = []
+
+    def full(src: str, dst: str) -> None:
+        renamed.append((src, dst))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fence.os, "replace", full)
+    with pytest.raises(OSError):
+        fence.claim(str(tmp_path), one)
+    temp = str(tmp_path / f"{fence.FENCE_NAME}.{os.getpid()}.tmp")  # beside the fence: one file system
+    assert renamed == [(temp, str(tmp_path / fence.FENCE_NAME))]
+    assert fence.read(str(tmp_path)) == other
+    assert sorted(os.listdir(tmp_path)) == [fence.FENCE_NAME, fence.FENCE_NAME + ".lock"]
+    monkeypatch.undo()
+    os.mkdir(temp)  # the temporary file cannot even be made: that error, the fence as it was
+    with pytest.raises(IsADirectoryError):
+        fence.claim(str(tmp_path), one)
+    assert fence.read(str(tmp_path)) == other
+
+
+def test_only_a_fences_first_512_bytes_are_read(tmp_path: Path) -> None:
+    """A token is one short line; what a stray writer appended past 512 bytes is not read."""
+    token = fence.Token(CHAIN, 3, 0, "j3")
+    (tmp_path / fence.FENCE_NAME).write_text(token.text().ljust(512) + "appended")
+    assert fence.read(str(tmp_path)) == token
+
+
 def test_a_segment_whose_fence_a_newer_one_took_stops_its_command_at_no_cost(work: Path) -> None:
     """A command that saves without the helper (and ignores the walltime signal and TERM)
     runs as segment 1; segment 2 claims the checkpoint directory, as its runner does when

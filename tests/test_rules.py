@@ -11,6 +11,7 @@ from test_decide import NOW, SPEC, chain, seg
 
 from chainrun.decide import Facts
 from chainrun.decide.placement import (
+    fenced,
     free_slots,
     held_back,
     observe_on,
@@ -18,6 +19,7 @@ from chainrun.decide.placement import (
     place,
     settle,
     to_place,
+    unplaced,
     uses_slot,
     waiting_change,
     waiting_reason,
@@ -227,3 +229,16 @@ def test_a_submission_another_claimant_holds_is_adopted_once_its_claim_names_the
     assert after_submit(2, 1, ClaimedError(2, None), NOW) == RetryLater(
         n=2, at=NOW + backoff(1), reason="the segment before it is queueing it (its claim)"
     )
+
+
+def test_a_host_back_that_lists_nothing_of_a_lost_segment_has_nothing_to_fence() -> None:
+    lost = replace(seg(1, Phase.ENDED), host="gpu1", outcome=Outcome.LOST)
+    assert fenced(chain(lost, replace(seg(2), host="gpu2"), spec=POOL), "gpu1", {}) == []
+
+
+def test_only_a_pool_chain_with_no_segment_under_way_may_start_on_any_host() -> None:
+    assert [unplaced(c) for c in (chain(spec=POOL), chain(seg(1), spec=POOL), chain())] == [
+        True,
+        False,
+        False,
+    ]

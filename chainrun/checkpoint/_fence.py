@@ -123,5 +123,5 @@ def check(directory: str) -> None:
     own = parse(os.environ.get(FENCE_VAR, ""))
     if own is not None and not holds(directory, own):
         fenced = Fenced(directory, own, read(directory))
-        print(fenced.message, file=sys.stderr, flush=True)
+        print(fenced.message, file=sys.stderr)  # stderr is line-buffered: out before the exit
         raise fenced

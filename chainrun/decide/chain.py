@@ -64,7 +64,8 @@ class _Ending:
     reason: str
     remove: bool = False  # still held by the scheduler (stuck): remove it
     died_of: str = ""  # the signal (USR1) that killed the command, as the end marker says
-    ready: str = ""  # whether the command said it was ready for the signal (EndMarker.ready)
+    # The command had said it was ready for the signal before, not this time (EndMarker.ready "0").
+    held_back: bool = False
 
 
 def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
@@ -310,7 +311,7 @@ def _ending(job: JobFacts) -> Optional[_Ending]:
         ended_at=(view.ended_at if view else None) or (marker.at if marker else None),
         reason="; ".join(reasons),
         died_of=marker.signal if marker is not None and marker.died_of_signal else "",
-        ready=marker.ready if marker is not None else "",
+        held_back=marker is not None and marker.ready == "0",
     )
 
 
@@ -401,15 +402,18 @@ def charge_by_markers(job: JobFacts, mark: Progress) -> Optional[tuple[bool, Pro
     """What a segment that ended as its markers alone say costs, as ``decide`` charges it:
     whether it is charged, the checkpoint it left and the time it ran (its end minus its
     start); None while it has no end marker."""
-    ending = _ending(job) if job.end is not None else None
-    if ending is None or job.end is None:
+    marker = job.end
+    if marker is None:
         return None
-    end = job.end.progress if job.end.progress is not None else mark
+    ending = _ending(job)
+    if ending is None:  # the listing shows it has not ended yet
+        return None
+    end = marker.progress if marker.progress is not None else mark
     start = job.start.progress if job.start is not None and job.start.progress is not None else mark
-    intact = _intact(job.end.progress, start) if job.end.progress is not None else None
-    charged, _ = _charge(ending, end.advanced_from(start), False, job.end.skipped, intact)
+    intact = _intact(marker.progress, start) if marker.progress is not None else None
+    charged, _ = _charge(ending, end.advanced_from(start), False, marker.skipped, intact)
     began = job.start.at if job.start is not None else None
-    elapsed = max(0.0, job.end.at - began) if job.end.at is not None and began is not None else 0.0
+    elapsed = max(0.0, marker.at - began) if marker.at is not None and began is not None else 0.0
     return charged, end if end.key > mark.key else mark, elapsed
 
 
@@ -453,7 +457,7 @@ def _charge(
         why = (
             "which never said it was ready for the walltime signal (held back until then: the command "
             "was still starting, or no longer makes its SegmentClock)"
-            if ending.ready == "0"
+            if ending.held_back
             else "before it saved anything, likely while it was still starting (imports, data) with "
             f"no handler set yet; see {CLOCK_FIRST}"
         )
@@ -575,7 +579,7 @@ def _adopt_carried(chain: Chain, facts: Facts) -> list[Adopt]:
     n = chain.next_n
     while n in facts.carried:
         carried = facts.carried[n]
-        tagged = facts.tagged.get(n, ())
+        tagged = facts.tagged.get(n)
         job_id = carried.job_id or (tagged[0].job_id if tagged else "")
         if not job_id:
             break

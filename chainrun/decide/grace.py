@@ -43,7 +43,7 @@ class Grace:
 def rule(spec: JobSpec) -> str:
     """How the chain's segments get their grace, in words (``check``)."""
     if not spec.adaptive_grace:
-        return f"{format_duration(spec.grace)}, {grace_in_force(spec, ()).source}"
+        return f"{format_duration(spec.grace)}, {_fixed(spec).source}"
     return (
         f"adaptive: {format_duration(spec.grace)} ({DEFAULT}) until a segment is seen stopping, then "
         f"{FACTOR} x the longest stop seen, at least {format_duration(min(FLOOR, spec.grace))} and half "
@@ -68,9 +68,7 @@ def stop_seen(spec: JobSpec, end: Optional[EndMarker], outcome: Outcome) -> Opti
 def grace_in_force(spec: JobSpec, segments: Iterable[Segment]) -> Grace:
     """The grace the next segment gets, and why."""
     if not spec.adaptive_grace:
-        if spec.signal == "TERM":
-            return Grace(spec.grace, "fixed: SIGTERM is never held back, it may be a preemption")
-        return Grace(spec.grace, "set in the job file")
+        return _fixed(spec)
     grace = Grace(spec.grace, f"{DEFAULT}, until a segment is seen stopping")
     longest: Optional[tuple[float, int]] = None
     for seg in sorted(segments, key=lambda s: s.n):
@@ -78,6 +76,13 @@ def grace_in_force(spec: JobSpec, segments: Iterable[Segment]) -> Grace:
             longest = max(longest or (seg.stop, seg.n), (seg.stop, seg.n))
             grace = _after(spec, grace.seconds, *longest)
     return grace
+
+
+def _fixed(spec: JobSpec) -> Grace:
+    """The grace of a job file that sets its own, or whose signal is SIGTERM."""
+    if spec.signal == "TERM":
+        return Grace(spec.grace, "fixed: SIGTERM is never held back, it may be a preemption")
+    return Grace(spec.grace, "set in the job file")
 
 
 def _after(spec: JobSpec, before: int, longest: float, n: int) -> Grace:
@@ -104,7 +109,7 @@ def change(chain: Chain, actions: list[Action]) -> list[Action]:
     """The grace later segments get, when the stops of the segments that just ended (among
     ``actions``) change it."""
     stops = {a.n: a.stop for a in actions if isinstance(a, EndSegment) and a.stop is not None}
-    if not stops or not chain.spec.adaptive_grace:
+    if not stops:  # a fixed grace is the same before and after: only a cost saved
         return []
     before = grace_in_force(chain.spec, chain.segments)
     after = grace_in_force(chain.spec, [replace(s, stop=stops.get(s.n, s.stop)) for s in chain.segments])
