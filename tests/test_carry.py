@@ -32,8 +32,10 @@ from chainrun.decide.carry import (
     CarryAnswer,
     Recorded,
     SegmentView,
+    applies,
     away_bound,
     carry,
+    off_because,
 )
 from chainrun.fields import format_duration
 from chainrun.model import (
@@ -45,6 +47,7 @@ from chainrun.model import (
     ListedJob,
     Phase,
     Progress,
+    SchedulerSpec,
     StartMarker,
     Submit,
 )
@@ -114,6 +117,62 @@ def test_an_ended_segment_leaves_a_ticking_service_to_it_and_waits_for_one_that_
     assert late.submit is not None and late.submit.n == 2
     judged = carry(alone(heard=NOW - 5, n=1, known=Recorded(1, 0, 600.0, NO_PROGRESS), ended=True), NOW)
     assert judged.submit is None and judged.again is None  # the service already judged it: there
+
+
+def test_the_bound_for_a_walltime_of_seconds_is_half_of_it_with_no_interval_known() -> None:
+    """No interval known (no beat read yet) adds no ticks to the bound: a 4 s walltime's is 2 s."""
+    assert away_bound(replace(SPEC, walltime=4), None) == 2
+
+
+def ended_on_its_own(epoch: Optional[int], signal_: str = "") -> JobFacts:
+    """Segment 1 ended exit 0, on its own or after the signal, leaving ``epoch`` (None: no
+    progress at all in its marker)."""
+    left = Progress(epoch=epoch, saved_at=1.0) if epoch is not None else None
+    start = StartMarker("j", NOW - 3000, Progress(epoch=0, saved_at=0.5))
+    return JobFacts(start=start, end=EndMarker(0, 0, signal_, False, NOW - 60, left))
+
+
+@pytest.mark.parametrize(
+    ("target", "job", "finished"),
+    [
+        (None, ended_on_its_own(5), True),  # a plain chain whose command ended by itself: done
+        (None, ended_on_its_own(5, "USR1"), False),  # it ended because of the walltime signal
+        (100, ended_on_its_own(5), False),  # an epoch short of the target: not done
+        (100, ended_on_its_own(None), True),  # no epoch to compare with the target: done
+    ],
+)
+def test_a_segment_that_exited_0_finishes_the_chain_exactly_when_decide_says_so(
+    target: Optional[int], job: JobFacts, finished: bool
+) -> None:
+    """The completion rule the carrier applies to the segments since the service's record is
+    ``goal.finished_on_its_own``, with the marker's exit, signal and epoch and the target."""
+    answer = carry(alone(job, ended=True, heard=NOW - 4000, spec=replace(LONG, target_epoch=target)), NOW)
+    assert (answer.reason == "the command finished on its own") == finished, answer.reason
+    assert (answer.submit is None) == finished, answer
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "off"),
+    [
+        (SchedulerSpec(kind="slurm"), ""),
+        (SchedulerSpec(kind="slurm", host="login1"), ""),
+        (
+            SchedulerSpec(kind="local", hosts=("a", "b")),
+            "a pool's segments are placed on its hosts by the service alone",
+        ),
+        (
+            SchedulerSpec(kind="local", host="ws1"),
+            "a remote workstation's local runner takes its jobs from the service alone",
+        ),
+        (SchedulerSpec(kind="local"), ""),
+    ],
+)
+def test_where_a_chain_may_carry_itself_and_why_not_in_exact_words(
+    scheduler: SchedulerSpec, off: str
+) -> None:
+    spec = replace(LONG, scheduler=scheduler)
+    assert off_because(spec) == off
+    assert applies(spec) == (off == "")
 
 
 @pytest.mark.parametrize(

@@ -243,3 +243,22 @@ def test_the_chain_a_submission_meets_is_its_own_job_first_and_only_in_its_own_d
     assert holder("net", mine, [other, nested]) == other
     assert holder("net", mine, []) is None
     assert inside("/w/ckptX/a", "/w/ckptX") and not inside("/w/ckpt", "/w/ckptX")
+
+
+def test_a_claim_is_seen_from_this_machine_the_one_host_or_every_host_of_a_pool() -> None:
+    """Where a chain's checkpoint directory is: "" for this machine (a cluster without
+    ``host`` is reached from here, so its paths are this machine's), its host, or its pool."""
+    from dataclasses import replace
+
+    from test_decide import SPEC
+
+    from chainrun.decide.claims import claim
+    from chainrun.model import SchedulerSpec
+
+    def machines(scheduler: SchedulerSpec) -> frozenset[str]:
+        return claim(replace(SPEC, scheduler=scheduler), "/w/ckpt").machines
+
+    assert machines(SchedulerSpec(kind="slurm")) == {""}
+    assert machines(SchedulerSpec(kind="slurm", host="login1")) == {"login1"}
+    assert machines(SchedulerSpec(kind="local", hosts=("a", "b"))) == {"a", "b"}
+    assert claim(SPEC, "/w/ckpt").path == "/w/ckpt"
