@@ -243,3 +243,21 @@ def test_the_chain_a_submission_meets_is_its_own_job_first_and_only_in_its_own_d
     assert holder("net", mine, [other, nested]) == other
     assert holder("net", mine, []) is None
     assert inside("/w/ckptX/a", "/w/ckptX") and not inside("/w/ckpt", "/w/ckptX")
+
+
+def test_aliases_are_named_by_the_hostname_and_port_they_reach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ssh -G`'s view: two aliases of one HostName and port are one name, whatever case it is
+    written in; another port is another sshd; an alias with no HostName names itself."""
+    from chainrun.transport import canonical_host
+
+    config = tmp_path / "config"
+    config.write_text(
+        "Host gpu gpu-again\n    HostName Node1.example.org\n\nHost other\n    HostName node1.example.org\n"
+        "    Port 2200\n\nHost *\n    User me\n"
+    )
+    monkeypatch.setenv("CHAINRUN_SSH_CONFIG", str(config))
+    assert canonical_host("gpu") == canonical_host("gpu-again") == "node1.example.org:22"
+    assert canonical_host("other") == "node1.example.org:2200"
+    assert canonical_host("node1") == "node1:22"
