@@ -14,14 +14,15 @@ import os
 import posixpath
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Generic, NamedTuple, Optional, TypeVar
 
-from chainrun import jobfile, progress, rundir, snapshot, sweep
+from chainrun import jobfile, location, progress, rundir, snapshot, sweep
 from chainrun.decide.carry import applies, carry_line
-from chainrun.decide.claims import Claim, Holder, ancestors, claim, holder, inside, same_job
+from chainrun.decide.claims import Claim, Holder, ancestors, claim, holder, inside, same_job, written
 from chainrun.decide.goal import goal_reached, reached_target
 from chainrun.engine import Engine, TickSummary
 from chainrun.errors import ChainrunError, TransportError, UsageError
@@ -67,6 +68,9 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     new: list[tuple[JobSpec, Progress]] = []
     mines: list[Claim] = []  # the claim of each in ``new``
     pins: list[Optional[snapshot.Snapshot]] = []
+    chains: list[tuple[JobSpec, int, Optional[snapshot.Snapshot]]] = []  # with its job file's index
+    files: list[tuple[JobSpec, Transport]] = []
+    origin: list[int] = []  # the job file of each in ``new``
     for spec in specs:
         preflight(spec)
         if spec.scheduler.hosts:
@@ -74,37 +78,44 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
             _note(f"{spec.name}: workdir {spec.workdir} {words}")
             spec = replace(spec, scheduler=replace(spec.scheduler, workdir_shared=shared))
         transport = transport_for(spec.scheduler.first_host)
-        try:
+        with _reaching(spec):
             jobfile.where_it_runs(spec)
-            start = len(new)
             # The code is captured once per job file: a sweep's chains all run the same commit.
             spec, snap = snapshot.prepare(transport, spec)
-            for one in sweep.expand(spec):
-                mine = _claim(one)
-                claims.take(one, mine)
-                held = claims.holder(one, mine)
-                if held is not None:
-                    if not same_job(one.name, mine, held) or fresh:
-                        raise ChainrunError(_refusal(one, mine, held, fresh))
-                    _note(f"{one.name}: still running as chain {held.chain_id}; left as it is")
-                    out.append(Submitted(held.chain_id, one, False))
-                    continue
-                one, baseline = _starting_point(one, transport, fresh)
-                why = _complete(one, baseline)
-                if why:
-                    again = "; to start over, add --fresh (it moves the directory aside, deleting nothing)"
-                    where = f"the checkpoint in {one.checkpoint_dir}"
-                    raise ChainrunError(f"{where} is already complete ({why}){'' if fresh else again}")
-                new.append((one, baseline))
-                mines.append(mine)
-                pins.append(snap)
-                out.append(None)
-            if len(new) > start:  # asked once per job file, once nothing refuses it
-                new[start:] = _probed(spec, transport, new[start:])
-        except TransportError as exc:
-            if spec.scheduler.first_host is None:
-                raise
-            raise TransportError(f"cannot reach {spec.scheduler.first_host}: {exc}") from None
+        chains.extend((one, len(files), snap) for one in sweep.expand(spec))
+        files.append((spec, transport))
+    # Each host is asked once, for all the checkpoint directories on it.
+    located = location.locate([one for one, _, _ in chains])
+    for one, (_, i, snap) in zip(located, chains):
+        transport = files[i][1]
+        mine = _claim(one)
+        claims.take(one, mine)
+        held = claims.holder(one, mine)
+        if held is not None:
+            if not same_job(one.name, mine, held) or fresh:
+                raise ChainrunError(_refusal(one, mine, held, fresh))
+            _note(f"{one.name}: still running as chain {held.chain_id}; left as it is")
+            out.append(Submitted(held.chain_id, one, False))
+            continue
+        with _reaching(one):
+            one, baseline = _starting_point(one, transport, fresh)
+        why = _complete(one, baseline)
+        if why:
+            again = "; to start over, add --fresh (it moves the directory aside, deleting nothing)"
+            where = f"the checkpoint in {one.checkpoint_dir}"
+            raise ChainrunError(f"{where} is already complete ({why}){'' if fresh else again}")
+        new.append((one, baseline))
+        mines.append(mine)
+        pins.append(snap)
+        origin.append(i)
+        out.append(None)
+    for i, (spec, transport) in enumerate(files):  # asked once per job file, once nothing refuses it
+        of_file = [k for k, o in enumerate(origin) if o == i]
+        if of_file:
+            with _reaching(spec):
+                probed = _probed(spec, transport, [new[k] for k in of_file])
+            for k, chain in zip(of_file, probed):
+                new[k] = chain
 
     def vet(unended: list[tuple[str, str, JobSpec]]) -> None:
         now = _Claims(unended)
@@ -120,6 +131,17 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
             snapshot.pin(snap, chain_id)
     stored = iter(Submitted(chain_id, one, True) for chain_id, (one, _) in zip(ids, new))
     return [item or next(stored) for item in out]
+
+
+@contextmanager
+def _reaching(spec: JobSpec) -> Iterator[None]:
+    """A transport error while ``spec``'s host is reached, said as that host not reached."""
+    try:
+        yield
+    except TransportError as exc:
+        if spec.scheduler.first_host is None:
+            raise
+        raise TransportError(f"cannot reach {spec.scheduler.first_host}: {exc}") from None
 
 
 def _probed(
@@ -156,7 +178,7 @@ def claimed(store: Store, chains: Sequence[JobSpec]) -> list[str]:
     still active from an earlier submission, and would be returned as it is."""
     claims = _Claims(store.unended())
     notes: list[str] = []
-    for one in chains:
+    for one in location.locate(chains):
         mine = _claim(one)
         claims.take(one, mine)
         held = claims.holder(one, mine)
@@ -169,10 +191,14 @@ def claimed(store: Store, chains: Sequence[JobSpec]) -> list[str]:
 
 
 def _claim(spec: JobSpec) -> Claim:
-    """``spec``'s claim on its checkpoint directory: on this machine the path as resolved
-    now (symlinks followed), elsewhere as written."""
+    """``spec``'s claim on its checkpoint directory, as settled at its submit
+    (``location.locate``). A chain stored before claims were settled there is compared as it
+    was then: on this machine the path resolved now, elsewhere as written."""
+    settled = claim(spec)
+    if settled is not None:
+        return settled
     path = spec.checkpoint_dir if spec.scheduler.remote else os.path.realpath(spec.checkpoint_dir)
-    return claim(spec, posixpath.normpath(path))
+    return written(spec, posixpath.normpath(path))
 
 
 _T = TypeVar("_T")
@@ -220,10 +246,18 @@ class _Claims:
             if theirs.clashes(mine):
                 how = "is also" if theirs.path == mine.path else f"{_relation(mine, theirs)}, which is"
                 raise ChainrunError(
-                    f"{spec.source}: checkpoint_dir {spec.checkpoint_dir} {how} {other.name}'s, submitted "
+                    f"{spec.source}: checkpoint_dir {_written(spec, mine)} {how} {other.name}'s, submitted "
                     "with it; give each job a checkpoint_dir of its own"
                 )
         self._own.add(mine.path, (spec, mine))
+
+
+def _written(spec: JobSpec, mine: Claim) -> str:
+    """``spec``'s checkpoint_dir as the job file gives it and, where that differs, what it
+    resolved to, and where."""
+    if mine.path == spec.checkpoint_dir:
+        return spec.checkpoint_dir
+    return f"{spec.checkpoint_dir} ({mine.path} on {spec.scheduler.first_host or 'this machine'})"
 
 
 def _relation(mine: Claim, theirs: Claim) -> str:
@@ -237,18 +271,18 @@ def _refusal(spec: JobSpec, mine: Claim, held: Holder, fresh: bool) -> str:
     cancel = f"`chainrun cancel {held.chain_id}`"
     if held.claim.path != mine.path:
         return (
-            f"{spec.source}: checkpoint_dir {spec.checkpoint_dir} {_relation(mine, held.claim)}, where chain "
-            f"{held.chain_id} ({held.name}) still trains: their checkpoints would mix, and --fresh on the "
-            f"outer one would move the inner one's aside; give this job a checkpoint_dir of its own, or "
-            f"cancel that chain first ({cancel})"
+            f"{spec.source}: checkpoint_dir {_written(spec, mine)} {_relation(mine, held.claim)}, where "
+            f"chain {held.chain_id} ({held.name}) still trains: their checkpoints would mix, and --fresh "
+            f"on the outer one would move the inner one's aside; give this job a checkpoint_dir of its "
+            f"own, or cancel that chain first ({cancel})"
         )
     if held.name == spec.name and fresh:
         return (
-            f"chain {held.chain_id} of {spec.name} still trains in {spec.checkpoint_dir}, so --fresh "
+            f"chain {held.chain_id} of {spec.name} still trains in {_written(spec, mine)}, so --fresh "
             f"would move its checkpoints from under it; cancel it first ({cancel}), then add --fresh"
         )
     return (
-        f"{spec.source}: checkpoint_dir {spec.checkpoint_dir} is where chain {held.chain_id} "
+        f"{spec.source}: checkpoint_dir {_written(spec, mine)} is where chain {held.chain_id} "
         f"({held.name}) still trains, and two chains there would resume from each other's "
         f"checkpoints; give this job a checkpoint_dir of its own, or cancel that chain first ({cancel})"
     )

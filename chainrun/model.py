@@ -155,7 +155,16 @@ def chain_seed(spec: JobSpec, chain_id: str) -> int:
 
 
 # JobSpec fields JSON gives back as lists, made tuples again by from_json.
-_SPEC_TUPLES = ("scheduler", "env", "inherit_env", "inherited", "container_options", "sweep", "params")
+_SPEC_TUPLES = (
+    "scheduler",
+    "env",
+    "inherit_env",
+    "inherited",
+    "container_options",
+    "sweep",
+    "params",
+    "checkpoint_machines",
+)
 
 
 @dataclass(frozen=True)
@@ -211,6 +220,11 @@ class JobSpec:
     # No grace in the job file: each segment's is made of the chain's stops so far
     # (decide/grace.py), at most ``grace``.
     adaptive_grace: bool = False
+    # Set at submit (``chainrun.location``): where checkpoint_dir really is, for its claim
+    # (``decide.claims``): the path as resolved on its host, and the names of the machines
+    # it is seen from. "": a chain stored before claims were settled at submit.
+    checkpoint_real: str = ""
+    checkpoint_machines: tuple[str, ...] = ()
 
     @property
     def max_segments(self) -> int:
@@ -243,6 +257,7 @@ class JobSpec:
             container_options=tuple(data.get("container_options", ())),
             sweep=tuple(tuple((k, v) for k, v in config) for config in data.get("sweep", ())),
             params=tuple((k, v) for k, v in data.get("params", ())),
+            checkpoint_machines=tuple(data.get("checkpoint_machines", ())),
         )
 
 

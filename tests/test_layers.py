@@ -45,6 +45,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.jobfile",
         "chainrun.testing",
         "chainrun.detached",
+        "chainrun.location",  # where a checkpoint directory really is, asked of its host
     ),
     "memory": ("chainrun.store",),
     "service": (

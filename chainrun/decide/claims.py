@@ -2,12 +2,12 @@
 
 Two chains training into one directory each resume from what the other saved: a corrupted
 run and twice the allocation. A chain *claims* its checkpoint directory from submission
-until it ends; the claim is where the directory is (the machines that see it, this one
-written "") and the directory, resolved by the caller where it can be (a path on this
-machine, symlinks followed). A directory inside another's clashes with it too: their files
-mix, and ``--fresh`` on the outer one moves the inner one's checkpoints aside. Submitting a
-job file whose chain still holds the claim on the same directory returns that chain; any
-other clashing claim is refused.
+until it ends; the claim is where the directory is (the names of the machines that see it,
+``machines``) and the directory, resolved there by the caller at submit (symlinks followed
+on the host the chain runs on) and kept in the chain's spec. A directory inside another's
+clashes with it too: their files mix, and ``--fresh`` on the outer one moves the inner
+one's checkpoints aside. Submitting a job file whose chain still holds the claim on the
+same directory returns that chain; any other clashing claim is refused.
 """
 
 from __future__ import annotations
@@ -47,12 +47,40 @@ def ancestors(path: str) -> list[str]:
     return found
 
 
-def claim(spec: JobSpec, path: str) -> Claim:
-    """``spec``'s claim, its checkpoint directory resolved to ``path``: a pool's hosts, the
-    one host, or this machine (a cluster without ``host`` is reached from this one, so its
-    paths are this machine's paths)."""
-    where = spec.scheduler.hosts or (spec.scheduler.host or "",)
-    return Claim(frozenset(where), path)
+HERE = ""  # this machine, in a claim's machines
+
+
+def hosts(spec: JobSpec) -> tuple[str, ...]:
+    """Where ``spec``'s checkpoint directory is seen from, as the job file names it: a pool's
+    hosts, the one host, or this machine (a cluster without ``host`` is reached from this
+    one, so its paths are this machine's paths)."""
+    return spec.scheduler.hosts or (spec.scheduler.host or HERE,)
+
+
+def machines(canonical: str, identity: str, here: str) -> frozenset[str]:
+    """The names one machine goes by in claims: ``canonical`` (a host as ssh resolves its
+    alias, ``hostname:port``, so that two aliases of one machine are one name; ``HERE`` for
+    this machine) and, where known, its ``identity`` (its machine id), so that one machine
+    reached by two names is one; a host whose identity is ``here``'s is this machine too."""
+    names = {canonical}
+    if identity:
+        names.add(f"id:{identity}")
+        if identity == here:
+            names.add(HERE)
+    return frozenset(names)
+
+
+def claim(spec: JobSpec) -> Optional[Claim]:
+    """``spec``'s claim as settled at its submit; None for a chain stored before claims were."""
+    if not spec.checkpoint_real:
+        return None
+    return Claim(frozenset(spec.checkpoint_machines), spec.checkpoint_real)
+
+
+def written(spec: JobSpec, path: str) -> Claim:
+    """``spec``'s claim by its hosts as written, its checkpoint directory resolved to ``path``:
+    how a chain stored before claims were settled at submit is compared."""
+    return Claim(frozenset(hosts(spec)), path)
 
 
 @dataclass(frozen=True)

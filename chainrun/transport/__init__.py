@@ -20,11 +20,11 @@ grows past the limit while it is read is refused too, after at most
 
 This package exports the ``Transport`` protocol (``base.py``, with what its
 implementations share: argument checks, the regular-file checks, error wording)
-and the factory ``transport_for``. ``local.py`` is this machine (``subprocess`` and ``os``);
-``ssh.py`` is one host over paramiko, with ``sshconfig.py`` reading the
-OpenSSH config. paramiko is imported only when a chain has a host:
-``SSHTransport`` is loaded on first use, by ``transport_for(host)`` or by
-importing the name.
+and the factory ``transport_for``, and ``canonical_host``: the machine an alias reaches.
+``local.py`` is this machine (``subprocess`` and ``os``); ``ssh.py`` is one host over
+paramiko, with ``sshconfig.py`` reading the OpenSSH config. paramiko is imported only when
+a chain has a host: ``SSHTransport`` is loaded on first use, by ``transport_for(host)`` or
+by importing the name.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ __all__ = [
     "LocalTransport",
     "SSHTransport",
     "Transport",
+    "canonical_host",
     "transport_for",
 ]
 
@@ -69,6 +70,13 @@ def transport_for(host: str | None) -> Transport:
         if transport is None:
             transport = _ssh_transports[host] = SSHTransport(host)
         return transport
+
+
+def canonical_host(host: str) -> str:
+    """``host`` as ``ssh -G`` names the machine it reaches, ``hostname:port`` (``sshconfig.py``)."""
+    from chainrun.transport.sshconfig import canonical_host
+
+    return canonical_host(host)
 
 
 def __getattr__(name: str) -> object:

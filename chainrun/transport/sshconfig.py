@@ -5,8 +5,9 @@ paramiko's ``SSHConfig`` parses the files; this module adds what it lacks
 ``[user@]host[:port]``) and resolves an alias into an ``Endpoint``: where to
 connect, as whom, with which keys, against which known_hosts files and host
 key types. ``connect_message`` is the table that turns a failed connection
-into one line a user can act on. Only ``ssh.py`` imports this module, so
-paramiko is loaded only when a chain has a host.
+into one line a user can act on; ``canonical_host`` names the machine an alias
+reaches. Only ``ssh.py`` and ``chainrun.transport.canonical_host`` import this
+module, so paramiko is loaded only when a chain has a host.
 """
 
 from __future__ import annotations
@@ -149,6 +150,15 @@ def resolve(config: paramiko.SSHConfig, spec: str, config_path: str) -> Endpoint
         keepalive=keepalive,
         connect_timeout=connect_timeout,
     )
+
+
+def canonical_host(alias: str) -> str:
+    """The machine ``alias`` reaches, as ``ssh -G`` names it: its HostName and port
+    (``node1:22``, lower case as ssh makes it), whichever alias of the config reaches it.
+    Reads the config, connects to nothing; TransportError when the config cannot be read."""
+    config, config_path = load_config()
+    target = resolve(config, alias, config_path)
+    return f"{target.hostname.lower()}:{target.port}"
 
 
 class UnknownHostKey(Exception):
