@@ -210,15 +210,15 @@ def test_a_missing_file_fails_the_chain_after_two_segments_not_the_whole_budget(
     assert result.returncode == 1, result.stdout + result.stderr
     st = status(chainrun, "t")
     assert st["state"] == "failed"
-    assert st["reason"].startswith("segment 2 failed (exit 2) as segment 1 did"), st["reason"]
-    assert "missing.py': [Errno 2] No such file or directory" in st["reason"]
+    assert st["reason"].startswith("segment 2 failed (exit 1) as segment 1 did"), st["reason"]
+    assert "FileNotFoundError: [Errno 2] No such file or directory: 'missing.py'" in st["reason"]
     assert [(s["n"], s["outcome"], s["exit_code"]) for s in st["segments"]] == [
-        (1, "failed", 2),
-        (2, "failed", 2),
+        (1, "failed", 1),
+        (2, "failed", 1),
     ]
     assert len(started_segments(work)) == 2
     shown = " ".join(chainrun("status", st["id"], check=True).stdout.split())  # as wrapped to the terminal
-    assert "reason: segment 2 failed (exit 2) as segment 1 did" in shown
+    assert "reason: segment 2 failed (exit 1) as segment 1 did" in shown
     assert "No such file or directory" in shown
 
 
