@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from conftest import REPO, cli_env, need, wait_for
 
-from chainrun.localrunner import MACHINE_FILE, REFRESH, SILENT, identity, judge, machine_dir
+from chainrun.localrunner import MACHINE_FILE, REFRESH, SILENT, SLACK, identity, judge, machine_dir
 from chainrun.node.proc import alive
 
 PAGE = 4096
@@ -541,11 +541,18 @@ def test_two_machines_with_one_machine_id_on_one_home_are_refused_and_a_restart_
     (tmp_path / "home").mkdir(mode=0o700)
     script = make_script(tmp_path, "sleep 60")
     submit = " ".join(submit_argv(tmp_path, "cr.twin.1", script, "--walltime", "120"))
-    a = _twin(tmp_path, "lab-a", f"{{run}} {submit} && sleep {REFRESH + 4} && {{run}} poll")
+    wait = "while [ ! -e {0} ]; do sleep 0.1; done"
+    a = _twin(tmp_path, "lab-a", f"{{run}} {submit} && {wait.format('a-go')} && {{run}} poll")
     wait_for(lambda: list((tmp_path / "home").glob("local/machines/*/jobs/1/start.json")), 30, "lab-a's job")
-    # lab-b is polled some seconds after it started, as a service's tick finds it; by then
-    # lab-a's supervisor has said again that lab-a uses the directory.
-    b = _twin(tmp_path, "lab-b", f"sleep {REFRESH + 1} && {{run}} poll")
+    # lab-b is polled once lab-a's supervisor has said again, more than the clocks' slack after
+    # lab-b booted, that lab-a uses the directory, as a service's tick finds it on a machine
+    # that booted a while ago.
+    b = _twin(tmp_path, "lab-b", f"touch b-up && {wait.format('b-go')} && {{run}} poll")
+    wait_for(lambda: (tmp_path / "b-up").exists(), 60, "lab-b to boot")
+    b_booted = time.time()  # lab-b booted before this
+    (record,) = (tmp_path / "home").glob(f"local/machines/*/{MACHINE_FILE}")
+    wait_for(lambda: json.loads(record.read_text())["seen"] > b_booted + SLACK, 60, "lab-a's next note")
+    (tmp_path / "b-go").touch()
     out, err = b.communicate(timeout=60)
     assert b.returncode == 2, (out, err)
     assert (
@@ -553,6 +560,7 @@ def test_two_machines_with_one_machine_id_on_one_home_are_refused_and_a_restart_
         and "machine id 0123456789abcdef0123456789abcdef is also used by host lab-a" in err
     )
     assert "cloned image" in err and out == ""
+    (tmp_path / "a-go").touch()
     out, err = a.communicate(timeout=60)
     assert a.returncode == 0, err
     assert json.loads(out.splitlines()[-1])["state"] == "running"  # lab-a's job, judged by lab-a
