@@ -743,6 +743,40 @@ def test_a_successor_that_skipped_its_command_is_free_and_says_which_segment_end
     assert actions[-1] == Finish(ChainState.COMPLETED, "segment 1 exited 0 before its walltime")
 
 
+def test_a_command_that_exited_0_on_its_own_ends_a_plain_chain_though_its_job_then_timed_out() -> None:
+    """The command exited 0 before any signal, then bringing its outputs home ran the job past
+    its walltime: the scheduler says timeout, the end marker says no signal came. The run is
+    over, as the segment runner judged it too (its successor skips)."""
+    plain = replace(SPEC, target_epoch=None)
+    marker = EndMarker(0, 0, "", False, NOW - 1)
+    job = JobFacts(
+        listed=ListedJob("j1", "j1", Phase.ENDED, Outcome.TIMEOUT, 0, NOW - 5, NOW - 1), end=marker
+    )
+    actions = run(chain(seg(1), seg(2, Phase.PENDING), spec=plain), {"j1": job}, BEFORE)
+    assert actions[-1] == Finish(ChainState.COMPLETED, "segment 1 exited 0 before its walltime"), actions
+
+
+def test_a_segment_that_found_the_goal_reached_ends_the_chain_whatever_the_service_judged() -> None:
+    """Segment 2 skipped its command: its runner found the goal reached. The chain ends there;
+    it never queues a third segment that would skip again, and a fourth, without end."""
+    plain = replace(SPEC, target_epoch=None)
+    listed = ListedJob("j1", "j1", Phase.ENDED, Outcome.TIMEOUT, 0, NOW - 60, NOW - 2)
+    first = EndMarker(0, 0, "USR1", False, NOW - 2, signalled_at=NOW - 4)
+    second = EndMarker(
+        0, 0, "", True, NOW - 1, skip="segment 1 finished on its own (exit 0 before its walltime)"
+    )
+    jobs = {
+        "j1": JobFacts(listed=listed, end=first),
+        "j2": JobFacts(listed=replace(listed, job_id="j2", outcome=Outcome.COMPLETED), end=second),
+    }
+    actions = run(chain(seg(1), seg(2, Phase.PENDING), spec=plain), jobs, BEFORE)
+    assert not any(isinstance(a, Submit) for a in actions), actions
+    assert actions[-1] == Finish(
+        ChainState.COMPLETED,
+        "segment 2 found the goal already reached: segment 1 finished on its own (exit 0 before its walltime)",
+    ), actions
+
+
 def test_the_grace_says_exactly_where_it_came_from() -> None:
     """The words status and history show, whole: a fixed grace, SIGTERM's, the halving, and
     twice the stop where the halving would give as much."""

@@ -350,10 +350,23 @@ def test_a_snapshot_sweep_brings_every_output_home_and_gc_keeps_them(
     def chains() -> list[dict]:  # type: ignore[type-arg]
         return json.loads(chainrun("status", "outs", "--json", "--all", check=True).stdout)  # type: ignore[no-any-return]
 
+    def report(seen: list[dict]) -> dict[str, list[object]]:  # type: ignore[type-arg]
+        return {
+            c["params"]["lr"]: [c["state"], *((s["n"], s["outcome"], s["reason"]) for s in c["segments"])]
+            for c in seen
+        }
+
     final = ("completed", "failed", "exhausted", "cancelled")
-    wait_for(lambda: all(c["state"] in final for c in chains()), 600, "the sweep's four chains to end")
-    ended = chains()
-    told = {c["params"]["lr"]: [(s["n"], s["outcome"], s["reason"]) for s in c["segments"]] for c in ended}
+    seen: list[dict] = []  # type: ignore[type-arg]
+
+    def finished() -> bool:
+        seen[:] = chains()
+        return all(c["state"] in final for c in seen)
+
+    with contextlib.suppress(AssertionError):
+        wait_for(finished, 600, "the sweep's four chains to end")
+    assert finished(), report(seen)
+    ended, told = seen, report(seen)
     assert [c["state"] for c in ended] == ["completed"] * 4, told
     assert all(c["failures"] == 0 for c in ended), told
     assert all(len([s for s in c["segments"] if s["started_at"]]) >= 2 for c in ended), told

@@ -106,6 +106,7 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
     # The first segment could not even start the command (its number, and why): no use going on.
     unrunnable: Optional[tuple[int, str]] = None
     finished_segment: Optional[int] = None  # without a target: the first that exited 0 on its own
+    found_reached = ""  # the first segment whose runner skipped the command: the goal met, and why
     # How each ended segment crashed, by number (None: not a crash that may repeat as it is).
     crashes = {s.n: _crash(s.outcome, s.exit_code, s.tail) for s in chain.segments if not s.phase.live}
     repeated = ""  # why a segment that failed as the one before it ends the chain
@@ -145,8 +146,11 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
         # Exit 0 before the walltime ends the run when there is no target, or no
         # epoch to compare with it: running the command again would only repeat that.
         skipped = job.end is not None and job.end.skipped  # it never ran the command
+        # Whether the walltime signal came, as the runner saw it: its job may still time out
+        # after the command exited 0 on its own (bringing outputs home, a slow node).
+        signalled = bool(job.end.signal) if job.end is not None else ending.outcome is not Outcome.COMPLETED
         finished = not skipped and finished_on_its_own(
-            ending.exit_code, ending.outcome is not Outcome.COMPLETED, end_progress.epoch, spec.target_epoch
+            ending.exit_code, signalled, end_progress.epoch, spec.target_epoch
         )
         tail = job.end.tail if job.end is not None else ()
         if unrunnable is not None and _cannot_start(spec, ending, tail):
@@ -192,12 +196,16 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
         if finished:
             goal_met = True
             finished_segment = finished_segment or seg.n
+        if skipped and job.end is not None and job.end.skip and not found_reached:
+            # Its runner applied the same rule to what it found: a successor would skip again.
+            goal_met = True
+            found_reached = f"segment {seg.n} found the goal already reached: {job.end.skip}"
         goal_met = goal_met or bool(_done_reason(chain, mark, None))
 
     actions.extend(grace_change(chain, actions))
     still = [s for s in live if s.n not in ended]
     best = current if current.key >= mark.key or current.done else mark
-    done = _done_reason(chain, best, finished_segment)
+    done = _done_reason(chain, best, finished_segment) or found_reached
     if done:
         # A running segment may still be writing its final model or metrics:
         # let it end on its own (its walltime bounds it); cancel only the queue.
