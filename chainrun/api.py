@@ -26,7 +26,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-from chainrun import control, jobfile, logsetup
+from chainrun import cancel as cancelling
+from chainrun import jobfile, logsetup, submission
 from chainrun import model as _model
 from chainrun.constants import DEFAULT_INTERVAL
 from chainrun.errors import AlreadyRunning, StoreUnavailable, UsageError
@@ -95,7 +96,7 @@ class Chain:
         with _store(self.home) as store:
             chain = store.chain(self.id)
             if not chain.state.final:
-                control.cancel(self.home, store, [chain])
+                cancelling.cancel(self.home, store, [chain])
             return store.chain(self.id).state.value
 
     def _read(self) -> _model.Chain:
@@ -129,7 +130,7 @@ def submit(
     where = _home(home)
     spec = _spec(jobfile_or_dict, params, reps)
     with _store(where) as store:
-        submitted = control.submit_all(store, [spec], fresh=fresh)
+        submitted = submission.submit_all(store, [spec], fresh=fresh)
     return [Chain(where, chain_id, one) for chain_id, one, _ in submitted]
 
 

@@ -11,7 +11,7 @@ host answers). Either way TensorBoard is started through the chain's transport,
 detached in a session of its own with its output in the chain's run directory
 (``tensorboard.log``), and when the command ends (Ctrl-C, SIGTERM, SIGHUP) its
 whole process group is stopped: TensorBoard and the data server it starts
-(``detached``, which `chainrun ui --host` uses too).
+(``hostserver``, which `chainrun ui --host` uses too).
 TensorBoard on a compute node of a running job is not offered: it runs where
 the chain's scheduler commands run.
 """
@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Callable, Optional
 
-from chainrun import detached
+from chainrun import hostserver
 from chainrun.errors import UsageError
 from chainrun.model import Chain
 from chainrun.rundir import trust_run_dir
@@ -58,11 +58,13 @@ def program_for(host: Optional[str], given: Optional[str]) -> list[str]:
     return [sys.executable, "-m", "tensorboard.main"]
 
 
-def start(transport: Transport, program: Sequence[str], logdir: str, port: int, log: str) -> detached.Server:
+def start(
+    transport: Transport, program: Sequence[str], logdir: str, port: int, log: str
+) -> hostserver.Server:
     """Start TensorBoard detached, on 127.0.0.1:``port`` (0: one free there), and wait until it serves."""
     args = [*program, "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)]
     missing = "install TensorBoard there (pip install tensorboard) or name it with --program PATH"
-    return detached.start(transport, "TensorBoard", args, log, _SERVING, START_TIMEOUT, missing)
+    return hostserver.start(transport, "TensorBoard", args, log, _SERVING, START_TIMEOUT, missing)
 
 
 def serve(
@@ -89,9 +91,9 @@ def serve(
         echo(f"TensorBoard for chain {chain.id} ({directory} on {where}): http://127.0.0.1:{url_port}/")
         echo("Ctrl-C stops it")
 
-    with detached.stopped_by_signals():
+    with hostserver.stopped_by_signals():
         try:
             server = start(transport, command, directory, 0 if host else (port or 0), log)
         except KeyboardInterrupt:
             return 0
-        return detached.serve(transport, server, port, echo, announce)
+        return hostserver.serve(transport, server, port, echo, announce)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, cli_env, need
 
-from chainrun import control, jobfile, progress
+from chainrun import jobfile, progress, submission
 from chainrun.errors import ChainrunError
 from chainrun.store import Store
 
@@ -205,7 +205,7 @@ def test_a_chain_submitted_meanwhile_is_seen_by_the_transaction_that_stores(
             looked.append(True)
             other = Store(home)
             try:
-                raced.extend(chain_id for chain_id, _, _ in control.submit_all(other, [spec]))
+                raced.extend(chain_id for chain_id, _, _ in submission.submit_all(other, [spec]))
             finally:
                 other.close()
         return read(*args)  # type: ignore[arg-type]
@@ -213,7 +213,7 @@ def test_a_chain_submitted_meanwhile_is_seen_by_the_transaction_that_stores(
     monkeypatch.setattr(progress, "read", the_other_shell_submits)
     try:
         with pytest.raises(ChainrunError, match="submitted meanwhile; nothing stored"):
-            control.submit_all(store, [spec])
+            submission.submit_all(store, [spec])
     finally:
         store.close()
     assert stored(home) == [(raced[0], "net")]

@@ -44,7 +44,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.snapshot",
         "chainrun.jobfile",
         "chainrun.testing",
-        "chainrun.detached",
+        "chainrun.hostserver",
         "chainrun.location",  # where a checkpoint directory really is, asked of its host
     ),
     "memory": ("chainrun.store",),
@@ -64,16 +64,17 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun",  # the package itself: the Python API, loaded on first use
         "chainrun.__main__",
         "chainrun.cli",  # the commands; cli.group its click frame, cli.web the web commands
-        "chainrun.plan",
+        "chainrun.check",
         "chainrun.status",
         "chainrun.poolstatus",
         "chainrun.sweepstatus",
-        "chainrun.sweepfollow",
-        "chainrun.follow",
+        "chainrun.sweeprun",
+        "chainrun.run",
         "chainrun.history",
         "chainrun.accounting",
         "chainrun.ui",
-        "chainrun.control",
+        "chainrun.submission",
+        "chainrun.cancel",
         "chainrun.api",
         "chainrun.tensorboard",
     ),
@@ -152,6 +153,14 @@ def test_every_module_has_a_layer_and_imports_point_down_only() -> None:
     assert upward == []
 
 
+def test_no_module_takes_a_name_of_the_python_api() -> None:
+    """``chainrun.submit(...)`` is the API's; a module ``chainrun/submit.py``, once imported,
+    would replace it with itself (a package's submodule is set as its attribute)."""
+    import chainrun
+
+    assert {f"chainrun.{name}" for name in chainrun.__all__} & modules().keys() == set()
+
+
 def test_no_module_imports_itself_round_a_circle() -> None:
     """No cycle among the imports, type-only ones included (a depth-first search)."""
     edges = graph()
@@ -204,7 +213,7 @@ def test_only_the_cluster_runs_what_a_backend_builds() -> None:
     """A backend's commands (``*_argv``) are built for ``Cluster.call``, the one function that
     runs a scheduler command; ``check``'s plan builds the first submission only to show it."""
     builders = re.compile(r"\.(poll|submit|cancel|accounting|explain|array_submit)_argv\(")
-    allowed = {"chainrun.cluster", "chainrun.plan", "chainrun.testing"}
+    allowed = {"chainrun.cluster", "chainrun.check", "chainrun.testing"}
     found = [
         name
         for name, path in modules().items()

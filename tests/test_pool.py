@@ -34,10 +34,10 @@ from chainrun.cluster import Cluster
 from chainrun.decide import place
 from chainrun.engine import Engine
 from chainrun.errors import JobFileError
-from chainrun.follow import Follower
 from chainrun.jobfile import parse
 from chainrun.localrunner import machine_dir
 from chainrun.model import NO_PROGRESS, Chain, ChainState, JobSpec, Outcome, Phase, SchedulerSpec
+from chainrun.run import Follower
 from chainrun.schedulers.local import LocalScheduler, runner_path
 from chainrun.schedulers.segment import CODE_NAMES, SegmentJob
 from chainrun.schedulers.ship import LOCAL_RUNNER

@@ -302,7 +302,7 @@ def make_sweep(top: Path, host: str = "", workdir: Path | None = None) -> Path:
         'name = "outs"',
         f'command = "exec python3 train.py {{lr}} {EPOCHS}"',
         'total_time = "10m"',
-        'walltime = "4s"',
+        'walltime = "6s"',  # 4 s to train: Python's start under a busy suite takes some
         'grace = "2s"',
         'snapshot = "git"',
     ]

@@ -121,22 +121,23 @@ def check(ctx: click.Context, jobfile_path: str, show_script: bool) -> None:
     Exits 0 for a job file that submit would take, 2 for a bad one, and 1 when
     another active chain trains into its checkpoint_dir.
     """
-    from chainrun import control, jobfile, plan, sweep
+    from chainrun import check as checking
+    from chainrun import jobfile, submission, sweep
 
-    spec = plan.probe_nodes(jobfile.load(jobfile_path))
+    spec = checking.probe_nodes(jobfile.load(jobfile_path))
     chains = sweep.expand(spec)
-    script, argv = plan.preflight(chains[0])
+    script, argv = checking.preflight(chains[0])
     with suppress(TransportError):  # a machine check cannot reach now: submit asks again
         jobfile.where_it_runs(spec)
     with _store(ctx, readonly=True) as store:
-        notes = control.claimed(store, chains)
-    shared = control.probe_shared(spec)[1] if spec.scheduler.hosts else ""
-    for line in plan.summary(jobfile_path, spec, chains, shared):
+        notes = submission.claimed(store, chains)
+    shared = submission.probe_shared(spec)[1] if spec.scheduler.hosts else ""
+    for line in checking.summary(jobfile_path, spec, chains, shared):
         click.echo(line)
-    for line in plan.warnings(spec) + notes:
+    for line in checking.warnings(spec) + notes:
         click.echo(line, err=True)
     if show_script:
-        click.echo(plan.script_text(spec, script, argv), nl=False)
+        click.echo(checking.script_text(spec, script, argv), nl=False)
 
 
 _fresh = click.option(
@@ -165,7 +166,7 @@ def submit(ctx: click.Context, jobfile_paths: tuple[str, ...], fresh: bool, yes:
     start over), another active chain trains into the same checkpoint_dir,
     or a cluster cannot be reached.
     """
-    from chainrun import control, jobfile
+    from chainrun import jobfile, submission
     from chainrun.lock import lock_for
 
     specs = [jobfile.load(path) for path in _job_files(jobfile_paths)]
@@ -173,7 +174,7 @@ def submit(ctx: click.Context, jobfile_paths: tuple[str, ...], fresh: bool, yes:
     if total > CONFIRM_ABOVE and not yes:
         raise UsageError(f"that is {total:,} chains; add --yes to submit them all")
     with _store(ctx) as store:
-        submitted = control.submit_all(store, specs, fresh=fresh)
+        submitted = submission.submit_all(store, specs, fresh=fresh)
     for chain_id, _, _ in submitted:
         click.echo(chain_id)
     if not lock_for(ctx.obj).held_elsewhere():
@@ -228,23 +229,24 @@ def run(ctx: click.Context, jobfile_path: str, interval: Optional[float], fresh:
     the chains go on, as a shell reports a command stopped by Ctrl-C; 2 for a bad
     job file or option.
     """
-    from chainrun import control, follow, jobfile, sweepfollow
+    from chainrun import jobfile, submission, sweeprun
+    from chainrun import run as running
 
     spec = jobfile.load(jobfile_path)
     with _store(ctx) as store:
-        submitted = control.submit_all(store, [spec], fresh=fresh)
-        watch: follow.Watch
+        submitted = submission.submit_all(store, [spec], fresh=fresh)
+        watch: running.Watch
         if spec.sweep:
-            watch = sweepfollow.SweepFollower(store, spec.name, [s.chain_id for s in submitted])
-            click.echo(sweepfollow.submitted_line(spec.name, [s.new for s in submitted]))
+            watch = sweeprun.SweepFollower(store, spec.name, [s.chain_id for s in submitted])
+            click.echo(sweeprun.submitted_line(spec.name, [s.new for s in submitted]))
         else:
             ((chain_id, _, new),) = submitted
-            watch = follow.Follower(store, chain_id)
+            watch = running.Follower(store, chain_id)
             click.echo(
                 f"chain {chain_id} submitted" if new else f"following chain {chain_id}, already running"
             )
         step = interval or min(DEFAULT_INTERVAL, max(1.0, spec.walltime / 8))
-        code = follow.supervise(ctx.obj, watch, step)
+        code = running.supervise(ctx.obj, watch, step)
     sys.exit(code)
 
 
@@ -283,7 +285,8 @@ def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
     CHAIN is damaged, the cluster cannot be reached, or a sweep's cancel was
     not confirmed.
     """
-    from chainrun import control, logsetup
+    from chainrun import cancel as cancelling
+    from chainrun import logsetup
     from chainrun.fields import format_duration
 
     with _store(ctx) as store:
@@ -301,7 +304,7 @@ def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
                 raise ChainrunError(f"not cancelled; to cancel sweep {chain_ref} without asking, add --yes")
         with suppress(OSError):  # a home it cannot write: the records go nowhere
             logsetup.open_file(ctx.obj)
-        summary = control.cancel(ctx.obj, store, going)
+        summary = cancelling.cancel(ctx.obj, store, going)
         if summary is None:
             for chain in going:
                 click.echo(f"chain {chain.id}: cancel requested; the running service carries it out")

@@ -1,6 +1,6 @@
 """``chainrun ui --host ALIAS``: the web page started on an SSH host (the login node, where
 the service and its state are) and served here, the way `chainrun tensorboard` serves a
-remote chain's TensorBoard (``detached``).
+remote chain's TensorBoard (``hostserver``).
 
 `chainrun ui` is started there detached, on the host's loopback and a port free there,
 with its output in a log of its own under ``~/.local/state/chainrun/`` on the host
@@ -19,7 +19,7 @@ import socket
 from contextlib import suppress
 from typing import Callable, Optional
 
-from chainrun import detached
+from chainrun import hostserver
 from chainrun.errors import TransportError, UsageError
 from chainrun.text import clip, escaped
 from chainrun.transport import transport_for
@@ -63,9 +63,9 @@ def serve(
     log = f"{LOGS}/ui-{secrets.token_hex(4)}.log"  # one per page: two at once never share one
     args = [*(shlex.split(program) if program else ["chainrun"]), "ui", "--port", "0"]
     missing = "install chainrun there or name it with --program 'PATH ...'"
-    with detached.stopped_by_signals():
+    with hostserver.stopped_by_signals():
         try:
-            server = detached.start(transport, "chainrun ui", args, log, _SERVING, START_TIMEOUT, missing)
+            server = hostserver.start(transport, "chainrun ui", args, log, _SERVING, START_TIMEOUT, missing)
         except KeyboardInterrupt:
             return 0
         token = server.found[0]
@@ -74,7 +74,7 @@ def serve(
             announce(f"http://127.0.0.1:{local}/?token={token}")
             echo(f"the page of {host}'s chains, forwarded from its port {server.port}; Ctrl-C stops it")
 
-        code = detached.serve(transport, server, port or None, echo, url)
+        code = hostserver.serve(transport, server, port or None, echo, url)
     with suppress(TransportError):
         transport.run(["rm", "-f", "--", log], timeout=30)
     return code

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from chainrun import control
+from chainrun import cancel
 from chainrun import status as view
 from chainrun.accounting import account
 from chainrun.errors import ChainrunError
@@ -235,7 +235,7 @@ class Handler(BaseHTTPRequestHandler):
                 raise ChainrunError(f"no sweep {sweep!r}")
             going = [c for c in targets if not c.state.final]
             if going:
-                control.cancel(self.server.home, store, going)
+                cancel.cancel(self.server.home, store, going)
         back = link.sweep(sweep) if sweep else link.chain(targets[0].id)
         self.send_response(303)
         self.send_header("Location", back.replace("&amp;", "&"))

@@ -25,7 +25,8 @@ import pytest
 from conftest import cli_env, wait_for
 from test_engine import SPEC, World
 
-from chainrun.follow import (
+from chainrun.model import Chain, ChainState, Outcome, Phase, Progress, Segment
+from chainrun.run import (
     OUTPUT_BYTES,
     PROMPT,
     Follower,
@@ -35,10 +36,9 @@ from chainrun.follow import (
     plain_line,
     read_tail,
 )
-from chainrun.model import Chain, ChainState, Outcome, Phase, Progress, Segment
 from chainrun.schedulers import scheduler_for
 from chainrun.schedulers.segment import SegmentJob
-from chainrun.sweepfollow import sweep_frame
+from chainrun.sweeprun import sweep_frame
 from chainrun.transport import LocalTransport
 
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]

@@ -1,6 +1,6 @@
-"""``chainrun run`` of a sweep: the live view of its chains, on ``follow``'s.
+"""``chainrun run`` of a sweep: the live view of its chains, on ``run``'s.
 
-Each chain's events print as lines that name the chain. The progress area (``follow.View``,
+Each chain's events print as lines that name the chain. The progress area (``run.View``,
 the same as for one chain) shows the sweep as a whole: a bar of its chains' progress
 together (each chain's epochs of its target, else its training time of its budget; an
 ended chain counts whole) with the sweep's ETA, its chains by state (running, queued,
@@ -21,7 +21,8 @@ import time
 from collections.abc import Sequence
 from typing import Callable, Optional
 
-from chainrun.follow import (
+from chainrun.model import Chain, ChainState, Phase
+from chainrun.run import (
     EXIT_COMPLETED,
     EXIT_NOT_COMPLETED,
     EXIT_STOPPED_WATCHING,
@@ -32,7 +33,6 @@ from chainrun.follow import (
     segment_text,
     stamp,
 )
-from chainrun.model import Chain, ChainState, Phase
 from chainrun.status import eta, short, trained
 from chainrun.store import Store
 from chainrun.sweepstatus import config_text, lower_is_better, metric_names, states, summary
@@ -135,7 +135,7 @@ def submitted_line(name: str, new: Sequence[bool]) -> str:
 
 
 class SweepFollower:
-    """A sweep's chains as the store has them (``follow.Watch``): their new events, each
+    """A sweep's chains as the store has them (``run.Watch``): their new events, each
     naming its chain, and the sweep's frame. Used from the service's tick thread and the main
     thread (a cancel), one at a time."""
 

@@ -1,7 +1,7 @@
 """``chainrun run``'s view of the chain it supervises, its Ctrl-C prompt and its last word.
 
 What is watched is a ``Watch``: one chain (``Follower``, below) or a sweep's chains
-(``sweepfollow``); ``View`` draws the ``Frame`` either makes, and ``supervise`` drives both.
+(``sweeprun``); ``View`` draws the ``Frame`` either makes, and ``supervise`` drives both.
 
 The chain's events print as lines. Under them a progress area shows how far
 the chain is (epochs of the target, or time used of the budget), the ETA,

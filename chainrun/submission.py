@@ -1,11 +1,12 @@
-"""Submitting and cancelling chains: what ``chainrun submit``/``cancel`` and the Python API share.
+"""``chainrun submit`` (and ``run``'s submit, and the Python API's): job files into chains.
 
-Both work on the store directly, so neither needs a service running: a
-submitted chain waits in the store until a service picks it up, and a cancel
-that no service is there to carry out is carried out here, by one engine tick
-of the cancelled chains alone. Notes a user should see (a chain left as it
-was, a checkpoint directory moved aside) go to stderr; refusals are raised as
-``ChainrunError`` with the one line the CLI prints.
+It works on the store directly, so it needs no service running: a submitted chain waits
+in the store until a service picks it up. Before a chain exists its checkpoint directory is
+claimed (no other unended chain may write there), its starting point read (a checkpoint
+left by an earlier chain, or a fresh start), and its first segment's script built
+(``check.preflight``). Notes a user should see (a chain left as it was, a checkpoint
+directory moved aside) go to stderr; refusals are raised as ``ChainrunError`` with the one
+line the CLI prints.
 """
 
 from __future__ import annotations
@@ -17,20 +18,15 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 from typing import Generic, NamedTuple, Optional, TypeVar
 
 from chainrun import jobfile, location, progress, rundir, snapshot, sweep
+from chainrun.check import preflight, probe_nodes
 from chainrun.decide.carry import applies, carry_line
 from chainrun.decide.claims import Claim, Holder, ancestors, claim, holder, inside, same_job, written
 from chainrun.decide.goal import goal_reached, reached_target
-from chainrun.engine import Engine, TickSummary
 from chainrun.errors import ChainrunError, TransportError, UsageError
-from chainrun.lock import lock_for
-from chainrun.model import NO_PROGRESS, Chain, JobSpec, Progress
-from chainrun.notify import Hooks, Notifier
-from chainrun.plan import preflight, probe_nodes
-from chainrun.service import NOTIFY_WAIT
+from chainrun.model import NO_PROGRESS, JobSpec, Progress
 from chainrun.store import Store
 from chainrun.transport import Transport, transport_for
 
@@ -357,37 +353,3 @@ def _move_aside(transport: Transport, spec: JobSpec) -> None:
         target = f"{stem}-{n}"
     transport.rename(ckpt, target)
     _note(f"moved the old checkpoint directory aside: {ckpt} -> {target}")
-
-
-def cancel(home: Path, store: Store, chains: Sequence[Chain]) -> Optional[TickSummary]:
-    """Ask for ``chains`` (none of them ended) to be cancelled. When a service runs for
-    ``home``, it carries that out at its next tick: None. Else it is done here, by one
-    tick of these chains alone (the others wait for a service, as they would without
-    the cancel), which also delivers their end notifications: that tick's summary (a
-    chain whose cluster it could not reach is still active, its cancel requested)."""
-    now = time.time()
-    for chain in chains:
-        store.request_cancel(chain.id, now)
-    lock = lock_for(home)
-    if lock.held_elsewhere():
-        return None
-    lock.acquire()
-    try:
-        notifier = Notifier(home, _hooks())
-        summary = Engine(store, on_end=notifier).tick(only={c.id for c in chains})
-        notifier.close(NOTIFY_WAIT)
-    finally:
-        lock.release()
-    return summary
-
-
-def _hooks() -> Hooks:
-    """The config's hooks; a broken config must not stand between a user and a cancel."""
-    from chainrun.config import load_config
-
-    try:
-        config = load_config()
-    except ChainrunError as exc:
-        _note(f"chainrun: {exc}; its on_end and webhook are not used")
-        return Hooks()
-    return Hooks(on_end=config.on_end, webhook=config.webhook)
