@@ -26,7 +26,7 @@ from chainrun.decide.carry import applies, carry_line
 from chainrun.decide.claims import Claim, Holder, ancestors, claim, holder, inside, same_job, written
 from chainrun.decide.goal import goal_reached, reached_target
 from chainrun.errors import ChainrunError, TransportError, UsageError
-from chainrun.model import NO_PROGRESS, JobSpec, Progress
+from chainrun.model import NO_PROGRESS, ChainState, JobSpec, Progress, chain_seed
 from chainrun.store import Store
 from chainrun.transport import Transport, transport_for
 
@@ -36,11 +36,25 @@ def _note(message: str) -> None:
 
 
 class Submitted(NamedTuple):
-    """A chain a job file names: stored now (``new``), or already active and left as it is."""
+    """A chain a job file names: stored now ("submitted"), already active and left as it is
+    ("running"), or the chain that already completed its checkpoint ("completed")."""
 
     chain_id: str
     spec: JobSpec
-    new: bool
+    how: str
+
+    @property
+    def new(self) -> bool:
+        return self.how == "submitted"
+
+
+class _Left(NamedTuple):
+    """An ended chain that trained into a checkpoint directory."""
+
+    chain_id: str
+    name: str
+    state: ChainState
+    spec: JobSpec
 
 
 def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> list[Submitted]:
@@ -53,13 +67,20 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     directory is refused, naming it. The check is made again inside the transaction that
     stores, so two commands submitting at once cannot both pass it.
 
-    A checkpoint that already says the run is complete is refused (exit 1, nothing stored):
-    submitting it again would only complete at once. With ``fresh`` each checkpoint
+    A checkpoint that already says the run is complete is not run again: the chain that
+    completed it is returned as it is, said so; where no chain here completed it, it is
+    refused (exit 1, nothing stored). A chain that resumes a checkpoint says from where, and
+    which chain left it, and keeps that chain's seed (a sweep's chain keeps its configuration's).
+    With ``fresh`` each checkpoint
     directory is first moved aside (never deleted), so the chain starts from nothing; a
     directory an active chain trains into is never moved. Returns every chain the job
     files name, in order.
     """
     claims = _Claims(store.unended())
+    left: _Near[_Left] = _Near()
+    if not fresh:  # --fresh moves every checkpoint aside: no chain's is resumed
+        for ended in store.ended():
+            left.add(_claim(ended[3]).path, _Left(*ended))
     out: list[Optional[Submitted]] = []  # None: stored below
     new: list[tuple[JobSpec, Progress]] = []
     mines: list[Claim] = []  # the claim of each in ``new``
@@ -91,15 +112,22 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
             if not same_job(one.name, mine, held) or fresh:
                 raise ChainrunError(_refusal(one, mine, held, fresh))
             _note(f"{one.name}: still running as chain {held.chain_id}; left as it is")
-            out.append(Submitted(held.chain_id, one, False))
+            out.append(Submitted(held.chain_id, one, "running"))
             continue
         with _reaching(one):
             one, baseline = _starting_point(one, transport, fresh)
+        last = next((c for c in left.near(mine.path) if _claim(c.spec).path == mine.path), None)
         why = _complete(one, baseline)
+        again = "; to start over, add --fresh (it moves the directory aside, deleting nothing)"
+        if why and last is not None and last.state is ChainState.COMPLETED:
+            _note(f"{one.name}: already completed as chain {last.chain_id} ({why}){again}")
+            out.append(Submitted(last.chain_id, one, "completed"))
+            continue
         if why:
-            again = "; to start over, add --fresh (it moves the directory aside, deleting nothing)"
             where = f"the checkpoint in {one.checkpoint_dir}"
             raise ChainrunError(f"{where} is already complete ({why}){'' if fresh else again}")
+        if baseline != NO_PROGRESS:
+            one = _resuming(one, baseline, last)
         new.append((one, baseline))
         mines.append(mine)
         pins.append(snap)
@@ -125,7 +153,7 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     for chain_id, snap in zip(ids, pins):
         if snap is not None:
             snapshot.pin(snap, chain_id)
-    stored = iter(Submitted(chain_id, one, True) for chain_id, (one, _) in zip(ids, new))
+    stored = iter(Submitted(chain_id, one, "submitted") for chain_id, (one, _) in zip(ids, new))
     return [item or next(stored) for item in out]
 
 
@@ -282,6 +310,26 @@ def _refusal(spec: JobSpec, mine: Claim, held: Holder, fresh: bool) -> str:
         f"({held.name}) still trains, and two chains there would resume from each other's "
         f"checkpoints; give this job a checkpoint_dir of its own, or cancel that chain first ({cancel})"
     )
+
+
+def _resuming(spec: JobSpec, baseline: Progress, last: Optional[_Left]) -> JobSpec:
+    """Say where a new chain resumes, and from whose checkpoint; it keeps the seed of the
+    chain that left it (the checkpoint's random states were drawn from it), where its own
+    is not set already (a sweep's chain has its configuration's)."""
+    host = spec.scheduler.first_host
+    where = f"{spec.checkpoint_dir} on {host}" if host else spec.checkpoint_dir
+    if last is None:
+        _note(f"{spec.name}: resuming {baseline.describe()} from {where}, left by no chain chainrun knows of")
+        return spec
+    kept = ""
+    if spec.seed is None:
+        spec = replace(spec, seed=chain_seed(last.spec, last.chain_id))
+        kept = f"; keeping its seed {spec.seed}"
+    _note(
+        f"{spec.name}: resuming {baseline.describe()} from {where}, left by chain {last.chain_id} "
+        f"({last.state.value}){kept}"
+    )
+    return spec
 
 
 def _complete(spec: JobSpec, baseline: Progress) -> str:

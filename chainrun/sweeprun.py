@@ -127,11 +127,18 @@ def sweep_frame(name: str, chains: Sequence[Chain], now: float) -> Frame:
     )
 
 
-def submitted_line(name: str, new: Sequence[bool]) -> str:
-    """What ``run`` says first of a sweep: its chains stored now and those already active."""
-    again = len(new) - sum(new)
-    already = f" ({again} of them already running, followed as they are)" if again else ""
-    return f"sweep {name}: {len(new)} chains submitted{already}"
+def submitted_line(name: str, how: Sequence[str]) -> str:
+    """What ``run`` says first of a sweep: its chains stored now, those already active, and
+    those that already completed (``submission.Submitted.how``)."""
+    running, completed = how.count("running"), how.count("completed")
+    if not running and not completed:
+        return f"sweep {name}: {len(how)} chains submitted"
+    parts = [f"{len(how) - running - completed} submitted now"]
+    if running:
+        parts.append(f"{running} already running, followed as they are")
+    if completed:
+        parts.append(f"{completed} already completed")
+    return f"sweep {name}: {len(how)} chains: {', '.join(parts)}"
 
 
 class SweepFollower:

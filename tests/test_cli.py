@@ -703,24 +703,36 @@ def finished_run(tmp_path: Path) -> tuple[Path, Path, dict[str, bytes]]:
     return job, ckpt, {p.name: p.read_bytes() for p in ckpt.iterdir() if p.is_file()}
 
 
-def test_submitting_a_finished_job_again_is_refused_and_fresh_moves_the_checkpoint_aside(
+def test_submitting_a_finished_job_again_returns_its_chain_and_fresh_moves_the_checkpoint_aside(
     tmp_path: Path,
 ) -> None:
-    """Running a finished job file again "completed" in 0.4 s. Now `submit` says the
-    checkpoint is complete, names it and --fresh, exits 1 and stores nothing; `submit
-    --fresh` renames the directory to `checkpoints.old-<UTC time>`, byte for byte, and
-    stores a chain that starts from nothing."""
+    """Running a finished job file again "completed" in 0.4 s. Now `submit` says which chain
+    completed the checkpoint and names --fresh, prints that chain's id, exits 0 and stores
+    nothing; where no chain chainrun knows of completed it (a state directory started anew)
+    it is refused, exit 1; `submit --fresh` renames the directory to
+    `checkpoints.old-<UTC time>`, byte for byte, and stores a chain that starts from nothing."""
     job, ckpt, files = finished_run(tmp_path)
     assert stored_chains(tmp_path / "state") == 1
+    [done] = json.loads(chainrun_process(tmp_path, "status", "--all", "--json").stdout)
     again = chainrun_process(tmp_path, "submit", str(job))
-    assert again.returncode == 1 and again.stdout == ""
-    line = one_line(again.stderr)
-    assert line == (
-        f"chainrun: the checkpoint in {ckpt} is already complete (epoch 2, target_epoch 2); "
+    assert again.returncode == 0 and again.stdout == done["id"] + "\n", again
+    assert again.stderr.splitlines()[0] == (
+        f"again: already completed as chain {done['id']} (epoch 2, target_epoch 2); "
         "to start over, add --fresh (it moves the directory aside, deleting nothing)"
     )
     assert stored_chains(tmp_path / "state") == 1
     assert {p.name: p.read_bytes() for p in ckpt.iterdir() if p.is_file()} == files
+
+    (tmp_path / "state").rename(tmp_path / "state.before")
+    elsewhere = chainrun_process(tmp_path, "submit", str(job))
+    assert elsewhere.returncode == 1 and elsewhere.stdout == ""
+    assert one_line(elsewhere.stderr) == (
+        f"chainrun: the checkpoint in {ckpt} is already complete (epoch 2, target_epoch 2); "
+        "to start over, add --fresh (it moves the directory aside, deleting nothing)"
+    )
+    assert stored_chains(tmp_path / "state") == 0
+    shutil.rmtree(tmp_path / "state")
+    (tmp_path / "state.before").rename(tmp_path / "state")
 
     before = time.gmtime()
     fresh = chainrun_process(tmp_path, "submit", "--fresh", str(job))
@@ -737,12 +749,13 @@ def test_submitting_a_finished_job_again_is_refused_and_fresh_moves_the_checkpoi
     assert stored_chains(tmp_path / "state") == 2
 
 
-def test_run_refuses_a_finished_job_too_and_run_fresh_trains_it_again(tmp_path: Path) -> None:
-    """`run` says what `submit` says of a complete checkpoint; `run --fresh` moves it aside
-    and trains from the start to the target again."""
+def test_run_follows_a_finished_job_to_its_end_and_run_fresh_trains_it_again(tmp_path: Path) -> None:
+    """`run` of a job file whose chain completed says so and exits 0, storing nothing; `run
+    --fresh` moves the checkpoint aside and trains from the start to the target again."""
     job, ckpt, files = finished_run(tmp_path)
     again = chainrun_process(tmp_path, "run", str(job))
-    assert again.returncode == 1 and "already complete" in again.stderr and "add --fresh" in again.stderr
+    assert again.returncode == 0 and "already completed" in again.stdout, again
+    assert "add --fresh" in again.stderr
     assert stored_chains(tmp_path / "state") == 1
     fresh = chainrun_process(tmp_path, "run", "--fresh", str(job), "--interval", "0.3")
     assert fresh.returncode == 0, fresh.stdout + fresh.stderr
@@ -751,6 +764,23 @@ def test_run_refuses_a_finished_job_too_and_run_fresh_trains_it_again(tmp_path: 
     assert stored_chains(tmp_path / "state") == 2
     newest = json.loads(chainrun_process(tmp_path, "status", "again", "--json").stdout)[0]
     assert (newest["state"], newest["epoch"]) == ("completed", 2)
+
+
+def test_a_resumed_checkpoint_is_announced_with_the_chain_that_left_it_and_keeps_its_seed(
+    tmp_path: Path,
+) -> None:
+    """The target raised after a chain completed: the new chain says it resumes epoch 2 from
+    the checkpoint directory, left by that chain, and keeps that chain's seed (the
+    checkpoint's random states came from it; --fresh starts over with a seed of its own)."""
+    job, ckpt, _ = finished_run(tmp_path)
+    [before] = json.loads(chainrun_process(tmp_path, "status", "--all", "--json").stdout)
+    job.write_text(job.read_text().replace("target_epoch = 2", "target_epoch = 3"))
+    more = chainrun_process(tmp_path, "submit", str(job))
+    assert more.returncode == 0, more.stderr
+    said = f"again: resuming epoch 2 from {ckpt}, left by chain {before['id']} (completed); keeping its seed"
+    assert f"{said} {before['seed']}" in more.stderr, more.stderr
+    [after] = json.loads(chainrun_process(tmp_path, "status", more.stdout.strip(), "--json").stdout)
+    assert after["seed"] == before["seed"]
 
 
 def test_fresh_never_overwrites_an_earlier_copy_and_never_moves_the_workdir(tmp_path: Path) -> None:

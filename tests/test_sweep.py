@@ -477,3 +477,40 @@ def test_repetitions_differ_and_each_resumes_as_one_uninterrupted_run_with_its_s
     assert lines[at + 1].split() == ["lr", "MEAN", "SPREAD", "REPS"]
     assert lines[at + 2].split()[0] == "0.01" and lines[at + 2].endswith("2 of 2")
     assert any(line.split()[:4] == ["lr", "REP", "STATE", "PROGRESS"] for line in lines)
+
+
+def test_run_of_a_sweep_half_done_follows_the_running_chains_and_counts_the_completed(
+    tmp_path: Path, chainrun: CLI, service: Callable[..., object]
+) -> None:
+    """One chain of the sweep completed, the other still trains: `run` of the sweep again
+    neither refuses (the completed checkpoint) nor starts anything; it follows the running
+    chain and reports the completed one, and exits 0 once both have completed."""
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(TRAINER, work / "trainer.py")
+    (work / "sweep.toml").write_text(
+        'name = "half"\ncommand = "python3 trainer.py --epochs 3 --epoch-time {t}"\n'
+        'total_time = "10m"\nwalltime = "2m"\ntarget_epoch = 3\n[sweep.grid]\nt = [0.1, 8]\n'
+    )
+    ids = chainrun("submit", str(work / "sweep.toml"), check=True).stdout.split()
+    service(interval=0.3)
+
+    def states() -> list[str]:
+        return [
+            c["state"] for c in json.loads(chainrun("status", "half", "--json", "--all", check=True).stdout)
+        ]
+
+    wait_for(lambda: "completed" in states(), 120, "the quick chain to complete")
+    assert sorted(states()) == ["active", "completed"], "the slow chain ended already: make it slower"
+    followed = chainrun("run", str(work / "sweep.toml"), timeout=240)
+    assert followed.returncode == 0, followed
+    first = followed.stdout.splitlines()[0]
+    assert (
+        first
+        == "sweep half: 2 chains: 0 submitted now, 1 already running, followed as they are, 1 already completed"
+    )
+    assert "already completed as chain" in followed.stderr
+    assert sorted(
+        c["id"] for c in json.loads(chainrun("status", "half", "--json", "--all").stdout)
+    ) == sorted(ids)
+    assert states() == ["completed", "completed"]

@@ -159,12 +159,13 @@ def submit(ctx: click.Context, jobfile_paths: tuple[str, ...], fresh: bool, yes:
     pattern. A job file with a [sweep] makes one chain per configuration and
     repetition. All are checked first and stored together: a bad job file
     stores nothing. A chain still active from an earlier submission of the
-    same job file is left as it is, and its id printed again.
+    same job file is left as it is, and its id printed again; so is the
+    chain that already completed a job file's checkpoint.
 
     Exits 0 when the chains are stored, 2 for a bad job file or option, and 1
-    when they cannot be: a checkpoint is already complete (use --fresh to
-    start over), another active chain trains into the same checkpoint_dir,
-    or a cluster cannot be reached.
+    when they cannot be: a checkpoint is already complete and no chain here
+    completed it (use --fresh to start over), another active chain trains
+    into the same checkpoint_dir, or a cluster cannot be reached.
     """
     from chainrun import jobfile, submission
     from chainrun.lock import lock_for
@@ -238,13 +239,12 @@ def run(ctx: click.Context, jobfile_path: str, interval: Optional[float], fresh:
         watch: running.Watch
         if spec.sweep:
             watch = sweeprun.SweepFollower(store, spec.name, [s.chain_id for s in submitted])
-            click.echo(sweeprun.submitted_line(spec.name, [s.new for s in submitted]))
+            click.echo(sweeprun.submitted_line(spec.name, [s.how for s in submitted]))
         else:
-            ((chain_id, _, new),) = submitted
+            ((chain_id, _, how),) = submitted
             watch = running.Follower(store, chain_id)
-            click.echo(
-                f"chain {chain_id} submitted" if new else f"following chain {chain_id}, already running"
-            )
+            said = {"submitted": "chain {} submitted", "running": "following chain {}, already running"}
+            click.echo(said.get(how, "chain {} already completed").format(chain_id))
         step = interval or min(DEFAULT_INTERVAL, max(1.0, spec.walltime / 8))
         code = running.supervise(ctx.obj, watch, step)
     sys.exit(code)

@@ -138,6 +138,23 @@ class Store:
                 continue
         return found
 
+    def ended(self) -> list[tuple[str, str, ChainState, JobSpec]]:
+        """The chains that have ended, the last to end first: (id, name, state, spec). A row
+        whose spec cannot be read is left out, as from ``chains()``."""
+        final = [s.value for s in ChainState if s.final]
+        rows = self._database.rows(
+            f"SELECT id, name, state, spec FROM chains WHERE state IN ({','.join('?' * len(final))})"
+            " ORDER BY ended_at DESC, rowid DESC",
+            tuple(final),
+        )
+        found = []
+        for row in rows:
+            try:
+                found.append((row["id"], row["name"], ChainState(row["state"]), decode_spec(row["spec"])))
+            except Unreadable:
+                continue
+        return found
+
     def chain(self, chain_id: str) -> Chain:
         """The chain with this exact id; StoreError when it is damaged."""
         found = self._load("chains.id = ?", (chain_id,))
