@@ -31,6 +31,7 @@ class Outcome(enum.Enum):
     LOST = "lost"
     REJECTED = "rejected"  # the scheduler refused the submission for good
     FENCED = "fenced"  # a newer segment of the chain owned the checkpoint: stopped, free
+    SKIPPED = "skipped"  # it started after the goal was reached, and ran nothing: free
 
     @property
     def crashed(self) -> bool:
@@ -377,6 +378,8 @@ class EndMarker:
     def outcome(self) -> Outcome:
         if self.fenced:
             return Outcome.FENCED
+        if self.skipped:
+            return Outcome.SKIPPED
         if self.preempted:
             return Outcome.PREEMPTED
         if self.stopped_by_signal:
@@ -387,7 +390,7 @@ class EndMarker:
         if self.fenced:
             return f"fenced: {self.fenced} of the chain owns the checkpoint; stopped without committing"
         if self.skipped:
-            return f"skipped: {self.skip or 'the goal was already reached'}"
+            return self.skip or "the goal was already reached"
         how = f"after SIG{self.signal}" if self.signal else "on its own"
         if self.preempted:
             how += " (the job was preempted)"

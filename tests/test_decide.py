@@ -736,9 +736,9 @@ def test_a_successor_that_skipped_its_command_is_free_and_says_which_segment_end
     actions = run(chain(seg(1), seg(2, Phase.PENDING), spec=plain), jobs, BEFORE)
     ends = [a for a in actions if isinstance(a, EndSegment)]
     assert [(e.n, e.charged) for e in ends] == [(1, False), (2, False)]
-    assert ends[1].reason == (
-        "completed (exit 0) after the goal was already reached: "
-        "skipped: segment 1 finished on its own (exit 0 before its walltime)"
+    assert (ends[1].outcome, ends[1].reason) == (
+        Outcome.SKIPPED,
+        "skipped, the goal already reached: segment 1 finished on its own (exit 0 before its walltime)",
     )
     assert actions[-1] == Finish(ChainState.COMPLETED, "segment 1 exited 0 before its walltime")
 

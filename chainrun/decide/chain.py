@@ -308,7 +308,9 @@ def _ending(job: JobFacts) -> Optional[_Ending]:
     if (
         marker is not None
         and overridable
-        and (outcome is None or marker.stopped_by_signal or marker.preempted or marker.fenced)
+        and (
+            outcome is None or marker.stopped_by_signal or marker.preempted or marker.fenced or marker.skipped
+        )
     ):
         outcome = marker.outcome()
     reasons = [r for r in (view.reason if view else "", marker.describe() if marker else "") if r]
@@ -443,6 +445,8 @@ def _charge(
         # Cancelled because the goal was reached, by a service that died before
         # it could record the cancel: that was chainrun's own doing.
         return False, f"{outcome.value} after the goal was already reached{detail}"
+    if outcome is Outcome.SKIPPED:
+        return False, f"{outcome.value}, the goal already reached{detail}"
     if outcome is Outcome.FENCED:
         # A newer segment of the chain owns the checkpoint: this one was stopped by chainrun's
         # fence, never by the training's fault.
