@@ -199,5 +199,7 @@ def test_the_demo_on_a_fresh_clone_shows_no_warning_or_traceback(tmp_path: Path,
     assert result.returncode == 0, out[-3000:]
     shown = out[out.index("chain quickstart-") :].splitlines()
     assert any("chain completed" in line for line in shown), out[-3000:]
+    # It resumed across walltime-limited segments, on a fast machine too (paced epochs).
+    assert any(line.endswith("segment 2 is running") for line in shown), out[-3000:]
     alarming = [line for line in shown if ALARMING.search(line)]
     assert not alarming, "\n".join(alarming[:10])
