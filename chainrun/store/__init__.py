@@ -124,33 +124,26 @@ class Store:
     def unended(self) -> list[tuple[str, str, JobSpec]]:
         """The chains that have not ended (active or stuck), oldest first: (id, name, spec).
         A row whose spec cannot be read is left out, as from ``chains()``."""
-        final = [s.value for s in ChainState if s.final]
-        rows = self._database.rows(
-            f"SELECT id, name, spec FROM chains WHERE state NOT IN ({','.join('?' * len(final))})"
-            " ORDER BY created_at, rowid",
-            tuple(final),
-        )
-        found = []
-        for row in rows:
-            try:
-                found.append((row["id"], row["name"], decode_spec(row["spec"])))
-            except Unreadable:
-                continue
-        return found
+        rows = self._by_end(False, "created_at, rowid")
+        return [(chain_id, name, spec) for chain_id, name, _, spec in rows]
 
     def ended(self) -> list[tuple[str, str, ChainState, JobSpec]]:
         """The chains that have ended, the last to end first: (id, name, state, spec). A row
         whose spec cannot be read is left out, as from ``chains()``."""
+        rows = self._by_end(True, "ended_at DESC, rowid DESC")
+        return [(chain_id, name, ChainState(state), spec) for chain_id, name, state, spec in rows]
+
+    def _by_end(self, ended: bool, order: str) -> list[tuple[str, str, str, JobSpec]]:
         final = [s.value for s in ChainState if s.final]
         rows = self._database.rows(
-            f"SELECT id, name, state, spec FROM chains WHERE state IN ({','.join('?' * len(final))})"
-            " ORDER BY ended_at DESC, rowid DESC",
+            f"SELECT id, name, state, spec FROM chains WHERE state {'' if ended else 'NOT '}IN "
+            f"({','.join('?' * len(final))}) ORDER BY {order}",
             tuple(final),
         )
         found = []
         for row in rows:
             try:
-                found.append((row["id"], row["name"], ChainState(row["state"]), decode_spec(row["spec"])))
+                found.append((row["id"], row["name"], row["state"], decode_spec(row["spec"])))
             except Unreadable:
                 continue
         return found
