@@ -252,8 +252,9 @@ def test_a_storm_of_sigkills_with_a_full_disk_and_a_locked_database_costs_nothin
         wait_for(lambda c=chain_id: status(chainrun, c)["state"] != "active", 300, f"{chain_id} to end")
     for chain_id in ids:
         st = status(chainrun, chain_id)
-        assert (st["state"], st["failures"]) == ("completed", 0), st
-        assert not [s for s in st["segments"] if s["outcome"] == "lost"], st["segments"]
+        told = [(s["n"], s["outcome"], s["charged"], s["reason"]) for s in st["segments"]]
+        assert (st["state"], st["failures"]) == ("completed", 0), told
+        assert not [s for s in st["segments"] if s["outcome"] == "lost"], told
         assert len(st["segments"]) >= 3, "the storm hit a chain that barely ran"
     for work in works:
         assert not (work / "overlaps.log").exists(), (work / "overlaps.log").read_text()

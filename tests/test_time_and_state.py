@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from conftest import wait_for
 from test_decide import BEFORE, NOW, chain, seg
-from test_follow import chain_id_in, run_piped
+from test_run import chain_id_in, run_piped
 
 from chainrun import status as view
 from chainrun.decide import Facts, JobFacts, decide
