@@ -1,0 +1,123 @@
+"""A job that cannot start says so at once (issue 36, item 11): ``check`` and ``submit`` ask the
+real Slurm (``sbatch --test-only``) and the real SGE (``qsub -w v``) about the segment's shape,
+queueing nothing, and refuse one the scheduler would never start with its own reason and what
+to change; nothing is stored."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from conftest import answers, have, holding_scheduler, need, slurm_answers
+
+from chainrun.errors import SchedulerError
+from chainrun.model import CommandResult
+from chainrun.schedulers.sge import SgeScheduler
+from chainrun.schedulers.slurm import SlurmScheduler
+
+CLI = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def job_file(where: Path, kind: str, scheduler: str = "") -> Path:
+    (where / "train.py").write_text("pass\n")
+    path = where / "job.toml"
+    path.write_text(
+        'name = "shape"\ncommand = "python3 train.py"\ntotal_time = "2h"\nwalltime = "1h"\n'
+        f'[scheduler]\nkind = "{kind}"\n{scheduler}'
+    )
+    return path
+
+
+def refused(chainrun: CLI, path: Path, reason: str) -> None:
+    """``check`` and ``submit`` both exit 2 with the scheduler's ``reason`` and what to change,
+    in a few lines and no traceback; no chain is stored."""
+    for command in ("check", "submit"):
+        result = chainrun(command, str(path))
+        assert result.returncode == 2, (command, result.stdout, result.stderr)
+        assert reason in result.stderr and "would never start a segment of this shape" in result.stderr
+        assert "change [scheduler] queue or options, or walltime" in result.stderr
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) <= 3
+    listed = chainrun("status", "--json")
+    assert '"id"' not in listed.stdout, listed.stdout
+
+
+@pytest.mark.slurm
+def test_slurm_refuses_a_two_node_segment_on_the_one_node_default_partition(
+    tmp_path: Path, chainrun: CLI
+) -> None:
+    """Issue 36 item 11: --nodes=2 on the default partition (one node) used to be submitted and
+    sit pending with PartitionNodeLimit; now check and submit refuse it in Slurm's words."""
+    with holding_scheduler("slurm"):
+        need("a running Slurm", slurm_answers(), "sudo scripts/start-slurm")
+        path = job_file(tmp_path, "slurm", 'options = ["--nodes=2"]\n')
+        refused(chainrun, path, "Requested node configuration is not available")
+
+
+@pytest.mark.slurm
+def test_slurm_refuses_a_partition_that_does_not_exist_and_takes_one_that_fits(
+    tmp_path: Path, chainrun: CLI
+) -> None:
+    """A queue Slurm does not have is refused at check; the same job file on its real
+    partition passes (the question queues nothing: no job is left behind)."""
+    with holding_scheduler("slurm"):
+        need("a running Slurm", slurm_answers(), "sudo scripts/start-slurm")
+        path = job_file(tmp_path, "slurm", 'queue = "no-such-partition"\n')
+        refused(chainrun, path, "invalid partition specified: no-such-partition")
+        path = job_file(tmp_path, "slurm", 'queue = "debug"\noptions = ["--cpus-per-task=1"]\n')
+        result = chainrun("check", str(path))
+        assert result.returncode == 0, result.stderr
+        queued = subprocess.run(
+            ["squeue", "--me", "--noheader", "--format=%j"], capture_output=True, text=True
+        )
+        assert "cr.shape" not in queued.stdout
+
+
+@pytest.mark.slurm
+def test_a_sweep_is_asked_about_each_shape_its_chains_have(tmp_path: Path, chainrun: CLI) -> None:
+    """A sweep over --nodes asks about each node count its chains use (the placeholders filled
+    in): the one-node chains alone pass; a two-node one refuses the whole job file."""
+    with holding_scheduler("slurm"):
+        need("a running Slurm", slurm_answers(), "sudo scripts/start-slurm")
+        path = job_file(tmp_path, "slurm", 'options = ["--nodes={nodes}"]\n[sweep.grid]\nnodes = [1]\n')
+        result = chainrun("check", str(path))
+        assert result.returncode == 0, result.stderr
+        path = job_file(tmp_path, "slurm", 'options = ["--nodes={nodes}"]\n[sweep.grid]\nnodes = [1, 2]\n')
+        refused(chainrun, path, "Requested node configuration is not available")
+
+
+@pytest.mark.sge
+def test_sge_refuses_a_queue_that_does_not_exist(tmp_path: Path, chainrun: CLI) -> None:
+    """qsub -w v: SGE's own reason for a queue it does not have, at check and at submit."""
+    with holding_scheduler("sge"):
+        need("a running SGE", have("qsub") and answers("qstat"), "sudo scripts/start-sge")
+        path = job_file(tmp_path, "sge", 'queue = "no-such.q"\n')
+        refused(chainrun, path, 'job requests unknown queue "no-such.q"')
+
+
+@pytest.mark.sge
+def test_sge_refuses_a_parallel_environment_beyond_what_it_has(tmp_path: Path, chainrun: CLI) -> None:
+    """A slot count through a parallel environment SGE does not offer is refused in its words."""
+    with holding_scheduler("sge"):
+        need("a running SGE", have("qsub") and answers("qstat"), "sudo scripts/start-sge")
+        path = job_file(tmp_path, "sge", 'options = ["-pe smp 64"]\n')
+        refused(chainrun, path, 'the requested parallel environment "smp" does not exist')
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "away"),
+    [
+        (SlurmScheduler(), "sbatch: error: Unable to contact slurm controller (connect failure)\n"),
+        (SgeScheduler(), "error: commlib error: got read error\nUnable to run job: got send error\n"),
+    ],
+)
+def test_a_scheduler_that_does_not_answer_refuses_nothing(scheduler: object, away: str) -> None:
+    """A controller away (or the tool missing) is no reason to refuse a job file: the
+    question raises a transient error, which check and submit pass over."""
+    assert isinstance(scheduler, (SlurmScheduler, SgeScheduler))
+    for result in (CommandResult(["x"], 1, "", away), CommandResult(["x"], 127, "", "x: not found\n")):
+        with pytest.raises(SchedulerError) as caught:
+            scheduler.parse_shape(result)
+        assert caught.value.transient
+    assert scheduler.parse_shape(CommandResult(["x"], 0, "", "verification: found suitable queue(s)\n")) == ""
