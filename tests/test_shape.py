@@ -5,12 +5,17 @@ to change; nothing is stored."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
+import threading
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
-from conftest import answers, have, holding_scheduler, need, slurm_answers
+from conftest import answers, cli_env, have, holding_scheduler, need, slurm_answers, wait_for
+from test_ui import _get
+from test_ui import ui as ui  # the fixture that starts `chainrun ui`
 
 from chainrun.errors import SchedulerError
 from chainrun.model import CommandResult
@@ -18,6 +23,7 @@ from chainrun.schedulers.sge import SgeScheduler
 from chainrun.schedulers.slurm import SlurmScheduler
 
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
+Service = Callable[..., "subprocess.Popen[bytes]"]
 
 
 def job_file(where: Path, kind: str, scheduler: str = "") -> Path:
@@ -28,6 +34,10 @@ def job_file(where: Path, kind: str, scheduler: str = "") -> Path:
         f'[scheduler]\nkind = "{kind}"\n{scheduler}'
     )
     return path
+
+
+def state(chainrun: CLI, chain_id: str) -> str:
+    return str(json.loads(chainrun("status", chain_id, "--json", check=True).stdout)[0]["state"])
 
 
 def refused(chainrun: CLI, path: Path, reason: str) -> None:
@@ -87,6 +97,76 @@ def test_a_sweep_is_asked_about_each_shape_its_chains_have(tmp_path: Path, chain
         refused(chainrun, path, "Requested node configuration is not available")
 
 
+@pytest.mark.slurm
+def test_a_job_pending_for_a_reason_that_will_not_clear_is_shown_as_a_problem(
+    tmp_path: Path,
+    home: Path,
+    chainrun: CLI,
+    service: Service,
+    ui: Callable[..., str],
+) -> None:
+    """Issue 36 item 11: a segment's job that Slurm keeps pending with PartitionNodeLimit (its
+    request changed after submission: here by scontrol, as an admin's new limit would) was
+    shown once as "queued (PartitionNodeLimit)" and nothing more; now status, its JSON, run's
+    line and the web page say it will not start by itself, and what to change."""
+    with holding_scheduler("slurm"):
+        need("a running Slurm", slurm_answers(), "sudo scripts/start-slurm")
+        # --begin keeps the job pending until the test has changed it.
+        path = job_file(tmp_path, "slurm", 'options = ["--begin=now+600"]\n')
+        chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+        service(interval=0.5)
+        try:
+
+            def first_job() -> Any:
+                segs = json.loads(chainrun("status", chain_id, "--json", check=True).stdout)[0]["segments"]
+                return segs[0]["job_id"] if segs else None
+
+            wait_for(lambda: first_job() is not None, 120, "segment 1 to be queued")
+            job_id = first_job()
+            subprocess.run(["scontrol", "update", f"jobid={job_id}", "NumNodes=2"], check=True)
+            subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+            problem = "(PartitionNodeLimit), will not start by itself: it asks for more nodes than its partition allows"
+
+            def attention() -> str:
+                return str(json.loads(chainrun("status", "--json", check=True).stdout)[0]["attention"])
+
+            wait_for(lambda: problem in attention(), 120, "status to show the PartitionNodeLimit problem")
+            assert "change --nodes, or queue" in attention()
+            table = " ".join(chainrun("status").stdout.split())  # below the table, wrapped
+            assert problem in table and "change --nodes, or queue" in table, table
+            watched = " ".join(chainrun("status", chain_id, "-v", check=True).stdout.split())
+            assert problem in watched and "change --nodes, or queue" in watched, watched
+            # `run` of the same job file follows the chain the service drives: its line says it.
+            follow = subprocess.Popen(
+                [sys.executable, "-m", "chainrun", "run", str(path)],
+                env=cli_env(home),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            seen: list[str] = []
+            assert follow.stdout is not None
+
+            def read() -> None:
+                for line in follow.stdout or ():
+                    seen.append(line)
+
+            threading.Thread(target=read, daemon=True).start()
+            try:
+                wait_for(lambda: problem in "".join(seen), 60, "run's line to show the problem")
+            finally:
+                follow.kill()
+                follow.wait()
+            url = ui()
+            base, token = url.split("/?token=")
+            code, page = _get(f"{base}/chain/{chain_id}?token={token}")
+            assert code == 200 and 'class="problem"' in page and "PartitionNodeLimit" in page, page[-2000:]
+        finally:
+            chainrun("cancel", chain_id)
+            wait_for(lambda: state(chainrun, chain_id) == "cancelled", 120, "the service to cancel the chain")
+
+
 @pytest.mark.sge
 def test_sge_refuses_a_queue_that_does_not_exist(tmp_path: Path, chainrun: CLI) -> None:
     """qsub -w v: SGE's own reason for a queue it does not have, at check and at submit."""
@@ -121,3 +201,25 @@ def test_a_scheduler_that_does_not_answer_refuses_nothing(scheduler: object, awa
             scheduler.parse_shape(result)
         assert caught.value.transient
     assert scheduler.parse_shape(CommandResult(["x"], 0, "", "verification: found suitable queue(s)\n")) == ""
+
+
+@pytest.mark.parametrize(
+    ("reason", "advice"),
+    [
+        ("PartitionNodeLimit", "change --nodes, or queue"),
+        ("PartitionTimeLimit", "shorten walltime, or change queue"),
+        ("QOSMaxWallDurationPerJobLimit", "shorten walltime, or change --qos"),
+        ("Priority", ""),
+        ("Resources", ""),
+        ("Dependency", ""),
+        ("BeginTime", ""),
+        ("ReqNodeNotAvail, UnavailableNodes:node1", ""),  # a node down may come back
+    ],
+)
+def test_only_pending_reasons_that_never_clear_are_problems(reason: str, advice: str) -> None:
+    """A job waiting its turn is no problem; one waiting for a change to its own request is,
+    with what to change."""
+    from chainrun.schedulers import will_not_start
+
+    found = will_not_start(reason)
+    assert (advice in found) if advice else found == "", found

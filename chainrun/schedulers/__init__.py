@@ -22,3 +22,13 @@ def scheduler_for(kind: str, host: Optional[str]) -> Scheduler:
 
         return SgeScheduler()
     raise ValueError(f"unknown scheduler kind {kind!r}")
+
+
+def will_not_start(reason: str) -> str:
+    """What to change for a job the scheduler keeps pending for ``reason``, when that reason
+    will not clear by itself (Slurm's PartitionNodeLimit, PartitionTimeLimit, ...); "" for
+    one that may. Only Slurm names such states in its listing: SGE's is its error state,
+    which ends the segment (``ListedJob.stuck``)."""
+    from chainrun.schedulers.slurm import NEVER_CLEARS
+
+    return NEVER_CLEARS.get(reason.split(",")[0].strip(), "")
