@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import pytest
 from conftest import answers, cli_env, have, holding_scheduler, need, slurm_answers, wait_for
+from test_notify import Server, url
+from test_notify import server as server  # the fixture: a webhook receiver
 from test_ui import _get
 from test_ui import ui as ui  # the fixture that starts `chainrun ui`
 
@@ -26,12 +28,12 @@ CLI = Callable[..., "subprocess.CompletedProcess[str]"]
 Service = Callable[..., "subprocess.Popen[bytes]"]
 
 
-def job_file(where: Path, kind: str, scheduler: str = "") -> Path:
+def job_file(where: Path, kind: str, scheduler: str = "", top: str = "") -> Path:
     (where / "train.py").write_text("pass\n")
     path = where / "job.toml"
     path.write_text(
         'name = "shape"\ncommand = "python3 train.py"\ntotal_time = "2h"\nwalltime = "1h"\n'
-        f'[scheduler]\nkind = "{kind}"\n{scheduler}'
+        f'{top}[scheduler]\nkind = "{kind}"\n{scheduler}'
     )
     return path
 
@@ -104,15 +106,17 @@ def test_a_job_pending_for_a_reason_that_will_not_clear_is_shown_as_a_problem(
     chainrun: CLI,
     service: Service,
     ui: Callable[..., str],
+    server: Server,
 ) -> None:
     """Issue 36 item 11: a segment's job that Slurm keeps pending with PartitionNodeLimit (its
     request changed after submission: here by scontrol, as an admin's new limit would) was
     shown once as "queued (PartitionNodeLimit)" and nothing more; now status, its JSON, run's
-    line and the web page say it will not start by itself, and what to change."""
+    line, the web page and the webhook say it will not start by itself, and what to change."""
     with holding_scheduler("slurm"):
         need("a running Slurm", slurm_answers(), "sudo scripts/start-slurm")
         # --begin keeps the job pending until the test has changed it.
-        path = job_file(tmp_path, "slurm", 'options = ["--begin=now+600"]\n')
+        hook = f'webhook = "{url(server)}"\n'
+        path = job_file(tmp_path, "slurm", 'options = ["--begin=now+600"]\n', top=hook)
         chain_id = chainrun("submit", str(path), check=True).stdout.strip()
         service(interval=0.5)
         try:
@@ -158,10 +162,20 @@ def test_a_job_pending_for_a_reason_that_will_not_clear_is_shown_as_a_problem(
             finally:
                 follow.kill()
                 follow.wait()
-            url = ui()
-            base, token = url.split("/?token=")
+            page_url = ui()
+            base, token = page_url.split("/?token=")
             code, page = _get(f"{base}/chain/{chain_id}?token={token}")
             assert code == 200 and 'class="problem"' in page and "PartitionNodeLimit" in page, page[-2000:]
+
+            def told() -> list[dict[str, Any]]:
+                return [
+                    r["body"] for r in server.received if r["body"].get("event") == "segment_will_not_start"
+                ]
+
+            wait_for(lambda: bool(told()), 60, "the webhook to be told")
+            (body,) = told()
+            assert (body["chain"], body["segment"], body["job"]) == (chain_id, 1, job_id), body
+            assert body["reason"] == "PartitionNodeLimit" and "change --nodes, or queue" in body["change"]
         finally:
             chainrun("cancel", chain_id)
             wait_for(lambda: state(chainrun, chain_id) == "cancelled", 120, "the service to cancel the chain")
