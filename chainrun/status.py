@@ -32,7 +32,7 @@ from chainrun import heartbeat, systemd
 from chainrun.accounting import account, describe
 from chainrun.lock import lock_for
 from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Outcome, Phase, Segment, chain_seed
-from chainrun.schedulers import will_not_start
+from chainrun.schedulers.pending import will_not_start
 from chainrun.store import DamagedChain, Glance, SegmentGlance, ran
 from chainrun.store.database import DB_FILE
 from chainrun.text import clip, escaped

@@ -233,7 +233,7 @@ def test_a_scheduler_that_does_not_answer_refuses_nothing(scheduler: object, awa
 def test_only_pending_reasons_that_never_clear_are_problems(reason: str, advice: str) -> None:
     """A job waiting its turn is no problem; one waiting for a change to its own request is,
     with what to change."""
-    from chainrun.schedulers import will_not_start
+    from chainrun.schedulers.pending import will_not_start
 
     found = will_not_start(reason)
     assert (advice in found) if advice else found == "", found

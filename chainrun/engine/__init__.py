@@ -72,8 +72,9 @@ from chainrun.model import (
     Submit,
     Track,
 )
-from chainrun.schedulers import scheduler_for, will_not_start
+from chainrun.schedulers import scheduler_for
 from chainrun.schedulers.base import Scheduler
+from chainrun.schedulers.pending import will_not_start
 from chainrun.store import Store
 from chainrun.transport import Transport, transport_for
 

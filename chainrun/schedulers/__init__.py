@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from chainrun.schedulers.base import Scheduler
+if TYPE_CHECKING:  # the backends load only when one is asked for
+    from chainrun.schedulers.base import Scheduler
 
 
 def scheduler_for(kind: str, host: Optional[str]) -> Scheduler:
@@ -22,13 +23,3 @@ def scheduler_for(kind: str, host: Optional[str]) -> Scheduler:
 
         return SgeScheduler()
     raise ValueError(f"unknown scheduler kind {kind!r}")
-
-
-def will_not_start(reason: str) -> str:
-    """What to change for a job the scheduler keeps pending for ``reason``, when that reason
-    will not clear by itself (Slurm's PartitionNodeLimit, PartitionTimeLimit, ...); "" for
-    one that may. Only Slurm names such states in its listing: SGE's is its error state,
-    which ends the segment (``ListedJob.stuck``)."""
-    from chainrun.schedulers.slurm import NEVER_CLEARS
-
-    return NEVER_CLEARS.get(reason.split(",")[0].strip(), "")

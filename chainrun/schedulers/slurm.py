@@ -65,27 +65,6 @@ STATES: dict[str, tuple[Phase, Optional[Outcome]]] = {
     "SPECIAL_EXIT": (Phase.ENDED, Outcome.FAILED),
 }
 
-# Pending reasons that will not clear by themselves: the job waits for a change to its own
-# request (or to the cluster's limits), never for other jobs to end; with what to change.
-# (ReqNodeNotAvail is not one: a node that does not exist is refused at submission, and a
-# node down or drained may come back.)
-NEVER_CLEARS: dict[str, str] = {
-    "PartitionNodeLimit": "it asks for more nodes than its partition allows: change --nodes, or queue",
-    "PartitionTimeLimit": "its walltime is over its partition's MaxTime: shorten walltime, or change queue",
-    "PartitionConfig": "it asks for more than its partition has: change [scheduler] options, or queue",
-    "QOSMaxWallDurationPerJobLimit": "its walltime is over its QOS limit: shorten walltime, or change --qos",
-    "AssocMaxWallDurationPerJobLimit": "its walltime is over its account's limit: shorten walltime",
-    "QOSMaxNodePerJobLimit": "it asks for more nodes than its QOS allows: change --nodes, or --qos",
-    "AssocMaxNodesPerJobLimit": "it asks for more nodes than its account allows: change --nodes",
-    "QOSMaxCpuPerJobLimit": "it asks for more CPUs than its QOS allows: change [scheduler] options, or --qos",
-    "AssocMaxCpuPerJobLimit": "it asks for more CPUs than its account allows: change [scheduler] options",
-    "QOSMaxGRESPerJob": "it asks for more GRES (GPUs) than its QOS allows: change options, or --qos",
-    "QOSMaxMemoryPerJob": "it asks for more memory than its QOS allows: change --mem, or --qos",
-    "InvalidQOS": "its QOS is not one this user may use: change --qos",
-    "InvalidAccount": "its account is not one this user may use: change --account",
-    "BadConstraints": "its constraints match no node: change --constraint",
-}
-
 # sbatch/squeue errors that say "try again later", not "this can never work".
 TRANSIENT = re.compile(
     r"socket timed out|unable to contact slurm controller|temporarily unavailable|"
