@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Optional
 
-from chainrun import carry, rundir, snapshot
+from chainrun import carry, rundir, snapshot, sweep
 from chainrun.cluster import Cluster
 from chainrun.decide import grace
 from chainrun.decide.carry import applies, away_bound, off_because
@@ -23,6 +23,7 @@ from chainrun.errors import JobFileError, SchedulerError, TransportError
 from chainrun.fields import format_duration
 from chainrun.model import JobSpec, new_chain_id
 from chainrun.schedulers import scheduler_for
+from chainrun.schedulers.base import ShapeProbe
 from chainrun.schedulers.script import render_script
 from chainrun.schedulers.segment import SegmentJob
 from chainrun.sweep import param_text
@@ -49,17 +50,22 @@ def preflight(spec: JobSpec) -> tuple[str, list[str]]:
 
 
 def probe_nodes(spec: JobSpec, transport: Optional[Transport] = None) -> JobSpec:
-    """For a chain whose segments may queue their successors while the service is away,
-    ask the cluster's configuration whether its compute nodes may submit jobs at all (at
-    check and submit), and, at submit (``transport``: where the chain's commands run, its
-    workdir there already), whether the carrier runs there with the interpreter its
-    launcher would use (``carry.probe``); where either may not, the spec says why and the
-    chain waits for the service as before. What cannot be told here a segment finds out,
-    and says in its log."""
+    """Ask the cluster where the chain's segments will run, at check and at submit (``transport``:
+    where the chain's commands run, its workdir there already). First whether its scheduler would
+    ever start a segment of this shape (``never_starts``): a refusal is a job file error, in the
+    scheduler's own words. Then, for a chain whose segments may queue their successors while
+    the service is away, whether the cluster's compute nodes may submit jobs at all, and, at
+    submit, whether the carrier runs there with the interpreter its launcher would use
+    (``carry.probe``); where either may not, the spec says why and the chain waits for the
+    service as before. What cannot be told here a segment finds out, and says in its log."""
+    host = spec.scheduler.host
+    scheduler = scheduler_for(spec.scheduler.kind, host)
+    if not isinstance(scheduler, ShapeProbe) and not applies(spec):
+        return spec
+    cluster = Cluster(scheduler, transport or transport_for(host))
+    never_starts(spec, cluster)
     if not applies(spec):
         return spec
-    host = spec.scheduler.host
-    cluster = Cluster(scheduler_for(spec.scheduler.kind, host), transport or transport_for(host))
     try:
         why = cluster.nodes_cannot_submit(spec.scheduler.queue)
     except (TransportError, SchedulerError):
@@ -73,6 +79,28 @@ def probe_nodes(spec: JobSpec, transport: Optional[Transport] = None) -> JobSpec
     except TransportError as exc:
         cannot = f"the carrier could not be placed and run there ({exc})"
     return replace(spec, carrier_cannot_run=cannot) if cannot else spec
+
+
+def never_starts(spec: JobSpec, cluster: Cluster) -> None:
+    """Refuse the job file (JobFileError) when the scheduler says it would never start a
+    segment of its shape: its reason, and what to change. A scheduler that does not answer
+    now refuses nothing (the submission finds out)."""
+    scheduler = cluster.scheduler
+    if not isinstance(scheduler, ShapeProbe):
+        return
+    # A sweep's options may hold placeholders: each shape its chains have is asked once.
+    shapes = {(one.scheduler.queue, one.scheduler.options): one for one in sweep.expand(spec)}
+    for one in shapes.values():
+        try:
+            why = cluster.never_starts(SegmentJob(new_chain_id(one.name), 1, one, one.walltime))
+        except (TransportError, SchedulerError):
+            return
+        if why:
+            raise JobFileError(
+                f"{spec.source}: {scheduler.kind} would never start a segment of this shape: {why}; "
+                f"change [scheduler] queue or options, or walltime, to what the cluster offers "
+                f"({scheduler.shape_hint})"
+            )
 
 
 def summary(path: str, spec: JobSpec, chains: Sequence[JobSpec], shared: str = "") -> list[str]:

@@ -19,7 +19,14 @@ from chainrun import rundir
 from chainrun.decide.carry import abandoned
 from chainrun.errors import ClaimedError, SchedulerError
 from chainrun.model import CommandResult, JobSpec, ListedJob
-from chainrun.schedulers.base import ArrayScheduler, HelperFile, NodeSubmitProbe, Scheduler, parse_cancel
+from chainrun.schedulers.base import (
+    ArrayScheduler,
+    HelperFile,
+    NodeSubmitProbe,
+    Scheduler,
+    ShapeProbe,
+    parse_cancel,
+)
 from chainrun.schedulers.script import render_script, runner_path
 from chainrun.schedulers.segment import SegmentJob, claim_job, claim_text, parse_claim
 from chainrun.schedulers.ship import SEGMENT_RUNNER
@@ -137,6 +144,14 @@ class Cluster:
             self.call(argv, lambda r: r, POLL_TIMEOUT) for argv in self.scheduler.node_submit_argvs(queue)
         ]
         return self.scheduler.parse_node_submit(results)
+
+    def never_starts(self, job: SegmentJob) -> str:
+        """The scheduler's own reason it would never start ``job`` (asked without queueing
+        it); "" when it would, or when the backend has nothing to ask. Raises SchedulerError
+        (transient) when the scheduler did not answer."""
+        if not isinstance(self.scheduler, ShapeProbe):
+            return ""
+        return self.call(self.scheduler.shape_argv(job), self.scheduler.parse_shape, POLL_TIMEOUT)
 
     def explain(self, job_id: str) -> str:
         """The scheduler's own words for why a job is held in an error state; "" if none."""

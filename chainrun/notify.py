@@ -26,7 +26,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 from urllib.parse import quote, urljoin, urlsplit
 
 from chainrun.constants import VERSION
@@ -76,6 +76,25 @@ def end_payload(chain: Chain) -> dict[str, Any]:
     }
 
 
+def problem_payload(chain: Chain, n: int, reason: str, change: str) -> dict[str, Any]:
+    """A segment the scheduler keeps pending for a reason that will not clear by itself, as the
+    webhook's JSON body."""
+    spec = chain.spec
+    return {
+        "event": "segment_will_not_start",
+        "chain": chain.id,
+        "name": spec.name,
+        "state": chain.state.value,
+        "segment": n,
+        "job": next((s.job_id for s in chain.segments if s.n == n), None),
+        "reason": reason,
+        "change": change,
+        "scheduler": spec.scheduler.kind,
+        "host": spec.scheduler.host,
+        "workdir": spec.workdir,
+    }
+
+
 def hook_env(payload: dict[str, Any]) -> dict[str, str]:
     """The environment of the ``on_end`` command."""
     epoch = payload.get("epoch")
@@ -88,6 +107,13 @@ def hook_env(payload: dict[str, Any]) -> dict[str, str]:
         "CHAINRUN_EPOCH": "" if epoch is None else str(epoch),
         "CHAINRUN_TARGET_EPOCH": "" if target is None else str(target),
     }
+
+
+def _cwd(chain: Chain) -> str:
+    """Where the ``on_end`` command runs: the workdir of a remote chain is on the cluster, and
+    the command runs here."""
+    spec = chain.spec
+    return spec.workdir if not spec.scheduler.remote else str(Path.home())
 
 
 def redact(url: str) -> str:
@@ -157,13 +183,24 @@ class Notifier:
         self._start_lock = threading.Lock()
 
     def __call__(self, chain: Chain) -> None:
+        self._queue_one(chain.id, lambda: self.plan(chain))
+
+    def problem(self, chain: Chain, n: int, reason: str, change: str) -> None:
+        """Segment ``n``'s job is kept pending for a reason that will not clear by itself: to
+        the webhook (the ``on_end`` command is for ends alone)."""
+        webhook = chain.spec.webhook or self.defaults.webhook
+        if webhook:
+            payload = problem_payload(chain, n, reason, change)
+            self._queue_one(f"{chain.id}.{n}.problem", lambda: Delivery(payload, None, webhook, _cwd(chain)))
+
+    def _queue_one(self, name: str, make: Callable[[], Optional[Delivery]]) -> None:
         try:
-            delivery = self.plan(chain)
+            delivery = make()
             if delivery is None:
                 return
-            path = self._write(chain.id, delivery)
-        except Exception:  # a notification must never break the tick that ended the chain
-            log.exception("could not queue the end-of-chain notification", chain=chain.id)
+            path = self._write(name, delivery)
+        except Exception:  # a notification must never break the tick that asked for it
+            log.exception("could not queue the notification", file=name)
             return
         self.start()
         self._queue.put(path)
@@ -176,9 +213,7 @@ class Notifier:
         webhook = spec.webhook or defaults.webhook
         if not on_end and not webhook:
             return None
-        # The workdir of a remote chain is on the cluster; the command runs here.
-        cwd = spec.workdir if not spec.scheduler.remote else str(Path.home())
-        return Delivery(end_payload(chain), on_end, webhook, cwd)
+        return Delivery(end_payload(chain), on_end, webhook, _cwd(chain))
 
     def start(self, leftovers: bool = False) -> None:
         """Start the worker (once); ``leftovers`` also queues ends a previous run left undelivered."""
@@ -208,9 +243,9 @@ class Notifier:
             )
         return done
 
-    def _write(self, chain_id: str, delivery: Delivery) -> Path:
+    def _write(self, name: str, delivery: Delivery) -> Path:
         self.outbox.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path = self.outbox / f"{chain_id}.json"
+        path = self.outbox / f"{name}.json"
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(delivery.to_json()))
         os.replace(tmp, path)

@@ -47,7 +47,7 @@ from chainrun.markers import MarkerReader
 from chainrun.model import Chain, ChainState, Phase, Segment
 from chainrun.schedulers.segment import SegmentJob
 from chainrun.service import Service
-from chainrun.status import eta, short, trained
+from chainrun.status import eta, never_clears, short, trained
 from chainrun.store import Store
 from chainrun.text import clip, visible
 from chainrun.transport import Transport, transport_for
@@ -121,7 +121,8 @@ def current(chain: Chain) -> Optional[Segment]:
 
 
 def job_state(seg: Optional[Segment]) -> str:
-    """The segment's job in a few words: running, queued (with the scheduler's reason), retrying."""
+    """The segment's job in a few words: running, queued (with the scheduler's reason, and what
+    to change when that reason will not clear by itself), retrying."""
     if seg is None:
         return "not submitted yet"
     job = f" as job {seg.job_id}" if seg.job_id else ""
@@ -129,7 +130,7 @@ def job_state(seg: Optional[Segment]) -> str:
     if seg.phase is Phase.RUNNING:
         return f"running{job}"
     if seg.phase is Phase.PENDING:
-        return f"queued{job}{reason}"
+        return f"queued{job}{reason}{never_clears(seg)}"
     if seg.phase is Phase.SUBMITTING:
         return f"retrying the submission{reason}" if seg.retry_at is not None else "submitting"
     return f"ended: {seg.reason}" if seg.reason else "ended"

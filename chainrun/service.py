@@ -330,7 +330,8 @@ class Service:
         """The engine, opening the store first if an outage kept it closed so far."""
         if self.engine is None:
             self.store = Store(self.home)
-            self.engine = Engine(self.store, on_end=self.notifier)
+            problem = self.notifier.problem if self.notifier is not None else None
+            self.engine = Engine(self.store, on_end=self.notifier, on_problem=problem)
         return self.engine
 
     def _engine_tick(self) -> tuple[bool, Optional[float]]:

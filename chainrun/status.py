@@ -31,7 +31,8 @@ from typing import Any, Optional, Union
 from chainrun import heartbeat, systemd
 from chainrun.accounting import account, describe
 from chainrun.lock import lock_for
-from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Outcome, Phase, chain_seed
+from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Outcome, Phase, Segment, chain_seed
+from chainrun.schedulers.pending import will_not_start
 from chainrun.store import DamagedChain, Glance, SegmentGlance, ran
 from chainrun.store.database import DB_FILE
 from chainrun.text import clip, escaped
@@ -250,15 +251,28 @@ def _held_by_scheduler(chain: Glance, seg: SegmentGlance) -> bool:
     return seg.reason.startswith("JobHeld") or not predecessor
 
 
+def never_clears(seg: Union[Segment, SegmentGlance]) -> str:
+    """``, will not start by itself: WHAT TO CHANGE`` for a segment whose job the scheduler
+    keeps pending for a reason that will not clear by itself (Slurm's PartitionNodeLimit,
+    ...); "" for any other."""
+    advice = will_not_start(seg.reason) if seg.phase is Phase.PENDING else ""
+    return f", will not start by itself: {advice}" if advice else ""
+
+
 def attention(chain: Shown, now: float) -> str:
     """Why a person should look at the chain, or "" when it needs nobody: failed, stuck,
-    retrying a submission, or held by the scheduler."""
+    retrying a submission, held by the scheduler, or pending for a reason that will not clear
+    by itself (with what to change)."""
     chain = _glance(chain)
     if chain.state in (ChainState.FAILED, ChainState.STUCK):
         return chain.reason or chain.state.value
     for seg in chain.live:
         if seg.phase is Phase.SUBMITTING and seg.retry_at is not None:
             return f"segment {seg.n}: submission failed ({_not_running(seg, now)}): {seg.reason}"
+        blocked = never_clears(seg)
+        if blocked:
+            again = "; then cancel the chain and submit it again"
+            return f"segment {seg.n}: job {seg.job_id} queued ({seg.reason}){blocked}{again}"
         if _held_by_scheduler(chain, seg):
             return (
                 f"segment {seg.n}: job {seg.job_id} is held by the scheduler ({seg.reason}); "
@@ -288,7 +302,7 @@ def details(chain: Chain, now: float, seen: Optional[float] = None) -> list[str]
     nxt = None if chain.state.final else _upcoming(glance)
     if nxt is not None:
         job = (f"job {nxt.job_id} " if nxt.job_id else "") + (f"on {nxt.host} " if nxt.host else "")
-        lines.append(f"next: segment {nxt.n}: {job}{_not_running(nxt, now)}")
+        lines.append(f"next: segment {nxt.n}: {job}{_not_running(nxt, now)}{never_clears(nxt)}")
     latest = chain.latest
     if latest.epoch is not None or latest.saved_at is not None:
         target = f" of {chain.spec.target_epoch}" if chain.spec.target_epoch else ""

@@ -951,7 +951,9 @@ STORE_MODULES = ("checked", "database", "migrations", "rows", "views", "writes")
             }
             | {"chainrun.systemd"}  # where a service would be started: a file looked at, no process
             | {"chainrun.lock"}  # whether a service runs: the one that holds the lock
-            | {"chainrun.store", *(f"chainrun.store.{m}" for m in STORE_MODULES)},
+            | {"chainrun.store", *(f"chainrun.store.{m}" for m in STORE_MODULES)}
+            # which pending reasons never clear: a table, no backend
+            | {"chainrun.schedulers", "chainrun.schedulers.pending"},
         ),
     ],
 )

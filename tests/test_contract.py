@@ -513,19 +513,19 @@ def test_a_chain_runs_inside_a_charliecloud_image_across_walltime_segments(
 
 
 @pytest.mark.parametrize("cluster", CLUSTERS_ONLY + OVER_SSH, indirect=True)
-def test_unknown_queue_fails_at_once_with_the_schedulers_message(
+def test_unknown_queue_is_refused_at_once_with_the_schedulers_message(
     cluster: Cluster, work: Path, chainrun: CLI
 ) -> None:
-    """A partition or queue the cluster does not have fails the chain at once, in the scheduler's words."""
+    """A partition or queue the cluster does not have is refused before any chain exists (the
+    scheduler asked about the segment's shape at submit), in the scheduler's words."""
     path = write_job(work, cluster, "python3 trainer.py", queue="nosuchqueue")
     result = chainrun("run", str(path), "--interval", "0.5", timeout=120)
-    assert result.returncode == 1
-    st = status(chainrun, "t")
-    assert st["state"] == "failed"
+    assert result.returncode == 2, (result.stdout, result.stderr)
     words = {"slurm": "invalid partition", "sge": "unknown queue"}[cluster.kind]
-    assert words in st["reason"].lower(), st["reason"]
-    assert "nosuchqueue" in st["reason"]
+    assert words in result.stderr.lower() and "nosuchqueue" in result.stderr, result.stderr
+    assert "would never start a segment of this shape" in result.stderr
     assert "Traceback" not in result.stderr
+    assert '"id"' not in chainrun("status", "--json").stdout
 
 
 @pytest.mark.slow

@@ -142,7 +142,8 @@ def base(rng: random.Random, kind: Optional[str] = None) -> dict[str, Any]:
     if rng.random() < 0.3:
         doc["webhook"] = "https://hooks.example.org/chainrun?t=1"
     if kind == "slurm":
-        doc["scheduler"] = {"kind": "slurm", "queue": "gpu", "options": ["--mem=1G"]}
+        # A partition the test Slurm has: check asks Slurm about the segment (sbatch --test-only).
+        doc["scheduler"] = {"kind": "slurm", "queue": "debug", "options": ["--mem=1G"]}
     elif kind == "sge":
         doc["scheduler"] = {"kind": "sge", "queue": "all.q"}
     elif kind == "remote":

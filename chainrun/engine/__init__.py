@@ -74,6 +74,7 @@ from chainrun.model import (
 )
 from chainrun.schedulers import scheduler_for
 from chainrun.schedulers.base import Scheduler
+from chainrun.schedulers.pending import will_not_start
 from chainrun.store import Store
 from chainrun.transport import Transport, transport_for
 
@@ -143,12 +144,16 @@ class Engine:
         transports: Callable[[Optional[str]], Transport] = transport_for,
         schedulers: Callable[[str, Optional[str]], Scheduler] = scheduler_for,
         on_end: Optional[Callable[[Chain], None]] = None,
+        on_problem: Optional[Callable[[Chain, int, str, str], None]] = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self.transports = transports
         self.schedulers = schedulers
         self.on_end = on_end  # told of every chain that reaches a final state
+        # told of each segment the scheduler keeps pending for a reason that will not clear
+        # by itself (segment, reason, what to change), once per change of its reason
+        self.on_problem = on_problem
         self.observer = Observer()
         self.executor = Executor(store, clock)
         self.failing: dict[str, int] = {}  # chain id -> failing ticks in a row
@@ -388,6 +393,11 @@ class Engine:
             self.failed.add(ended.id)
         if self.on_end is not None and ended is not None:
             self.on_end(ended)
+        tracked = [a for a in step.done if isinstance(a, Track) and a.phase is Phase.PENDING]
+        for track in tracked if self.on_problem is not None else []:
+            change = will_not_start(track.reason)
+            if change and self.on_problem is not None:
+                self.on_problem(chain, track.n, track.reason, change)
         retries = [a.at for a in step.done if isinstance(a, RetryLater)]
         return retries + [
             s.retry_at

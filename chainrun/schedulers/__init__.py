@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from chainrun.schedulers.base import Scheduler
+if TYPE_CHECKING:  # the backends load only when one is asked for
+    from chainrun.schedulers.base import Scheduler
 
 
 def scheduler_for(kind: str, host: Optional[str]) -> Scheduler:

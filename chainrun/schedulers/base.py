@@ -121,6 +121,23 @@ class NodeSubmitProbe(Protocol):
         """Why the nodes cannot submit, in a line; "" when they can or it cannot be told."""
 
 
+@runtime_checkable
+class ShapeProbe(Protocol):
+    """An optional capability: a backend whose scheduler can say, without queueing anything,
+    whether a job of a segment's shape (its limits, queue and options) could ever start
+    (Slurm's ``sbatch --test-only``, SGE's ``qsub -w v``). A backend without it has nothing
+    to ask (the local runner)."""
+
+    shape_hint: ClassVar[str]  # where a person sees what the cluster offers
+
+    def shape_argv(self, job: SegmentJob) -> list[str]:
+        """The command that asks about ``job``'s shape, its directives on the command line."""
+
+    def parse_shape(self, result: CommandResult) -> str:
+        """The scheduler's own reason it would never start the job, in a line; "" when it
+        would. Raises SchedulerError (transient) when the scheduler did not answer."""
+
+
 # A count, maybe with a type before it: --gpus=a100:3 (Slurm), gpu=2 in SGE's -l list.
 _COUNT = re.compile(r"^(?:[A-Za-z0-9_.-]+:)?(\d+)$")
 
@@ -174,3 +191,29 @@ def submitted_id(tool: str, result: CommandResult, separator: str) -> str:
     if not job_id.isdigit():
         raise SchedulerError(f"{tool}: unexpected output {result.stdout.strip()!r}", transient=True)
     return job_id
+
+
+def directive_words(lines: Sequence[str], prefix: str) -> list[str]:
+    """Header lines (``#SBATCH --time=...``) as the words of a command line, each split as the
+    scheduler splits its directives: the same options, asked about before a script exists."""
+    words: list[str] = []
+    for line in lines:
+        rest = line[len(prefix) :] if line.startswith(prefix) else line
+        try:
+            words += shlex.split(rest)
+        except ValueError:
+            words += rest.split()
+    return words
+
+
+def refusal(tool: str, result: CommandResult, transient: re.Pattern[str], noise: re.Pattern[str]) -> str:
+    """A ``ShapeProbe`` answer: "" for a job that could start; else the scheduler's reason,
+    its lines joined and each stripped of ``noise`` (the tool's own prefixes). A scheduler
+    that did not answer raises a transient SchedulerError: nothing can be told now."""
+    if result.ok:
+        return ""
+    text = result.stderr.strip() or result.stdout.strip()
+    if result.returncode == 127 or not text or transient.search(text):
+        raise SchedulerError(f"{tool}: {text or f'exit {result.returncode}'}", transient=True)
+    lines = [noise.sub("", line).strip() for line in text.splitlines()]
+    return "; ".join(dict.fromkeys(line for line in lines if line and line != "Exiting."))

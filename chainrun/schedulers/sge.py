@@ -18,7 +18,15 @@ from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
 from chainrun.model import CommandResult, ListedJob, Outcome, Phase
-from chainrun.schedulers.base import HelperFile, command_error, count_of, option_words, submitted_id
+from chainrun.schedulers.base import (
+    HelperFile,
+    command_error,
+    count_of,
+    directive_words,
+    option_words,
+    refusal,
+    submitted_id,
+)
 from chainrun.schedulers.segment import SegmentJob
 
 UTC_ENV = ["env", "TZ=UTC"]
@@ -56,6 +64,10 @@ HOST_FAILURES = frozenset({*range(1, 17), *range(18, 22), 36, 38})
 # non-ASCII, and qstat -xml mangles < (sge_facts.md, "Job name rules").
 TAG_RE = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,510}\Z")
 PATH_REWRITES = re.compile(r",|\$(HOME|USER|JOB_ID|JOB_NAME|HOSTNAME|TASK_ID)")
+
+
+# What qsub puts before the reason it refuses a job for ("Unable to run job: ...").
+_REFUSAL_NOISE = re.compile(r"^(?:Unable to run job: |error: )+", re.IGNORECASE)
 
 
 def _utc(text: str, fmt: str) -> Optional[float]:
@@ -106,6 +118,7 @@ class SgeScheduler:
     # 15 s prolog, a job with h_rt=30 began at once and was killed 30 s after its script began
     # (qacct's start_time is the script's too). So the runner's own start is the job's.
     started_shell: ClassVar[str] = "true"
+    shape_hint: ClassVar[str] = "qconf -sql lists the queues, qstat -f their hosts and slots"
 
     def gpus_asked(self, options: Sequence[str]) -> int:
         """``-l gpu=N`` (or ``gpus=N``) in a resource list."""
@@ -151,6 +164,14 @@ class SgeScheduler:
         if job.after:
             argv += ["-hold_jid", job.after]
         return [*argv, job.script_path]
+
+    def shape_argv(self, job: SegmentJob) -> list[str]:
+        # -w v: the qmaster verifies the job could run in an empty cluster, queueing nothing.
+        words = directive_words(self.directives(job), "#$ ")
+        return ["qsub", "-w", "v", *words, "-b", "y", "true"]
+
+    def parse_shape(self, result: CommandResult) -> str:
+        return refusal("qsub -w v", result, TRANSIENT, _REFUSAL_NOISE)
 
     def parse_submit(self, result: CommandResult) -> str:
         if not result.ok:

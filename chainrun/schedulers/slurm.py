@@ -18,7 +18,15 @@ from typing import ClassVar, Optional
 
 from chainrun.errors import SchedulerError
 from chainrun.model import CommandResult, ListedJob, Outcome, Phase
-from chainrun.schedulers.base import HelperFile, command_error, count_of, option_words, submitted_id
+from chainrun.schedulers.base import (
+    HelperFile,
+    command_error,
+    count_of,
+    directive_words,
+    option_words,
+    refusal,
+    submitted_id,
+)
 from chainrun.schedulers.segment import SegmentJob
 
 # Times as epoch seconds: Slurm prints local time without a zone otherwise, and
@@ -65,6 +73,10 @@ TRANSIENT = re.compile(
     r"resource temporarily|try again|job submit/allocate failed: .*time",
     re.IGNORECASE,
 )
+
+# What sbatch puts before the reason it refuses a job for ("sbatch: error: ...",
+# "allocation failure: Requested node configuration is not available").
+_REFUSAL_NOISE = re.compile(r"^(?:sbatch: (?:error: )?|allocation failure: )+", re.IGNORECASE)
 
 # --gres=gpu:2, --gres=gpu:a100:2, --gres=gpu (one), in a comma list of resources.
 _GRES_GPU = re.compile(r"^gpu(?::[A-Za-z][\w.-]*)?(?::(\d+))?$")
@@ -164,6 +176,7 @@ class SlurmScheduler:
         'echo "${SLURM_JOB_START_TIME:-$([ -n "${SLURM_JOB_ID:-}" ] &&'
         ' SLURM_TIME_FORMAT=%s timeout 20 squeue --noheader --jobs="$SLURM_JOB_ID" --format=%S)}"'
     )
+    shape_hint: ClassVar[str] = "sinfo -o '%P %l %D %c %G' shows partitions' limits, nodes, CPUs, GPUs"
     max_tasks: ClassVar[int] = 1000
     task_index_shell: ClassVar[str] = "${SLURM_ARRAY_TASK_ID:-}"
     task_id_shell: ClassVar[str] = "${SLURM_ARRAY_JOB_ID:-}_${SLURM_ARRAY_TASK_ID:-}"
@@ -221,6 +234,15 @@ class SlurmScheduler:
         if job.after:
             argv.append(f"--dependency=afterany:{job.after}")
         return [*argv, job.script_path]
+
+    def shape_argv(self, job: SegmentJob) -> list[str]:
+        # --test-only: slurmctld answers when the job would start, queueing nothing. It reads
+        # the same options from the command line as from the script's #SBATCH lines.
+        words = directive_words(self.directives(job), "#SBATCH ")
+        return ["sbatch", "--test-only", "--output=/dev/null", *words, "--wrap=true"]
+
+    def parse_shape(self, result: CommandResult) -> str:
+        return refusal("sbatch --test-only", result, TRANSIENT, _REFUSAL_NOISE)
 
     def array_submit_argv(
         self, script_path: str, log_path: str, workdir: str, indices: Sequence[int], limit: Optional[int]

@@ -251,6 +251,10 @@ def chain_page(chain: Chain, log: Log, link: Links, now: float) -> str:
     for i, (name, points) in enumerate(sorted(_metric_series(log).items())):
         plots.append(charts.plot(points, "epoch", name, f"metric-{i}"))
     reason = f'<p class="reason">{escape(chain.reason)}</p>' if chain.reason else ""
+    problem = "" if chain.state.final else view.attention(g, now)
+    if problem and problem != chain.reason:
+        reason += f'<p class="problem" id="problem">{escape(problem)}</p>'
+
     off = "" if chain.state.final else carry_line(chain.spec)
     if off:
         reason += f'<p class="note" id="self-queue">{escape(off)}</p>'

@@ -1,0 +1,239 @@
+"""A job that cannot start says so at once (issue 36, item 11): ``check`` and ``submit`` ask the
+real Slurm (``sbatch --test-only``) and the real SGE (``qsub -w v``) about the segment's shape,
+queueing nothing, and refuse one the scheduler would never start with its own reason and what
+to change; nothing is stored."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from conftest import answers, cli_env, have, holding_scheduler, need, slurm_answers, wait_for
+from test_notify import Server, url
+from test_notify import server as server  # the fixture: a webhook receiver
+from test_ui import _get
+from test_ui import ui as ui  # the fixture that starts `chainrun ui`
+
+from chainrun.errors import SchedulerError
+from chainrun.model import CommandResult
+from chainrun.schedulers.sge import SgeScheduler
+from chainrun.schedulers.slurm import SlurmScheduler
+
+CLI = Callable[..., "subprocess.CompletedProcess[str]"]
+Service = Callable[..., "subprocess.Popen[bytes]"]
+
+
+def job_file(where: Path, kind: str, scheduler: str = "", top: str = "") -> Path:
+    (where / "train.py").write_text("pass\n")
+    path = where / "job.toml"
+    path.write_text(
+        'name = "shape"\ncommand = "python3 train.py"\ntotal_time = "2h"\nwalltime = "1h"\n'
+        f'{top}[scheduler]\nkind = "{kind}"\n{scheduler}'
+    )
+    return path
+
+
+def state(chainrun: CLI, chain_id: str) -> str:
+    return str(json.loads(chainrun("status", chain_id, "--json", check=True).stdout)[0]["state"])
+
+
+def refused(chainrun: CLI, path: Path, reason: str) -> None:
+    """``check`` and ``submit`` both exit 2 with the scheduler's ``reason`` and what to change,
+    in a few lines and no traceback; no chain is stored."""
+    for command in ("check", "submit"):
+        result = chainrun(command, str(path))
+        assert result.returncode == 2, (command, result.stdout, result.stderr)
+        assert reason in result.stderr and "would never start a segment of this shape" in result.stderr
+        assert "change [scheduler] queue or options, or walltime" in result.stderr
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) <= 3
+    listed = chainrun("status", "--json")
+    assert '"id"' not in listed.stdout, listed.stdout
+
+
+@pytest.mark.slurm
+def test_slurm_refuses_a_two_node_segment_on_the_one_node_default_partition(
+    tmp_path: Path, chainrun: CLI
+) -> None:
+    """Issue 36 item 11: --nodes=2 on the default partition (one node) used to be submitted and
+    sit pending with PartitionNodeLimit; now check and submit refuse it in Slurm's words."""
+    with holding_scheduler("slurm"):
+        need("a running Slurm", slurm_answers(), "sudo scripts/start-slurm")
+        path = job_file(tmp_path, "slurm", 'options = ["--nodes=2"]\n')
+        refused(chainrun, path, "Requested node configuration is not available")
+
+
+@pytest.mark.slurm
+def test_slurm_refuses_a_partition_that_does_not_exist_and_takes_one_that_fits(
+    tmp_path: Path, chainrun: CLI
+) -> None:
+    """A queue Slurm does not have is refused at check; the same job file on its real
+    partition passes (the question queues nothing: no job is left behind)."""
+    with holding_scheduler("slurm"):
+        need("a running Slurm", slurm_answers(), "sudo scripts/start-slurm")
+        path = job_file(tmp_path, "slurm", 'queue = "no-such-partition"\n')
+        refused(chainrun, path, "invalid partition specified: no-such-partition")
+        path = job_file(tmp_path, "slurm", 'queue = "debug"\noptions = ["--cpus-per-task=1"]\n')
+        result = chainrun("check", str(path))
+        assert result.returncode == 0, result.stderr
+        queued = subprocess.run(
+            ["squeue", "--me", "--noheader", "--format=%j"], capture_output=True, text=True
+        )
+        assert "cr.shape" not in queued.stdout
+
+
+@pytest.mark.slurm
+def test_a_sweep_is_asked_about_each_shape_its_chains_have(tmp_path: Path, chainrun: CLI) -> None:
+    """A sweep over --nodes asks about each node count its chains use (the placeholders filled
+    in): the one-node chains alone pass; a two-node one refuses the whole job file."""
+    with holding_scheduler("slurm"):
+        need("a running Slurm", slurm_answers(), "sudo scripts/start-slurm")
+        path = job_file(tmp_path, "slurm", 'options = ["--nodes={nodes}"]\n[sweep.grid]\nnodes = [1]\n')
+        result = chainrun("check", str(path))
+        assert result.returncode == 0, result.stderr
+        path = job_file(tmp_path, "slurm", 'options = ["--nodes={nodes}"]\n[sweep.grid]\nnodes = [1, 2]\n')
+        refused(chainrun, path, "Requested node configuration is not available")
+
+
+@pytest.mark.slurm
+def test_a_job_pending_for_a_reason_that_will_not_clear_is_shown_as_a_problem(
+    tmp_path: Path,
+    home: Path,
+    chainrun: CLI,
+    service: Service,
+    ui: Callable[..., str],
+    server: Server,
+) -> None:
+    """Issue 36 item 11: a segment's job that Slurm keeps pending with PartitionNodeLimit (its
+    request changed after submission: here by scontrol, as an admin's new limit would) was
+    shown once as "queued (PartitionNodeLimit)" and nothing more; now status, its JSON, run's
+    line, the web page and the webhook say it will not start by itself, and what to change."""
+    with holding_scheduler("slurm"):
+        need("a running Slurm", slurm_answers(), "sudo scripts/start-slurm")
+        # --begin keeps the job pending until the test has changed it.
+        hook = f'webhook = "{url(server)}"\n'
+        path = job_file(tmp_path, "slurm", 'options = ["--begin=now+600"]\n', top=hook)
+        chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+        service(interval=0.5)
+        try:
+
+            def first_job() -> Any:
+                segs = json.loads(chainrun("status", chain_id, "--json", check=True).stdout)[0]["segments"]
+                return segs[0]["job_id"] if segs else None
+
+            wait_for(lambda: first_job() is not None, 120, "segment 1 to be queued")
+            job_id = first_job()
+            subprocess.run(["scontrol", "update", f"jobid={job_id}", "NumNodes=2"], check=True)
+            subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+            problem = "(PartitionNodeLimit), will not start by itself: it asks for more nodes than its partition allows"
+
+            def attention() -> str:
+                return str(json.loads(chainrun("status", "--json", check=True).stdout)[0]["attention"])
+
+            wait_for(lambda: problem in attention(), 120, "status to show the PartitionNodeLimit problem")
+            assert "change --nodes, or queue" in attention()
+            table = " ".join(chainrun("status").stdout.split())  # below the table, wrapped
+            assert problem in table and "change --nodes, or queue" in table, table
+            watched = " ".join(chainrun("status", chain_id, "-v", check=True).stdout.split())
+            assert problem in watched and "change --nodes, or queue" in watched, watched
+            # `run` of the same job file follows the chain the service drives: its line says it.
+            follow = subprocess.Popen(
+                [sys.executable, "-m", "chainrun", "run", str(path)],
+                env=cli_env(home),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            seen: list[str] = []
+            assert follow.stdout is not None
+
+            def read() -> None:
+                for line in follow.stdout or ():
+                    seen.append(line)
+
+            threading.Thread(target=read, daemon=True).start()
+            try:
+                wait_for(lambda: problem in "".join(seen), 60, "run's line to show the problem")
+            finally:
+                follow.kill()
+                follow.wait()
+            page_url = ui()
+            base, token = page_url.split("/?token=")
+            code, page = _get(f"{base}/chain/{chain_id}?token={token}")
+            assert code == 200 and 'class="problem"' in page and "PartitionNodeLimit" in page, page[-2000:]
+
+            def told() -> list[dict[str, Any]]:
+                return [
+                    r["body"] for r in server.received if r["body"].get("event") == "segment_will_not_start"
+                ]
+
+            wait_for(lambda: bool(told()), 60, "the webhook to be told")
+            (body,) = told()
+            assert (body["chain"], body["segment"], body["job"]) == (chain_id, 1, job_id), body
+            assert body["reason"] == "PartitionNodeLimit" and "change --nodes, or queue" in body["change"]
+        finally:
+            chainrun("cancel", chain_id)
+            wait_for(lambda: state(chainrun, chain_id) == "cancelled", 120, "the service to cancel the chain")
+
+
+@pytest.mark.sge
+def test_sge_refuses_a_queue_that_does_not_exist(tmp_path: Path, chainrun: CLI) -> None:
+    """qsub -w v: SGE's own reason for a queue it does not have, at check and at submit."""
+    with holding_scheduler("sge"):
+        need("a running SGE", have("qsub") and answers("qstat"), "sudo scripts/start-sge")
+        path = job_file(tmp_path, "sge", 'queue = "no-such.q"\n')
+        refused(chainrun, path, 'job requests unknown queue "no-such.q"')
+
+
+@pytest.mark.sge
+def test_sge_refuses_a_parallel_environment_beyond_what_it_has(tmp_path: Path, chainrun: CLI) -> None:
+    """A slot count through a parallel environment SGE does not offer is refused in its words."""
+    with holding_scheduler("sge"):
+        need("a running SGE", have("qsub") and answers("qstat"), "sudo scripts/start-sge")
+        path = job_file(tmp_path, "sge", 'options = ["-pe smp 64"]\n')
+        refused(chainrun, path, 'the requested parallel environment "smp" does not exist')
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "away"),
+    [
+        (SlurmScheduler(), "sbatch: error: Unable to contact slurm controller (connect failure)\n"),
+        (SgeScheduler(), "error: commlib error: got read error\nUnable to run job: got send error\n"),
+    ],
+)
+def test_a_scheduler_that_does_not_answer_refuses_nothing(scheduler: object, away: str) -> None:
+    """A controller away (or the tool missing) is no reason to refuse a job file: the
+    question raises a transient error, which check and submit pass over."""
+    assert isinstance(scheduler, (SlurmScheduler, SgeScheduler))
+    for result in (CommandResult(["x"], 1, "", away), CommandResult(["x"], 127, "", "x: not found\n")):
+        with pytest.raises(SchedulerError) as caught:
+            scheduler.parse_shape(result)
+        assert caught.value.transient
+    assert scheduler.parse_shape(CommandResult(["x"], 0, "", "verification: found suitable queue(s)\n")) == ""
+
+
+@pytest.mark.parametrize(
+    ("reason", "advice"),
+    [
+        ("PartitionNodeLimit", "change --nodes, or queue"),
+        ("PartitionTimeLimit", "shorten walltime, or change queue"),
+        ("QOSMaxWallDurationPerJobLimit", "shorten walltime, or change --qos"),
+        ("Priority", ""),
+        ("Resources", ""),
+        ("Dependency", ""),
+        ("BeginTime", ""),
+        ("ReqNodeNotAvail, UnavailableNodes:node1", ""),  # a node down may come back
+    ],
+)
+def test_only_pending_reasons_that_never_clear_are_problems(reason: str, advice: str) -> None:
+    """A job waiting its turn is no problem; one waiting for a change to its own request is,
+    with what to change."""
+    from chainrun.schedulers.pending import will_not_start
+
+    found = will_not_start(reason)
+    assert (advice in found) if advice else found == "", found
