@@ -23,6 +23,7 @@ from chainrun.schedulers.segment import (
     made_dirs,
     share_settings,
     sweep_environment,
+    tracker_run_id,
 )
 from chainrun.schedulers.ship import SEGMENT_RUNNER
 from chainrun.text import quote
@@ -52,6 +53,7 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
     spec = job.spec
     settings = {
         "chain": job.chain_id,
+        "run_id": tracker_run_id(job.chain_id),
         "segment": job.n,
         "seed": chain_seed(spec, job.chain_id),
         "walltime": job.walltime,
