@@ -3,15 +3,27 @@ chain's id and a tracker-safe run id, the same in each of its segments."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
+import struct
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
+from conftest import need
 from test_wrapper import run_wrapper, work  # noqa: F401 (work: the fixture)
 
-from chainrun.model import new_chain_id
-from chainrun.schedulers.segment import RUN_ID_MAX, tracker_run_id
+from chainrun.errors import JobFileError
+from chainrun.model import JobSpec, new_chain_id
+from chainrun.schedulers.local import LocalScheduler
+from chainrun.schedulers.script import render_script
+from chainrun.schedulers.segment import RUN_ID_MAX, SegmentJob, tracker_run_id, tracking_environment
+from chainrun.schema import parse
 
+CLI = Callable[..., "subprocess.CompletedProcess[str]"]
 SAFE = re.compile(r"[a-z0-9-]+")
 
 
@@ -47,3 +59,113 @@ def test_each_segment_of_a_chain_sees_its_chain_id_and_the_same_run_id(work: Pat
         assert proc.returncode == 0, proc.stderr
         seen.append((work / "seen").read_text().split())
     assert seen == [[job.chain_id, tracker_run_id(job.chain_id)]] * 3
+
+
+# A training script as its author wrote it for W&B, unchanged: nothing in it names a run. Each
+# segment trains one epoch of four steps (a stand-in for a walltime stop) and commits its progress.
+WANDB_TRAINER = """\
+import os
+import wandb
+from chainrun.checkpoint import load_progress, write_progress
+
+ckdir = os.environ["CHAINRUN_CHECKPOINT_DIR"]
+os.makedirs(ckdir, exist_ok=True)
+done = load_progress(ckdir)
+epoch = done["epoch"] if done else 0
+run = wandb.init(project="chainrun-test")
+for step in range(epoch * 4, epoch * 4 + 4):
+    wandb.log({"loss": 1.0 / (step + 1)}, step=step)
+wandb.finish()
+with open(os.path.join(ckdir, "model.txt"), "w") as f:
+    f.write(str(epoch + 1))
+write_progress(ckdir, epoch=epoch + 1, step=epoch * 4 + 4, file="model.txt")
+"""
+
+
+def wandb_records(path: Path) -> list[Any]:
+    """The records of an offline run's ``.wandb`` file, read as W&B writes it (a LevelDB-style
+    log of 32 KiB blocks after a 7-byte header) into W&B's own protobuf ``Record``."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", path
+    pos, whole, found = 7, b"", []
+    while pos + 7 <= len(data):
+        if BLOCK - pos % BLOCK < 7:  # a block's tail too short for a header is padding
+            pos += BLOCK - pos % BLOCK
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0:
+            break
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        whole = chunk if kind in (FULL, FIRST) else whole + chunk
+        if kind in (FULL, LAST):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(whole)
+            found.append(record)
+    return found
+
+
+BLOCK, FULL, FIRST, LAST = 32768, 1, 2, 4
+
+
+@pytest.mark.slow
+def test_a_chain_of_three_segments_is_one_wandb_run_with_every_segments_steps(
+    tmp_path: Path, chainrun: CLI
+) -> None:
+    """[tracking] wandb = true: each segment's unchanged wandb.init() continues the chain's one
+    run (offline here: W&B writes each segment's part to a directory of its own, all of one id)."""
+    need("wandb", importlib.util.find_spec("wandb") is not None, "pip install 'chainrun[wandb]'")
+    home = tmp_path / "work"
+    home.mkdir()
+    (home / "train.py").write_text(WANDB_TRAINER)
+    path = home / "job.toml"
+    path.write_text(
+        f'name = "Tracked_Run"\ncommand = "{sys.executable} train.py"\n'
+        'total_time = "30m"\nwalltime = "5m"\ntarget_epoch = 3\n'
+        '[tracking]\nwandb = true\n[env]\nWANDB_MODE = "offline"\nWANDB_SILENT = "true"\n'
+    )
+    result = chainrun("run", str(path), "--interval", "0.3", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    chain_id = json.loads(chainrun("status", "--json", check=True).stdout)[0]["id"]
+    runs = sorted((home / "wandb").glob("offline-run-*"))
+    assert len(runs) == 3, runs  # one directory per segment ...
+    ids, steps = set(), []
+    for run in runs:
+        for record in wandb_records(next(run.glob("*.wandb"))):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                ids.add(record.run.run_id)
+            elif kind == "history":
+                steps.append(record.history.step.num)
+    assert ids == {tracker_run_id(chain_id)}  # ... and all of them the one run
+    assert steps == list(range(12))
+
+
+BASE = {"name": "t", "command": "python train.py", "total_time": "1h", "walltime": "10m"}
+
+
+def test_tracking_sets_the_trackers_own_variables_and_env_still_wins(tmp_path: Path) -> None:
+    spec = parse({**BASE, "tracking": {"wandb": True}}, "job.toml", tmp_path)
+    assert spec.tracking == ("wandb",)
+    assert JobSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec  # as stored
+    assert tracking_environment(spec, "t-0a0b0c") == [("WANDB_RUN_ID", "t-0a0b0c"), ("WANDB_RESUME", "allow")]
+    assert parse({**BASE, "tracking": {"wandb": False}}, "job.toml", tmp_path).tracking == ()
+    env = parse({**BASE, "tracking": {"wandb": True}, "env": {"WANDB_RUN_ID": "mine"}}, "job.toml", tmp_path)
+    settings = render_script(LocalScheduler(), SegmentJob("t-0a0b0c", 1, env, 600))
+    assert '"WANDB_RUN_ID": "mine"' in settings and '"WANDB_RESUME": "allow"' in settings
+
+
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        ({"wandbb": True}, "unknown key tracking.wandbb; did you mean tracking.wandb?"),
+        ({"weights_and_biases": True}, "unknown key tracking.weights_and_biases; chainrun's is wandb"),
+        ({"wandb": "yes"}, "tracking.wandb"),
+        ({"mlflow": True}, "pass $CHAINRUN_RUN_ID to mlflow yourself"),
+    ],
+)
+def test_a_wrong_tracking_table_says_what_to_write(tmp_path: Path, table: dict[str, Any], said: str) -> None:
+    with pytest.raises(JobFileError) as caught:
+        parse({**BASE, "tracking": table}, "job.toml", tmp_path)
+    assert said in str(caught.value) and "\n" not in str(caught.value)

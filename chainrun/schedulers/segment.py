@@ -178,6 +178,14 @@ def tracker_run_id(chain_id: str) -> str:
     return safe[: RUN_ID_MAX - len(tail)] + tail
 
 
+def tracking_environment(spec: JobSpec, chain_id: str) -> list[tuple[str, str]]:
+    """What ``[tracking]`` sets: each tracker's own variables, so that an unchanged script's
+    ``wandb.init()`` continues the chain's one run in every segment (``[env]`` may set another)."""
+    run_id = tracker_run_id(chain_id)
+    wanted = {"wandb": [("WANDB_RUN_ID", run_id), ("WANDB_RESUME", "allow")]}
+    return [pair for tracker in spec.tracking for pair in wanted[tracker]]
+
+
 def sweep_environment(spec: JobSpec) -> list[tuple[str, str]]:
     """What a sweep chain's command gets: each parameter, all of them as JSON, the repetition."""
     if not spec.sweep_name:
