@@ -169,3 +169,84 @@ def test_a_wrong_tracking_table_says_what_to_write(tmp_path: Path, table: dict[s
     with pytest.raises(JobFileError) as caught:
         parse({**BASE, "tracking": table}, "job.toml", tmp_path)
     assert said in str(caught.value) and "\n" not in str(caught.value)
+
+
+# A PyTorch loop that logs every step to TensorBoard and saves mid-epoch (after its third step)
+# and at each epoch's end. Segment 1 logs two more steps past its mid-epoch save of epoch 1,
+# flushes them, and is killed with SIGKILL: those steps are on disk but not in any checkpoint.
+TENSORBOARD_TRAINER = """\
+import os, signal, sys
+import torch
+from torch.utils.tensorboard import SummaryWriter
+from chainrun.checkpoint.torch import Checkpointer
+
+PURGE = sys.argv[1] == "purge"
+torch.manual_seed(0)
+data = [(torch.randn(8, 3), torch.randn(8, 1)) for _ in range(5)]  # 5 steps an epoch
+model = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+ckpt = Checkpointer(model=model, optimizer=opt)
+start = ckpt.restore()
+writer = SummaryWriter(os.path.join("runs", os.environ["CHAINRUN_RUN_ID"]),
+                       purge_step=start.global_step(len(data)) if PURGE else None)
+for epoch in range(start.epoch, 3):
+    for step, (x, y) in ckpt.steps(data, epoch):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        writer.add_scalar("loss", loss.item(), epoch * len(data) + step)
+        if step == 2:
+            ckpt.save(epoch, step + 1)
+        if os.environ["CHAINRUN_SEGMENT"] == "1" and epoch == 1 and step == 4:
+            writer.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+    ckpt.save(epoch + 1, 0, done=epoch + 1 == 3)
+writer.close()
+"""
+
+
+def logged_steps(logdir: Path) -> list[int]:
+    """Every step of the scalar "loss" as TensorBoard shows it: read by tensorboard's own
+    reader, which drops what a writer's purge_step voided."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(logdir))
+    accumulator.Reload()
+    return [event.step for event in accumulator.Scalars("loss")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("purge", [True, False])
+def test_after_a_crash_between_two_saves_tensorboard_shows_every_step_once(
+    tmp_path: Path, chainrun: CLI, purge: bool
+) -> None:
+    """Segment 1 is killed (SIGKILL) two steps past its last save; segment 2 resumes from that
+    save and trains those steps again. With purge_step=start.global_step(...) each step is
+    on the curve once; without it (the control), the two retrained steps are there twice."""
+    need("torch", importlib.util.find_spec("torch") is not None, "pip install 'chainrun[torch]'")
+    need(
+        "tensorboard",
+        importlib.util.find_spec("tensorboard") is not None,
+        "pip install 'chainrun[tensorboard]'",
+    )
+    home = tmp_path / "work"
+    home.mkdir()
+    (home / "train.py").write_text(TENSORBOARD_TRAINER)
+    path = home / "job.toml"
+    path.write_text(
+        f'name = "tb"\ncommand = "{sys.executable} train.py {"purge" if purge else "keep"}"\n'
+        'total_time = "30m"\nwalltime = "5m"\ntarget_epoch = 3\n'
+    )
+    result = chainrun("run", str(path), "--interval", "0.3", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (chain,) = json.loads(chainrun("status", "--json", check=True).stdout)
+    assert [s["outcome"] for s in chain["segments"]][:2] == [
+        "failed",
+        "completed",
+    ]  # then a successor cancelled
+    (logdir,) = (home / "runs").iterdir()
+    assert logdir.name == tracker_run_id(chain["id"])
+    # Segment 1 logged steps 0-9 and was killed; its last save was after step 7 (epoch 1, 3 steps).
+    zigzag = [*range(10), *range(8, 15)]  # without purge_step: 8 and 9 twice, the curve going back
+    assert logged_steps(logdir) == (list(range(15)) if purge else zigzag)
