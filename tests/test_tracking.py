@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import struct
 import subprocess
@@ -250,3 +251,69 @@ def test_after_a_crash_between_two_saves_tensorboard_shows_every_step_once(
     # Segment 1 logged steps 0-9 and was killed; its last save was after step 7 (epoch 1, 3 steps).
     zigzag = [*range(10), *range(8, 15)]  # without purge_step: 8 and 9 twice, the curve going back
     assert logged_steps(logdir) == (list(range(15)) if purge else zigzag)
+
+
+# MLflow's run ids are its own (MLFLOW_RUN_ID must name a run that exists), so [tracking] has
+# no mlflow key: the script finds the chain's run by a tag, or makes it (docs: One run in the
+# tracker). Each segment logs three steps of one epoch.
+MLFLOW_TRAINER = """\
+import os
+import mlflow
+from chainrun.checkpoint import load_progress, write_progress
+
+ckdir = os.environ["CHAINRUN_CHECKPOINT_DIR"]
+os.makedirs(ckdir, exist_ok=True)
+done = load_progress(ckdir)
+epoch = done["epoch"] if done else 0
+rid = os.environ["CHAINRUN_RUN_ID"]
+runs = mlflow.search_runs(filter_string=f"tags.chainrun_run_id = '{rid}'", output_format="list")
+if runs:
+    mlflow.start_run(run_id=runs[0].info.run_id)
+else:
+    mlflow.start_run(run_name=rid, tags={"chainrun_run_id": rid})
+for step in range(epoch * 3, epoch * 3 + 3):
+    mlflow.log_metric("loss", 1.0 / (step + 1), step=step)
+mlflow.end_run()
+with open(os.path.join(ckdir, "model.txt"), "w") as f:
+    f.write(str(epoch + 1))
+write_progress(ckdir, epoch=epoch + 1, step=0, file="model.txt")
+"""
+
+
+@pytest.mark.slow
+def test_the_documented_mlflow_lines_make_a_chain_of_three_segments_one_mlflow_run(
+    tmp_path: Path, chainrun: CLI
+) -> None:
+    need("mlflow", importlib.util.find_spec("mlflow") is not None, "pip install 'chainrun[mlflow]'")
+    home = tmp_path / "work"
+    home.mkdir()
+    (home / "train.py").write_text(MLFLOW_TRAINER)
+    store = f"file://{home / 'mlruns'}"
+    path = home / "job.toml"
+    path.write_text(
+        f'name = "mlflow"\ncommand = "{sys.executable} train.py"\n'
+        'total_time = "30m"\nwalltime = "5m"\ntarget_epoch = 3\n'
+        f'[env]\nMLFLOW_TRACKING_URI = "{store}"\nMLFLOW_ALLOW_FILE_STORE = "true"\n'
+    )
+    result = chainrun("run", str(path), "--interval", "0.3", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (chain,) = json.loads(chainrun("status", "--json", check=True).stdout)
+    assert len(chain["segments"]) >= 3
+    found = subprocess.run(
+        [sys.executable, "-c", MLFLOW_READER],
+        env={**os.environ, "MLFLOW_TRACKING_URI": store, "MLFLOW_ALLOW_FILE_STORE": "true"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout) == [[tracker_run_id(chain["id"]), list(range(9))]]
+
+
+MLFLOW_READER = """\
+import json, mlflow
+client = mlflow.MlflowClient()
+runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+print(json.dumps([[r.info.run_name, [m.step for m in client.get_metric_history(r.info.run_id, "loss")]]
+                  for r in runs]))
+"""
