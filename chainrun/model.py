@@ -158,6 +158,7 @@ def chain_seed(spec: JobSpec, chain_id: str) -> int:
 # JobSpec fields JSON gives back as lists, made tuples again by from_json.
 _SPEC_TUPLES = (
     "scheduler",
+    "tracking",
     "env",
     "inherit_env",
     "inherited",
@@ -201,6 +202,7 @@ class JobSpec:
     snapshot_commit: str = ""  # set at submit: the commit captured
     snapshot_subdir: str = ""  # where in that commit's tree the command runs
     tensorboard_dir: str = ""  # where `chainrun tensorboard` looks (absolute; "": workdir/runs)
+    tracking: tuple[str, ...] = ()  # [tracking]: the trackers whose own variables name the chain's run
     # [sweep] as read (configurations, each (name, JSON value) pairs; repetitions): a
     # spec with these is expanded into one chain per configuration x repetition.
     sweep: tuple[tuple[tuple[str, str], ...], ...] = ()
@@ -259,6 +261,7 @@ class JobSpec:
             sweep=tuple(tuple((k, v) for k, v in config) for config in data.get("sweep", ())),
             params=tuple((k, v) for k, v in data.get("params", ())),
             checkpoint_machines=tuple(data.get("checkpoint_machines", ())),
+            tracking=tuple(data.get("tracking", ())),
         )
 
 

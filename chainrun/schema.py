@@ -87,6 +87,7 @@ TOP_KEYS = (
     "sweep",
     "tensorboard_dir",
     "self_queue",
+    "tracking",
 )
 SCHEDULER_KEYS = ("kind", "host", "queue", "options", "hosts", "slots", "gpus_per_slot", "host_timeout")
 # What other tools (sbatch, submitit, Hydra, Lightning) call a key of chainrun's: the error
@@ -125,6 +126,12 @@ SCHEDULER_ALIASES = {
         )
     },
     **dict.fromkeys(("time", "walltime", "time_limit"), "walltime, at the top of the job file"),
+}
+TRACKERS = ("wandb",)  # [tracking]: each sets its own variables (schedulers.segment.tracking_environment)
+TRACKING_ALIASES = {
+    **dict.fromkeys(("w&b", "weights_and_biases", "weightsandbiases"), "wandb"),
+    "mlflow": "none yet: pass $CHAINRUN_RUN_ID to mlflow yourself (docs: One run in the tracker)",
+    "tensorboard": "none: name the log directory after $CHAINRUN_RUN_ID (docs: One run in the tracker)",
 }
 MAX_HOSTS = 1000  # hosts in a pool
 MAX_SLOTS = 1024  # runs per host at once
@@ -245,6 +252,7 @@ def parse(
     f.checked("on_end", on_end, lambda c: c.strip(), "must be a non-empty command")
     webhook = f.get("webhook", str, "an http:// or https:// URL", max_bytes=MAX_URL_BYTES)
     f.checked("webhook", webhook, web_url, "must be an http:// or https:// URL with a valid host")
+    tracking = _tracking(f)
     self_queue = f.get(
         "self_queue",
         bool,
@@ -269,6 +277,7 @@ def parse(
         container_gpus=container_gpus,
         snapshot=snap or "",
         tensorboard_dir=tensorboard_dir,
+        tracking=tracking,
         sweep=configs,
         reps=reps,
         max_concurrent=max_concurrent,
@@ -366,6 +375,14 @@ def _resolve(f: Fields, key: str, raw: str, base: Path, remote: bool) -> str:
     if remote and key == "workdir":
         raise f.error(key, "with scheduler.host (or hosts) set, give an absolute path on the cluster")
     return os.path.normpath(base / p)
+
+
+def _tracking(f: Fields) -> tuple[str, ...]:
+    """``[tracking]``: ``TRACKER = true`` for each tracker that continues one run per chain."""
+    table = f.get("tracking", dict, "a table [tracking] of TRACKER = true", default={})
+    ft = Fields(f.path, table, "tracking.")
+    ft.check_keys(TRACKERS, TRACKING_ALIASES)
+    return tuple(k for k in TRACKERS if ft.get(k, bool, "true or false", default=False))
 
 
 def _scheduler(path: str, table: dict[str, Any]) -> SchedulerSpec:

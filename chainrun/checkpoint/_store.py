@@ -97,6 +97,12 @@ class Resume(NamedTuple):
             metrics={**self.metrics, **(saved.get("metrics") or {})},
         )
 
+    def global_step(self, steps_per_epoch: int) -> int:
+        """The batches trained since the run began: the global step of the first batch this
+        segment trains. Log from it on, and tell the logger that whatever a crashed segment
+        logged from it on is void: ``SummaryWriter(..., purge_step=start.global_step(len(loader)))``."""
+        return self.epoch * steps_per_epoch + self.step
+
     def skip(self, epoch: int) -> int:
         """Batches of ``epoch`` already trained before the checkpoint (0 for any other epoch)."""
         return self.step if epoch == self.epoch else 0

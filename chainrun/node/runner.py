@@ -218,6 +218,8 @@ class Segment:
         env = {k: v for k, v in os.environ.items() if k not in SERVICE_ONLY}
         env.update(
             CHAINRUN_CHAIN=s["chain"],
+            CHAINRUN_CHAIN_ID=s["chain"],
+            CHAINRUN_RUN_ID=s["run_id"],  # the chain's id as trackers take it (segment.tracker_run_id)
             CHAINRUN_SEGMENT=str(self.n),
             CHAINRUN_SEED=str(s["seed"]),  # the chain's own, the same in each segment; [env] may set another
             CHAINRUN_CHECKPOINT_DIR=s["checkpoint_dir"],

@@ -23,6 +23,8 @@ from chainrun.schedulers.segment import (
     made_dirs,
     share_settings,
     sweep_environment,
+    tracker_run_id,
+    tracking_environment,
 )
 from chainrun.schedulers.ship import SEGMENT_RUNNER
 from chainrun.text import quote
@@ -52,6 +54,7 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
     spec = job.spec
     settings = {
         "chain": job.chain_id,
+        "run_id": tracker_run_id(job.chain_id),
         "segment": job.n,
         "seed": chain_seed(spec, job.chain_id),
         "walltime": job.walltime,
@@ -70,7 +73,10 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
         "progress_file": spec.progress_file or "",
         "progress_key": spec.progress_key,
         "target": spec.target_epoch,
-        "env": dict([*spec.inherited, *sweep_environment(spec), *spec.env]),  # [env] wins
+        # [env] wins over [tracking], which wins over what the submitting shell had.
+        "env": dict(
+            [*spec.inherited, *sweep_environment(spec), *tracking_environment(spec, job.chain_id), *spec.env]
+        ),
         "container": container.argv(spec, code_dir(spec, job.chain_id)),
         "command": spec.command,
     }

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -160,6 +161,29 @@ def final_path(spec: JobSpec, chain_id: str) -> str:
 def grace_path(spec: JobSpec, chain_id: str) -> str:
     """Where an adaptive grace is written for the wrapper (``grace=SECONDS``)."""
     return posixpath.join(run_dir(spec, chain_id), GRACE_NAME)
+
+
+RUN_ID_MAX = 64  # W&B, MLflow and TensorBoard all take a run id this long
+_NOT_IN_RUN_ID = re.compile(r"[^a-z0-9-]")
+
+
+def tracker_run_id(chain_id: str) -> str:
+    """``CHAINRUN_RUN_ID``: the chain's id as every tracker takes it, the same in each of its
+    segments: lowercase letters, digits and hyphens (any other character becomes a hyphen), at
+    most ``RUN_ID_MAX`` long (a longer name is cut, its random ``-HEX`` ending kept)."""
+    safe = _NOT_IN_RUN_ID.sub("-", chain_id.lower())
+    if len(safe) <= RUN_ID_MAX:
+        return safe
+    tail = safe[-7:]  # the "-HEX" that new_chain_id ends every id with
+    return safe[: RUN_ID_MAX - len(tail)] + tail
+
+
+def tracking_environment(spec: JobSpec, chain_id: str) -> list[tuple[str, str]]:
+    """What ``[tracking]`` sets: each tracker's own variables, so that an unchanged script's
+    ``wandb.init()`` continues the chain's one run in every segment (``[env]`` may set another)."""
+    run_id = tracker_run_id(chain_id)
+    wanted = {"wandb": [("WANDB_RUN_ID", run_id), ("WANDB_RESUME", "allow")]}
+    return [pair for tracker in spec.tracking for pair in wanted[tracker]]
 
 
 def sweep_environment(spec: JobSpec) -> list[tuple[str, str]]:

@@ -3,14 +3,18 @@
 AdamW with warmup and cosine decay, mixed precision with a GradScaler on GPU,
 a DataLoader with worker processes, a validation pass, the best score kept as
 an extra, a background (async) save every ``--save-every`` steps so a node
-failure loses little work, and the walltime signal handled mid-epoch. The
-data is synthetic; swap in your dataset and model. Runs on CPU or one GPU.
+failure loses little work, and the walltime signal handled mid-epoch. With
+``--tensorboard DIR`` it logs the loss of every step to TensorBoard, one run for
+the whole chain (``DIR/$CHAINRUN_RUN_ID``), each step once even after a crash
+(``purge_step``). The data is synthetic; swap in your dataset and model. Runs on
+CPU or one GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 import torch
@@ -32,6 +36,7 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--save-every", type=int, default=200, help="steps between background saves")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--tensorboard", metavar="DIR", help="log each step's loss to TensorBoard here")
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -68,6 +73,15 @@ def main() -> int:
         print(f"already done; best validation accuracy {best:.3f}")
         return 0
 
+    writer = None
+    if args.tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+
+        # One run for the whole chain, and a resume after a crash voids what the crashed
+        # segment logged past its last save: each step is on the curve once.
+        run_dir = os.path.join(args.tensorboard, os.environ.get("CHAINRUN_RUN_ID", "run"))
+        writer = SummaryWriter(run_dir, purge_step=start.global_step(len(loader)))
+
     loss = torch.zeros((), device=device)  # a resume at the end of an epoch runs no step in it
     for epoch in range(start.epoch, args.epochs):
         model.train()
@@ -80,9 +94,13 @@ def main() -> int:
             scaler.step(optimizer)
             scaler.update()
             scheduler.step()
+            if writer is not None:
+                writer.add_scalar("loss", loss.item(), epoch * len(loader) + step)
             if ckpt.should_stop():  # the walltime signal: finishes any background save first
                 ckpt.save(epoch, step + 1, extras={"best_accuracy": best})
                 print(f"stopping at epoch {epoch} step {step + 1} ({ckpt.clock.reason})", flush=True)
+                if writer is not None:
+                    writer.close()
                 return 0
             if (step + 1) % args.save_every == 0:
                 ckpt.save(epoch, step + 1, extras={"best_accuracy": best})  # async: training goes on
@@ -96,6 +114,8 @@ def main() -> int:
         )
 
     ckpt.wait()
+    if writer is not None:
+        writer.close()
     print(f"training done; best validation accuracy {best:.3f}")
     return 0
 

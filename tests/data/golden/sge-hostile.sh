@@ -14,6 +14,7 @@ command -v python3 >/dev/null || { echo 'chainrun: the segment runner needs pyth
 exec python3 -I '/scratch/my runs/bob'"'"'s/.chainrun/runner-HASH.pyz' <<'CHAINRUN_SETTINGS'
 {
  "chain": "hostile-a1b2c3",
+ "run_id": "hostile-a1b2c3",
  "segment": 3,
  "seed": 3928624171,
  "walltime": 14400,

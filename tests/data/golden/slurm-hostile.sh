@@ -15,6 +15,7 @@ command -v python3 >/dev/null || { echo 'chainrun: the segment runner needs pyth
 exec python3 -I '/scratch/my run'"'"'s dir $x/.chainrun/runner-HASH.pyz' <<'CHAINRUN_SETTINGS'
 {
  "chain": "hostile-1a2b3c",
+ "run_id": "hostile-1a2b3c",
  "segment": 3,
  "seed": 2704554860,
  "walltime": 10801,

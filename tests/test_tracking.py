@@ -1,0 +1,319 @@
+"""One run in the tracker, whatever the segments (issue 37): every segment's command gets the
+chain's id and a tracker-safe run id, the same in each of its segments."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from conftest import need
+from test_wrapper import run_wrapper, work  # noqa: F401 (work: the fixture)
+
+from chainrun.errors import JobFileError
+from chainrun.model import JobSpec, new_chain_id
+from chainrun.schedulers.local import LocalScheduler
+from chainrun.schedulers.script import render_script
+from chainrun.schedulers.segment import RUN_ID_MAX, SegmentJob, tracker_run_id, tracking_environment
+from chainrun.schema import parse
+
+CLI = Callable[..., "subprocess.CompletedProcess[str]"]
+SAFE = re.compile(r"[a-z0-9-]+")
+
+
+@pytest.mark.parametrize(
+    ("chain_id", "run_id"),
+    [
+        ("cifar-resnet-1a2b3c", "cifar-resnet-1a2b3c"),
+        ("My_Run.v2-abcdef", "my-run-v2-abcdef"),
+        ("A" * 64 + "-0f0f0f", "a" * 57 + "-0f0f0f"),
+    ],
+)
+def test_the_run_id_is_the_chain_id_lowercase_letters_digits_and_hyphens_with_its_random_end_kept(
+    chain_id: str, run_id: str
+) -> None:
+    assert tracker_run_id(chain_id) == run_id
+    assert SAFE.fullmatch(run_id) and len(run_id) <= RUN_ID_MAX
+
+
+def test_every_chain_name_gives_a_safe_run_id_that_keeps_its_chains_apart() -> None:
+    """The longest names (64 characters, a sweep's -HASH-rN within them) keep the random end,
+    so two chains of one name still get two runs."""
+    for name in ("x", "Name.With_Dots-and-CAPS", "n" * 64, "s" * 50 + "-0123abcd-r12"):
+        ids = {tracker_run_id(new_chain_id(name)) for _ in range(20)}
+        assert all(SAFE.fullmatch(i) and len(i) <= RUN_ID_MAX for i in ids)
+        assert len(ids) == 20
+
+
+def test_each_segment_of_a_chain_sees_its_chain_id_and_the_same_run_id(work: Path) -> None:  # noqa: F811
+    """The segment runner exports CHAINRUN_CHAIN_ID and CHAINRUN_RUN_ID to the command."""
+    seen = []
+    for n in (1, 2, 3):
+        proc, job = run_wrapper(work, 'echo "$CHAINRUN_CHAIN_ID $CHAINRUN_RUN_ID" > seen', n=n)
+        assert proc.returncode == 0, proc.stderr
+        seen.append((work / "seen").read_text().split())
+    assert seen == [[job.chain_id, tracker_run_id(job.chain_id)]] * 3
+
+
+# A training script as its author wrote it for W&B, unchanged: nothing in it names a run. Each
+# segment trains one epoch of four steps (a stand-in for a walltime stop) and commits its progress.
+WANDB_TRAINER = """\
+import os
+import wandb
+from chainrun.checkpoint import load_progress, write_progress
+
+ckdir = os.environ["CHAINRUN_CHECKPOINT_DIR"]
+os.makedirs(ckdir, exist_ok=True)
+done = load_progress(ckdir)
+epoch = done["epoch"] if done else 0
+run = wandb.init(project="chainrun-test")
+for step in range(epoch * 4, epoch * 4 + 4):
+    wandb.log({"loss": 1.0 / (step + 1)}, step=step)
+wandb.finish()
+with open(os.path.join(ckdir, "model.txt"), "w") as f:
+    f.write(str(epoch + 1))
+write_progress(ckdir, epoch=epoch + 1, step=epoch * 4 + 4, file="model.txt")
+"""
+
+
+def wandb_records(path: Path) -> list[Any]:
+    """The records of an offline run's ``.wandb`` file, read as W&B writes it (a LevelDB-style
+    log of 32 KiB blocks after a 7-byte header) into W&B's own protobuf ``Record``."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", path
+    pos, whole, found = 7, b"", []
+    while pos + 7 <= len(data):
+        if BLOCK - pos % BLOCK < 7:  # a block's tail too short for a header is padding
+            pos += BLOCK - pos % BLOCK
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0:
+            break
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        whole = chunk if kind in (FULL, FIRST) else whole + chunk
+        if kind in (FULL, LAST):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(whole)
+            found.append(record)
+    return found
+
+
+BLOCK, FULL, FIRST, LAST = 32768, 1, 2, 4
+
+
+@pytest.mark.slow
+def test_a_chain_of_three_segments_is_one_wandb_run_with_every_segments_steps(
+    tmp_path: Path, chainrun: CLI
+) -> None:
+    """[tracking] wandb = true: each segment's unchanged wandb.init() continues the chain's one
+    run (offline here: W&B writes each segment's part to a directory of its own, all of one id)."""
+    need("wandb", importlib.util.find_spec("wandb") is not None, "pip install 'chainrun[wandb]'")
+    home = tmp_path / "work"
+    home.mkdir()
+    (home / "train.py").write_text(WANDB_TRAINER)
+    path = home / "job.toml"
+    path.write_text(
+        f'name = "Tracked_Run"\ncommand = "{sys.executable} train.py"\n'
+        'total_time = "30m"\nwalltime = "5m"\ntarget_epoch = 3\n'
+        '[tracking]\nwandb = true\n[env]\nWANDB_MODE = "offline"\nWANDB_SILENT = "true"\n'
+    )
+    result = chainrun("run", str(path), "--interval", "0.3", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    chain_id = json.loads(chainrun("status", "--json", check=True).stdout)[0]["id"]
+    runs = sorted((home / "wandb").glob("offline-run-*"))
+    assert len(runs) == 3, runs  # one directory per segment ...
+    ids, steps = set(), []
+    for run in runs:
+        for record in wandb_records(next(run.glob("*.wandb"))):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                ids.add(record.run.run_id)
+            elif kind == "history":
+                steps.append(record.history.step.num)
+    assert ids == {tracker_run_id(chain_id)}  # ... and all of them the one run
+    assert steps == list(range(12))
+
+
+BASE = {"name": "t", "command": "python train.py", "total_time": "1h", "walltime": "10m"}
+
+
+def test_tracking_sets_the_trackers_own_variables_and_env_still_wins(tmp_path: Path) -> None:
+    spec = parse({**BASE, "tracking": {"wandb": True}}, "job.toml", tmp_path)
+    assert spec.tracking == ("wandb",)
+    assert JobSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec  # as stored
+    assert tracking_environment(spec, "t-0a0b0c") == [("WANDB_RUN_ID", "t-0a0b0c"), ("WANDB_RESUME", "allow")]
+    assert parse({**BASE, "tracking": {"wandb": False}}, "job.toml", tmp_path).tracking == ()
+    env = parse({**BASE, "tracking": {"wandb": True}, "env": {"WANDB_RUN_ID": "mine"}}, "job.toml", tmp_path)
+    settings = render_script(LocalScheduler(), SegmentJob("t-0a0b0c", 1, env, 600))
+    assert '"WANDB_RUN_ID": "mine"' in settings and '"WANDB_RESUME": "allow"' in settings
+
+
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        ({"wandbb": True}, "unknown key tracking.wandbb; did you mean tracking.wandb?"),
+        ({"weights_and_biases": True}, "unknown key tracking.weights_and_biases; chainrun's is wandb"),
+        ({"wandb": "yes"}, "tracking.wandb"),
+        ({"mlflow": True}, "pass $CHAINRUN_RUN_ID to mlflow yourself"),
+    ],
+)
+def test_a_wrong_tracking_table_says_what_to_write(tmp_path: Path, table: dict[str, Any], said: str) -> None:
+    with pytest.raises(JobFileError) as caught:
+        parse({**BASE, "tracking": table}, "job.toml", tmp_path)
+    assert said in str(caught.value) and "\n" not in str(caught.value)
+
+
+# A PyTorch loop that logs every step to TensorBoard and saves mid-epoch (after its third step)
+# and at each epoch's end. Segment 1 logs two more steps past its mid-epoch save of epoch 1,
+# flushes them, and is killed with SIGKILL: those steps are on disk but not in any checkpoint.
+TENSORBOARD_TRAINER = """\
+import os, signal, sys
+import torch
+from torch.utils.tensorboard import SummaryWriter
+from chainrun.checkpoint.torch import Checkpointer
+
+PURGE = sys.argv[1] == "purge"
+torch.manual_seed(0)
+data = [(torch.randn(8, 3), torch.randn(8, 1)) for _ in range(5)]  # 5 steps an epoch
+model = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+ckpt = Checkpointer(model=model, optimizer=opt)
+start = ckpt.restore()
+writer = SummaryWriter(os.path.join("runs", os.environ["CHAINRUN_RUN_ID"]),
+                       purge_step=start.global_step(len(data)) if PURGE else None)
+for epoch in range(start.epoch, 3):
+    for step, (x, y) in ckpt.steps(data, epoch):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        writer.add_scalar("loss", loss.item(), epoch * len(data) + step)
+        if step == 2:
+            ckpt.save(epoch, step + 1)
+        if os.environ["CHAINRUN_SEGMENT"] == "1" and epoch == 1 and step == 4:
+            writer.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+    ckpt.save(epoch + 1, 0, done=epoch + 1 == 3)
+writer.close()
+"""
+
+
+def logged_steps(logdir: Path) -> list[int]:
+    """Every step of the scalar "loss" as TensorBoard shows it: read by tensorboard's own
+    reader, which drops what a writer's purge_step voided."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(logdir))
+    accumulator.Reload()
+    return [event.step for event in accumulator.Scalars("loss")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("purge", [True, False])
+def test_after_a_crash_between_two_saves_tensorboard_shows_every_step_once(
+    tmp_path: Path, chainrun: CLI, purge: bool
+) -> None:
+    """Segment 1 is killed (SIGKILL) two steps past its last save; segment 2 resumes from that
+    save and trains those steps again. With purge_step=start.global_step(...) each step is
+    on the curve once; without it (the control), the two retrained steps are there twice."""
+    need("torch", importlib.util.find_spec("torch") is not None, "pip install 'chainrun[torch]'")
+    need(
+        "tensorboard",
+        importlib.util.find_spec("tensorboard") is not None,
+        "pip install 'chainrun[tensorboard]'",
+    )
+    home = tmp_path / "work"
+    home.mkdir()
+    (home / "train.py").write_text(TENSORBOARD_TRAINER)
+    path = home / "job.toml"
+    path.write_text(
+        f'name = "tb"\ncommand = "{sys.executable} train.py {"purge" if purge else "keep"}"\n'
+        'total_time = "30m"\nwalltime = "5m"\ntarget_epoch = 3\n'
+    )
+    result = chainrun("run", str(path), "--interval", "0.3", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (chain,) = json.loads(chainrun("status", "--json", check=True).stdout)
+    assert [s["outcome"] for s in chain["segments"]][:2] == [
+        "failed",
+        "completed",
+    ]  # then a successor cancelled
+    (logdir,) = (home / "runs").iterdir()
+    assert logdir.name == tracker_run_id(chain["id"])
+    # Segment 1 logged steps 0-9 and was killed; its last save was after step 7 (epoch 1, 3 steps).
+    zigzag = [*range(10), *range(8, 15)]  # without purge_step: 8 and 9 twice, the curve going back
+    assert logged_steps(logdir) == (list(range(15)) if purge else zigzag)
+
+
+# MLflow's run ids are its own (MLFLOW_RUN_ID must name a run that exists), so [tracking] has
+# no mlflow key: the script finds the chain's run by a tag, or makes it (docs: One run in the
+# tracker). Each segment logs three steps of one epoch.
+MLFLOW_TRAINER = """\
+import os
+import mlflow
+from chainrun.checkpoint import load_progress, write_progress
+
+ckdir = os.environ["CHAINRUN_CHECKPOINT_DIR"]
+os.makedirs(ckdir, exist_ok=True)
+done = load_progress(ckdir)
+epoch = done["epoch"] if done else 0
+rid = os.environ["CHAINRUN_RUN_ID"]
+runs = mlflow.search_runs(filter_string=f"tags.chainrun_run_id = '{rid}'", output_format="list")
+if runs:
+    mlflow.start_run(run_id=runs[0].info.run_id)
+else:
+    mlflow.start_run(run_name=rid, tags={"chainrun_run_id": rid})
+for step in range(epoch * 3, epoch * 3 + 3):
+    mlflow.log_metric("loss", 1.0 / (step + 1), step=step)
+mlflow.end_run()
+with open(os.path.join(ckdir, "model.txt"), "w") as f:
+    f.write(str(epoch + 1))
+write_progress(ckdir, epoch=epoch + 1, step=0, file="model.txt")
+"""
+
+
+@pytest.mark.slow
+def test_the_documented_mlflow_lines_make_a_chain_of_three_segments_one_mlflow_run(
+    tmp_path: Path, chainrun: CLI
+) -> None:
+    need("mlflow", importlib.util.find_spec("mlflow") is not None, "pip install 'chainrun[mlflow]'")
+    home = tmp_path / "work"
+    home.mkdir()
+    (home / "train.py").write_text(MLFLOW_TRAINER)
+    store = f"file://{home / 'mlruns'}"
+    path = home / "job.toml"
+    path.write_text(
+        f'name = "mlflow"\ncommand = "{sys.executable} train.py"\n'
+        'total_time = "30m"\nwalltime = "5m"\ntarget_epoch = 3\n'
+        f'[env]\nMLFLOW_TRACKING_URI = "{store}"\nMLFLOW_ALLOW_FILE_STORE = "true"\n'
+    )
+    result = chainrun("run", str(path), "--interval", "0.3", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (chain,) = json.loads(chainrun("status", "--json", check=True).stdout)
+    assert len(chain["segments"]) >= 3
+    found = subprocess.run(
+        [sys.executable, "-c", MLFLOW_READER],
+        env={**os.environ, "MLFLOW_TRACKING_URI": store, "MLFLOW_ALLOW_FILE_STORE": "true"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout) == [[tracker_run_id(chain["id"]), list(range(9))]]
+
+
+MLFLOW_READER = """\
+import json, mlflow
+client = mlflow.MlflowClient()
+runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+print(json.dumps([[r.info.run_name, [m.step for m in client.get_metric_history(r.info.run_id, "loss")]]
+                  for r in runs]))
+"""
