@@ -1,0 +1,81 @@
+"""chainrun.checkpoint.lightning with the real ``lightning`` package: examples/lightning/train.py
+stopped mid-epoch by its callback's clock several times ends bit-equal to one uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from ckpt_support import REPO, describe, no_chainrun_env, restore_signal_handlers, script_env  # noqa: F401
+
+pytest.importorskip("lightning")
+pytestmark = pytest.mark.torch
+
+EXAMPLE = REPO / "examples" / "lightning" / "train.py"
+
+
+def run(where: Path, *args: str) -> str:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, str(where / "train.py"), "--epochs", "3", *args],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        env=script_env(OMP_NUM_THREADS="1"),
+        timeout=240,
+    )
+    assert result.returncode == 0, describe(result)
+    return result.stdout
+
+
+def test_stopped_mid_epoch_segments_end_bitwise_equal_to_an_uninterrupted_run(tmp_path: Path) -> None:
+    import torch
+
+    ref, chain = tmp_path / "ref", tmp_path / "chain"
+    for d in (ref, chain):
+        d.mkdir()
+        shutil.copy(EXAMPLE, d / "train.py")
+    run(ref, "--out", "final.pt")
+    segments = 0
+    while not (chain / "final.pt").exists():
+        out = run(chain, "--out", "final.pt", "--stop-after", "7")  # 12 batches an epoch: mid-epoch
+        segments += 1
+        assert segments <= 8, out
+    assert segments == 6  # 36 batches, 7 a segment
+    progress = json.loads((chain / "checkpoints" / "chainrun-progress.json").read_text())
+    assert progress["done"] is True and progress["epoch"] == 3
+    assert "train_loss" in progress["metrics"]
+    expected, got = torch.load(ref / "final.pt"), torch.load(chain / "final.pt")
+    for part in ("model", "optimizer"):
+        flat_a, flat_b = (
+            torch.utils._pytree.tree_leaves(expected[part]),
+            torch.utils._pytree.tree_leaves(got[part]),
+        )
+        assert len(flat_a) == len(flat_b)
+        for a, b in zip(flat_a, flat_b):
+            if isinstance(a, torch.Tensor):
+                assert torch.equal(a, b), part
+            else:
+                assert a == b, part
+
+
+def test_ckpt_path_is_none_first_then_the_committed_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from chainrun.checkpoint.lightning import ChainrunCallback
+
+    monkeypatch.chdir(tmp_path)
+    assert ChainrunCallback(tmp_path / "ck", clock=None).ckpt_path is None
+    shutil.copy(EXAMPLE, tmp_path / "train.py")
+    run(tmp_path, "--stop-after", "5")
+    cb = ChainrunCallback(tmp_path / "checkpoints")
+    progress = json.loads((tmp_path / "checkpoints" / "chainrun-progress.json").read_text())
+    assert cb.ckpt_path == str(tmp_path / "checkpoints" / progress["file"])
+    assert (progress["epoch"], progress["step"], progress["done"]) == (0, 5, False)
+    # a save that never committed (a newer, partly written file) is never chosen
+    (tmp_path / "checkpoints" / "ckpt-000099-e0001-s000000.ckpt").write_bytes(b"partial")
+    assert ChainrunCallback(tmp_path / "checkpoints").ckpt_path == cb.ckpt_path
