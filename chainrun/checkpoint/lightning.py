@@ -39,7 +39,9 @@ import warnings
 from typing import Any, Optional, Union
 
 import lightning.pytorch as pl
+import torch
 from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
+from torch.utils.data import DataLoader
 
 from chainrun.checkpoint._atomic import fsync_dir, fsync_file, sha256_file
 from chainrun.checkpoint._clock import SegmentClock
@@ -77,7 +79,7 @@ class ChainrunCallback(pl.Callback):
         self._saving: Optional[tuple[int, int]] = None
         self._loaded: Optional[dict[str, Any]] = None
         self._rng: Optional[dict[str, Any]] = None
-        self._epoch_rng: Optional[dict[str, Any]] = None
+        self._redraw = False
 
     @property
     def ckpt_path(self) -> Optional[str]:
@@ -110,26 +112,30 @@ class ChainrunCallback(pl.Callback):
         if loaded is None:
             return
         epoch, step = loaded["epoch"], loaded["step"]
-        if step == 0:  # saved at an epoch's end: put back as the next epoch starts
-            self._epoch_rng = loaded["rng"]
-            return
         self._rng = loaded["rng"]  # put back right before the first resumed batch
+        if step == 0:  # saved at an epoch's end
+            self._redraw = True
+            return
         for loader in _loaders(trainer):
             sampler, batch_size = _resumable(loader)
             if sampler is not None:
                 sampler.resume_at(epoch, min(step * batch_size, sampler.num_samples))
 
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        rng, self._epoch_rng = self._epoch_rng, None
-        if rng is not None:
-            restore_rng(rng)
-
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         rng, self._rng = self._rng, None
-        if rng is not None:
-            restore_rng(rng)
+        if rng is None:
+            return
+        restore_rng(rng)
+        if self._redraw:
+            # Uninterrupted, the new epoch's DataLoader iterator drew its base seed from the
+            # global generator after the epoch-end save; resumed, Lightning made it before the
+            # states were put back. Draw it again, as the uninterrupted run did.
+            self._redraw = False
+            for loader in _loaders(trainer):
+                if isinstance(loader, DataLoader) and loader.generator is None:
+                    torch.empty((), dtype=torch.int64).random_()
 
     # -- saving ---------------------------------------------------------------------------------
     def on_train_batch_end(

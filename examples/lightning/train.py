@@ -73,8 +73,8 @@ def main() -> None:
         enable_model_summary=False,
     )
     trainer.fit(model, loader, ckpt_path=cb.ckpt_path)  # chainrun: ckpt_path
-    if cb.clock.should_stop():
-        print(f"stopped at epoch {trainer.current_epoch} ({cb.clock.reason})", flush=True)
+    if cb.last_saved is None or not cb.last_saved.done:
+        print(f"stopped ({cb.clock.reason})", flush=True)
     elif args.out:
         torch.save({"model": model.state_dict(), "optimizer": trainer.optimizers[0].state_dict()}, args.out)
 

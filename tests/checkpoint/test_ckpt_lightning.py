@@ -32,7 +32,16 @@ def run(where: Path, *args: str) -> str:
     return result.stdout
 
 
-def test_stopped_mid_epoch_segments_end_bitwise_equal_to_an_uninterrupted_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("every", "segments"),
+    [
+        pytest.param(7, 6, id="mid-epoch"),  # 12 batches an epoch, 36 in all
+        pytest.param(12, 3, id="epoch-ends"),  # saved at the epoch's end; the last one is done
+    ],
+)
+def test_stopped_segments_end_bitwise_equal_to_an_uninterrupted_run(
+    tmp_path: Path, every: int, segments: int
+) -> None:
     import torch
 
     ref, chain = tmp_path / "ref", tmp_path / "chain"
@@ -40,12 +49,12 @@ def test_stopped_mid_epoch_segments_end_bitwise_equal_to_an_uninterrupted_run(tm
         d.mkdir()
         shutil.copy(EXAMPLE, d / "train.py")
     run(ref, "--out", "final.pt")
-    segments = 0
+    ran = 0
     while not (chain / "final.pt").exists():
-        out = run(chain, "--out", "final.pt", "--stop-after", "7")  # 12 batches an epoch: mid-epoch
-        segments += 1
-        assert segments <= 8, out
-    assert segments == 6  # 36 batches, 7 a segment
+        out = run(chain, "--out", "final.pt", "--stop-after", str(every))
+        ran += 1
+        assert ran <= 8, out
+    assert ran == segments
     progress = json.loads((chain / "checkpoints" / "chainrun-progress.json").read_text())
     assert progress["done"] is True and progress["epoch"] == 3
     assert "train_loss" in progress["metrics"]
