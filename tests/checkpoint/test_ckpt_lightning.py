@@ -88,3 +88,62 @@ def test_ckpt_path_is_none_first_then_the_committed_checkpoint(
     # a save that never committed (a newer, partly written file) is never chosen
     (tmp_path / "checkpoints" / "ckpt-000099-e0001-s000000.ckpt").write_bytes(b"partial")
     assert ChainrunCallback(tmp_path / "checkpoints").ckpt_path == cb.ckpt_path
+
+
+def test_lightning_slurm_auto_requeue_is_turned_off_and_said_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning's requeue handler saves inside the signal handler and calls scontrol: off."""
+    import signal
+
+    import lightning as L
+    import torch
+    from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from chainrun.checkpoint import CheckpointWarning
+    from chainrun.checkpoint.lightning import ChainrunCallback
+
+    for name, value in {
+        "SLURM_NTASKS": "1",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_NAME": "t",
+        "SLURM_JOB_ID": "1",
+        "SLURM_NTASKS_PER_NODE": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+            seen.append(signal.getsignal(signal.SIGUSR1))
+            return self.net(batch[0]).sum()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    seen: list[object] = []
+    cb = ChainrunCallback(tmp_path / "ck")
+    environment = SLURMEnvironment(auto_requeue=True)
+    trainer = L.Trainer(
+        callbacks=[cb],
+        plugins=[environment],
+        max_steps=2,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+    )
+    loader = DataLoader(TensorDataset(torch.ones(4, 2)), batch_size=2)
+    with pytest.warns(CheckpointWarning, match="auto_requeue=True"):
+        trainer.fit(Tiny(), loader, ckpt_path=cb.ckpt_path)
+    assert environment.auto_requeue is False
+    assert seen and all(handler == cb.clock._handle for handler in seen)  # the walltime signal is ours
+    assert cb.last_saved is not None and cb.last_saved.done
