@@ -69,18 +69,22 @@ def chain(chainrun: CLI, cluster: Cluster, work: Path, example: str, args: str, 
 @pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize(
-    "cluster",
-    [pytest.param("local"), pytest.param("slurm", marks=pytest.mark.slurm)],
-    indirect=True,
+    ("cluster", "devices"),
+    [
+        pytest.param("local", "1", id="local"),
+        pytest.param("local", "2", id="local-ddp"),
+        pytest.param("slurm", "1", id="slurm", marks=pytest.mark.slurm),
+    ],
+    indirect=["cluster"],
 )
 def test_lightning_chain_ends_bit_equal_to_one_run(
-    cluster: Cluster, work: Path, tmp_path: Path, chainrun: CLI
+    cluster: Cluster, devices: str, work: Path, tmp_path: Path, chainrun: CLI
 ) -> None:
     pytest.importorskip("lightning")
     import torch
 
-    args = "--epochs 3 --out final.pt --step-sleep 1.5"
-    expected = torch.load(reference(tmp_path, "lightning", *args.split()[:4]) / "final.pt")
+    args = f"--epochs 3 --out final.pt --devices {devices} --step-sleep 1.5"
+    expected = torch.load(reference(tmp_path, "lightning", *args.split()[:6]) / "final.pt")
     chain(chainrun, cluster, work, "lightning", args, 3)
     same_state(expected, torch.load(work / "final.pt"))
 

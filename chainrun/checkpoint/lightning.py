@@ -26,9 +26,10 @@ beginning (it warns so) unless the loader has ``state_dict``/``load_state_dict``
 Lightning's own SLURM auto-requeue is turned off (chainrun queues the next segment): its
 handler saves inside the signal handler and calls ``scontrol requeue``. Under DDP every rank
 agrees on the stop (any rank that saw the signal stops all), every rank takes part in
-``save_checkpoint`` (rank 0 writes) and rank 0 commits. Loggers that take a run id or
-version get the chain's ``CHAINRUN_RUN_ID`` when it is set and they were given none, so a
-chain's segments log into one run.
+``save_checkpoint`` (rank 0 writes) and rank 0 commits. A ``WandbLogger`` given no ``id``
+gets the chain's ``CHAINRUN_RUN_ID`` (with ``resume="allow"``) when it is set, so a chain's
+segments log into one run; TensorBoard and CSV loggers are numbered by the trainer before
+any callback runs: pass them ``version=run_id()``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from chainrun.checkpoint.torch import ResumableSampler, capture_rng, restore_rng
 RUN_ID_VAR = "CHAINRUN_RUN_ID"
 _RESERVED = ("epoch", "step", "done", "save_seconds")  # the sidecar's own fields
 
-__all__ = ["RUN_ID_VAR", "ChainrunCallback"]
+__all__ = ["RUN_ID_VAR", "ChainrunCallback", "run_id"]
 
 
 class ChainrunCallback(pl.Callback):
@@ -219,19 +220,26 @@ def _no_auto_requeue(trainer: pl.Trainer) -> None:
     environment.auto_requeue = False
 
 
+def run_id() -> Optional[str]:
+    """The chain's tracker-safe run id (``CHAINRUN_RUN_ID``, the same in every segment), or None
+    outside a chain: ``TensorBoardLogger(..., version=run_id())``, ``CSVLogger`` the same.
+    (The trainer numbers those loggers before any callback runs, so the callback cannot.)"""
+    return os.environ.get(RUN_ID_VAR, "").strip() or None
+
+
 def _name_the_run(trainer: pl.Trainer) -> None:
     """Give loggers that were given no run id or version the chain's ``CHAINRUN_RUN_ID``."""
-    run_id = os.environ.get(RUN_ID_VAR, "").strip()
-    if not run_id:
+    chain_run = run_id()
+    if chain_run is None:
         return
     for logger in trainer.loggers:
         wandb_init = getattr(logger, "_wandb_init", None)
         if isinstance(wandb_init, dict):  # WandbLogger, before its run is made
             if getattr(logger, "_experiment", None) is None and not wandb_init.get("id"):
-                wandb_init.update(id=run_id, resume="allow")
-                setattr(logger, "_id", run_id)  # noqa: B010
+                wandb_init.update(id=chain_run, resume="allow")
+                setattr(logger, "_id", chain_run)  # noqa: B010
         elif hasattr(logger, "_version") and logger._version is None:  # TensorBoard, CSV
-            logger._version = run_id
+            logger._version = chain_run  # where the trainer has not numbered it yet: pass run_id()
 
 
 def _loaders(trainer: pl.Trainer) -> list[Any]:

@@ -7,7 +7,8 @@ the very next batch of the same order. To try it without chainrun:
     $ python3 train.py --epochs 2
 
 ``--stop-after N`` asks the callback to stop after N batches (as the walltime signal
-would), ``--out`` writes the final weights, ``--step-sleep`` slows each step down.
+would), ``--out`` writes the final weights, ``--step-sleep`` slows each step down,
+``--devices 2`` trains with DDP on two CPU processes.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def main() -> None:
     parser.add_argument("--out", default="")
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--stop-after", type=int, default=0)
+    parser.add_argument("--devices", type=int, default=1)
     args = parser.parse_args()
 
     cb = ChainrunCallback()  # chainrun: first, so the walltime signal finds its handler
@@ -67,12 +69,17 @@ def main() -> None:
         max_epochs=args.epochs,
         deterministic=True,
         accelerator="cpu",
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        use_distributed_sampler=False,  # keep the ResumableSampler (each rank sees every batch here)
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
     trainer.fit(model, loader, ckpt_path=cb.ckpt_path)  # chainrun: ckpt_path
+    if not trainer.is_global_zero:  # rank 0 commits and writes
+        return
     if cb.last_saved is None or not cb.last_saved.done:
         print(f"stopped ({cb.clock.reason})", flush=True)
     elif args.out:

@@ -33,14 +33,15 @@ def run(where: Path, *args: str) -> str:
 
 
 @pytest.mark.parametrize(
-    ("every", "segments"),
+    ("every", "segments", "devices"),
     [
-        pytest.param(7, 6, id="mid-epoch"),  # 12 batches an epoch, 36 in all
-        pytest.param(12, 3, id="epoch-ends"),  # saved at the epoch's end; the last one is done
+        pytest.param(7, 6, "1", id="mid-epoch"),  # 12 batches an epoch, 36 in all
+        pytest.param(12, 3, "1", id="epoch-ends"),  # saved at the epoch's end; the last one is done
+        pytest.param(7, 6, "2", id="ddp-mid-epoch"),  # two CPU ranks; rank 0 commits
     ],
 )
 def test_stopped_segments_end_bitwise_equal_to_an_uninterrupted_run(
-    tmp_path: Path, every: int, segments: int
+    tmp_path: Path, every: int, segments: int, devices: str
 ) -> None:
     import torch
 
@@ -48,10 +49,10 @@ def test_stopped_segments_end_bitwise_equal_to_an_uninterrupted_run(
     for d in (ref, chain):
         d.mkdir()
         shutil.copy(EXAMPLE, d / "train.py")
-    run(ref, "--out", "final.pt")
+    run(ref, "--out", "final.pt", "--devices", devices)
     ran = 0
     while not (chain / "final.pt").exists():
-        out = run(chain, "--out", "final.pt", "--stop-after", str(every))
+        out = run(chain, "--out", "final.pt", "--stop-after", str(every), "--devices", devices)
         ran += 1
         assert ran <= 8, out
     assert ran == segments
@@ -147,3 +148,47 @@ def test_lightning_slurm_auto_requeue_is_turned_off_and_said_so(
     assert environment.auto_requeue is False
     assert seen and all(handler == cb.clock._handle for handler in seen)  # the walltime signal is ours
     assert cb.last_saved is not None and cb.last_saved.done
+
+
+def test_run_id_names_a_loggers_version_in_a_chain_and_nothing_outside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lightning as L
+    import torch
+    from lightning.pytorch.loggers import CSVLogger
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from chainrun.checkpoint.lightning import ChainrunCallback, run_id
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+            loss = self.net(batch[0]).sum()
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    loader = DataLoader(TensorDataset(torch.ones(4, 2)), batch_size=2)
+    versions = []
+    for chain_run in ("chain-7f3a", ""):
+        monkeypatch.setenv("CHAINRUN_RUN_ID", chain_run)
+        cb = ChainrunCallback(tmp_path / f"ck{chain_run}")
+        logger = CSVLogger(tmp_path / "logs", version=run_id())
+        trainer = L.Trainer(
+            callbacks=[cb],
+            logger=logger,
+            max_steps=2,
+            accelerator="cpu",
+            devices=1,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+        )
+        trainer.fit(Tiny(), loader, ckpt_path=cb.ckpt_path)
+        versions.append(logger.version)
+    assert versions == ["chain-7f3a", 0]  # unset: Lightning's own numbering
+    assert (tmp_path / "logs" / "lightning_logs" / "chain-7f3a").is_dir()
