@@ -43,8 +43,8 @@ def chain(chainrun: CLI, cluster: Cluster, work: Path, example: str, args: str, 
     """Run the example as a chain; returns the segments that trained, checked."""
     (work / "train.py").write_text((EXAMPLES / example / "train.py").read_text())
     # The signal at walltime - grace: 25 s into a 40 s local segment (after the imports,
-    # 5-15 s here under load), 30 s into a one-minute Slurm job. The steps (1.5 s each, 54 s
-    # or 36 s in all) last three segments or more.
+    # 5-15 s here under load), 30 s into a one-minute Slurm job. The steps (36 of 1.5 s, 54 s
+    # in all) last three segments or more.
     walltime, grace = (40, 15) if cluster.kind == "local" else (cluster.walltime, 30)
     path = write_job(
         work,
@@ -96,8 +96,8 @@ def test_hf_trainer_chain_logs_the_losses_of_one_run(
     cluster: Cluster, work: Path, tmp_path: Path, chainrun: CLI
 ) -> None:
     pytest.importorskip("transformers")
-    args = "--epochs 2 --out final.json --step-sleep 1.5"
+    args = "--epochs 3 --out final.json --step-sleep 1.5"  # 36 steps, 54 s: over two 25 s segments
     ref = reference(tmp_path, "hf-trainer", *args.split()[:4])
-    chain(chainrun, cluster, work, "hf-trainer", args, 2)
+    chain(chainrun, cluster, work, "hf-trainer", args, 3)
     expected = json.loads((ref / "final.json").read_text())
     assert json.loads((work / "final.json").read_text()) == expected

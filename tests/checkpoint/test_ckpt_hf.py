@@ -56,6 +56,7 @@ def test_stopped_segments_log_the_same_losses_as_an_uninterrupted_run(tmp_path: 
 
 
 def test_newest_checkpoint_is_never_a_partly_written_one(tmp_path: Path) -> None:
+    from chainrun.checkpoint import CheckpointError
     from chainrun.checkpoint.hf import newest_checkpoint
 
     assert newest_checkpoint(tmp_path / "checkpoints") is None
@@ -70,7 +71,7 @@ def test_newest_checkpoint_is_never_a_partly_written_one(tmp_path: Path) -> None
     shutil.copytree(out / "checkpoint-5", partial)
     (partial / "model.safetensors").write_bytes(b"cut short")
     assert newest_checkpoint(out) == str(out / "checkpoint-5")
-    # a committed checkpoint whose file was damaged afterwards is passed over, with a warning
+    # a committed checkpoint damaged afterwards, with no older one: an error, not a fresh start
     (out / "checkpoint-5" / "model.safetensors").write_bytes(b"damaged")
-    with pytest.raises(Exception, match="does not match its size and sha256"):
+    with pytest.raises(CheckpointError, match="does not match its size and sha256"):
         newest_checkpoint(out)
