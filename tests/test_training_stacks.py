@@ -44,7 +44,7 @@ def chain(chainrun: CLI, cluster: Cluster, work: Path, example: str, args: str, 
     (work / "train.py").write_text((EXAMPLES / example / "train.py").read_text())
     # The signal at walltime - grace: 25 s into a 40 s local segment (after the imports,
     # 5-15 s here under load), 30 s into a one-minute Slurm job. The steps (36 of 1.5 s, 54 s
-    # in all) last three segments or more.
+    # in all; of 2.5 s on Slurm) last three segments or more.
     walltime, grace = (40, 15) if cluster.kind == "local" else (cluster.walltime, 30)
     path = write_job(
         work,
@@ -83,7 +83,8 @@ def test_lightning_chain_ends_bit_equal_to_one_run(
     pytest.importorskip("lightning")
     import torch
 
-    args = f"--epochs 3 --out final.pt --devices {devices} --step-sleep 1.5"
+    sleep = 1.5 if cluster.kind == "local" else 2.5  # Slurm's segments train up to 30 s: 90 s of steps
+    args = f"--epochs 3 --out final.pt --devices {devices} --step-sleep {sleep}"
     expected = torch.load(reference(tmp_path, "lightning", *args.split()[:6]) / "final.pt")
     chain(chainrun, cluster, work, "lightning", args, 3)
     same_state(expected, torch.load(work / "final.pt"))
