@@ -74,13 +74,24 @@ class ResumableSampler(Sampler[int]):
         self.seed = 0 if seed is None else seed
         self.epoch = 0
         self.start = 0
+        self._resume_at: Optional[tuple[int, int]] = None
 
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Use epoch ``epoch``'s order from sample ``start`` on (0: the whole epoch)."""
+    def set_epoch(self, epoch: int, start: Optional[int] = None) -> None:
+        """Use epoch ``epoch``'s order from sample ``start`` on (0: the whole epoch). Without a
+        ``start``: where ``resume_at`` said for that epoch, else 0."""
+        pending, self._resume_at = self._resume_at, None
+        if start is None:
+            start = pending[1] if pending is not None and pending[0] == epoch else 0
         if not 0 <= start <= self.num_samples:
             raise ValueError(f"start={start} is outside the epoch of {self.num_samples} samples")
         self.epoch = epoch
         self.start = start
+
+    def resume_at(self, epoch: int, start: int) -> None:
+        """Start epoch ``epoch`` at sample ``start``, also when a trainer that knows nothing of
+        resuming (Lightning) then calls ``set_epoch(epoch)`` at the epoch's start."""
+        self.set_epoch(epoch, start)
+        self._resume_at = (epoch, start)
 
     def order(self, epoch: int) -> list[int]:
         """All sample indices of ``epoch`` in the order they are drawn."""

@@ -1,0 +1,104 @@
+"""Lightning and the Hugging Face Trainer as chains, stopped by the real walltime signal.
+
+examples/lightning/train.py and examples/hf-trainer/train.py run unchanged as a chain's
+command, on the local runner (and Lightning on the real Slurm): each segment is stopped by
+chainrun's signal, saves at the next batch boundary through the framework's own save and
+commits it; the chain ends after three segments or more with the same result as one
+uninterrupted run: Lightning's weights and optimizer state bit-equal, the Trainer's loss at
+every step and its final weights' sum equal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import test_contract
+from conftest import REPO
+from test_contract import CLI, Cluster, outline, ran, same_state, status, write_job
+
+cluster = test_contract.cluster
+work = test_contract.work
+
+EXAMPLES = REPO / "examples"
+
+
+def reference(tmp_path: Path, example: str, *args: str) -> Path:
+    """One uninterrupted run of the example, as a user would start it."""
+    ref = tmp_path / "reference"
+    ref.mkdir()
+    (ref / "train.py").write_text((EXAMPLES / example / "train.py").read_text())
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    subprocess.run(
+        [sys.executable, "train.py", *args], cwd=ref, check=True, timeout=600, capture_output=True, env=env
+    )
+    return ref
+
+
+def chain(chainrun: CLI, cluster: Cluster, work: Path, example: str, args: str, epochs: int) -> list[dict]:
+    """Run the example as a chain; returns the segments that trained, checked."""
+    (work / "train.py").write_text((EXAMPLES / example / "train.py").read_text())
+    # The signal at walltime - grace: 25 s into a 40 s local segment (after the imports,
+    # 5-15 s here under load), 30 s into a one-minute Slurm job. The steps (36 of 1.5 s, 54 s
+    # in all; of 2.5 s on Slurm) last three segments or more.
+    walltime, grace = (40, 15) if cluster.kind == "local" else (cluster.walltime, 30)
+    path = write_job(
+        work,
+        cluster,
+        f"python3 train.py {args}",
+        target_epoch=epochs,
+        walltime=walltime,
+        grace=grace,
+        env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
+    )
+    result = chainrun("run", str(path), "--interval", "1", timeout=1200)
+    assert result.returncode == 0, result.stdout + result.stderr
+    st = status(chainrun, "t")
+    segs = ran(st)
+    assert st["state"] == "completed" and st["failures"] == 0, (st["reason"], outline(segs))
+    assert len(segs) >= 3 and sum(s["outcome"] == "timeout" for s in segs) >= 2, outline(segs)
+    assert all(not s["charged"] for s in segs), outline(segs)
+    assert st["progress"]["epoch"] == epochs, st["progress"]
+    return segs
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    ("cluster", "devices"),
+    [
+        pytest.param("local", "1", id="local"),
+        pytest.param("local", "2", id="local-ddp"),
+        pytest.param("slurm", "1", id="slurm", marks=pytest.mark.slurm),
+    ],
+    indirect=["cluster"],
+)
+def test_lightning_chain_ends_bit_equal_to_one_run(
+    cluster: Cluster, devices: str, work: Path, tmp_path: Path, chainrun: CLI
+) -> None:
+    pytest.importorskip("lightning")
+    import torch
+
+    sleep = 1.5 if cluster.kind == "local" else 2.5  # Slurm's segments train up to 30 s: 90 s of steps
+    args = f"--epochs 3 --out final.pt --devices {devices} --step-sleep {sleep}"
+    expected = torch.load(reference(tmp_path, "lightning", *args.split()[:6]) / "final.pt")
+    chain(chainrun, cluster, work, "lightning", args, 3)
+    same_state(expected, torch.load(work / "final.pt"))
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize("cluster", [pytest.param("local")], indirect=True)
+def test_hf_trainer_chain_logs_the_losses_of_one_run(
+    cluster: Cluster, work: Path, tmp_path: Path, chainrun: CLI
+) -> None:
+    pytest.importorskip("transformers")
+    args = "--epochs 3 --out final.json --step-sleep 1.5"  # 36 steps, 54 s: over two 25 s segments
+    ref = reference(tmp_path, "hf-trainer", *args.split()[:4])
+    chain(chainrun, cluster, work, "hf-trainer", args, 3)
+    expected = json.loads((ref / "final.json").read_text())
+    assert json.loads((work / "final.json").read_text()) == expected
