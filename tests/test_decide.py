@@ -771,10 +771,38 @@ def test_a_segment_that_found_the_goal_reached_ends_the_chain_whatever_the_servi
     }
     actions = run(chain(seg(1), seg(2, Phase.PENDING), spec=plain), jobs, BEFORE)
     assert not any(isinstance(a, Submit) for a in actions), actions
+    assert [a.outcome for a in actions if isinstance(a, EndSegment) and a.n == 2] == [Outcome.SKIPPED]
     assert actions[-1] == Finish(
         ChainState.COMPLETED,
         "segment 2 found the goal already reached: segment 1 finished on its own (exit 0 before its walltime)",
     ), actions
+
+
+def test_a_segment_stopped_at_its_fence_before_it_ran_does_not_end_the_chain() -> None:
+    """Skipped without a reason (a newer segment of the chain held the checkpoint's fence
+    when it started): the goal is not reached by that, and the chain goes on."""
+    plain = replace(SPEC, target_epoch=None)
+    listed = ListedJob("j1", "j1", Phase.ENDED, Outcome.COMPLETED, 0, NOW - 60, NOW - 2)
+    jobs = {"j1": JobFacts(listed=listed, end=EndMarker(0, 0, "", True, NOW - 1))}
+    actions = run(chain(seg(1), spec=plain), jobs, BEFORE)
+    assert not any(isinstance(a, Finish) for a in actions), actions
+
+
+def test_after_a_segment_found_the_goal_reached_a_later_one_cancelled_with_it_costs_nothing() -> None:
+    """Segment 2 skipped (the goal reached); segment 3, queued behind it, was cancelled before
+    the service recorded the end: chainrun's own doing, free."""
+    plain = replace(SPEC, target_epoch=None)
+    listed = ListedJob("j2", "j2", Phase.ENDED, Outcome.COMPLETED, 0, NOW - 60, NOW - 2)
+    skip = EndMarker(
+        0, 0, "", True, NOW - 1, skip="segment 1 finished on its own (exit 0 before its walltime)"
+    )
+    jobs = {
+        "j2": JobFacts(listed=listed, end=skip),
+        "j3": JobFacts(listed=replace(listed, job_id="j3", outcome=Outcome.CANCELLED, exit_code=None)),
+    }
+    actions = run(chain(stopped(1, 1.0), seg(2), seg(3, Phase.PENDING), spec=plain), jobs, BEFORE)
+    ends = {a.n: a for a in actions if isinstance(a, EndSegment)}
+    assert not ends[3].charged, ends[3]
 
 
 def test_the_grace_says_exactly_where_it_came_from() -> None:
