@@ -130,8 +130,20 @@ def test_job_file_passes_check_as_written_and_as_its_comment_edits_it(
         [("as edited", copy_example(name, tmp_path / "b", edit))] if edit else []
     ):
         result = sh("chainrun check chain.toml", work, home)
-        assert result.returncode == 0, f"{name} {label}: {result.stderr}"
-        assert f"valid job file for chain '{name}'" in result.stdout
+        assert result.returncode == 0 or beyond_this_cluster(result), f"{name} {label}: {result.stderr}"
+        assert result.returncode or f"valid job file for chain '{name}'" in result.stdout
+
+
+# What the test Slurm cannot give (it has no GPUs, and four CPUs a node): an example written
+# for a real cluster asks for it. `check` asks the scheduler only once the job file is valid.
+_NOT_HERE = ("Invalid generic resource (gres) specification", "Requested node configuration is not available")
+
+
+def beyond_this_cluster(result: subprocess.CompletedProcess[str]) -> bool:
+    """``chainrun check`` refused only because the test Slurm would never start the shape."""
+    return result.returncode == 2 and any(
+        f"slurm would never start a segment of this shape: {why}" in result.stderr for why in _NOT_HERE
+    )
 
 
 def runs() -> list[Any]:
@@ -154,6 +166,8 @@ def test_instructions_run_as_written(name: str, file: str, tmp_path: Path, home:
     chain = tomllib.loads((work / "chain.toml").read_text())["name"]
     for command in said.commands:
         result = sh(command, work, home)
+        if command.startswith("chainrun check") and beyond_this_cluster(result):
+            continue
         assert result.returncode == 0, (
             f"{name}/{file}: `{command}` exited {result.returncode}:\n"
             f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
