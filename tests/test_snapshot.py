@@ -350,11 +350,13 @@ def test_a_snapshot_sweep_brings_every_output_home_and_gc_keeps_them(
     def chains() -> list[dict]:  # type: ignore[type-arg]
         return json.loads(chainrun("status", "outs", "--json", "--all", check=True).stdout)  # type: ignore[no-any-return]
 
-    def report(seen: list[dict]) -> dict[str, list[object]]:  # type: ignore[type-arg]
-        return {
-            c["params"]["lr"]: [c["state"], *((s["n"], s["outcome"], s["reason"]) for s in c["segments"])]
+    def report(seen: list[dict]) -> str:  # type: ignore[type-arg]
+        """Each chain's state, failures and segments, in full (pytest cuts a long repr short)."""
+        return "\n".join(
+            f"lr={c['params']['lr']} {c['state']}, {c['failures']} failures: "
+            + "; ".join(f"{s['n']} {s['outcome']} ({s['reason']})" for s in c["segments"])
             for c in seen
-        }
+        )
 
     final = ("completed", "failed", "exhausted", "cancelled")
     seen: list[dict] = []  # type: ignore[type-arg]
@@ -372,7 +374,7 @@ def test_a_snapshot_sweep_brings_every_output_home_and_gc_keeps_them(
     assert all(len([s for s in c["segments"] if s["started_at"]]) >= 2 for c in ended), told
     for lr in LRS:
         rows = (work / "results" / f"lr{lr}.csv").read_text().splitlines()
-        assert rows == [f"{e},{lr},the data" for e in range(1, EPOCHS + 1)], (lr, told[str(lr)])
+        assert rows == [f"{e},{lr},the data" for e in range(1, EPOCHS + 1)], f"lr={lr}\n{told}"
     assert not list(work.rglob("*.tmp"))
     # config.yaml: one chain's in place, each other's beside it under its chain's name.
     beside = {p.name: p.read_text() for p in work.glob("config.yaml.chainrun-*")}

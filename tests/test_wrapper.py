@@ -552,3 +552,35 @@ def test_a_command_that_said_it_was_ready_before_and_never_does_again_is_not_sig
     end = marker(job)
     assert (end.original, end.signal, end.ready, end.signalled_at) == (0, "", "0", None)
     assert not Path(job.run_dir, "ready").exists()
+
+
+def test_a_walltime_signal_while_the_runner_exits_cannot_kill_it(work: Path) -> None:
+    """Python's exit puts back the default action (death) of every signal a Python handler
+    caught, a moment before the process ends. A command that exited 0 on its own just before
+    walltime - grace left the runner exiting when the signal came: the job died of SIGUSR1 and
+    the scheduler said `failed`, charging a segment that had finished (seen under load). When
+    the runner returns, the walltime signals are ignored, which Python's exit leaves alone."""
+    spec = replace(wrapper_spec(work), command="true")
+    job = SegmentJob("hostile-1a2b3c", 1, spec, 60)
+    os.makedirs(job.run_dir, exist_ok=True)
+    write_segment(job)
+    script = Path(job.script_path).read_text()
+    settings = script.split("<<'CHAINRUN_SETTINGS'\n", 1)[1].rsplit("CHAINRUN_SETTINGS", 1)[0]
+    after = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import signal\n"
+            "from chainrun.node import runner\n"
+            "runner.main()\n"
+            "print(*(signal.getsignal(getattr(signal, 'SIG' + n)) == signal.SIG_IGN for n in ('USR1', 'USR2', 'ALRM')))\n",
+        ],
+        input=settings,
+        env={**wrapper_env(), "PYTHONPATH": str(REPO)},
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert after.returncode == 0, after.stderr
+    assert after.stdout.split()[-3:] == ["True", "True", "True"], after.stdout

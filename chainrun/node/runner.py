@@ -673,7 +673,13 @@ def main() -> int:
         signal.signal(getattr(signal, "SIG" + name), caught)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the nap when the command ends
     settings = json.loads(sys.stdin.read())
-    return Segment(settings, received, wake).run()
+    try:
+        return Segment(settings, received, wake).run()
+    finally:
+        # Python's exit gives each signal a Python handler caught its default action (death)
+        # back a moment before the process ends, when the walltime signal may still come (the
+        # command exited on its own just before it): ignored, it stays ignored.
+        _ignore_walltime_signals()
 
 
 if __name__ == "__main__":
