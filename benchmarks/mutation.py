@@ -42,6 +42,7 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "decide": (
         (
             "chainrun/decide/chain.py",
+            "chainrun/decide/charge.py",
             "chainrun/decide/retry.py",
             "chainrun/decide/placement.py",
             "chainrun/decide/grace.py",

@@ -89,14 +89,15 @@ class Chain:
         return wait([self], timeout, poll)[0]
 
     def cancel(self) -> str:
-        """Cancel the chain, as ``chainrun cancel`` does: its queued and running jobs are
-        cancelled, here at once when no service runs, else by the service at its next
-        tick. Its state after: cancelled, still active (the service has yet to act), or
-        the final state it had already reached."""
+        """Cancel the chain, as ``chainrun cancel`` does: its queued jobs are cancelled, its
+        running segment has the signal to save and stop (within its grace), here when no
+        service runs (this waits for the save), else by the service at its next tick. Its
+        state after: cancelled, still active (the service has yet to act), or the final
+        state it had already reached."""
         with _store(self.home) as store:
             chain = store.chain(self.id)
             if not chain.state.final:
-                cancelling.cancel(self.home, store, [chain])
+                cancelling.cancel(self.home, store, [chain], wait=lambda _: None)
             return store.chain(self.id).state.value
 
     def _read(self) -> _model.Chain:

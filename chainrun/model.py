@@ -444,9 +444,14 @@ class Chain:
     progress: Progress = NO_PROGRESS  # the mark: progress when the last segment ended
     latest: Progress = NO_PROGRESS  # the newest progress seen, for display
     baseline: Progress = NO_PROGRESS  # what checkpoint_dir held at submission
-    cancel_requested: bool = False
+    # When a cancel was asked for (a segment running then has its grace to save); None: not asked.
+    cancel_requested_at: Optional[float] = None
     reason: str = ""
     ended_at: Optional[float] = None
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self.cancel_requested_at is not None
 
     @cached_property
     def live(self) -> tuple[Segment, ...]:
@@ -687,13 +692,7 @@ class CommandResult:
     def describe(self) -> str:
         """One line for messages: ``sbatch exited 1: <first line of stderr>``."""
         name = posixpath.basename(self.argv[0]) if self.argv else "command"
-        detail = _first_line(self.stderr) or _first_line(self.stdout)
+        lines = (line.strip() for line in f"{self.stderr}\n{self.stdout}".splitlines())
+        detail = next((line for line in lines if line), "")  # stderr's first, else stdout's
         summary = f"{name} exited {self.returncode}"
         return f"{summary}: {detail}" if detail else summary
-
-
-def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return ""

@@ -737,6 +737,59 @@ def test_segments_that_ended_while_the_service_was_stopped_are_each_credited_the
     chainrun("cancel", chain_id, check=True)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", ALL, indirect=True)
+def test_a_cancel_lets_the_running_segment_save_and_no_later_segment_train(
+    cluster: Cluster, work: Path, chainrun: CLI, service: Service
+) -> None:
+    """Issue 36, findings 1 and 2. Two chains train, a successor queued behind each; one is
+    cancelled while a slow-ticking service runs, the other with no service. Each running
+    segment gets the signal at once, saves and ends: recorded cancelled, free, with its
+    signal's time and the epoch it saved; its successor never runs the command (the final
+    marker, written by the cancel itself, is there first); nothing of either chain is left."""
+    walltime = max(cluster.walltime, 120)  # the cancel comes long before walltime - grace
+    chains = {}
+    for name in ("served", "alone"):
+        path = write_job(
+            work,
+            cluster,
+            "python3 trainer.py --epochs 1000 --epoch-time 1",
+            name=name,
+            walltime=walltime,
+            checkpoint_dir=f"checkpoints-{name}",
+        )
+        chains[name] = chainrun("submit", str(path), check=True).stdout.strip()
+    proc = service(interval=5)
+
+    def training(chain_id: str) -> bool:
+        st = status(chainrun, chain_id)
+        return (st["epoch"] or 0) >= 2 and sum(1 for s in st["segments"] if s["job_id"]) >= 2
+
+    for chain_id in chains.values():
+        wait_for(lambda c=chain_id: training(c), 300, f"{chain_id} to train with a successor queued")
+    served = chainrun("cancel", chains["served"], check=True).stdout
+    assert "the running service carries it out" in served, served
+    wait_for(lambda: status(chainrun, chains["served"])["state"] == "cancelled", 180, "the service's cancel")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    alone = chainrun("cancel", chains["alone"], check=True).stdout.splitlines()
+    assert alone[-1].startswith(f"chain {chains['alone']} cancelled (trained "), alone
+    for chain_id in chains.values():
+        st = status(chainrun, chain_id)
+        first, *rest = st["segments"]
+        assert first["outcome"] == "cancelled" and not first["charged"], outline(st["segments"])
+        assert first["signalled_at"] is not None and st["epoch"] >= 2, st
+        history = chainrun("history", chain_id, check=True).stdout
+        assert "segment 1 ended: chain cancelled; " in history and "exited 0 after SIGUSR1" in history, (
+            history
+        )
+        logs = [work / ".chainrun" / chain_id / f"seg-{s['n']:04d}.log" for s in rest]
+        started = [log.name for log in logs if log.exists() and "of chain" in log.read_text(errors="replace")]
+        assert started == [], (started, outline(st["segments"]))
+        wait_for(lambda c=chain_id: not cluster.live_jobs(c), 120, f"{chain_id}'s jobs to be gone")
+        assert not chain_processes(chain_id)
+
+
 LATE_READY = """\
 import os, sys, time
 segment = int(os.environ["CHAINRUN_SEGMENT"])

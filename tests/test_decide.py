@@ -270,7 +270,7 @@ def test_successor_walltime_assumes_current_uses_all_of_its_own(used: float, exp
 
 def test_cancel_requested_cancels_every_live_job() -> None:
     """A user's cancel cancels running and queued jobs and ends the chain."""
-    c = chain(seg(1), seg(2, Phase.PENDING), cancel_requested=True)
+    c = chain(seg(1), seg(2, Phase.PENDING), cancel_requested_at=0.0)
     assert run(c, {}, BEFORE, NOW) == [
         Cancel(n=1, job_id="j1", reason="chain cancelled"),
         Cancel(n=2, job_id="j2", reason="chain cancelled"),

@@ -92,6 +92,8 @@ def test_the_runner_kills_the_command_a_second_before_the_deadline_only_where_th
     assert not rules.kill_due(128.9, 130, True)
     assert rules.kill_due(129, 130, True)
     assert not rules.kill_due(200, 130, False)
+    # A cancelled chain's command: killed at the end of the grace it had to save, not before.
+    assert not rules.kill_due(99.9, 130, False, stop_by=100) and rules.kill_due(100, 130, False, stop_by=100)
 
 
 @pytest.mark.parametrize(

@@ -84,6 +84,31 @@ def test_a_version_1_database_is_migrated_and_keeps_its_chains(tmp_path: Path) -
         store.close()
 
 
+def test_the_schema_version_counts_the_migrations() -> None:
+    """Version N is the database after the first N migrations: two branches that each added a
+    migration must not both leave the version where one of them put it."""
+    assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+@pytest.mark.parametrize("applied", [7, 8])
+def test_a_database_marked_7_is_upgraded_whichever_seventh_migration_it_had(
+    tmp_path: Path, applied: int
+) -> None:
+    """Two migrations were once both numbered 7, and every database chainrun made since was
+    marked 7 with both applied (the segments' ``stop`` column among them): such a one, and one
+    marked 7 with only the first, both open, upgrade and keep their chains."""
+    db = old_database(tmp_path / "home", applied)
+    db.execute("UPDATE meta SET value = '7' WHERE key = 'schema_version'")
+    db.close()
+    store = Store(tmp_path / "home")
+    assert store.chain("cifar-a1b2c3").progress.epoch == 7
+    columns = {row[1] for row in store.db.execute("PRAGMA table_info(segments)")}
+    assert "stop" in columns
+    version = store.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+    assert version == str(SCHEMA_VERSION)
+    store.close()
+
+
 def test_a_database_from_a_newer_chainrun_is_refused_and_left_intact(tmp_path: Path) -> None:
     """A downgrade must not guess at a schema it does not know: one line, and the chains stay."""
     old_database(tmp_path / "home", SCHEMA_VERSION).execute(

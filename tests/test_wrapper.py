@@ -584,3 +584,32 @@ def test_a_walltime_signal_while_the_runner_exits_cannot_kill_it(work: Path) -> 
     )
     assert after.returncode == 0, after.stderr
     assert after.stdout.split()[-3:] == ["True", "True", "True"], after.stdout
+
+
+@pytest.mark.parametrize("deaf", [False, True])
+def test_a_cancel_has_the_running_command_save_on_its_signal_and_kills_it_after_its_grace(
+    work: Path, deaf: bool
+) -> None:
+    """The chain's final marker appears while the command runs (a cancel): the runner passes
+    the walltime signal on at once, long before walltime - grace, and the command saves and
+    exits; one deaf to it is killed once its grace (3 s) is over. The end marker says which."""
+    (work / "prog.py").write_text(
+        "import pathlib, signal, sys, time\n"
+        "def stop(*_):\n"
+        "    pathlib.Path('saved').write_text('')\n"
+        "    sys.exit(0)\n"
+        f"signal.signal(signal.SIGUSR1, {'signal.SIG_IGN' if deaf else 'stop'})\n"
+        "pathlib.Path('started').write_text('')\n"
+        "time.sleep(300)\n"
+    )
+    spec = replace(wrapper_spec(work), command="exec python3 prog.py", grace=3)
+    job = SegmentJob("hostile-1a2b3c", 1, spec, 600)
+    proc = start_logged(job)
+    wait_for((work / "started").exists, 30, "the command to start")
+    Path(job.run_dir, "final").write_text("chain ended\n")
+    proc.wait(timeout=60)
+    end = marker(job)
+    assert end.signal == ("KILL" if deaf else "USR1") and end.signalled_at is not None, end
+    assert (work / "saved").exists() is not deaf
+    assert end.original == (128 + signal.SIGKILL if deaf else 0), end
+    assert "the chain was cancelled" in Path(job.log_path).read_text()

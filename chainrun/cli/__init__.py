@@ -304,7 +304,7 @@ def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
                 raise ChainrunError(f"not cancelled; to cancel sweep {chain_ref} without asking, add --yes")
         with suppress(OSError):  # a home it cannot write: the records go nowhere
             logsetup.open_file(ctx.obj)
-        summary = cancelling.cancel(ctx.obj, store, going)
+        summary = cancelling.cancel(ctx.obj, store, going, wait=_saying_who_saves)
         if summary is None:
             for chain in going:
                 click.echo(f"chain {chain.id}: cancel requested; the running service carries it out")
@@ -322,6 +322,18 @@ def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
             undone = True
         if undone:  # the cancel stays requested: the next tick of any service carries it out
             sys.exit(1)
+
+
+def _saying_who_saves(chain: Chain) -> None:
+    """The line a cancel prints while a running segment of ``chain`` saves before it ends."""
+    from chainrun.decide.grace import grace_in_force
+    from chainrun.fields import format_duration
+    from chainrun.model import Phase
+
+    running = next((s for s in chain.live if s.phase is Phase.RUNNING), None)
+    if running is not None:
+        grace = format_duration(grace_in_force(chain.spec, chain.segments).seconds)
+        click.echo(f"chain {chain.id}: segment {running.n} has the signal to save and stop (up to {grace})")
 
 
 @main.command()

@@ -14,19 +14,17 @@ rules" is pinned by table tests.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Optional
 
-from chainrun import container
+from chainrun.decide import charge as costs
 from chainrun.decide import placement
+from chainrun.decide.charge import Ending
 from chainrun.decide.facts import Facts, JobFacts
 from chainrun.decide.goal import finished_on_its_own, goal_reached
 from chainrun.decide.grace import change as grace_change
-from chainrun.decide.grace import stop_seen
+from chainrun.decide.grace import grace_in_force, stop_seen
 from chainrun.fields import format_duration
 from chainrun.model import (
-    NO_PROGRESS,
     Action,
     Adopt,
     Cancel,
@@ -46,26 +44,11 @@ from chainrun.model import (
     Unstick,
 )
 from chainrun.schema import MIN_START
-from chainrun.text import one_line
 
 LOST_AFTER = 180.0  # seconds a job may be gone without a trace before it is "lost"
-# Where the docs tell how to keep the walltime signal from killing a script still importing.
-CLOCK_FIRST = 'docs/resuming.md "Make the clock first when the start is slow"'
-
-
-@dataclass(frozen=True)
-class _Ending:
-    """How a job ended, from the best evidence there is."""
-
-    outcome: Outcome
-    exit_code: Optional[int]
-    started_at: Optional[float]
-    ended_at: Optional[float]
-    reason: str
-    remove: bool = False  # still held by the scheduler (stuck): remove it
-    died_of: str = ""  # the signal (USR1) that killed the command, as the end marker says
-    # The command had said it was ready for the signal before, not this time (EndMarker.ready "0").
-    held_back: bool = False
+# Seconds a cancelled chain's running segment has, beyond its grace, to stop and be seen ended:
+# its runner looks for the final marker every 2 s, and a snapshot's outputs go home after.
+CANCEL_SLACK = 30.0
 
 
 def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
@@ -81,16 +64,12 @@ def decide(chain: Chain, facts: Facts, now: float) -> list[Action]:
 
 def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
     adopted = _adopt_carried(chain, facts)
-    if adopted and not chain.cancel_requested:
+    if adopted:
         return [*adopted]  # judged from next tick on, in order, as if the service had queued them
     spec = chain.spec
     live = sorted(chain.live, key=lambda s: s.n)
     current = facts.progress if facts.progress is not None else chain.progress
     mark = chain.progress
-    if chain.cancel_requested:
-        cancels = [Cancel(n=a.n, job_id=a.job_id, reason="chain cancelled") for a in adopted]
-        finish = _finish(facts, live, ChainState.CANCELLED, "cancelled by user", current, mark, now)
-        return [*adopted, *cancels, *finish]
     rejected = next((s for s in chain.segments if s.outcome is Outcome.REJECTED), None)
     if rejected is not None:
         return _finish(facts, live, ChainState.FAILED, rejected.reason, current, mark, now)
@@ -108,7 +87,7 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
     finished_segment: Optional[int] = None  # without a target: the first that exited 0 on its own
     found_reached = ""  # the first segment whose runner skipped the command: the goal met, and why
     # How each ended segment crashed, by number (None: not a crash that may repeat as it is).
-    crashes = {s.n: _crash(s.outcome, s.exit_code, s.tail) for s in chain.segments if not s.phase.live}
+    crashes = {s.n: costs.crash(s.outcome, s.exit_code, s.tail) for s in chain.segments if not s.phase.live}
     repeated = ""  # why a segment that failed as the one before it ends the chain
     goal_met = bool(_done_reason(chain, mark, None))  # a successor that starts after the goal skips: free
     for i, seg in enumerate(live):
@@ -153,7 +132,7 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
             ending.exit_code, signalled, end_progress.epoch, spec.target_epoch
         )
         tail = job.end.tail if job.end is not None else ()
-        if unrunnable is not None and _cannot_start(spec, ending, tail):
+        if unrunnable is not None and costs.cannot_start(spec, ending, tail):
             # Queued behind the first segment, it started and failed alike before the
             # service saw that segment end: one fault, charged once.
             charged, why = (
@@ -162,18 +141,22 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
             )
         else:
             # Readable now (a node lost mid-save may have left it torn, or behind).
-            intact = _intact(end_progress, start) if facts.progress is not None else None
-            charged, why = _charge(ending, advanced, finished, goal_met or skipped, intact)
-        crashes[seg.n] = _crash(ending.outcome, ending.exit_code, tail)
+            intact = costs.intact(end_progress, start) if facts.progress is not None else None
+            charged, why = costs.charge(ending, advanced, finished, goal_met or skipped, intact)
+        cancelled = not (finished or skipped) and _stopped_by_cancel(chain, job, ending, now)
+        outcome = Outcome.CANCELLED if cancelled else ending.outcome
+        crashes[seg.n] = costs.crash(outcome, ending.exit_code, tail)
         if not repeated and not advanced:
-            repeated = _repeated(chain, seg.n, crashes, mark)
+            repeated = costs.repeated(chain, seg.n, crashes, mark)
         elapsed = _elapsed(seg, job, ending, now)
+        if cancelled:  # free: the user's doing, and it keeps what it saved
+            charged, why = False, "; ".join(["chain cancelled", *([ending.reason] if ending.reason else [])])
         if advanced and end_progress.key > mark.key:
             mark = end_progress
         actions.append(
             EndSegment(
                 n=seg.n,
-                outcome=ending.outcome,
+                outcome=outcome,
                 exit_code=ending.exit_code,
                 charged=charged,
                 elapsed=elapsed,
@@ -189,20 +172,28 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
         used += elapsed
         ended.add(seg.n)
         if unrunnable is None:
-            why_not = _unrunnable(chain, seg, job, ending)
+            why_not = costs.unrunnable(chain, seg, job, ending)
             unrunnable = (seg.n, why_not) if why_not else None
         if charged:
             charged_last = f"segment {seg.n} {why}"
         if finished:
             goal_met = True
             finished_segment = finished_segment or seg.n
-        if skipped and job.end is not None and job.end.skip and not found_reached:
+        if (
+            skipped
+            and job.end is not None
+            and job.end.skip
+            and not found_reached
+            and not chain.cancel_requested
+        ):
             # Its runner applied the same rule to what it found: a successor would skip again.
+            # (Cancelled, the chain has its final marker, which every successor skips for.)
             goal_met = True
             found_reached = f"segment {seg.n} found the goal already reached: {job.end.skip}"
         goal_met = goal_met or bool(_done_reason(chain, mark, None))
 
-    actions.extend(grace_change(chain, actions))
+    if not chain.cancel_requested:  # no later segment to give a grace to
+        actions.extend(grace_change(chain, actions))
     still = [s for s in live if s.n not in ended]
     best = current if current.key >= mark.key or current.done else mark
     done = _done_reason(chain, best, finished_segment) or found_reached
@@ -216,6 +207,8 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
                 if s.phase is not Phase.RUNNING
             ]
         return actions + _finish(facts, still, ChainState.COMPLETED, done, current, mark, now)
+    if chain.cancel_requested_at is not None:
+        return actions + _cancelling(chain, chain.cancel_requested_at, facts, still, current, mark, now)
     if unrunnable is not None:
         return actions + _finish(facts, still, ChainState.FAILED, unrunnable[1], current, mark, now)
     if repeated:
@@ -275,7 +268,7 @@ def quiet_until(chain: Chain, now: float) -> float:
 # -- what happened to a job ----------------------------------------------------------
 
 
-def _ending(job: JobFacts) -> Optional[_Ending]:
+def _ending(job: JobFacts) -> Optional[Ending]:
     """How the job ended, or None while it has not (or nothing says so yet).
 
     Evidence in order: the scheduler's listing (it knows timeouts, OOM and node
@@ -283,7 +276,7 @@ def _ending(job: JobFacts) -> Optional[_Ending]:
     walltime signal came first), accounting."""
     listed = job.listed
     if listed is not None and listed.stuck:
-        return _Ending(
+        return Ending(
             listed.outcome or Outcome.FAILED,
             listed.exit_code,
             listed.started_at,
@@ -314,7 +307,7 @@ def _ending(job: JobFacts) -> Optional[_Ending]:
     ):
         outcome = marker.outcome()
     reasons = [r for r in (view.reason if view else "", marker.describe() if marker else "") if r]
-    return _Ending(
+    return Ending(
         outcome=outcome or Outcome.LOST,
         exit_code=exit_code,
         started_at=view.started_at if view else None,
@@ -325,11 +318,11 @@ def _ending(job: JobFacts) -> Optional[_Ending]:
     )
 
 
-def _lost(seg: Segment, job: JobFacts, now: float) -> Optional[_Ending]:
+def _lost(seg: Segment, job: JobFacts, now: float) -> Optional[Ending]:
     """A job gone from the scheduler with no record of its end, for long enough."""
     if job.listed is not None or seg.missing_since is None or now < lost_at(seg.missing_since):
         return None
-    return _Ending(
+    return Ending(
         Outcome.LOST,
         None,
         None,
@@ -375,7 +368,7 @@ def _end_progress(job: JobFacts, following: Optional[Segment], facts: Facts, cur
     return current
 
 
-def _elapsed(seg: Segment, job: JobFacts, ending: Optional[_Ending], now: float) -> float:
+def _elapsed(seg: Segment, job: JobFacts, ending: Optional[Ending], now: float) -> float:
     """The time a job ran: from its start to its end, or to ``now`` while it runs (at most
     its walltime then). Unknown for a timeout: its walltime; for a job never started: 0."""
     start = (
@@ -389,6 +382,45 @@ def _elapsed(seg: Segment, job: JobFacts, ending: Optional[_Ending], now: float)
     if ending is None:
         return max(0.0, min(now - start, float(seg.walltime)))
     return max(0.0, (ending.ended_at or now) - start)
+
+
+def _stopped_by_cancel(chain: Chain, job: JobFacts, ending: Ending, now: float) -> bool:
+    """A segment that ended once a cancel was asked for, whose walltime signal had not come
+    before: the cancel stopped it (its runner saw the final marker), whatever its exit says."""
+    if chain.cancel_requested_at is None:
+        return False
+    asked = math.floor(chain.cancel_requested_at)  # the runner's markers keep whole seconds
+    if (ending.ended_at or now) < asked:
+        return False
+    signalled = job.end.signalled_at if job.end is not None else None
+    return signalled is None or signalled >= asked
+
+
+def _cancelling(
+    chain: Chain,
+    asked: float,
+    facts: Facts,
+    still: list[Segment],
+    current: Progress,
+    mark: Progress,
+    now: float,
+) -> list[Action]:
+    """A cancel asked for at ``asked``: what is queued is cancelled at once. A running segment
+    was told to stop (the final marker, which its runner watches: the walltime signal at once,
+    the kill after its grace) and is judged as it ended once it has; one still running its
+    grace and ``CANCEL_SLACK`` after the cancel is cancelled as it stands. Then the chain ends."""
+    until = asked + grace_in_force(chain.spec, chain.segments).seconds + CANCEL_SLACK
+    stopping = [s for s in still if now < until and _running(s, facts)]
+    if not stopping:
+        return _finish(facts, still, ChainState.CANCELLED, "cancelled by user", current, mark, now)
+    return [_stopped(s, facts, current, mark, now, "chain cancelled") for s in still if s not in stopping]
+
+
+def _running(seg: Segment, facts: Facts) -> bool:
+    """The segment's job runs, as the store or this tick's listing says."""
+    job = facts.jobs.get(seg.job_id) if seg.job_id is not None else None
+    listed = job.listed if job is not None else None
+    return seg.phase is Phase.RUNNING or (listed is not None and listed.phase is Phase.RUNNING)
 
 
 def _stopped(
@@ -420,132 +452,11 @@ def charge_by_markers(job: JobFacts, mark: Progress) -> Optional[tuple[bool, Pro
         return None
     end = marker.progress if marker.progress is not None else mark
     start = job.start.progress if job.start is not None and job.start.progress is not None else mark
-    intact = _intact(marker.progress, start) if marker.progress is not None else None
-    charged, _ = _charge(ending, end.advanced_from(start), False, marker.skipped, intact)
+    intact = costs.intact(marker.progress, start) if marker.progress is not None else None
+    charged, _ = costs.charge(ending, end.advanced_from(start), False, marker.skipped, intact)
     began = job.start.at if job.start is not None else None
     elapsed = max(0.0, marker.at - began) if marker.at is not None and began is not None else 0.0
     return charged, end if end.key > mark.key else mark, elapsed
-
-
-def _intact(end: Progress, start: Progress) -> Optional[Progress]:
-    """The checkpoint a segment left, when it holds progress and is not behind the one the
-    segment started from; None otherwise."""
-    return end if NO_PROGRESS.key < end.key and start.key <= end.key else None
-
-
-def _charge(
-    ending: _Ending, advanced: bool, finished: bool, goal_met: bool, intact: Optional[Progress]
-) -> tuple[bool, str]:
-    """Whether a segment's end costs failure budget, and the words for it. ``intact``: the
-    checkpoint the segment left, where it is readable and not behind the one it started from."""
-    outcome = ending.outcome
-    code = "" if ending.exit_code is None else f" (exit {ending.exit_code})"
-    detail = f": {ending.reason}" if ending.reason else ""
-    if goal_met and not advanced and outcome is Outcome.CANCELLED:
-        # Cancelled because the goal was reached, by a service that died before
-        # it could record the cancel: that was chainrun's own doing.
-        return False, f"{outcome.value} after the goal was already reached{detail}"
-    if outcome is Outcome.SKIPPED:
-        return False, f"{outcome.value}, the goal already reached{detail}"
-    if outcome is Outcome.FENCED:
-        # A newer segment of the chain owns the checkpoint: this one was stopped by chainrun's
-        # fence, never by the training's fault.
-        return False, f"{outcome.value}{detail}: free"
-    if outcome is Outcome.NODE_FAIL and intact is not None:
-        # The machine's fault, not the command's, and nothing saved was lost: only the
-        # time since the last save, which counts against total_time as any segment does.
-        return False, f"{outcome.value}{code}{detail}; the checkpoint is intact ({intact.describe()}): free"
-    if outcome.crashed:
-        return True, f"{outcome.value}{code}{detail}"
-    if outcome is Outcome.PREEMPTED:
-        # The scheduler took the allocation back: not the training's fault, progress or not.
-        made = "with progress" if advanced else "before any progress: not charged"
-        return False, f"{outcome.value}{code} {made}{detail}"
-    if finished:
-        return False, f"{outcome.value}{code}: the command finished on its own"
-    if goal_met and not advanced:
-        return False, f"{outcome.value}{code} after the goal was already reached{detail}"
-    if not advanced and ending.died_of:
-        why = (
-            "which never said it was ready for the walltime signal (held back until then: the command "
-            "was still starting, or no longer makes its SegmentClock)"
-            if ending.held_back
-            else "before it saved anything, likely while it was still starting (imports, data) with "
-            f"no handler set yet; see {CLOCK_FIRST}"
-        )
-        return (
-            True,
-            f"{outcome.value}{code} and made no progress: SIG{ending.died_of} killed the command {why}",
-        )
-    if not advanced:
-        return True, f"{outcome.value}{code} and made no progress{detail}"
-    return False, f"{outcome.value}{code} with progress{detail}"
-
-
-def _cannot_start(spec: JobSpec, ending: _Ending, tail: tuple[str, ...]) -> bool:
-    """The command was never started: not found or not executable (exit 126 or 127), or
-    its container runtime could not start it (``container.start_failure``)."""
-    if ending.outcome is not Outcome.FAILED:
-        return False
-    return ending.exit_code in (126, 127) or bool(container.start_failure(spec, ending.exit_code, tail))
-
-
-def _unrunnable(chain: Chain, seg: Segment, job: JobFacts, ending: _Ending) -> str:
-    """Why the chain's first run of the command could not start it (exit 126 or 127, or the
-    container runtime's own failure: the image or the runtime missing where it ran), if so:
-    every later segment would fail the same way, so the chain ends at once."""
-    tail = job.end.tail if job.end is not None else ()
-    if not _cannot_start(chain.spec, ending, tail):
-        return ""
-    earlier = [s for s in chain.segments if s.n < seg.n]
-    if any(s.outcome not in (Outcome.CANCELLED, Outcome.REJECTED) for s in earlier):
-        return ""
-    runtime = container.start_failure(chain.spec, ending.exit_code, tail)
-    if runtime:
-        return f"{runtime}; fix the image or runtime on the machine the segments run on, then submit again"
-    path = job.end.path if job.end is not None and job.end.path else dict(chain.spec.inherited).get("PATH")
-    where = f"PATH was {path}" if path else "PATH was the service's own"
-    return (
-        f"command not found or not executable (exit {ending.exit_code}): {chain.spec.command} ({where}); "
-        "run it by hand in the workdir, or list what it needs in inherit_env or [env]"
-    )
-
-
-def _crash(
-    outcome: Optional[Outcome], exit_code: Optional[int], tail: tuple[str, ...]
-) -> Optional[tuple[int, tuple[str, ...]]]:
-    """A crash of the command itself, as what would show it repeat unchanged: its exit status
-    and last output lines. None for an end the scheduler or the machine caused (timeout,
-    preemption, OOM, node failure, a cancel, lost), for a command killed by a signal (the
-    kernel's OOM killer, someone's kill: exit over 128), and for a crash with no output to
-    compare: any of these may go another way next time."""
-    if outcome is not Outcome.FAILED or exit_code is None or not 0 < exit_code < 128 or not tail:
-        return None
-    return exit_code, tail
-
-
-def _repeated(
-    chain: Chain, n: int, crashes: Mapping[int, Optional[tuple[int, tuple[str, ...]]]], mark: Progress
-) -> str:
-    """Why segment ``n`` ends the chain, if it crashed exactly as the segment before it did
-    (the same exit status and last output lines; or the one after it, where that ended first:
-    a dependency the scheduler dropped) before the chain made any progress past the
-    checkpoint it was submitted with: the command never ran here, and running it again would
-    repeat that. After progress the budget applies as ever: the command did run, so a
-    repeated crash may be the cluster's (a file system gone a while) or fixed meanwhile."""
-    crash = crashes.get(n)
-    if crash is None or mark.advanced_from(chain.baseline):
-        return ""
-    other = next((m for m in (n - 1, n + 1) if crashes.get(m) == crash), None)
-    if other is None:
-        return ""
-    code, tail = crash
-    first, then = sorted((n, other))
-    output = " | ".join(one_line(line, 200) for line in tail)
-    return (
-        f"segment {then} failed (exit {code}) as segment {first} did, with the same output, before any "
-        f"progress: running it again cannot help; fix it and submit the job file again. Output: {output}"
-    )
 
 
 def _done_reason(chain: Chain, progress: Progress, finished_segment: Optional[int]) -> str:

@@ -112,10 +112,11 @@ def timer(now: float, signal_at: float, deadline: float, *, held: bool, ready: b
     return "hold" if now < deadline - 1 else "never"
 
 
-def kill_due(now: float, deadline: float, wrapper_signals: bool) -> bool:
+def kill_due(now: float, deadline: float, wrapper_signals: bool, stop_by: Optional[float] = None) -> bool:
     """Where the scheduler's walltime kill reaches only the runner's process group, not the
-    command's (SGE), the runner kills the command a second before it."""
-    return wrapper_signals and now >= deadline - 1
+    command's (SGE), the runner kills the command a second before it; and at ``stop_by``, the
+    end of the grace a cancelled chain's command had to save in."""
+    return (wrapper_signals and now >= deadline - 1) or (stop_by is not None and now >= stop_by)
 
 
 def leftover_signal(signalled: bool, waited: float) -> str:

@@ -117,8 +117,9 @@ class Executor:
     ) -> None:
         """Carry ``actions`` out for ``chain`` into ``step``. A sweep's first segment that can
         go out as an array task is left in ``arrays``."""
-        if any(isinstance(a, Finish) for a in actions):
-            # Written first: a successor that starts anyway exits at once.
+        if chain.cancel_requested or any(isinstance(a, Finish) for a in actions):
+            # Written first: a successor that starts anyway exits at once, and a running
+            # segment of a cancelled chain stops (its runner watches for it), saving first.
             try:
                 rundir.write_final(polled.cluster.transport, chain.spec, chain.id)
             except TransportError as exc:

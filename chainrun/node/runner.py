@@ -207,6 +207,7 @@ class Segment:
         self.signalled: set[tuple[int, int]] = set()  # every process signalled: (PID, start)
         self.timer = "wait"
         self.killed = False
+        self.stop_by: Optional[float] = None  # the chain ended (a cancel): killed at this time
         self.fenced: Optional[str] = None  # who owns the checkpoint directory once this one is fenced
         self.beside: list[str] = []  # a snapshot chain's files kept beside the workdir's own
         self.env = self._environment()
@@ -433,12 +434,14 @@ class Segment:
         number = getattr(signal, "SIG" + name)
         pids = self.command_pids()
         self.signalled |= pids
-        if self.own_group():
+        group = self.child.pid if self.own_group() else None
+        if group is not None:
             with contextlib.suppress(OSError):
-                os.killpg(self.child.pid, number)
-        for pid, _ in pids:
+                os.killpg(group, number)
+        for pid, _ in pids:  # once each: a second signal may come as Python exits, and kill it
             with contextlib.suppress(OSError):
-                os.kill(pid, number)
+                if os.getpgid(pid) != group:
+                    os.kill(pid, number)
 
     def forward(self, name: str) -> None:
         """A signal the scheduler (or our own timer) sent: passed on, or held until its time.
@@ -479,7 +482,7 @@ class Segment:
             if self.timer == "send":
                 self.timer = "sent"
                 self.forward(self.signal)
-        if not self.killed and rules.kill_due(now, self.deadline, self.s["wrapper_signals"]):
+        if not self.killed and rules.kill_due(now, self.deadline, self.s["wrapper_signals"], self.stop_by):
             self.killed = True
             self.deliver("KILL")  # in the end marker, exit 137 after SIGKILL: a timeout
 
@@ -577,6 +580,14 @@ class Segment:
         owner = fence.read(directory)
         return owner.describe() if owner is not None else "another run"
 
+    def watch_end(self) -> None:
+        """The chain ended (a cancel) while the command runs: the signal now, to save, and the
+        kill once its grace is over."""
+        if self.stop_by is None and os.path.exists(os.path.join(self.run_dir, "final")):
+            self.stop_by, self.timer = time.time() + self.grace, "sent"
+            say(f"segment {self.n}: the chain was cancelled; SIG{self.signal} now, SIGKILL in {self.grace}s")
+            self.deliver(self.signal)
+
     def watch_fence(self) -> None:
         """Stop the command (SIGKILL: no save may follow) once another segment owns the
         checkpoint directory: for a script that saves without the helper, whose commit
@@ -615,6 +626,7 @@ class Segment:
             if time.monotonic() >= fence_at:
                 fence_at = time.monotonic() + FENCE_EVERY
                 self.watch_fence()
+                self.watch_end()
             if self.fenced is None:
                 carrier.poll(time.time(), "running")
             self.nap(WAKE_EVERY)

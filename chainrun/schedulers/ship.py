@@ -64,6 +64,7 @@ CARRIER = Shipped(
         "decide/__init__.py",
         "decide/carry.py",
         "decide/chain.py",
+        "decide/charge.py",
         "decide/facts.py",
         "decide/goal.py",
         "decide/grace.py",

@@ -11,8 +11,6 @@ from collections.abc import Iterator
 
 from chainrun.store.rows import brief
 
-SCHEMA_VERSION = 7
-
 # Migrations from version i to i+1 are MIGRATIONS[i]; index 0 creates the schema.
 MIGRATIONS: list[str] = [
     """
@@ -101,10 +99,13 @@ MIGRATIONS: list[str] = [
     CREATE TABLE progress_log (chain_id TEXT NOT NULL, at REAL NOT NULL, progress TEXT NOT NULL);
     CREATE INDEX progress_by_chain ON progress_log (chain_id, at)
     """,
-    # 8: the seconds each segment needed to stop (signal to exit, or its save), of which
-    # an adaptive grace is made (decide/grace.py); NULL: none seen.
+    # 8 (marked 7 for a while, see ``version``): the seconds each segment needed to stop
+    # (signal to exit, or its save), of which an adaptive grace is made (decide/grace.py).
     "ALTER TABLE segments ADD COLUMN stop REAL",
+    # 9: when a cancel was asked for: the segment running then has its grace to save and end.
+    "ALTER TABLE chains ADD COLUMN cancel_requested_at REAL",
 ]
+SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def statements(script: str) -> Iterator[str]:
@@ -127,6 +128,11 @@ def version(db: sqlite3.Connection) -> int:
     if row is None:
         return 0
     try:
-        return int(row["value"])
+        found = int(row["value"])
     except (TypeError, ValueError):
         raise sqlite3.DatabaseError(f"its schema version {brief(row['value'])} is not a number") from None
+    # Two migrations were once both numbered 7 (the progress log, and the segments' stop
+    # column), and every database made since was marked 7 with both: one with the column is at 8.
+    if found == 7 and any(c["name"] == "stop" for c in db.execute("PRAGMA table_info(segments)")):
+        return 8
+    return found

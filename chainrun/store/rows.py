@@ -133,7 +133,10 @@ def decode_chain(row: sqlite3.Row, segments: tuple[Segment, ...]) -> Chain:
         progress=_progress(row["progress"], "progress"),
         latest=_progress(row["latest"] or row["progress"], "latest"),
         baseline=_progress(row["baseline"], "baseline"),
-        cancel_requested=bool(row["cancel_requested"]),
+        # Asked for before chainrun kept the time: long ago.
+        cancel_requested_at=row["cancel_requested_at"]
+        if row["cancel_requested_at"] is not None
+        else (0.0 if row["cancel_requested"] else None),
         reason=row["reason"],
         ended_at=row["ended_at"],
     )

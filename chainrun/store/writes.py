@@ -72,7 +72,11 @@ def add_chains(db: sqlite3.Connection, new: Sequence[tuple[JobSpec, Progress]], 
 
 
 def request_cancel(db: sqlite3.Connection, chain_id: str, now: float) -> None:
-    db.execute("UPDATE chains SET cancel_requested = 1 WHERE id = ?", (chain_id,))
+    db.execute(
+        "UPDATE chains SET cancel_requested = 1, cancel_requested_at = COALESCE(cancel_requested_at, ?) "
+        "WHERE id = ?",
+        (now, chain_id),
+    )
     event(db, chain_id, None, now, "cancel", "cancel requested by user")
 
 

@@ -17,7 +17,7 @@ import hmac
 import json
 import threading
 import time
-from contextlib import closing
+from contextlib import closing, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Optional
@@ -233,9 +233,11 @@ class Handler(BaseHTTPRequestHandler):
             )
             if not targets:
                 raise ChainrunError(f"no sweep {sweep!r}")
-            going = [c for c in targets if not c.state.final]
-            if going:
-                cancel.cancel(self.server.home, store, going)
+            going = [c.id for c in targets if not c.state.final]
+            for chain_id in going:  # asked for now; carried out beside the page (a save may take its grace)
+                store.request_cancel(chain_id, time.time())
+        if going:
+            threading.Thread(target=_cancelled, args=(self.server.home, going), daemon=True).start()
         back = link.sweep(sweep) if sweep else link.chain(targets[0].id)
         self.send_response(303)
         self.send_header("Location", back.replace("&amp;", "&"))
@@ -243,6 +245,12 @@ class Handler(BaseHTTPRequestHandler):
         for name, value in _HEADERS.items():
             self.send_header(name, value)
         self.end_headers()
+
+
+def _cancelled(home: Path, ids: list[str]) -> None:
+    """Carry a cancel out as ``chainrun cancel`` does (the service's, where one runs)."""
+    with suppress(ChainrunError), _store(home, readonly=False) as store:  # it stays asked for
+        cancel.cancel(home, store, [store.chain(i) for i in ids], wait=lambda _: None)
 
 
 def _store(home: Path, readonly: bool = True) -> closing[Store]:
