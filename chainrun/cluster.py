@@ -98,7 +98,7 @@ class Cluster:
         raises ClaimedError, unless it is abandoned (``decide.carry.abandoned``): then it is
         taken over. A submission the scheduler refused frees the claim;
         one that answered records its job there."""
-        text = claim_text(job.walltime, job.after or "", by)
+        text = claim_text(job.walltime, job.after or "", by, time.time())
         if not self.transport.create_file(job.claim_path, text):
             held = parse_claim(self.transport.read_file(job.claim_path) or b"")
             if held is None or held.by != by:

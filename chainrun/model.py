@@ -542,6 +542,7 @@ class Adopt:
     how: str
     walltime: Optional[int] = None
     after: Optional[str] = None
+    submitted_at: Optional[float] = None  # a carried segment's: when its claim was made
 
 
 @dataclass(frozen=True)
@@ -553,6 +554,7 @@ class Carried:
     walltime: int
     after: str  # the job of the segment that queued it
     by: str = ""  # who claimed it: "service", or "segment N" (the one before it)
+    at: Optional[float] = None  # when: its submission came right after (None: an older claim)
 
 
 @dataclass(frozen=True)

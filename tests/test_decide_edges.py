@@ -300,7 +300,7 @@ def test_segments_queued_while_the_service_was_away_are_adopted_in_order_up_to_t
     c = chain(seg(1, Phase.PENDING), seg(2, after="j1"))
     carried = {
         2: Carried("k2", 100, "j1"),  # recorded already: never adopted again
-        3: Carried("j3", 600, "j2"),
+        3: Carried("j3", 600, "j2", at=NOW - 50),  # its claim says when: its submission's time
         4: Carried("", 500, "j3"),
         5: Carried("", 400, "j4"),
         6: Carried("j6", 300, "j5"),
@@ -308,7 +308,14 @@ def test_segments_queued_while_the_service_was_away_are_adopted_in_order_up_to_t
     tagged = {4: (listed("j4", Phase.PENDING), listed("j9", Phase.PENDING))}
     facts = Facts(jobs={"j2": ended("j2", Outcome.TIMEOUT)}, carried=carried, tagged=tagged, progress=BEFORE)
     adopted = [
-        Adopt(3, "j3", "queued by segment 2 while the service was away", walltime=600, after="j2"),
+        Adopt(
+            3,
+            "j3",
+            "queued by segment 2 while the service was away",
+            walltime=600,
+            after="j2",
+            submitted_at=NOW - 50,
+        ),
         Adopt(4, "j4", "queued by segment 3 while the service was away", walltime=500, after="j3"),
     ]
     assert decide(c, facts, NOW) == adopted

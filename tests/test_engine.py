@@ -77,6 +77,22 @@ def world(tmp_path: Path) -> Iterator[World]:
     w.store.close()
 
 
+def test_events_are_stamped_when_they_happened_not_when_the_service_found_out(world: World) -> None:
+    """Issue 36, finding 5: the service ticks 30 s after the segment started and 40 s after it
+    ended; its history says when each happened (the scheduler's and the markers' times)."""
+    chain_id = world.add()
+    world.tick()
+    world.tick()
+    world.cluster.start("1", epoch=0)
+    started = world.clock()
+    world.tick(30)
+    world.cluster.end("1", "timeout", epoch=4, saved=world.clock())
+    ended = world.clock()
+    world.tick(40)
+    at = {e.message.split(":")[0].split(" (")[0]: e.at for e in world.store.events(chain_id)}
+    assert (at["segment 1 is running"], at["segment 1 ended"]) == (started, ended), at
+
+
 def test_a_chain_runs_to_its_target_with_one_successor_queued_ahead(world: World) -> None:
     """Submit, queue ahead, track, end each segment free with progress, complete, cancel the queue."""
     chain_id = world.add()

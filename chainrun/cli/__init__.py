@@ -537,7 +537,8 @@ def history(ctx: click.Context, chain_ref: str, as_json: bool) -> None:
     with _store(ctx, readonly=True) as store:
         # By id alone: the events of a damaged chain can still be read (its segments cannot).
         chain_id = store.resolve(chain_ref)
-        events = store.events(chain_id)
+        # In the order things happened: an end found out late is stamped when it happened.
+        events = sorted(store.events(chain_id), key=lambda e: e.at)
         chain: Optional[Chain] = None
         with suppress(ChainrunError):
             chain = store.chain(chain_id)

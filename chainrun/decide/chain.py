@@ -507,7 +507,9 @@ def _adopt_carried(chain: Chain, facts: Facts) -> list[Adopt]:
         if not job_id:
             break
         how = f"queued by segment {n - 1} while the service was away"
-        actions.append(Adopt(n=n, job_id=job_id, how=how, walltime=carried.walltime, after=carried.after))
+        actions.append(
+            Adopt(n, job_id, how, walltime=carried.walltime, after=carried.after, submitted_at=carried.at)
+        )
         n += 1
     return actions
 

@@ -243,10 +243,10 @@ def _progress(fields: dict[str, str]) -> Optional[Progress]:
     )
 
 
-def claim_text(walltime: int, after: str, by: str) -> bytes:
-    """A claim as made by ``by``, before the submission; ``claim_job`` adds the job once it
-    answered."""
-    return f"walltime={walltime}\nafter={after}\nby={by}\n".encode()
+def claim_text(walltime: int, after: str, by: str, at: float) -> bytes:
+    """A claim as made by ``by`` at ``at``, before the submission; ``claim_job`` adds the job
+    once it answered."""
+    return f"walltime={walltime}\nafter={after}\nby={by}\nat={at:.3f}\n".encode()
 
 
 def claim_job(job_id: str) -> bytes:
@@ -264,6 +264,7 @@ def parse_claim(data: bytes) -> Optional[Carried]:
         walltime=int(walltime),
         after=fields["after"].strip(),
         by=fields.get("by", "").strip(),
+        at=_number(fields.get("at"), float),
     )
 
 

@@ -147,15 +147,25 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
     seg = (chain_id, getattr(action, "n", None))
     if isinstance(action, Track):
         row = db.execute("SELECT phase FROM segments WHERE chain_id = ? AND n = ?", seg).fetchone()
+        # Submitted before it started, whatever the service learned first (a carried one).
         db.execute(
             "UPDATE segments SET phase = ?, reason = ?, started_at = COALESCE(started_at, ?), "
-            "missing_since = ? WHERE chain_id = ? AND n = ?",
-            (action.phase.value, action.reason, action.started_at, action.missing_since, *seg),
+            "submitted_at = MIN(submitted_at, COALESCE(?, submitted_at)), missing_since = ? "
+            "WHERE chain_id = ? AND n = ?",
+            (
+                action.phase.value,
+                action.reason,
+                action.started_at,
+                action.started_at,
+                action.missing_since,
+                *seg,
+            ),
         )
         if row is not None and row["phase"] != action.phase.value:
             text = f"segment {action.n} is {action.phase.value}"
             kind = Outcome.PREEMPTED.value if action.preempted else action.phase.value
-            event(db, chain_id, action.n, now, kind, text + _paren(action.reason))
+            at = _then(action.started_at if action.phase is Phase.RUNNING else None, now)
+            event(db, chain_id, action.n, at, kind, text + _paren(action.reason))
         elif action.missing_since is not None:
             event(db, chain_id, action.n, now, "missing", f"segment {action.n} {action.reason}")
     elif isinstance(action, Adopt):
@@ -163,14 +173,15 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
             db.execute(
                 "INSERT OR IGNORE INTO segments (chain_id, n, walltime, phase, after, submitted_at) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                (*seg, action.walltime, Phase.PENDING.value, action.after, now),
+                (*seg, action.walltime, Phase.PENDING.value, action.after, _then(action.submitted_at, now)),
             )
         db.execute(
             "UPDATE segments SET job_id = ?, phase = CASE WHEN phase = ? THEN ? ELSE phase END, "
             "retry_at = NULL, missing_since = NULL WHERE chain_id = ? AND n = ?",
             (action.job_id, Phase.SUBMITTING.value, Phase.PENDING.value, *seg),
         )
-        event(db, chain_id, action.n, now, "job", f"segment {action.n} {action.how} as job {action.job_id}")
+        at = _then(action.submitted_at, now)
+        event(db, chain_id, action.n, at, "job", f"segment {action.n} {action.how} as job {action.job_id}")
     elif isinstance(action, RetryLater):
         db.execute(
             "UPDATE segments SET retry_at = ?, reason = ? WHERE chain_id = ? AND n = ?",
@@ -218,7 +229,7 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
             db,
             chain_id,
             action.n,
-            now,
+            _then(action.ended_at, now),
             "ended",
             f"segment {action.n} ended: {action.reason}; {cost}; progress: {action.progress.describe()}",
         )
@@ -307,3 +318,9 @@ def event(
 
 def _paren(text: str) -> str:
     return f" ({text})" if text else ""
+
+
+def _then(at: Optional[float], now: float) -> float:
+    """When something happened, as the scheduler or the markers say (``now``, when the service
+    found out, where they say nothing, or where a node's clock runs ahead)."""
+    return now if at is None else min(at, now)
