@@ -156,11 +156,11 @@ def test_plain_view_prints_each_event_and_a_line_per_change_of_progress(
         "13:46:50  epoch -/10 0%; segment 1 of 10 queued as job 1",
         "13:47:00  segment 2 submitted after job 1 as job 2",
         "13:47:00  epoch -/10 0%; segment 1 of 10 queued as job 1 (Priority)",
-        "13:47:10  segment 1 is running",
+        "13:47:00  segment 1 is running",  # when it started, found out at the next tick
         "13:47:10  epoch -/10 0%; segment 1 of 10 running as job 1; output: loading",
         # 2 epochs in the 30 s since the job started: 8 more take 2 minutes.
         "13:47:30  epoch 2/10 20%, ETA 2m; segment 1 of 10 running as job 1; output: epoch 2 loss 0.5",
-        "13:47:50  segment 1 ended: failed (exit 3): the command exited 3 on its own; costs one failure;"
+        "13:47:40  segment 1 ended: failed (exit 3): the command exited 3 on its own; costs one failure;"
         " progress: epoch 2",
         "13:47:50  segment 3 submitted after job 2 as job 3",
         "13:47:50  epoch 2/10 20%, ETA 2m; segment 2 of 10 queued as job 2 (Dependency);"
