@@ -44,8 +44,9 @@ import torch
 from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
 from torch.utils.data import DataLoader
 
-from chainrun.checkpoint._atomic import fsync_dir, fsync_file, sha256_file
+from chainrun.checkpoint._atomic import fsync_dir, fsync_file
 from chainrun.checkpoint._clock import SegmentClock
+from chainrun.checkpoint._digest import sha256_file
 from chainrun.checkpoint._store import CheckpointDir, CheckpointWarning, Resume, Saved
 from chainrun.checkpoint.torch import ResumableSampler, capture_rng, restore_rng
 
