@@ -182,6 +182,9 @@ class Checkpointer:
                     "it cannot be checkpointed"
                 )
         self.store = CheckpointDir(directory, prefix=prefix, suffix=".pt", keep=keep)
+        group = _distributed()
+        if group is not None:
+            _flag_device(group)  # a rank on another's GPU is told now, not by a hung collective
         self.clock = clock if clock is not None else SegmentClock()
         self.async_save = async_save
         self.map_location = map_location
@@ -584,12 +587,27 @@ def _distributed() -> Any:
 
 def _all_reduce_flag(group: Any, value: bool, op: Any) -> bool:
     """``value`` combined over all ranks with ``op`` (MAX: any rank; MIN: every rank)."""
-    device = "cpu"
-    if group.get_backend() == "nccl":
-        device = f"cuda:{torch.cuda.current_device()}"
-    flag = torch.tensor([int(value)], dtype=torch.int32, device=device)
+    flag = torch.tensor([int(value)], dtype=torch.int32, device=_flag_device(group))
     group.all_reduce(flag, op=op)
     return bool(flag.item())
+
+
+def _flag_device(group: Any) -> str:
+    """Where this rank's collective flags live: the CPU, or under NCCL its current GPU. That is
+    the rank's own GPU only when it called ``torch.cuda.set_device(local_rank)``; without it
+    every rank of a node is on cuda:0 and the collective fails or hangs, so it is checked
+    against ``LOCAL_RANK`` (torchrun) or ``SLURM_LOCALID`` (srun) where the rank sees that GPU."""
+    if group.get_backend() != "nccl":
+        return "cpu"
+    current = torch.cuda.current_device()
+    local = (os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID") or "").strip()
+    if local.isdigit() and int(local) < torch.cuda.device_count() and int(local) != current:
+        raise CheckpointError(
+            f"rank {group.get_rank()} (local rank {local}) has cuda:{current} as its current device, "
+            f"not its own GPU: call torch.cuda.set_device({local}) on each rank, before "
+            "init_process_group (torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) under torchrun)"
+        )
+    return f"cuda:{current}"
 
 
 def _own_rank_rng(payload: dict[str, Any]) -> None:

@@ -1,5 +1,5 @@
 """The host side of async saves: buffers allocated ahead and reused, copies waited for on every
-device (issue 38). This machine has no GPU: CUDA tensors
+device, and the device of the DDP stop flag (issue 38). This machine has no GPU: CUDA tensors
 are stood in for by CPU tensors that say they live on a GPU, so the staging code takes the
 same path as on a GPU machine, pinned memory aside (allocated only where CUDA is)."""
 
@@ -12,7 +12,8 @@ import pytest
 import torch
 from ckpt_support import no_chainrun_env, restore_signal_handlers  # noqa: F401
 
-from chainrun.checkpoint import SegmentClock
+from chainrun.checkpoint import CheckpointError, SegmentClock
+from chainrun.checkpoint import torch as ckpt_torch
 from chainrun.checkpoint.torch import Checkpointer, _Stager
 
 
@@ -111,3 +112,47 @@ def test_staging_waits_for_the_copies_of_every_device_it_copied_from(monkeypatch
     staged = _Stager({}).stage(state)
     assert sorted(waited, key=str) == [torch.device("cuda", 0), torch.device("cuda", 1)]
     assert torch.equal(staged["b"], torch.arange(6.0)) and type(staged["b"]) is torch.Tensor
+
+
+class Group:
+    """Stands in for torch.distributed under NCCL, which needs GPUs: what _flag_device asks of it."""
+
+    def get_backend(self) -> str:
+        return "nccl"
+
+    def get_rank(self) -> int:
+        return 1
+
+
+def gpus(monkeypatch: pytest.MonkeyPatch, count: int, current: int) -> None:
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+
+
+def test_the_ddp_stop_flag_refuses_a_rank_left_on_another_ranks_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Local rank 1 that never called torch.cuda.set_device(1) is on cuda:0, rank 0's GPU: the flag
+    would go there. It is an error that says which call is missing."""
+    gpus(monkeypatch, count=2, current=0)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(CheckpointError, match=r"torch\.cuda\.set_device\(1\)"):
+        ckpt_torch._flag_device(Group())
+
+
+@pytest.mark.parametrize(
+    ("env", "count", "current", "device"),
+    [
+        ({"LOCAL_RANK": "1"}, 2, 1, "cuda:1"),  # set_device(local_rank) called
+        ({"SLURM_LOCALID": "1"}, 2, 1, "cuda:1"),  # srun without torchrun
+        ({"LOCAL_RANK": "1"}, 1, 0, "cuda:0"),  # one GPU visible per rank (CUDA_VISIBLE_DEVICES)
+        ({}, 2, 0, "cuda:0"),  # no local rank known: nothing to check against
+    ],
+)
+def test_the_ddp_stop_flag_goes_on_the_ranks_own_gpu(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], count: int, current: int, device: str
+) -> None:
+    gpus(monkeypatch, count, current)
+    for name in ("LOCAL_RANK", "SLURM_LOCALID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert ckpt_torch._flag_device(Group()) == device
