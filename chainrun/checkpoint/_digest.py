@@ -27,7 +27,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union
 if TYPE_CHECKING:
     from concurrent.futures import Future, ThreadPoolExecutor
 
-CHUNK = 64 << 20  # the piece a tree digest hashes by itself; recorded beside each digest
+# The piece a tree digest hashes by itself; recorded beside each digest. A piece is hashed once
+# it is written, so the hash trails the writer by up to one piece, and the last one is hashed
+# after the last write: 16 MiB keeps that tail near 12 ms (64 MiB: about 50 ms, 12% of a fast
+# disk's 500 MB save), and a 4 GiB checkpoint still makes 256 pieces, a 17 kB companion.
+CHUNK = 16 << 20
 _READ = 1 << 20  # where mmap fails, files are read back in pieces this size (they stay in the CPU cache)
 _MAP = 16 << 20  # files are mapped for hashing at most this much at a time
 _INLINE = 1 << 20  # a tree's chunk below this is hashed by the caller: no pool for small files
