@@ -19,9 +19,9 @@ from chainrun.checkpoint._atomic import (
     cleanup_temp_files,
     fsync_dir,
     is_temp_file,
-    sha256_file,
 )
 from chainrun.checkpoint._clock import SegmentClock, parse_signal
+from chainrun.checkpoint._digest import FileDigest, file_digest, sha256_file
 from chainrun.checkpoint._fence import FENCED_EXIT, Fenced
 from chainrun.checkpoint._progress import (
     SIDECAR_NAME,
@@ -53,6 +53,7 @@ __all__ = [
     "CheckpointWarning",
     "Entry",
     "Fenced",
+    "FileDigest",
     "Resume",
     "Saved",
     "SegmentClock",
@@ -61,6 +62,7 @@ __all__ = [
     "chain_seed",
     "cleanup_temp_files",
     "encode_progress",
+    "file_digest",
     "fsync_dir",
     "is_temp_file",
     "load_progress",

@@ -1,46 +1,47 @@
 """Crash-proof file writes: temp file in the same directory, fsync, rename, fsync the directory.
 
 A reader sees either the old file or the complete new one, never a torn
-write, whatever moment the writer is killed at. The sha256 of what is written
-is computed on the way: a helper thread hashes the bytes right behind the
-writer, straight from the page cache through a read-only mapping of the file
-(no copy), so hashing overlaps the writing and the final fsync, and callers
-never read a large file twice. Temp files carry the
-writer's host and pid in their name, so a later run can tell a dead writer's
-leftovers from a live writer's work in progress.
+write, whatever moment the writer is killed at. The digest of what is written
+is computed on the way (``_digest``): hashing threads read the bytes right
+behind the writer, straight from the page cache through a read-only mapping of
+the file (no copy), so hashing overlaps the writing and the final fsync, and
+callers never read a large file twice. With ``chunk`` the digest is a tree of
+pieces hashed side by side; without, one sha256 of the whole file. Temp files
+carry the writer's host and pid in their name, so a later run can tell a dead
+writer's leftovers from a live writer's work in progress.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
-import mmap
 import os
 import re
-import threading
 from typing import IO, Any, Callable, NamedTuple, Optional, Union, cast
+
+from chainrun.checkpoint._digest import ChunkHasher, FileDigest, WholeHasher
 
 TEMP_SUFFIX = ".chainrun-tmp"
 _TEMP_RE = re.compile(
     r"^\.(?P<base>.*)~(?P<host>[A-Za-z0-9.-]*)~(?P<pid>\d+)~[0-9a-f]+" + re.escape(TEMP_SUFFIX) + "$"
 )
 _HOST = re.sub(r"[^A-Za-z0-9.-]", "-", os.uname().nodename)[:64]
-_CHUNK = 1 << 20  # where mmap fails, files are read back in pieces this size (they stay in the CPU cache)
-_MAP = 16 << 20  # files are mapped for hashing at most this much at a time
 _SMALL = 256 << 10  # writes below this are gathered before reaching the kernel
 _PARALLEL = 1 << 20  # a file that grows past this is hashed by a helper thread reading it back
 _PIECE = 4 << 20  # large writes go to the kernel in pieces this size, so hashing can follow closely
-_HAVE_PREADV = hasattr(os, "preadv")  # missing on some platforms; os.pread is the fallback
 
 Writer = Callable[[IO[bytes]], Any]
 
 
 class Written(NamedTuple):
-    """What ``atomic_write`` put on disk: final path, size in bytes, sha256 hex digest."""
+    """What ``atomic_write`` put on disk: final path, size in bytes, sha256 hex digest (of the
+    whole file, or with ``chunk`` the root of its tree, whose chunk digests are ``chunks``)."""
 
     path: str
     size: int
     sha256: str
+    chunk: int = 0
+    chunks: tuple[str, ...] = ()
 
 
 def atomic_write(
@@ -49,6 +50,7 @@ def atomic_write(
     *,
     fsync: bool = True,
     before_replace: Optional[Callable[[], None]] = None,
+    chunk: int = 0,
 ) -> Written:
     """Write ``path`` so that it is either untouched or complete, and durable once this returns.
 
@@ -59,6 +61,8 @@ def atomic_write(
     :func:`cleanup_temp_files` removes those of dead writers later.
     ``before_replace``, when given, is called once the temp file is durable, right before
     the rename: when it raises, the rename is not made (the fence of a commit).
+    ``chunk`` > 0 makes the digest a tree of ``chunk``-byte pieces hashed side by side
+    (``_digest``); 0, one sha256 of the whole file.
     """
     if isinstance(data_or_writer, str):
         raise TypeError("atomic_write needs bytes or a writer callable, got str: pass text.encode()")
@@ -68,13 +72,13 @@ def atomic_write(
         raise ValueError(f"atomic_write needs a file path, got directory {target!r}")
     fd, temp = _create_temp(directory, base)
     try:
-        sink = _Sink(fd)
+        sink = _Sink(fd, chunk)
         try:
             if callable(data_or_writer):
                 data_or_writer(cast(IO[bytes], sink))
             else:
                 sink.write(data_or_writer)
-            sink.flush()
+            sink.seal()  # the last bytes to the kernel and their hash under way, beside the fsync
             if fsync:
                 os.fsync(fd)
             digest = sink.digest()
@@ -89,7 +93,7 @@ def atomic_write(
     except BaseException:
         _unlink_quietly(temp)
         raise
-    return Written(target, sink.size, digest)
+    return Written(target, sink.size, *digest)
 
 
 def fsync_dir(directory: Union[str, os.PathLike[str]]) -> None:
@@ -113,47 +117,6 @@ def fsync_file(path: Union[str, os.PathLike[str]]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def sha256_file(path: Union[str, os.PathLike[str]]) -> str:
-    """The sha256 hex digest of a file's content, hashed from the page cache without a copy."""
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        _hash_range(f.fileno(), h, 0, os.fstat(f.fileno()).st_size)
-    return h.hexdigest()
-
-
-def _hash_range(fd: int, h: Any, offset: int, end: int) -> None:
-    """Add bytes ``offset`` to ``end`` of a file (which holds at least ``end`` bytes) to ``h``.
-
-    Mapped read-only, the page cache's pages are hashed where they are:
-    reading them into a buffer first (pread) costs a copy of every byte, which
-    made read-back hashing about 1.6x as costly on the benchmark machine
-    (benchmarks/README.md). A file system that cannot map files is read with
-    pread instead. hashlib releases the GIL on large buffers.
-    """
-    while offset < end:
-        stop = min(end, offset + _MAP)
-        base = offset - offset % mmap.ALLOCATIONGRANULARITY
-        try:
-            mapped = mmap.mmap(fd, stop - base, access=mmap.ACCESS_READ, offset=base)
-        except OSError:
-            _hash_read(fd, h, offset, end)
-            return
-        with mapped, memoryview(mapped) as view, view[offset - base :] as piece:
-            h.update(piece)
-        offset = stop
-
-
-def _hash_read(fd: int, h: Any, offset: int, end: int) -> None:
-    buf = bytearray(min(_CHUNK, end - offset))
-    view = memoryview(buf)
-    while offset < end:
-        n = _pread_into(fd, view[: min(len(buf), end - offset)], offset)
-        if n == 0:
-            raise OSError(errno.EIO, f"file ended at {offset} bytes while {end} were written")
-        h.update(view[:n])
-        offset += n
 
 
 def is_temp_file(name: str) -> bool:
@@ -229,19 +192,22 @@ def _unlink_quietly(path: str) -> bool:
 class _Sink:
     """The binary file object handed to writer callables: gathers small writes, hashes everything.
 
-    Bytes go to the kernel as they come (a large write in pieces), and a
-    helper thread hashes the file behind them, reading back what the page
-    cache already holds, so neither waits for the other: the hash runs on
-    another core while this thread writes and then while ``fsync`` waits for
-    the disk. Small files never start the thread. A buffer is only used
-    during the ``write`` call that passed it, as for any file object.
+    Bytes go to the kernel as they come (a large write in pieces), and hashing
+    threads hash the file behind them, reading back what the page cache
+    already holds, so neither waits for the other: the hash runs on other
+    cores while this thread writes and then while ``fsync`` waits for the
+    disk. A whole-file sha256 is one thread (small files never start it); a
+    tree (``chunk``) a pool, each of its threads on a piece of its own. A
+    buffer is only used during the ``write`` call that passed it, as for any
+    file object.
     """
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, chunk: int = 0) -> None:
         self._fd = fd
         self._pending = bytearray()
         self._hash = hashlib.sha256()
-        self._hasher: Optional[_Hasher] = None
+        self._whole: Optional[WholeHasher] = None
+        self._tree = ChunkHasher(fd, chunk) if chunk > 0 else None
         self.size = 0  # bytes accepted from the writer
         self._written = 0  # bytes handed to the kernel
 
@@ -290,86 +256,32 @@ class _Sink:
         while done < n:
             done += os.write(self._fd, view[done:])
         self._written += n
-        if self._hasher is not None:
-            self._hasher.advance(self._written)
+        if self._tree is not None:
+            self._tree.advance(self._written)
+        elif self._whole is not None:
+            self._whole.advance(self._written)
         elif self._written < _PARALLEL:
             self._hash.update(view)
         else:  # from here on the file is hashed by reading it back
-            self._hasher = _Hasher(self._fd, self._hash, self._written - n, self._written)
+            self._whole = WholeHasher(self._fd, self._hash, self._written - n, self._written)
 
-    def digest(self) -> str:
-        """The sha256 of everything written; waits for the helper thread to catch up."""
-        if self._hasher is not None:
-            self._hasher.finish(self._written)
-        return self._hash.hexdigest()
+    def seal(self) -> None:
+        """Everything is written: the last bytes go to the kernel and a tree's last piece to its hashers."""
+        self.flush()
+        if self._tree is not None:
+            self._tree.seal(self._written)
+
+    def digest(self) -> FileDigest:
+        """The digest of everything written; waits for the hashing threads to catch up."""
+        if self._tree is not None:
+            return self._tree.digest()
+        if self._whole is not None:
+            self._whole.finish(self._written)
+        return FileDigest(self._hash.hexdigest())
 
     def close(self) -> None:
-        if self._hasher is not None:
-            self._hasher.stop()
-            self._hasher = None
-
-
-class _Hasher:
-    """A thread that hashes a file from ``start`` up to the offset the writer has reached.
-
-    It hashes what the writer already handed to the kernel, from the page
-    cache (``_hash_range``), so it never touches the writer's buffers and
-    never holds the writer up.
-    """
-
-    def __init__(self, fd: int, h: Any, start: int, end: int) -> None:
-        self._fd = fd
-        self._hash = h
-        self._hashed = start
-        self._end = end
-        self._error: Optional[BaseException] = None
-        self._stopping = False
-        self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="chainrun-hash", daemon=True)
-        self._thread.start()
-
-    def advance(self, end: int) -> None:
-        """The file now holds ``end`` bytes: hash up to there."""
-        with self._cond:
-            self._end = end
-            self._cond.notify_all()
-
-    def finish(self, end: int) -> None:
-        """Wait until the first ``end`` bytes are hashed; re-raises the thread's error."""
-        with self._cond:
-            while self._hashed < end and self._error is None:
-                self._cond.wait()
-        if self._error is not None:
-            raise self._error
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        self._thread.join()
-
-    def _run(self) -> None:
-        try:
-            while True:
-                with self._cond:
-                    while self._hashed >= self._end and not self._stopping:
-                        self._cond.wait()
-                    if self._stopping:
-                        return
-                    offset, end = self._hashed, self._end
-                _hash_range(self._fd, self._hash, offset, end)
-                with self._cond:
-                    self._hashed = end
-                    self._cond.notify_all()
-        except BaseException as exc:  # re-raised in the writing thread by finish()
-            with self._cond:
-                self._error = exc
-                self._cond.notify_all()
-
-
-def _pread_into(fd: int, view: memoryview, offset: int) -> int:
-    if _HAVE_PREADV:
-        return os.preadv(fd, [view], offset)
-    data = os.pread(fd, view.nbytes, offset)
-    view[: len(data)] = data
-    return len(data)
+        if self._tree is not None:
+            self._tree.close()
+        if self._whole is not None:
+            self._whole.stop()
+            self._whole = None

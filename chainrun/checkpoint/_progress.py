@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from typing import Any, Optional, Union
 
 from chainrun.checkpoint import _fence
-from chainrun.checkpoint._atomic import atomic_write, fsync_file, sha256_file
+from chainrun.checkpoint._atomic import atomic_write, fsync_file
+from chainrun.checkpoint._digest import sha256_file
 
 SIDECAR_NAME = "chainrun-progress.json"
 SIDECAR_VERSION = 1
@@ -42,8 +43,10 @@ def read_progress(data: bytes) -> dict[str, Any]:
 
     Returns a dict with exactly the keys of version 1 (``version``, ``epoch``,
     ``step``, ``file``, ``size``, ``sha256``, ``saved_at`` as float, ``done``,
-    ``segment``, ``metrics``, ``save_seconds``); ``segment``, ``metrics`` and
-    ``save_seconds`` may be absent in the file and default to None, ``{}`` and None.
+    ``segment``, ``metrics``, ``save_seconds``, ``sha256_chunk``); ``segment``, ``metrics``,
+    ``save_seconds`` and ``sha256_chunk`` may be absent in the file and default to None, ``{}``,
+    None and 0. ``sha256_chunk`` > 0 says ``sha256`` is the root of a tree of pieces that
+    size (``chainrun.checkpoint._digest``); 0, the sha256 of the whole file.
     Keys it does not know are ignored.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -90,6 +93,7 @@ def write_progress(
     file: str,
     size: Optional[int] = None,
     sha256: Optional[str] = None,
+    sha256_chunk: int = 0,
     done: bool = False,
     metrics: Optional[Mapping[str, Any]] = None,
     segment: Optional[int] = None,
@@ -101,7 +105,8 @@ def write_progress(
     ``epoch`` counts completed epochs, ``step`` the batches done in the epoch
     in progress. Without ``size`` and ``sha256`` the file is fsynced and hashed
     here (for scripts that write their own checkpoints); with them, the caller
-    vouches that the file is already durable. ``segment`` defaults to
+    vouches that the file is already durable; ``sha256_chunk``, when > 0, that ``sha256`` is
+    the root of its tree of pieces that size (``_digest``). ``segment`` defaults to
     ``CHAINRUN_SEGMENT``. Metric values may be numbers, bools, None or short
     strings; NumPy and torch scalars are converted, NaN becomes ``"nan"``. Each
     metric the sidecar already holds keeps its last value until a save reports
@@ -114,7 +119,7 @@ def write_progress(
     if size is None or sha256 is None:
         fsync_file(path)
         size = os.path.getsize(path)
-        sha256 = sha256_file(path)
+        sha256, sha256_chunk = sha256_file(path), 0
     progress = {
         "version": SIDECAR_VERSION,
         "epoch": epoch,
@@ -122,6 +127,7 @@ def write_progress(
         "file": name,
         "size": size,
         "sha256": sha256,
+        "sha256_chunk": sha256_chunk,
         "saved_at": time.time() if saved_at is None else saved_at,
         "done": done,
         "segment": segment_from_env() if segment is None else segment,
@@ -195,6 +201,10 @@ def _validate(obj: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(_bad("file", name, "a non-empty file name relative to the checkpoint directory"))
     if not isinstance(obj["sha256"], str) or not _SHA256_RE.match(obj["sha256"]):
         raise ValueError(_bad("sha256", obj["sha256"], "64 lowercase hex digits"))
+    chunk = obj.get("sha256_chunk")
+    chunk = 0 if chunk is None else chunk
+    if not _is_int(chunk) or chunk < 0:
+        raise ValueError(_bad("sha256_chunk", chunk, "a non-negative integer (0: sha256 of the whole file)"))
     saved_at = obj["saved_at"]
     if (
         isinstance(saved_at, bool)
@@ -249,6 +259,7 @@ def _validate(obj: dict[str, Any]) -> dict[str, Any]:
         "file": name,
         "size": obj["size"],
         "sha256": obj["sha256"],
+        "sha256_chunk": chunk,
         "saved_at": float(saved_at),
         "done": obj["done"],
         "segment": segment,

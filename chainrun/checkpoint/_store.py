@@ -3,10 +3,14 @@
 Each save is an *entry*: a main file named ``<prefix>-<seq>-e<epoch>-s<step><suffix>``
 (seq counts up past every file present, so a save never replaces an existing
 file and names sort by age), a
-``<main>.sha256`` companion in ``sha256sum`` format, and for TensorFlow the
+``<main>.sha256`` companion, and for TensorFlow the
 data files that share the stem. A save commits in this order, each step
 durable before the next: the files, then the sidecar, which records their
-size and sha256. The companion repeats that sha256 for when the sidecar has
+size and digest: the sha256 of the whole file, or (``save()``'s own files) the
+root of a tree of chunks hashed side by side (``_digest``). The companion
+repeats that digest (a whole-file sha256 in ``sha256sum -c`` format; a tree as
+``sha256-tree:<chunk>:<root>  <name>`` and then each chunk's sha256, one a
+line, which name the corrupt chunk when the root differs) for when the sidecar has
 moved on: a helper thread writes it after the commit, then applies
 retention, so neither a small file's fsync nor deleting a large old file holds
 up the caller. Restore tries the file the sidecar names, then older entries
@@ -26,15 +30,18 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Callable, NamedTuple, Optional, Union
 
-from chainrun.checkpoint._atomic import Writer, atomic_write, cleanup_temp_files, sha256_file
+from chainrun.checkpoint._atomic import Writer, atomic_write, cleanup_temp_files
+from chainrun.checkpoint._digest import CHUNK, FileDigest, file_digest, root_of
 from chainrun.checkpoint._progress import SIDECAR_NAME, load_progress, write_progress
 
 DEFAULT_DIRECTORY = "checkpoints"
 COMPANION_SUFFIX = ".sha256"
+_TREE_RE = re.compile(r"^sha256-tree:([1-9][0-9]*):([0-9a-f]{64})$")
+_HEX_RE = re.compile(r"^[0-9a-f]{64}$")
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -56,7 +63,8 @@ class Entry(NamedTuple):
 
 
 class Saved(NamedTuple):
-    """A committed save: the sidecar names ``file`` now."""
+    """A committed save: the sidecar names ``file`` now. ``sha256`` is the file's whole sha256
+    when ``chunk`` is 0, else the root of its tree of ``chunk``-byte pieces (``_digest``)."""
 
     file: str
     path: str
@@ -65,6 +73,7 @@ class Saved(NamedTuple):
     size: int
     sha256: str
     done: bool
+    chunk: int = 0
 
 
 class Resume(NamedTuple):
@@ -127,7 +136,7 @@ class _Candidate(NamedTuple):
     name: str
     epoch: int
     step: int
-    sha256: str
+    digest: FileDigest
     size: Optional[int]
     progress: Optional[dict[str, Any]]
 
@@ -228,10 +237,17 @@ class CheckpointDir:
             return
         if not os.path.exists(os.path.join(self.path, name)):
             return  # nothing to vouch for; restore reports the missing file
-        self._write_companion(name, progress["sha256"])
+        # The chunk digests were the dead writer's alone: this companion has the root only.
+        self._write_companion(name, FileDigest(progress["sha256"], progress["sha256_chunk"]))
 
-    def _write_companion(self, name: str, sha256: str) -> None:
-        atomic_write(os.path.join(self.path, name + COMPANION_SUFFIX), f"{sha256}  {name}\n".encode())
+    def _write_companion(self, name: str, digest: FileDigest) -> None:
+        if digest.chunk:
+            text = "".join(
+                [f"sha256-tree:{digest.chunk}:{digest.sha256}  {name}\n"] + [f"{c}\n" for c in digest.chunks]
+            )
+        else:
+            text = f"{digest.sha256}  {name}\n"
+        atomic_write(os.path.join(self.path, name + COMPANION_SUFFIX), text.encode())
 
     def _drop_uncommitted(self) -> None:
         try:
@@ -310,7 +326,7 @@ class CheckpointDir:
         began = time.monotonic()
         self.prepare()
         name = self.new_name(epoch, step)
-        written = atomic_write(os.path.join(self.path, name), writer)
+        written = atomic_write(os.path.join(self.path, name), writer, chunk=CHUNK)
         if ready is not None:
             ready()
         return self.commit(
@@ -319,6 +335,8 @@ class CheckpointDir:
             step=step,
             size=written.size,
             sha256=written.sha256,
+            chunk=written.chunk,
+            chunks=written.chunks,
             done=done,
             metrics=metrics,
             began=began,
@@ -335,9 +353,13 @@ class CheckpointDir:
         done: bool = False,
         metrics: Optional[Mapping[str, Any]] = None,
         began: Optional[float] = None,
+        chunk: int = 0,
+        chunks: Sequence[str] = (),
     ) -> Saved:
         """Make a durable checkpoint file the latest by writing the sidecar; companion and retention follow.
 
+        ``sha256`` is the file's whole sha256, or with ``chunk`` > 0 the root of its tree of
+        ``chunk``-byte pieces, whose digests ``chunks`` go to the companion.
         ``began`` (``time.monotonic()`` when the save began) puts how long it took in the sidecar.
 
         The companion and retention are written and applied by a helper thread once the sidecar
@@ -352,15 +374,17 @@ class CheckpointDir:
             file=name,
             size=size,
             sha256=sha256,
+            sha256_chunk=chunk,
             done=done,
             metrics=metrics,
             save_seconds=None if began is None else time.monotonic() - began,
         )
+        digest = FileDigest(sha256, chunk, tuple(chunks))
         self._retention = threading.Thread(
-            target=self._retain, args=(name, sha256), name="chainrun-retention"
+            target=self._retain, args=(name, digest), name="chainrun-retention"
         )
         self._retention.start()
-        return Saved(name, os.path.join(self.path, name), epoch, step, size, sha256, done)
+        return Saved(name, os.path.join(self.path, name), epoch, step, size, sha256, done, chunk)
 
     def wait(self) -> None:
         """Finish the retention the last commit started (a no-op when it is done)."""
@@ -368,10 +392,10 @@ class CheckpointDir:
         if thread is not None:
             thread.join()
 
-    def _retain(self, committed: str, sha256: str) -> None:
+    def _retain(self, committed: str, digest: FileDigest) -> None:
         # Not a daemon thread: the interpreter finishes it before exiting.
         try:
-            self._write_companion(committed, sha256)
+            self._write_companion(committed, digest)
             self._prune(committed)
         except OSError as exc:  # the checkpoint is committed; what is left is the next prepare's
             warnings.warn(
@@ -518,14 +542,15 @@ class CheckpointDir:
         if progress is not None:
             entry = self.parse(progress["file"])
             newest_seq = entry.seq if entry is not None else None
+            digest = FileDigest(progress["sha256"], progress["sha256_chunk"])
+            known = read_companion(
+                os.path.join(self.path, progress["file"] + COMPANION_SUFFIX), progress["file"]
+            )
+            if known is not None and known[:2] == digest[:2]:
+                digest = known  # the same digest, with the chunks' own when the companion has them
             candidates.append(
                 _Candidate(
-                    progress["file"],
-                    progress["epoch"],
-                    progress["step"],
-                    progress["sha256"],
-                    progress["size"],
-                    progress,
+                    progress["file"], progress["epoch"], progress["step"], digest, progress["size"], progress
                 )
             )
         for e in reversed(self.entries()):
@@ -533,10 +558,10 @@ class CheckpointDir:
                 continue  # the sidecar's own file, or a save that never committed
             if progress is not None and e.name == progress["file"]:
                 continue
-            digest = _read_companion(os.path.join(self.path, e.name + COMPANION_SUFFIX), e.name)
-            if digest is None:
+            vouched = read_companion(os.path.join(self.path, e.name + COMPANION_SUFFIX), e.name)
+            if vouched is None:
                 continue  # never finished: the save was interrupted before its companion
-            candidates.append(_Candidate(e.name, e.epoch, e.step, digest, None, None))
+            candidates.append(_Candidate(e.name, e.epoch, e.step, vouched, None, None))
         return candidates, problems
 
 
@@ -547,19 +572,42 @@ def _verify(path: str, cand: _Candidate) -> Optional[str]:
         return "file is missing"
     if cand.size is not None and size != cand.size:
         return f"size {size} differs from the recorded {cand.size} (truncated or overwritten)"
-    digest = sha256_file(path)
-    if digest != cand.sha256:
-        return f"sha256 {digest[:12]}... differs from the recorded {cand.sha256[:12]}... (corrupt)"
-    return None
+    recorded = cand.digest
+    found = file_digest(path, recorded.chunk)
+    if found.sha256 == recorded.sha256:
+        return None
+    if not recorded.chunk:
+        return f"sha256 {found.sha256[:12]}... differs from the recorded {recorded.sha256[:12]}... (corrupt)"
+    problem = (
+        f"sha256 root {found.sha256[:12]}... of its {recorded.chunk}-byte chunks differs from the "
+        f"recorded {recorded.sha256[:12]}... (corrupt)"
+    )
+    if len(recorded.chunks) != len(found.chunks):
+        return problem
+    bad = [i for i, (a, b) in enumerate(zip(found.chunks, recorded.chunks)) if a != b]
+    where = ", ".join(
+        f"{i} (bytes {i * recorded.chunk} to {min(size, (i + 1) * recorded.chunk)})" for i in bad[:5]
+    )
+    more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+    return f"{problem}: chunk {where}{more} of {len(found.chunks)} differs from its recorded sha256"
 
 
-def _read_companion(path: str, name: str) -> Optional[str]:
+def read_companion(path: str, name: str) -> Optional[FileDigest]:
+    """The digest a companion records for ``name``; None when it is missing or malformed."""
     try:
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            lines = f.read().splitlines()
     except (FileNotFoundError, UnicodeDecodeError):
         return None
-    parts = text.rstrip("\n").split("  ", 1)
-    if len(parts) != 2 or parts[1] != name or not re.match(r"^[0-9a-f]{64}$", parts[0]):
+    parts = lines[0].split("  ", 1) if lines else []
+    if len(parts) != 2 or parts[1] != name:
         return None
-    return parts[0]
+    if _HEX_RE.match(parts[0]):
+        return FileDigest(parts[0]) if len(lines) == 1 else None
+    tree = _TREE_RE.match(parts[0])
+    if tree is None or not all(_HEX_RE.match(c) for c in lines[1:]):
+        return None
+    root, chunk, chunks = tree.group(2), int(tree.group(1)), tuple(lines[1:])
+    if chunks and root_of(chunks) != root:
+        chunks = ()  # chunk digests that do not make the root would name the wrong chunk
+    return FileDigest(root, chunk, chunks)

@@ -34,8 +34,9 @@ from typing import Any, Optional, Union
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from chainrun.checkpoint._atomic import atomic_write, fsync_dir, fsync_file, sha256_file
+from chainrun.checkpoint._atomic import atomic_write, fsync_dir, fsync_file
 from chainrun.checkpoint._clock import SegmentClock
+from chainrun.checkpoint._digest import sha256_file
 from chainrun.checkpoint._store import CheckpointDir, Saved
 
 FORMAT = "chainrun-hf"

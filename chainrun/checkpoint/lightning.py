@@ -44,8 +44,9 @@ import torch
 from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
 from torch.utils.data import DataLoader
 
-from chainrun.checkpoint._atomic import fsync_dir, fsync_file, sha256_file
+from chainrun.checkpoint._atomic import fsync_dir, fsync_file
 from chainrun.checkpoint._clock import SegmentClock
+from chainrun.checkpoint._digest import CHUNK, file_digest
 from chainrun.checkpoint._store import CheckpointDir, CheckpointWarning, Resume, Saved
 from chainrun.checkpoint.torch import ResumableSampler, capture_rng, restore_rng
 
@@ -189,12 +190,15 @@ class ChainrunCallback(pl.Callback):
         if trainer.is_global_zero:
             fsync_file(path)
             fsync_dir(self.store.path)
+            digest = file_digest(path, CHUNK)  # chunks hashed side by side, as the helper's own saves
             saved = self.store.commit(
                 name,
                 epoch=epoch,
                 step=step,
                 size=os.path.getsize(path),
-                sha256=sha256_file(path),
+                sha256=digest.sha256,
+                chunk=digest.chunk,
+                chunks=digest.chunks,
                 done=done,
                 metrics=_metrics(trainer),
                 began=began,

@@ -32,8 +32,9 @@ from typing import Any, Optional, Union
 
 import tensorflow as tf
 
-from chainrun.checkpoint._atomic import atomic_write, fsync_dir, fsync_file, sha256_file
+from chainrun.checkpoint._atomic import atomic_write, fsync_dir, fsync_file
 from chainrun.checkpoint._clock import SegmentClock
+from chainrun.checkpoint._digest import sha256_file
 from chainrun.checkpoint._seed import chain_seed, seed_python_and_numpy
 from chainrun.checkpoint._store import CheckpointDir, CheckpointError, Resume, Saved
 

@@ -182,6 +182,9 @@ class Checkpointer:
                     "it cannot be checkpointed"
                 )
         self.store = CheckpointDir(directory, prefix=prefix, suffix=".pt", keep=keep)
+        group = _distributed()
+        if group is not None:
+            _flag_device(group)  # a rank on another's GPU is told now, not by a hung collective
         self.clock = clock if clock is not None else SegmentClock()
         self.async_save = async_save
         self.map_location = map_location
@@ -195,7 +198,25 @@ class Checkpointer:
         weakref.finalize(self, self._background.stop)
         self._error: Optional[BaseException] = None
         self._staging: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._reserving: Optional[threading.Thread] = None
         atexit.register(_finish_at_exit, weakref.ref(self))
+        if async_save:
+            self._reserve()
+            if (
+                optimizer is not None
+                and not optimizer.state
+                and hasattr(optimizer, "register_step_post_hook")
+            ):
+                # Adam's and most optimizers' state appears with their first step: reserve it then.
+                ref = weakref.ref(self)
+
+                def first_step(*_: Any) -> None:
+                    handle.remove()
+                    ckpt = ref()
+                    if ckpt is not None:
+                        ckpt._reserve()
+
+                handle = optimizer.register_step_post_hook(first_step)
 
     @property
     def directory(self) -> str:
@@ -226,6 +247,8 @@ class Checkpointer:
             self._resume_rng = payload["rng"]
             self._resume_epoch_rng = payload.get("epoch_rng")
             resume = resume.loaded(payload)
+            if self.async_save:
+                self._reserve()  # the optimizer's state is all there now
         self._resume = resume
         return resume
 
@@ -337,6 +360,8 @@ class Checkpointer:
         self._join_save()
         if not self.async_save or done or self.clock.should_stop():
             return self._write(state)
+        if self._reserving is not None:
+            self._reserving.join()
         snapshot = _Stager(self._staging).stage(state)
         self._background.submit(functools.partial(self._write_in_background, snapshot))
         return None
@@ -446,6 +471,29 @@ class Checkpointer:
         self.last_saved = outcome[0]
         return outcome[0]
 
+    def _reserve(self) -> None:
+        """Allocate, in a thread of its own, the host buffers an async save copies the state into,
+        before the first save needs them: pinned ones for CUDA tensors take about 0.5 s per GiB,
+        which the first save's blocking part would otherwise pay (issue 38). Restore does not
+        wait for it; a save does. Under torch.distributed saves are synchronous: nothing to do."""
+        if _distributed() is not None:
+            return
+        objects = {name: obj.state_dict() for name, obj in self._objects.items()}
+        before = self._reserving
+
+        def reserve() -> None:
+            if before is not None:
+                before.join()
+            try:
+                _Stager(self._staging).reserve({"objects": objects})
+            except Exception as exc:  # the save allocates what is missing itself
+                warnings.warn(
+                    f"chainrun: could not allocate host buffers ahead: {exc}", CheckpointWarning, stacklevel=1
+                )
+
+        self._reserving = threading.Thread(target=reserve, name="chainrun-reserve", daemon=True)
+        self._reserving.start()
+
     def _write_in_background(self, state: dict[str, Any]) -> None:
         try:
             self._write(state)
@@ -539,12 +587,27 @@ def _distributed() -> Any:
 
 def _all_reduce_flag(group: Any, value: bool, op: Any) -> bool:
     """``value`` combined over all ranks with ``op`` (MAX: any rank; MIN: every rank)."""
-    device = "cpu"
-    if group.get_backend() == "nccl":
-        device = f"cuda:{torch.cuda.current_device()}"
-    flag = torch.tensor([int(value)], dtype=torch.int32, device=device)
+    flag = torch.tensor([int(value)], dtype=torch.int32, device=_flag_device(group))
     group.all_reduce(flag, op=op)
     return bool(flag.item())
+
+
+def _flag_device(group: Any) -> str:
+    """Where this rank's collective flags live: the CPU, or under NCCL its current GPU. That is
+    the rank's own GPU only when it called ``torch.cuda.set_device(local_rank)``; without it
+    every rank of a node is on cuda:0 and the collective fails or hangs, so it is checked
+    against ``LOCAL_RANK`` (torchrun) or ``SLURM_LOCALID`` (srun) where the rank sees that GPU."""
+    if group.get_backend() != "nccl":
+        return "cpu"
+    current = torch.cuda.current_device()
+    local = (os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID") or "").strip()
+    if local.isdigit() and int(local) < torch.cuda.device_count() and int(local) != current:
+        raise CheckpointError(
+            f"rank {group.get_rank()} (local rank {local}) has cuda:{current} as its current device, "
+            f"not its own GPU: call torch.cuda.set_device({local}) on each rank, before "
+            "init_process_group (torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) under torchrun)"
+        )
+    return f"cuda:{current}"
 
 
 def _own_rank_rng(payload: dict[str, Any]) -> None:
@@ -609,18 +672,25 @@ def _resumable(loader: Any) -> Optional[tuple[ResumableSampler, int]]:
 
 
 class _Stager:
-    """Copies a state tree to host memory, reusing the buffers of the previous save."""
+    """Copies a state tree to host memory, into the buffers of the previous save (or of
+    ``reserve()``): pinned memory for CUDA tensors, so the copies run as DMA on each device's stream."""
 
     def __init__(self, cache: dict[tuple[Any, ...], torch.Tensor]) -> None:
         self._cache = cache
         self._seen: dict[int, torch.Tensor] = {}  # tied weights stay tied
-        self._cuda = False
+        self._devices: set[torch.device] = set()
+        self._copying = True
 
     def stage(self, state: Any) -> Any:
         staged = self._copy(state, ())
-        if self._cuda:
-            torch.cuda.synchronize()
+        for device in self._devices:  # every device copied from, not only the current one
+            torch.cuda.synchronize(device)
         return staged
+
+    def reserve(self, state: Any) -> None:
+        """Allocate the buffers ``stage`` will copy ``state``'s tensors into, copying nothing."""
+        self._copying = False
+        self._copy(state, ())
 
     def _copy(self, obj: Any, key: tuple[Any, ...]) -> Any:
         if isinstance(obj, torch.Tensor):
@@ -636,32 +706,37 @@ class _Stager:
             return [self._copy(v, (*key, i)) for i, v in enumerate(obj)]
         if type(obj) is tuple:
             return tuple(self._copy(v, (*key, i)) for i, v in enumerate(obj))
-        return copy.deepcopy(obj)
+        return copy.deepcopy(obj) if self._copying else None
 
-    def _tensor(self, t: torch.Tensor, key: tuple[Any, ...]) -> torch.Tensor:
+    def _tensor(self, t: torch.Tensor, key: tuple[Any, ...]) -> Optional[torch.Tensor]:
         ident = id(t)
         seen = self._seen.get(ident)
         if seen is not None:
             return seen
         t = t.detach()
         if t.layout != torch.strided or t.is_quantized or t.is_nested:
-            out = t.to("cpu", copy=True)
+            if not self._copying:
+                return None
+            self._seen[ident] = t.to("cpu", copy=True)
+            return self._seen[ident]
+        cached = self._cache.get(key)
+        if cached is None or cached.shape != t.shape or cached.dtype != t.dtype:
+            # Pinned (page-locked) only where CUDA is: the copy from the device is then a DMA.
+            cached = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda and torch.cuda.is_available())
+            self._cache[key] = cached
+        self._seen[ident] = out = cached
+        if not self._copying:
+            return out
+        if t.is_cuda:
+            out.copy_(t, non_blocking=True)  # DMA on t's device's stream; stage() waits for each device
+            self._devices.add(t.device)
+        elif t.device.type == "cpu" and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
+            # One plain memcpy: copy_ would split it over torch's intra-op
+            # threads, which on a busy node wait on each other far longer
+            # than the copy takes.
+            ctypes.memmove(out.data_ptr(), t.data_ptr(), t.nbytes)
         else:
-            out = self._cache.get(key)  # type: ignore[assignment]
-            if out is None or out.shape != t.shape or out.dtype != t.dtype:
-                out = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
-                self._cache[key] = out
-            if t.is_cuda:
-                out.copy_(t, non_blocking=True)  # DMA into pinned memory; stage() synchronizes
-                self._cuda = True
-            elif t.device.type == "cpu" and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
-                # One plain memcpy: copy_ would split it over torch's intra-op
-                # threads, which on a busy node wait on each other far longer
-                # than the copy takes.
-                ctypes.memmove(out.data_ptr(), t.data_ptr(), t.nbytes)
-            else:
-                out.copy_(t)
-        self._seen[ident] = out
+            out.copy_(t)
         return out
 
 

@@ -54,6 +54,7 @@ CARRIER = Shipped(
         "carry.py",
         "checkpoint/__init__.py",
         "checkpoint/_atomic.py",
+        "checkpoint/_digest.py",
         "checkpoint/_clock.py",
         "checkpoint/_fence.py",
         "checkpoint/_progress.py",

@@ -17,7 +17,8 @@ from ckpt_support import no_chainrun_env, restore_signal_handlers  # noqa: F401
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chainrun.checkpoint import _atomic, atomic_write, cleanup_temp_files, is_temp_file, sha256_file
+from chainrun.checkpoint import _atomic, _digest, atomic_write, cleanup_temp_files, is_temp_file, sha256_file
+from chainrun.checkpoint._digest import file_digest, root_of
 
 
 def temp_files(directory: Path) -> list[str]:
@@ -59,13 +60,13 @@ def test_atomic_write_digest_matches_the_file_for_any_write_pattern(
 ) -> None:
     """Small gathered writes, large ones cut in pieces and hashed in a thread add up to the file."""
     directory = tmp_path_factory.mktemp("pattern")
-    saved = (_atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE, _atomic._MAP)
+    saved = (_atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE, _digest._MAP)
     # tiny limits: every path runs, and the hash thread maps the file in odd-sized pieces
-    _atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE, _atomic._MAP = 64, 100, 97, 31
+    _atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE, _digest._MAP = 64, 100, 97, 31
     try:
         written = atomic_write(directory / "f", lambda f: [f.write(c) for c in chunks])
     finally:
-        _atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE, _atomic._MAP = saved
+        _atomic._SMALL, _atomic._PARALLEL, _atomic._PIECE, _digest._MAP = saved
     whole = b"".join(chunks)
     assert (directory / "f").read_bytes() == whole
     assert written.sha256 == hashlib.sha256(whole).hexdigest()
@@ -97,8 +98,8 @@ def test_hashing_reads_the_file_where_it_cannot_be_mapped(
         calls.append(args)
         raise OSError(errno.ENODEV, "No such device")
 
-    monkeypatch.setattr(_atomic.mmap, "mmap", no_mmap)
-    monkeypatch.setattr(_atomic, "_CHUNK", 1000)  # several pread pieces, the last one short
+    monkeypatch.setattr(_digest.mmap, "mmap", no_mmap)
+    monkeypatch.setattr(_digest, "_READ", 1000)  # several pread pieces, the last one short
     whole = os.urandom(3 << 20) + b"tail"
     written = atomic_write(
         tmp_path / "f", lambda f: [f.write(whole[i : i + (1 << 20)]) for i in range(0, len(whole), 1 << 20)]
@@ -107,21 +108,78 @@ def test_hashing_reads_the_file_where_it_cannot_be_mapped(
     assert written.sha256 == hashlib.sha256(whole).hexdigest() == sha256_file(tmp_path / "f")
 
 
+def tree(data: bytes, chunk: int) -> str:
+    """The root of a tree digest, spelled out: sha256 of each chunk, then of their digests."""
+    pieces = [data[i : i + chunk] for i in range(0, len(data), chunk)]
+    return hashlib.sha256(b"".join(hashlib.sha256(p).digest() for p in pieces)).hexdigest()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    chunks=st.lists(st.binary(min_size=0, max_size=300), max_size=25),
+    chunk=st.integers(1, 400),
+    inline=st.sampled_from([0, 1 << 20]),
+)
+def test_atomic_write_tree_digest_matches_the_file_for_any_write_pattern(
+    chunks: list[bytes], chunk: int, inline: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """With ``chunk``, each piece's sha256 (hashed by the pool, or inline when small) and the
+    root over them are those of the bytes on disk, whatever the writes and the chunk size."""
+    directory = tmp_path_factory.mktemp("tree")
+    saved = (_atomic._SMALL, _atomic._PIECE, _digest._MAP, _digest._INLINE)
+    _atomic._SMALL, _atomic._PIECE, _digest._MAP, _digest._INLINE = 64, 97, 31, inline
+    try:
+        written = atomic_write(directory / "f", lambda f: [f.write(c) for c in chunks], chunk=chunk)
+    finally:
+        _atomic._SMALL, _atomic._PIECE, _digest._MAP, _digest._INLINE = saved
+    whole = b"".join(chunks)
+    expected = [hashlib.sha256(whole[i : i + chunk]).hexdigest() for i in range(0, len(whole), chunk)]
+    assert (written.size, written.chunk, list(written.chunks)) == (len(whole), chunk, expected)
+    assert written.sha256 == tree(whole, chunk) == root_of(expected)
+    assert file_digest(directory / "f", chunk) == (written.sha256, chunk, written.chunks)
+
+
+def test_a_large_tree_digest_is_hashed_by_a_pool_beside_the_write(tmp_path: Path) -> None:
+    """Chunks of a large file are hashed by several threads of a pool while it is written; the
+    digest is the same as when the file is hashed again on its own, and no thread is left over."""
+    data = os.urandom(24 << 20) + b"tail"
+    seen: set[str] = set()
+    real = _digest.ChunkHasher._hash
+
+    def hash_and_note(self: Any, start: int, end: int) -> str:
+        seen.add(threading.current_thread().name)
+        return real(self, start, end)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_digest.ChunkHasher, "_hash", hash_and_note)
+        written = atomic_write(
+            tmp_path / "f",
+            lambda f: [f.write(data[i : i + (3 << 20)]) for i in range(0, len(data), 3 << 20)],
+            chunk=4 << 20,
+        )
+    assert written.sha256 == tree(data, 4 << 20) and len(written.chunks) == 7
+    assert seen and all(name.startswith("chainrun-hash") for name in seen), seen
+    assert file_digest(tmp_path / "f", 4 << 20).sha256 == written.sha256
+    assert file_digest(tmp_path / "f", 0).sha256 == hashlib.sha256(data).hexdigest()
+    assert [t for t in threading.enumerate() if t.name.startswith("chainrun-hash")] == []
+
+
 def test_sha256_file_of_an_empty_file(tmp_path: Path) -> None:
     (tmp_path / "empty").write_bytes(b"")
     assert sha256_file(tmp_path / "empty") == hashlib.sha256(b"").hexdigest()
 
 
-def test_atomic_write_stops_its_hash_thread_when_the_writer_fails(tmp_path: Path) -> None:
-    """A writer that fails after a large write leaves no hash thread running behind it."""
+@pytest.mark.parametrize("chunk", [0, 2 << 20])
+def test_atomic_write_stops_its_hash_thread_when_the_writer_fails(tmp_path: Path, chunk: int) -> None:
+    """A writer that fails after a large write leaves no hash thread (nor pool) running behind it."""
 
     def writer(f: IO[bytes]) -> None:
         f.write(os.urandom(8 << 20))
         raise RuntimeError("serializer broke")
 
     with pytest.raises(RuntimeError, match="serializer broke"):
-        atomic_write(tmp_path / "f", writer)
-    assert [t for t in threading.enumerate() if t.name == "chainrun-hash"] == []
+        atomic_write(tmp_path / "f", writer, chunk=chunk)
+    assert [t for t in threading.enumerate() if t.name.startswith("chainrun-hash")] == []
     assert temp_files(tmp_path) == []
 
 

@@ -32,10 +32,11 @@ from chainrun.checkpoint import (
     CheckpointDir,
     SegmentClock,
     cleanup_temp_files,
+    file_digest,
     is_temp_file,
     read_progress,
-    sha256_file,
 )
+from chainrun.checkpoint._store import read_companion
 from chainrun.checkpoint.torch import Checkpointer
 
 TIMED_TRIALS = 200
@@ -149,11 +150,13 @@ def check_after_kill(
     path = directory / progress["file"]
     assert path.exists(), f"the sidecar names {progress['file']}, which does not exist"
     assert path.stat().st_size == progress["size"]
-    assert sha256_file(path) == progress["sha256"]
+    assert file_digest(path, progress["sha256_chunk"]).sha256 == progress["sha256"]
     for name in names:  # a companion only ever vouches for a complete file
-        if name.endswith(".sha256") and (directory / name[: -len(".sha256")]).exists():
-            digest = (directory / name).read_text().split()[0]
-            assert sha256_file(directory / name[: -len(".sha256")]) == digest, (
+        main = name[: -len(".sha256")]
+        if name.endswith(".sha256") and (directory / main).exists():
+            vouched = read_companion(str(directory / name), main)
+            assert vouched is not None, f"{name} is malformed"
+            assert file_digest(directory / main, vouched.chunk)[:2] == vouched[:2], (
                 f"{name} does not match its file"
             )
     check(directory, progress)

@@ -86,6 +86,11 @@ def test_ckpt_path_is_none_first_then_the_committed_checkpoint(
     progress = json.loads((tmp_path / "checkpoints" / "chainrun-progress.json").read_text())
     assert cb.ckpt_path == str(tmp_path / "checkpoints" / progress["file"])
     assert (progress["epoch"], progress["step"], progress["done"]) == (0, 5, False)
+    # recorded with the helper's chunked digest, which the file matches
+    from chainrun.checkpoint._digest import CHUNK, file_digest
+
+    assert progress["sha256_chunk"] == CHUNK
+    assert file_digest(cb.ckpt_path, CHUNK).sha256 == progress["sha256"]
     # a save that never committed (a newer, partly written file) is never chosen
     (tmp_path / "checkpoints" / "ckpt-000099-e0001-s000000.ckpt").write_bytes(b"partial")
     assert ChainrunCallback(tmp_path / "checkpoints").ckpt_path == cb.ckpt_path

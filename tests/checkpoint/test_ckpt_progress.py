@@ -23,6 +23,7 @@ VALID: dict[str, Any] = {
     "file": "ckpt-000004-e0003-s000017.pt",
     "size": 1234,
     "sha256": SHA,
+    "sha256_chunk": 0,
     "saved_at": 1700000000.5,
     "done": False,
     "segment": 2,
@@ -126,10 +127,12 @@ def test_read_progress_returns_the_version_1_fields() -> None:
 
 
 def test_read_progress_defaults_optional_segment_and_metrics() -> None:
-    """segment, metrics and save_seconds may be absent (hand-written sidecars): null, {}, null."""
-    obj = {k: v for k, v in VALID.items() if k not in ("segment", "metrics", "save_seconds")}
+    """segment, metrics, save_seconds and sha256_chunk may be absent (hand-written sidecars, and
+    those of chainrun before the tree digest): null, {}, null and 0 (a whole-file sha256)."""
+    obj = {k: v for k, v in VALID.items() if k not in ("segment", "metrics", "save_seconds", "sha256_chunk")}
     progress = read_progress((json.dumps(obj, sort_keys=True) + "\n").encode())
     assert progress["segment"] is None and progress["metrics"] == {} and progress["save_seconds"] is None
+    assert progress["sha256_chunk"] == 0
 
 
 @pytest.mark.parametrize(
@@ -153,6 +156,8 @@ def test_read_progress_defaults_optional_segment_and_metrics() -> None:
         (sidecar(file="/abs/ckpt.pt"), "file must be"),
         (sidecar(file="../ckpt.pt"), "file must be"),
         (sidecar(sha256="ABC"), "sha256 must be"),
+        (sidecar(sha256_chunk=-1), "sha256_chunk must be"),
+        (sidecar(sha256_chunk="64M"), "sha256_chunk must be"),
         (sidecar(saved_at="yesterday"), "saved_at must be"),
         (sidecar(done="true"), "done must be true or false"),
         (sidecar(segment=0), "segment must be"),
@@ -192,6 +197,7 @@ progress_values = st.fixed_dictionaries(
         ),
         "size": st.integers(0, 2**50),
         "sha256": st.from_regex(r"[0-9a-f]{64}", fullmatch=True),
+        "sha256_chunk": st.integers(0, 2**40),
         "saved_at": st.floats(0, 4e9),
         "done": st.booleans(),
         "segment": st.none() | st.integers(1, 10**5),

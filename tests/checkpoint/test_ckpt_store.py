@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import threading
 import warnings
@@ -15,10 +17,21 @@ from chainrun.checkpoint import (
     CheckpointDir,
     CheckpointError,
     CheckpointWarning,
+    FileDigest,
     Resume,
     load_progress,
     write_progress,
 )
+from chainrun.checkpoint import _store as store_module
+from chainrun.checkpoint._digest import CHUNK
+
+
+def tree_companion(data: bytes, name: str, chunk: int = CHUNK) -> str:
+    """The companion of a file saved with a tree digest, spelled out: the root line, then each
+    chunk's sha256."""
+    chunks = [hashlib.sha256(data[i : i + chunk]).hexdigest() for i in range(0, len(data), chunk)]
+    root = hashlib.sha256(b"".join(bytes.fromhex(c) for c in chunks)).hexdigest()
+    return "".join([f"sha256-tree:{chunk}:{root}  {name}\n"] + [f"{c}\n" for c in chunks])
 
 
 def save_n(store: CheckpointDir, n: int) -> list[str]:
@@ -35,13 +48,14 @@ def flip_a_byte(path: Path) -> None:
 
 
 def test_save_commits_file_companion_and_sidecar(tmp_path: Path) -> None:
-    """After save() the sidecar names the new file; after wait() a sha256sum-style companion is beside it."""
+    """After save() the sidecar names the new file with its tree digest's root and chunk size;
+    after wait() the companion beside it holds the root and each chunk's sha256."""
     store = CheckpointDir(tmp_path, suffix=".bin")
     saved = store.save(b"weights", epoch=2, step=5, done=False, metrics={"loss": 1.5})
     assert saved.file == "ckpt-000001-e0002-s000005.bin"
     assert (tmp_path / saved.file).read_bytes() == b"weights"
     store.wait()
-    assert (tmp_path / (saved.file + ".sha256")).read_text() == f"{saved.sha256}  {saved.file}\n"
+    assert (tmp_path / (saved.file + ".sha256")).read_text() == tree_companion(b"weights", saved.file)
     progress = load_progress(tmp_path)
     assert progress is not None
     assert (progress["file"], progress["epoch"], progress["step"], progress["sha256"]) == (
@@ -50,6 +64,7 @@ def test_save_commits_file_companion_and_sidecar(tmp_path: Path) -> None:
         5,
         saved.sha256,
     )
+    assert progress["sha256_chunk"] == saved.chunk == CHUNK
     assert progress["metrics"] == {"loss": 1.5}
     # How long the save took, of which chainrun makes the grace (docs/how-it-decides.md).
     assert progress["save_seconds"] is not None and 0 <= progress["save_seconds"] < 60
@@ -117,9 +132,9 @@ def test_save_returns_before_the_companion_is_written(
     release = threading.Event()
     write_companion = store._write_companion
 
-    def held(name: str, sha256: str) -> None:
+    def held(name: str, digest: FileDigest) -> None:
         release.wait(timeout=30)
-        write_companion(name, sha256)
+        write_companion(name, digest)
 
     monkeypatch.setattr(store, "_write_companion", held)
     saved = store.save(b"weights", epoch=1, step=0)
@@ -127,7 +142,7 @@ def test_save_returns_before_the_companion_is_written(
     assert not (tmp_path / (saved.file + ".sha256")).exists()
     release.set()
     store.wait()
-    assert (tmp_path / (saved.file + ".sha256")).read_text() == f"{saved.sha256}  {saved.file}\n"
+    assert (tmp_path / (saved.file + ".sha256")).read_text() == tree_companion(b"weights", saved.file)
 
 
 def test_a_writer_killed_before_its_companion_leaves_it_to_the_next_writer(tmp_path: Path) -> None:
@@ -138,7 +153,8 @@ def test_a_writer_killed_before_its_companion_leaves_it_to_the_next_writer(tmp_p
     store = CheckpointDir(tmp_path, suffix=".bin", keep=2)
     store.prepare()
     sha256 = load_progress(tmp_path)["sha256"]  # type: ignore[index]
-    assert (tmp_path / (names[1] + ".sha256")).read_text() == f"{sha256}  {names[1]}\n"
+    # The chunk digests were the dead writer's alone: the root from the sidecar vouches for it.
+    assert (tmp_path / (names[1] + ".sha256")).read_text() == f"sha256-tree:{CHUNK}:{sha256}  {names[1]}\n"
     newest = store.save(b"newest", epoch=3, step=0).file
     store.wait()
     assert sorted(n for n in os.listdir(tmp_path) if n != SIDECAR_NAME) == sorted(
@@ -218,6 +234,58 @@ def test_restore_falls_back_to_the_previous_checkpoint_and_warns(
     assert f"resumed from {names[1]}" in str(record[0].message)
     assert (resume.file, resume.epoch, resume.fell_back, value) == (names[1], 2, True, b"payload 2")
     assert len(resume.rejected) == 1 and resume.rejected[0].startswith(names[2])
+
+
+def test_a_corrupt_chunk_is_named_when_the_newest_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Restore hashes the chunks again and names the one whose sha256 differs from the companion's."""
+    monkeypatch.setattr(store_module, "CHUNK", 1000)
+    store = CheckpointDir(tmp_path, suffix=".bin")
+    store.save(os.urandom(10_500), epoch=1, step=0)
+    newest = store.save(os.urandom(10_500), epoch=2, step=0)
+    store.wait()
+    assert newest.chunk == 1000
+    data = bytearray((tmp_path / newest.file).read_bytes())
+    data[3500] ^= 0xFF
+    (tmp_path / newest.file).write_bytes(bytes(data))
+    with pytest.warns(CheckpointWarning) as record:
+        resume, _ = store.restore(lambda path: Path(path).read_bytes())
+    assert resume.epoch == 1 and resume.fell_back
+    message = str(record[0].message)
+    assert "chunk 3 (bytes 3000 to 4000) of 11 differs from its recorded sha256" in message, message
+
+
+def test_checkpoints_with_a_whole_file_sha256_still_restore_and_verify(tmp_path: Path) -> None:
+    """Checkpoints written before the tree digest (a sidecar without sha256_chunk, companions in
+    sha256sum format) load, a corrupt one is caught by its whole-file sha256, and a new save
+    beside them keeps the old one as a verified fallback."""
+    payloads = {"ckpt-000001-e0001-s000000.bin": b"old one", "ckpt-000002-e0002-s000000.bin": b"old two"}
+    for name, data in payloads.items():
+        (tmp_path / name).write_bytes(data)
+        (tmp_path / (name + ".sha256")).write_text(f"{hashlib.sha256(data).hexdigest()}  {name}\n")
+    sidecar = {  # as chainrun wrote it before: no sha256_chunk
+        "version": 1, "epoch": 2, "step": 0, "file": "ckpt-000002-e0002-s000000.bin", "size": 7,
+        "sha256": hashlib.sha256(b"old two").hexdigest(), "saved_at": 1.0, "done": False,
+        "segment": None, "metrics": {}, "save_seconds": 0.1,
+    }  # fmt: skip
+    (tmp_path / SIDECAR_NAME).write_text(json.dumps(sidecar, sort_keys=True) + "\n")
+    store = CheckpointDir(tmp_path, suffix=".bin", keep=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resume, value = store.restore(lambda path: Path(path).read_bytes())
+    assert (resume.file, value) == ("ckpt-000002-e0002-s000000.bin", b"old two")
+    flip_a_byte(tmp_path / "ckpt-000002-e0002-s000000.bin")
+    with pytest.warns(
+        CheckpointWarning, match=r"ckpt-000002-e0002-s000000.bin: sha256 [0-9a-f]+\.\.\. differs"
+    ):
+        resume, value = store.restore(lambda path: Path(path).read_bytes())
+    assert (resume.file, value) == ("ckpt-000001-e0001-s000000.bin", b"old one")
+    newest = store.save(b"new", epoch=3, step=0)
+    flip_a_byte(tmp_path / newest.file)
+    with pytest.warns(CheckpointWarning, match="sha256 root"):
+        resume, value = store.restore(lambda path: Path(path).read_bytes())
+    assert (resume.file, value) == ("ckpt-000001-e0001-s000000.bin", b"old one")
 
 
 def test_restore_falls_back_when_the_newest_does_not_load(tmp_path: Path) -> None:

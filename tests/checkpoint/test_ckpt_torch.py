@@ -25,8 +25,8 @@ from chainrun.checkpoint import (
     CheckpointError,
     CheckpointWarning,
     SegmentClock,
+    file_digest,
     load_progress,
-    sha256_file,
 )
 from chainrun.checkpoint.torch import FORMAT, Checkpointer, ResumableSampler, capture_rng, restore_rng
 
@@ -505,7 +505,7 @@ def test_walltime_signal_finishes_the_pending_async_save_before_should_stop_says
     assert ckpt.should_stop()
     progress = load_progress(tmp_path)
     assert progress is not None and progress["epoch"] == 1
-    assert sha256_file(tmp_path / progress["file"]) == progress["sha256"]
+    assert file_digest(tmp_path / progress["file"], progress["sha256_chunk"]).sha256 == progress["sha256"]
 
 
 def test_pending_async_save_is_finished_before_the_process_exits(tmp_path: Path) -> None:
@@ -529,7 +529,7 @@ sys.exit(0)
     assert result.returncode == 0, result.stderr
     progress = load_progress(tmp_path)
     assert progress is not None and progress["epoch"] == 7
-    assert sha256_file(tmp_path / progress["file"]) == progress["sha256"]
+    assert file_digest(tmp_path / progress["file"], progress["sha256_chunk"]).sha256 == progress["sha256"]
 
 
 # -- signals -----------------------------------------------------------------------------------------
@@ -556,7 +556,7 @@ def test_signal_during_a_save_lets_the_save_finish_and_then_stops(
     assert sent and saved is not None
     progress = load_progress(tmp_path)
     assert progress is not None and progress["file"] == saved.file
-    assert sha256_file(saved.path) == progress["sha256"]
+    assert file_digest(saved.path, progress["sha256_chunk"]).sha256 == progress["sha256"]
     assert ckpt.should_stop() and ckpt.clock.received is sig
 
 
