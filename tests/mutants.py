@@ -24,12 +24,18 @@ def mutant(module: ModuleType, old: str, new: str) -> ModuleType:
 
 
 def rules_mutant(old: str, new: str) -> ModuleType:
-    """A fresh copy of ``decide.chain`` with the bug in it, or in the completion rule it
-    applies (``decide.goal``, which ``decide``, the carrier and submit share)."""
-    from chainrun.decide import chain, goal
+    """A fresh copy of ``decide.chain`` with the bug in it, or in the charging rules it
+    applies (``decide.charge``), or in the completion rule (``decide.goal``, which
+    ``decide``, the carrier and submit share)."""
+    from chainrun.decide import chain, charge, goal
 
     if old in inspect.getsource(chain):
         return mutant(chain, old, new)
+    if old in inspect.getsource(charge):
+        line = "from chainrun.decide import charge as costs"
+        copy = mutant(chain, line, line)  # a copy, to carry the buggy rules
+        copy.costs = mutant(charge, old, new)  # type: ignore[attr-defined]
+        return copy
     bug = mutant(goal, old, new)
     line = "from chainrun.decide.goal import finished_on_its_own, goal_reached"
     copy = mutant(chain, line, line)  # a copy, to carry the buggy rule

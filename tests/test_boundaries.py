@@ -232,7 +232,7 @@ def test_only_an_identical_crash_before_progress_ends_the_chain() -> None:
     ids=["compares-the-last-line-only", "ignores-the-exit-status", "progress-by-epoch-only"],
 )
 def test_that_check_fails_on_a_repeat_rule_that_looks_at_less(bug: tuple[str, str]) -> None:
-    fails_on_the_bug(only_an_identical_crash_before_progress_ends_the_chain, mutant(chain_rules, *bug).decide)
+    fails_on_the_bug(only_an_identical_crash_before_progress_ends_the_chain, rules_mutant(*bug).decide)
 
 
 # -- the least walltime and grace that start and save are accepted, a second less is not ------

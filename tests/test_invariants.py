@@ -182,8 +182,9 @@ def check_endings(chain: Chain, actions: list[Action], best: int) -> None:
             advanced = action.progress.key > mark.key
             if (action.outcome is Outcome.TIMEOUT and advanced) or action.outcome is Outcome.PREEMPTED:
                 assert not action.charged, f"charged for a {action.outcome.value}: {action}"
-            ours = (
-                action.outcome is Outcome.CANCELLED and "after the goal was already reached" in action.reason
+            ours = action.outcome is Outcome.CANCELLED and (
+                "after the goal was already reached" in action.reason  # chainrun's own cancel
+                or action.reason.startswith("chain cancelled")  # the user's: it stopped on its signal
             )
             # A node failure that left the checkpoint intact (not behind the chain's) is free.
             intact = (

@@ -385,15 +385,16 @@ def _elapsed(seg: Segment, job: JobFacts, ending: Optional[Ending], now: float) 
 
 
 def _stopped_by_cancel(chain: Chain, job: JobFacts, ending: Ending, now: float) -> bool:
-    """A segment that ended once a cancel was asked for, whose walltime signal had not come
-    before: the cancel stopped it (its runner saw the final marker), whatever its exit says."""
+    """A segment that ended once a cancel was asked for, stopped by it: its runner passed the
+    signal on once the final marker was there (not before: its walltime's), or it left no end
+    marker (the cancel's kill). One that ended on its own keeps how it ended."""
     if chain.cancel_requested_at is None:
         return False
     asked = math.floor(chain.cancel_requested_at)  # the runner's markers keep whole seconds
     if (ending.ended_at or now) < asked:
         return False
-    signalled = job.end.signalled_at if job.end is not None else None
-    return signalled is None or signalled >= asked
+    end = job.end
+    return end is None or (bool(end.signal) and (end.signalled_at is None or end.signalled_at >= asked))
 
 
 def _cancelling(
