@@ -13,7 +13,8 @@ from typing import Optional
 from test_decide import AFTER, BEFORE, NOW, SPEC, chain, ended, seg, shown
 
 from chainrun.decide import Facts, JobFacts, decide, quiet_until
-from chainrun.decide.chain import charge_by_markers
+from chainrun.decide.chain import CANCEL_SLACK, charge_by_markers
+from chainrun.fields import format_duration
 from chainrun.model import (
     Adopt,
     Cancel,
@@ -903,3 +904,126 @@ def test_a_container_that_cannot_start_ends_the_chain_once_and_its_queued_succes
         f"apptainer could not start the command in img.sif (exit 255): {fatal[0]}; fix the image or runtime "
         "on the machine the segments run on, then submit again",
     )
+
+
+# -- a cancel: the queue at once, the running segment its grace to save (issue 36) --------------
+
+
+def test_a_cancelled_running_segment_is_credited_its_time_and_progress_a_queued_one_nothing() -> None:
+    """A user's cancel ends the running segment with the time it ran (from its start to now)
+    and the checkpoint it reached (once its grace to stop is over, here: it was asked for long
+    ago); the successor queued behind it never ran: nothing."""
+    c = chain(seg(1, started_at=NOW - 40), seg(2, Phase.PENDING, after="j1"), cancel_requested_at=0.0)
+    reached = Progress(epoch=8, saved_at=NOW - 1)
+    jobs = {
+        "j1": JobFacts(
+            listed=ListedJob("j1", "j1", Phase.RUNNING, started_at=NOW - 40),
+            start=StartMarker("j1", NOW - 40, BEFORE),
+        ),
+        "j2": JobFacts(listed=ListedJob("j2", "j2", Phase.PENDING)),
+    }
+    assert decide(c, Facts(jobs=jobs, progress=reached), NOW) == [
+        Cancel(
+            n=1,
+            job_id="j1",
+            reason="chain cancelled; ran 40s; progress: epoch 8",
+            elapsed=40.0,
+            progress=reached,
+        ),
+        Cancel(n=2, job_id="j2", reason="chain cancelled"),
+        Finish(state=ChainState.CANCELLED, reason="cancelled by user"),
+    ]
+
+
+def test_a_cancel_cancels_the_queue_at_once_and_gives_the_running_segment_its_grace_to_save() -> None:
+    """Issue 36, findings 1 and 2. Asked for 5 s ago: the successor queued behind the running
+    segment is cancelled at once, the running one is left to stop (its runner has the final
+    marker: the signal now, the kill after its grace), and the chain goes on until it has."""
+    c = chain(seg(1, started_at=NOW - 40), seg(2, Phase.PENDING, after="j1"), cancel_requested_at=NOW - 5)
+    jobs = {
+        "j1": JobFacts(listed=ListedJob("j1", "j1", Phase.RUNNING, started_at=NOW - 40)),
+        "j2": JobFacts(listed=ListedJob("j2", "j2", Phase.PENDING)),
+    }
+    assert decide(c, Facts(jobs=jobs, progress=BEFORE), NOW) == [
+        Cancel(n=2, job_id="j2", reason="chain cancelled")
+    ]
+    # Just started (the store has it queued, the listing running): it is given its grace too.
+    queued = chain(seg(1, Phase.PENDING), seg(2, Phase.PENDING, after="j1"), cancel_requested_at=NOW - 5)
+    waits = [a for a in decide(queued, Facts(jobs=jobs, progress=BEFORE), NOW) if not isinstance(a, Track)]
+    assert waits == [Cancel(n=2, job_id="j2", reason="chain cancelled")]
+    # Its grace (SPEC's) and the slack after it are over, to the second: cancelled as it stands.
+    late = NOW - 5 + SPEC.grace + CANCEL_SLACK
+    assert [type(a) for a in decide(c, Facts(jobs=jobs, progress=BEFORE), late - 0.5)] == [Cancel]
+    ran = late - (NOW - 40)
+    assert decide(c, Facts(jobs=jobs, progress=BEFORE), late) == [
+        Cancel(1, "j1", f"chain cancelled; ran {format_duration(ran)}; progress: none made", ran),
+        Cancel(2, "j2", "chain cancelled"),
+        Finish(ChainState.CANCELLED, "cancelled by user"),
+    ]
+
+
+def test_a_segment_the_cancel_stopped_keeps_what_it_saved_and_its_times_free_of_charge() -> None:
+    """It saved on the signal (epoch 5) and exited: recorded cancelled, not charged, with its
+    progress, its signal's time and the time it ran; then the chain ends. A segment that ended
+    on its walltime before the cancel keeps its own outcome."""
+    saved = Progress(epoch=5, saved_at=NOW - 3)
+    end = EndMarker(0, 0, "USR1", False, NOW - 2, progress=saved, signalled_at=NOW - 4)
+    c = chain(seg(1, started_at=NOW - 30), cancel_requested_at=NOW - 5)
+    stopped = JobFacts(
+        listed=ListedJob(
+            "j1", "j1", Phase.ENDED, Outcome.COMPLETED, 0, started_at=NOW - 30, ended_at=NOW - 2
+        ),
+        start=StartMarker("j1", NOW - 30, BEFORE),
+        end=end,
+    )
+    (ended, finish) = decide(c, Facts(jobs={"j1": stopped}, progress=saved), NOW)
+    assert isinstance(ended, EndSegment) and finish == Finish(ChainState.CANCELLED, "cancelled by user")
+    assert (ended.outcome, ended.charged, ended.progress, ended.signalled_at, ended.elapsed) == (
+        Outcome.CANCELLED, False, saved, NOW - 4, 28.0
+    ), ended  # fmt: skip
+    assert ended.reason == "chain cancelled; the command exited 0 after SIGUSR1"
+    # Asked for in the very second it ended (the markers keep whole seconds): the cancel's too.
+    same = replace(stopped, end=replace(end, signalled_at=NOW - 2))
+    (ended, _) = decide(
+        replace(c, cancel_requested_at=NOW - 1.5), Facts(jobs={"j1": same}, progress=saved), NOW
+    )
+    assert isinstance(ended, EndSegment) and ended.outcome is Outcome.CANCELLED, ended
+    # Its walltime's signal came before the cancel: a timeout with progress, as it was.
+    early = replace(stopped, end=replace(end, signalled_at=NOW - 6))
+    (ended, _) = decide(c, Facts(jobs={"j1": early}, progress=saved), NOW)
+    assert isinstance(ended, EndSegment) and ended.outcome is Outcome.TIMEOUT and not ended.charged, ended
+    # It crashed on its own, no signal passed on: failed, charged, as it would be uncancelled.
+    crashed = replace(
+        stopped,
+        listed=replace(stopped.listed, outcome=Outcome.FAILED, exit_code=1),
+        end=replace(end, exit_code=1, original=1, signal="", signalled_at=None),
+    )
+    (ended, _) = decide(c, Facts(jobs={"j1": crashed}, progress=BEFORE), NOW)
+    assert isinstance(ended, EndSegment) and ended.outcome is Outcome.FAILED, ended
+    # Its signal's time unknown (a runner that does not record it): stopped by the cancel.
+    unknown = replace(stopped, end=replace(end, signalled_at=None))
+    (ended, _) = decide(c, Facts(jobs={"j1": unknown}, progress=saved), NOW)
+    assert isinstance(ended, EndSegment) and ended.outcome is Outcome.CANCELLED, ended
+
+
+def test_a_successor_that_skipped_for_the_cancels_final_marker_leaves_the_chain_cancelled() -> None:
+    """The successor started as the cancelled segment ended, found the final marker and ran
+    nothing: skipped, free, and the chain ends cancelled, not completed ("the goal reached")."""
+    skip = EndMarker(0, 0, "", True, NOW - 1, skip="the chain has already ended")
+    c = chain(seg(2, started_at=NOW - 2), cancel_requested_at=NOW - 5)
+    listed = ListedJob("j2", "j2", Phase.ENDED, Outcome.COMPLETED, 0, started_at=NOW - 2, ended_at=NOW - 1)
+    (ended, finish) = decide(c, Facts(jobs={"j2": JobFacts(listed=listed, end=skip)}, progress=BEFORE), NOW)
+    assert isinstance(ended, EndSegment) and ended.outcome is Outcome.SKIPPED and not ended.charged, ended
+    assert finish == Finish(ChainState.CANCELLED, "cancelled by user")
+
+
+def test_a_cancelled_segment_that_made_no_progress_keeps_its_time_and_the_mark() -> None:
+    """Time is credited whatever the checkpoint says; the mark moves only forward."""
+    c = chain(seg(1, started_at=NOW - 30), cancel_requested_at=0.0)
+    (cancel, _) = decide(c, Facts(jobs={}, progress=BEFORE), NOW)
+    assert cancel == Cancel(
+        n=1, job_id="j1", reason="chain cancelled; ran 30s; progress: none made", elapsed=30.0, progress=None
+    )
+    # A segment still running after its walltime (100 s) is credited its walltime alone.
+    (cancel, _) = decide(chain(seg(1, started_at=NOW - 500), cancel_requested_at=0.0), Facts(), NOW)
+    assert isinstance(cancel, Cancel) and cancel.elapsed == 100.0
