@@ -13,9 +13,10 @@ could start: from its submission or its predecessor's end, whichever is later.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from chainrun.model import Chain, Phase, SchedulerSpec, Segment
+from chainrun.text import duration
 
 
 def gpus(scheduler: SchedulerSpec) -> int:
@@ -173,13 +174,13 @@ def account(chain: Chain, now: float) -> ChainAccount:
     return ChainAccount(tuple(accounts), gpus(chain.spec.scheduler))
 
 
-def describe(acc: ChainAccount, short: Callable[[float], str]) -> str:
-    """The totals in one line, durations written by ``short``: ``allocated 3h10m, trained
-    2h55m (92%); queued 12m, saving 3m, gaps 40s; 1.6 GPU-hours``."""
+def describe(acc: ChainAccount) -> str:
+    """The totals in one line: ``allocated 3h10m, trained 2h55m (92%); queued 12m, saving
+    3m, gaps 40s; 1.6 GPU-hours``."""
     share = f" ({acc.share:.0%})" if acc.share is not None else ""
     text = (
-        f"allocated {short(acc.allocated)}, trained {short(acc.trained)}{share}; "
-        f"queued {short(acc.queued)}, saving {short(acc.saving)}, gaps {short(acc.gaps)}"
+        f"allocated {duration(acc.allocated)}, trained {duration(acc.trained)}{share}; "
+        f"queued {duration(acc.queued)}, saving {duration(acc.saving)}, gaps {duration(acc.gaps)}"
     )
     if acc.gpu_hours is not None:
         text += f"; {acc.gpu_hours:.1f} GPU-hours ({acc.gpus} GPU{'s' if acc.gpus > 1 else ''} a job)"

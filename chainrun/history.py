@@ -1,8 +1,9 @@
 """``chainrun history``: a chain's events, every decision with its reason, then its segments'
 times (``accounting``): how long each waited in the queue once it could start, how long
 it trained, how long its command took to exit after the signal (the save), the gap to its
-successor's start, and the chain's training time when it ended, so that a gap between two
-timestamps never has to be worked out by hand; then the chain's totals. ``to_json`` gives
+successor's start, and the time the chain had trained when it ended, so that a gap between
+two timestamps never has to be worked out by hand; then the chain's totals: the budget used
+of ``total_time`` and where the allocation went. ``to_json`` gives
 the same to scripts. The last line counts the chain's preemptions: segments that ended
 preempted, and jobs the scheduler preempted and requeued (each an event of kind
 "preempted").
@@ -15,9 +16,10 @@ from datetime import datetime
 from typing import Any, Optional
 
 from chainrun.accounting import SegmentAccount, account, describe
-from chainrun.fields import format_duration
 from chainrun.model import Chain, Outcome
+from chainrun.status import budget_used
 from chainrun.store import Event
+from chainrun.text import duration
 
 HEADER = ("SEGMENT", "JOB", "OUTCOME", "QUEUED", "TRAINING", "SAVING", "GAP", "TRAINED")
 
@@ -36,7 +38,7 @@ def _outcome(acc: SegmentAccount) -> str:
 
 
 def _cell(seconds: Optional[float]) -> str:
-    return "-" if seconds is None else format_duration(seconds)
+    return "-" if seconds is None else duration(seconds)
 
 
 def preemptions(chain: Chain, events: Sequence[Event]) -> tuple[int, int]:
@@ -64,7 +66,7 @@ def segment_lines(chain: Chain, now: float, events: Sequence[Event] = ()) -> lis
                 _cell(seg.training),
                 _cell(seg.saving),
                 _cell(seg.gap),
-                format_duration(trained) if seg.training is not None else "-",
+                duration(trained) if seg.training is not None else "-",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
@@ -73,8 +75,8 @@ def segment_lines(chain: Chain, now: float, events: Sequence[Event] = ()) -> lis
     total, requeued = preemptions(chain, events)
     again = f" ({requeued} requeued)" if requeued else ""
     lines.append(
-        f"trained {format_duration(chain.used)} of {format_duration(chain.spec.total_time)}"
-        f" in {count} segment{'' if count == 1 else 's'}; {describe(acc, format_duration)};"
+        f"budget used {duration(budget_used(chain, now))} of {duration(chain.spec.total_time)}"
+        f" in {count} segment{'' if count == 1 else 's'}; {describe(acc)};"
         f" preempted {total} time{'' if total == 1 else 's'}{again}"
     )
     return lines

@@ -47,9 +47,9 @@ from chainrun.markers import MarkerReader
 from chainrun.model import Chain, ChainState, Phase, Segment
 from chainrun.schedulers.segment import SegmentJob
 from chainrun.service import Service
-from chainrun.status import eta, never_clears, short, trained
+from chainrun.status import budget_used, eta, never_clears
 from chainrun.store import Store
-from chainrun.text import clip, visible
+from chainrun.text import clip, duration, visible
 from chainrun.transport import Transport, transport_for
 
 EXIT_COMPLETED = 0
@@ -96,7 +96,7 @@ def chain_frame(chain: Chain, output: str, now: float) -> Frame:
     seg = current(chain)
     since = ""
     if seg is not None and seg.phase is Phase.RUNNING and seg.started_at is not None:
-        since = f", {short(now - seg.started_at)}"
+        since = f", {duration(now - seg.started_at)}"
     return Frame(
         done,
         total,
@@ -138,22 +138,22 @@ def job_state(seg: Optional[Segment]) -> str:
 
 def measure(chain: Chain, now: float) -> tuple[float, float, str]:
     """How far the chain is: (done, total, in words), in epochs of the target, else in
-    training time of the budget."""
+    budget used of ``total_time``."""
     target = chain.spec.target_epoch
     if target:
         epoch = chain.latest.epoch
         done = min(epoch or 0, target)
         words = f"epoch {'-' if epoch is None else epoch}/{target}"
         return done, target, f"{words} {100 * done // target}%"
-    used = min(trained(chain, now), float(chain.spec.total_time))
+    used = min(budget_used(chain, now), float(chain.spec.total_time))
     total = chain.spec.total_time
-    return used, total, f"time {short(used)}/{short(total)} {int(100 * used // total)}%"
+    return used, total, f"budget used {duration(used)}/{duration(total)} {int(100 * used // total)}%"
 
 
 def eta_text(chain: Chain, now: float) -> str:
     """``ETA 5m``, or nothing when it is not known (no target, no epoch rate yet)."""
     left = eta(chain, now)
-    return "" if left is None else f"ETA {short(left)}"
+    return "" if left is None else f"ETA {duration(left)}"
 
 
 def segment_text(chain: Chain) -> str:
@@ -428,7 +428,7 @@ class View:
             if exc is None:
                 self._trouble = None
                 if before is not None:
-                    self.event(f"{stamp(now)}  connection back after {short(now - before[1])}; going on")
+                    self.event(f"{stamp(now)}  connection back after {duration(now - before[1])}; going on")
                 return
             self._trouble = (exc, now if before is None else before[1], now + retry_in)
             if before is None:

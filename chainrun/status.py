@@ -4,15 +4,16 @@ One line per chain in a table that fits the width it is given (80 columns
 unless the caller knows its terminal is wider): the chain, what it is doing
 (running for how long, queued and why, retrying, or how it ended), a bar
 towards the target epoch, the ETA from the epoch rate so far (epochs gained
-per second of training time), failures used of the budget, segments run of
-the most the time budget allows, training time used of the budget, and the
+per second of budget used), failures used of the budget, segments run of
+the most the time budget allows, the budget used of ``total_time``, and the
 job ids of its segments not ended. Columns that do not fit are dropped, least important first
 (job ids, time, segments, ETA, failures, progress); the chain and its state
 always stay, shortened with "…" if need be, and no line is ever longer than
 the width. Below the table, by default, only the chains that need a person
 get a line: failed, stuck, damaged, a submission being retried, or a job the
 scheduler holds. ``verbose`` adds every chain's reason and details. Times
-are relative ("5m ago", "in 40s"), never epoch seconds. With no service
+are relative ("5m ago", "in 40s"), never epoch seconds; durations are rounded, never cut
+(``text.duration``). With no service
 running, the store is only as new as the last tick of the one that stopped
 (``last_tick``): an active chain is shown as it was then (``running as of 32s
 ago``), its times up to then, never as if it had gone on. Everything here is
@@ -35,7 +36,7 @@ from chainrun.model import WAITING_FOR_A_SLOT, Chain, ChainState, Outcome, Phase
 from chainrun.schedulers.pending import will_not_start
 from chainrun.store import DamagedChain, Glance, SegmentGlance, ran
 from chainrun.store.database import DB_FILE
-from chainrun.text import clip, escaped
+from chainrun.text import clip, duration, escaped
 
 WIDTH = 80  # the table's width when the terminal's is not known (a pipe, a file)
 BAR_WIDTH = 10
@@ -66,30 +67,22 @@ def _glance(chain: Shown) -> Glance:
     return chain if isinstance(chain, Glance) else Glance.of(chain)
 
 
-def short(seconds: float) -> str:
-    """A duration to two units at most: ``45s``, ``12m``, ``5h20m``, ``2d3h``."""
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        h, m = divmod(s // 60, 60)
-        return f"{h}h{m:02d}m" if m else f"{h}h"
-    d, h = divmod(s // 3600, 24)
-    return f"{d}d{h}h" if h else f"{d}d"
+# The web page's name for it (chainrun/ui/pages.py), until it takes text.duration itself.
+short = duration
 
 
 def when(at: float, now: float) -> str:
     """A moment relative to ``now``: ``5m ago``, ``in 40s``, ``just now``."""
     if abs(at - now) < 1:
         return "just now"
-    return f"{short(now - at)} ago" if at < now else f"in {short(at - now)}"
+    return f"{duration(now - at)} ago" if at < now else f"in {duration(at - now)}"
 
 
-def trained(chain: Shown, now: float) -> float:
-    """Training time so far: ended segments plus the running one up to now (with no
-    service running: up to the last tick, ``seen``, passed as ``now``)."""
+def budget_used(chain: Shown, now: float) -> float:
+    """The budget used so far, the wall time counted against ``total_time``: ended segments
+    from start to end, plus the running one up to now (with no service running: up to the
+    last tick, ``seen``, passed as ``now``). Not the time trained: that leaves out the
+    saving after each signal (``accounting``)."""
     total = chain.used
     for seg in _glance(chain).live:
         if seg.phase is Phase.RUNNING and seg.started_at is not None:
@@ -115,13 +108,13 @@ def _service_runs(home: Path) -> bool:
 
 
 def epoch_rate(chain: Shown, now: float) -> Optional[float]:
-    """Epochs per second of training time over the chain so far; None when unknown.
+    """Epochs per second of budget used over the chain so far; None when unknown.
 
     Counts from the epoch the chain started at (a run resumed from an existing
     checkpoint did not train its first epochs in this chain's time).
     """
     g = _glance(chain)
-    return _rate(g, trained(g, now))
+    return _rate(g, budget_used(g, now))
 
 
 def _rate(g: Glance, elapsed: float) -> Optional[float]:
@@ -132,9 +125,9 @@ def _rate(g: Glance, elapsed: float) -> Optional[float]:
 
 
 def eta(chain: Shown, now: float) -> Optional[float]:
-    """Training seconds until the target epoch at the current rate; None when unknown."""
+    """Seconds of budget until the target epoch at the current rate; None when unknown."""
     g = _glance(chain)
-    return _eta(g, trained(g, now))
+    return _eta(g, budget_used(g, now))
 
 
 def _eta(g: Glance, elapsed: float) -> Optional[float]:
@@ -174,7 +167,7 @@ def _eta_cell(chain: Glance, elapsed: float) -> str:
     left = _eta(chain, elapsed)
     if left is None:
         return "-"
-    return short(left) + (" > budget" if left > chain.total_time - elapsed else "")
+    return duration(left) + (" > budget" if left > chain.total_time - elapsed else "")
 
 
 def _running(chain: Glance) -> Optional[SegmentGlance]:
@@ -191,7 +184,7 @@ def _not_running(seg: SegmentGlance, now: float) -> str:
     if seg.phase is Phase.SUBMITTING:
         if seg.retry_at is None:
             return "submitting"
-        return f"retry in {short(seg.retry_at - now)}" if seg.retry_at > now else "retrying"
+        return f"retry in {duration(seg.retry_at - now)}" if seg.retry_at > now else "retrying"
     return "queued" + (f" ({seg.reason})" if seg.reason else "")
 
 
@@ -210,7 +203,7 @@ def state_cell(chain: Shown, now: float, seen: Optional[float] = None) -> str:
         return f"{_DOING.get(seg.phase, 'submitting')} as of {when(seen, now)}"
     seg = _running(chain)
     if seg is not None:
-        return "running" + (f" {short(now - seg.started_at)}" if seg.started_at is not None else "")
+        return "running" + (f" {duration(now - seg.started_at)}" if seg.started_at is not None else "")
     seg = _upcoming(chain)
     if seg is None and chain.pool and chain.reason.startswith(WAITING_FOR_A_SLOT):
         return "waiting for a slot"
@@ -223,7 +216,7 @@ def row(chain: Shown, now: float, seen: Optional[float] = None) -> tuple[str, ..
     """Every column's cell for ``chain``, in ``HEADER`` order, before any is dropped (as of
     the last tick ``seen`` when no service runs)."""
     chain = _glance(chain)
-    elapsed = trained(chain, now if seen is None else min(now, seen))
+    elapsed = budget_used(chain, now if seen is None else min(now, seen))
     return (
         chain.id,
         state_cell(chain, now, seen),
@@ -231,7 +224,7 @@ def row(chain: Shown, now: float, seen: Optional[float] = None) -> tuple[str, ..
         _eta_cell(chain, elapsed),
         failures_cell(chain),
         f"{chain.ran} of ≤{chain.max_segments}",
-        f"{short(elapsed)} of {short(chain.total_time)}",
+        f"{duration(elapsed)} of {duration(chain.total_time)}",
         ",".join(s.job_id for s in chain.live if s.job_id) or "-",
     )
 
@@ -293,7 +286,7 @@ def details(chain: Chain, now: float, seen: Optional[float] = None) -> list[str]
         lines.append(f"as of the last tick, {when(upto, now)}: no service has run since")
     seg = _running(glance)
     if seg is not None:
-        since = f" for {short(upto - seg.started_at)}" if seg.started_at is not None else ""
+        since = f" for {duration(upto - seg.started_at)}" if seg.started_at is not None else ""
         on = f" on {seg.host}" if seg.host else ""
         lines.append(f"segment {seg.n}: job {seg.job_id or '?'}{on} running{since}")
     last = next((s for s in reversed(chain.segments) if s.outcome is not None), None)
@@ -312,12 +305,13 @@ def details(chain: Chain, now: float, seen: Optional[float] = None) -> list[str]
         lines.append(f"progress: {text}" + (f" ({latest.file})" if latest.file else ""))
     else:
         lines.append("progress: no checkpoint yet")
+    used, total = duration(budget_used(glance, upto)), duration(chain.spec.total_time)
     lines.append(
-        f"budget: trained {short(trained(glance, upto))} of {short(chain.spec.total_time)}; "
+        f"budget: used {used} of {total}; "
         f"{glance.ran} of at most {chain.max_segments} segments run; "
         f"failures {failures_cell(glance)}"
     )
-    lines.append(f"allocation: {describe(account(chain, upto), short)}")
+    lines.append(f"allocation: {describe(account(chain, upto))}")
     from chainrun.decide.grace import grace_in_force  # here: a plain `status` imports no rules
 
     lines.append(f"grace: {grace_in_force(chain.spec, chain.segments).describe()}")
@@ -532,7 +526,7 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
         "failures": c.failures,
         "max_failures": c.spec.max_failures,
         "used_seconds": c.used,
-        "trained_seconds": trained(g, now),
+        "budget_used_seconds": budget_used(g, now),
         "total_seconds": c.spec.total_time,
         "segments_run": g.ran,
         "max_segments": c.max_segments,

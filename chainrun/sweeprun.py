@@ -2,7 +2,7 @@
 
 Each chain's events print as lines that name the chain. The progress area (``run.View``,
 the same as for one chain) shows the sweep as a whole: a bar of its chains' progress
-together (each chain's epochs of its target, else its training time of its budget; an
+together (each chain's epochs of its target, else its budget used of its total_time; an
 ended chain counts whole) with the sweep's ETA, its chains by state (running, queued,
 completed, failed, ...) with the best value so far of the first metric they report, then
 a line per running chain: its parameters and repetition, its progress, its segment and
@@ -33,9 +33,10 @@ from chainrun.run import (
     segment_text,
     stamp,
 )
-from chainrun.status import eta, short, trained
+from chainrun.status import budget_used, eta
 from chainrun.store import Store
 from chainrun.sweepstatus import config_text, lower_is_better, metric_names, states, summary
+from chainrun.text import duration
 
 PROMPT = "Stop watching (the sweep goes on) or cancel the whole sweep? [w/c] "
 RUNNING_SHOWN = 10  # lines of running chains under the bar; the rest are counted
@@ -73,7 +74,7 @@ def best(chains: Sequence[Chain]) -> tuple[str, Optional[tuple[float, Chain]]]:
 
 
 def sweep_eta(chains: Sequence[Chain], now: float) -> Optional[float]:
-    """Seconds until the last chain ends, at the rates so far: the training time each
+    """Seconds until the last chain ends, at the rates so far: the budget each
     unfinished chain still needs (one not started yet: as long as the others take in all),
     shared by as many as run at once now, and never less than the longest of the running
     ones. None while no chain has a rate yet."""
@@ -82,7 +83,7 @@ def sweep_eta(chains: Sequence[Chain], now: float) -> Optional[float]:
         return 0.0
     etas = {c.id: eta(c, now) for c in left}
     known = [e for e in etas.values() if e is not None]
-    spans = [trained(c, now) + e for c in left if (e := etas[c.id]) is not None]
+    spans = [budget_used(c, now) + e for c in left if (e := etas[c.id]) is not None]
     spans += [c.used for c in chains if c.state is ChainState.COMPLETED]
     if not spans:
         return None
@@ -101,7 +102,7 @@ def sweep_frame(name: str, chains: Sequence[Chain], now: float) -> Frame:
     total = len(chains)
     left = sweep_eta(chains, now)
     head = f"{int(100 * done // total) if total else 100}% of {total} chains"
-    until = "" if left is None else f"ETA {short(left)}"
+    until = "" if left is None else f"ETA {duration(left)}"
     metric, top = best(chains)
     tally = counts(chains)
     if top is not None:

@@ -1,5 +1,5 @@
 """Text for people and for shells: cutting it short, escaping what a terminal would act on,
-and quoting a value for bash.
+quoting a value for bash, and writing a measured duration.
 
 Every view (``status``, ``run``'s live area, the command line's one-line errors) and every
 script chainrun writes takes these from here, so that a value shows, and travels, the same
@@ -8,6 +8,7 @@ way everywhere.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import unicodedata
@@ -60,3 +61,29 @@ def quote(value: str) -> str:
     """shlex.quote, with each newline written as ``$'\\n'``: no value from the job
     file ever starts a line of the script (qsub reads ``#$`` at any line's start)."""
     return "$'\\n'".join(shlex.quote(part) for part in value.split("\n"))
+
+
+# A measured duration is written to the second below ten minutes, to the minute below a day,
+# then to the hour: (below how many seconds, rounded to how many).
+_PRECISION = ((600, 1), (86400, 60))
+
+
+def duration(seconds: float) -> str:
+    """A measured duration (time trained, queued, budget used, an ETA), rounded to the nearest
+    unit shown, never cut: ``45s``, ``9m59s``, ``10m``, ``1h5m``, ``2d3h``. A value from the
+    job file is written exactly, by ``fields.format_duration``."""
+    unit = next((u for below, u in _PRECISION if _rounded(seconds, u) < below), 3600)
+    s = _rounded(seconds, unit)
+    if s < 60:
+        return f"{s}s"
+    parts = []
+    for name, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if s >= size:
+            parts.append(f"{s // size}{name}")
+            s %= size
+    return "".join(parts)
+
+
+def _rounded(seconds: float, unit: int) -> int:
+    """``seconds`` to the nearest multiple of ``unit``, a half up; never below 0."""
+    return unit * math.floor(max(0.0, seconds) / unit + 0.5)

@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -16,7 +17,8 @@ from typing import Any, Callable, Optional
 import pytest
 from conftest import have, need, wait_for
 
-from chainrun.accounting import account, gpus
+from chainrun.accounting import account, describe, gpus
+from chainrun.history import segment_lines
 from chainrun.model import Chain, ChainState, JobSpec, Outcome, Phase, SchedulerSpec, Segment
 from chainrun.store import Store
 
@@ -100,6 +102,35 @@ def test_a_segment_splits_into_queue_training_save_and_gap() -> None:
     assert acc.gpu_hours == pytest.approx(4360 * 2 / 3600)
     assert account(_chain(), now=0.0).share is None
     assert account(_chain(s1), now=0.0).gpu_hours is None
+
+
+def test_the_totals_round_every_duration_never_cut_it() -> None:
+    """150 s allocated, 120 s of it trained: ``2m30s`` and ``2m``, not ``2m`` and ``1m`` as a
+    cut would write them (issue 36, finding 4)."""
+    s1 = Segment(
+        "acc-1", 1, 3600, Phase.ENDED, job_id="11", submitted_at=0.0, started_at=10.0,
+        signalled_at=130.0, ended_at=160.0, outcome=Outcome.TIMEOUT,
+    )  # fmt: skip
+    line = describe(account(_chain(s1), now=200.0))
+    assert line.startswith("allocated 2m30s, trained 2m (80%); queued 10s, saving 30s, gaps 0s"), line
+
+
+def test_history_counts_the_running_segment_in_the_budget_used_as_in_the_allocation() -> None:
+    """While segment 2 runs, the history's last line says the budget used with it (as
+    ``status`` does), beside the allocation, which counts it too; "trained" is only the time
+    the command trained (issue 36, finding 4: ``trained 22s of 10m ...; allocated 46s``)."""
+    s1 = Segment(
+        "acc-1", 1, 3600, Phase.ENDED, job_id="11", submitted_at=0.0, started_at=100.0,
+        signalled_at=3400.0, ended_at=3460.0, outcome=Outcome.TIMEOUT,
+    )  # fmt: skip
+    s2 = Segment(
+        "acc-1", 2, 3600, Phase.RUNNING, job_id="12", after="11", submitted_at=200.0, started_at=3480.0
+    )
+    chain = replace(_chain(s1, s2), used=3360.0)
+    last = segment_lines(chain, now=4480.0)[-1]
+    assert last.startswith("budget used 1h13m of 10h in 2 segments; allocated 1h13m, trained 1h12m (99%);"), (
+        last
+    )
 
 
 # -- the real local runner ---------------------------------------------------------------

@@ -773,7 +773,7 @@ def test_a_cancel_lets_the_running_segment_save_and_no_later_segment_train(
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     alone = chainrun("cancel", chains["alone"], check=True).stdout.splitlines()
-    assert alone[-1].startswith(f"chain {chains['alone']} cancelled (trained "), alone
+    assert alone[-1].startswith(f"chain {chains['alone']} cancelled (budget used "), alone
     for chain_id in chains.values():
         st = status(chainrun, chain_id)
         first, *rest = st["segments"]

@@ -73,16 +73,20 @@ def test_plain_line_shows_epoch_eta_segment_job_and_output() -> None:
     chain = chain_with(running, used=100.0, latest=Progress(epoch=4))
     # 4 epochs in 100 s + 50 s: 6 left at 4 per 150 s take 225 s.
     assert plain_line(chain, "epoch 4 loss 0.5", 1050.0) == (
-        "epoch 4/10 40%, ETA 3m; segment 2 of 10 running as job 17; output: epoch 4 loss 0.5"
+        "epoch 4/10 40%, ETA 3m45s; segment 2 of 10 running as job 17; output: epoch 4 loss 0.5"
     )
 
 
-def test_plain_line_without_a_target_shows_time_used_and_the_queue_reason() -> None:
-    """No target: the bar is training time of the budget; a queued job shows why it waits."""
+def test_plain_line_without_a_target_shows_the_budget_used_and_the_queue_reason() -> None:
+    """No target: the bar is the budget used of total_time, rounded, never cut (issue 36,
+    finding 4: ``time 4m/16m``); a queued job shows why it waits."""
     spec = replace(SPEC, target_epoch=None)
     queued = Segment("t-1a2b3c", 3, 100, Phase.PENDING, job_id="18", reason="Dependency")
     chain = replace(chain_with(queued, used=250.0), spec=spec)
-    assert plain_line(chain, "", 5000.0) == "time 4m/16m 25%; segment 3 of 10 queued as job 18 (Dependency)"
+    assert (
+        plain_line(chain, "", 5000.0)
+        == "budget used 4m10s/17m 25%; segment 3 of 10 queued as job 18 (Dependency)"
+    )
 
 
 def test_output_lines_are_what_a_terminal_shows() -> None:
@@ -163,7 +167,8 @@ def test_plain_view_prints_each_event_and_a_line_per_change_of_progress(
         "13:47:40  segment 1 ended: failed (exit 3): the command exited 3 on its own; costs one failure;"
         " progress: epoch 2",
         "13:47:50  segment 3 submitted after job 2 as job 3",
-        "13:47:50  epoch 2/10 20%, ETA 2m; segment 2 of 10 queued as job 2 (Dependency);"
+        # Segment 1 ran 40 s in all: 8 more epochs at that rate take 2m40s.
+        "13:47:50  epoch 2/10 20%, ETA 2m40s; segment 2 of 10 queued as job 2 (Dependency);"
         " output: epoch 2 loss 0.5",
     ]
 
@@ -448,9 +453,9 @@ def test_run_off_a_terminal_prints_plain_lines_and_the_failure_tail(tmp_path: Pa
     body = out[1 : out.index(next(line for line in out if line.startswith(f"chain {chain_id} failed: ")))]
     assert body and all(re.match(CLOCK, line) for line in body), out
     progress = [line[len("00:00:00  ") :] for line in body if "; segment " in line]
-    assert progress and all(re.fullmatch(r"time \S+/5m \d+%; segment 1 of 5 .+", p) for p in progress), (
-        progress
-    )
+    assert progress and all(
+        re.fullmatch(r"budget used \S+/5m \d+%; segment 1 of 5 .+", p) for p in progress
+    ), progress
     assert all(a != b for a, b in zip(progress, progress[1:])), progress
     assert out[-7:] == [
         out[-7],
@@ -513,9 +518,9 @@ def test_a_sweep_s_frame_shows_its_share_done_eta_counts_best_and_running_chains
         ),
     ]
     frame = sweep_frame("sw", chains, 1050.0)
-    assert (frame.done, frame.total, frame.head) == (1.4, 3, "46% of 3 chains  ETA 9m")
+    assert (frame.done, frame.total, frame.head) == (1.4, 3, "46% of 3 chains  ETA 9m23s")
     tally = "1 running, 1 queued, 1 completed; best loss 0.25 (lr=0.3 rep 0)"
-    assert frame.plain == f"sweep sw: 46% of 3 chains, ETA 9m; {tally}"
+    assert frame.plain == f"sweep sw: 46% of 3 chains, ETA 9m23s; {tally}"
     assert frame.lines == (
         tally,
         "  lr=0.1 rep 0  epoch 4/10 40%  segment 1 of 10 running as job 17  loss 0.5",

@@ -23,6 +23,7 @@ from test_store import chains, one_line_error, raw
 from chainrun import status as view
 from chainrun.lock import InstanceLock
 from chainrun.model import Chain, ChainState, JobSpec, Outcome, Phase, Progress, Segment
+from chainrun.text import duration
 
 NOW = 1_000_000.0
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -96,9 +97,44 @@ def test_eta_counts_the_running_segment_time_so_far() -> None:
     """1 h ended plus 30 min running, 15 epochs: 25 left at 10/h is 2h30m."""
     running = seg(2, Phase.RUNNING, job_id="1234", started_at=NOW - 1800)
     c = chain(epoch=15, used=3600.0, segments=(running,))
-    assert view.trained(c, NOW) == 5400
+    assert view.budget_used(c, NOW) == 5400
     assert view.eta(c, NOW) == 9000
     assert view.row(c, NOW)[3] == "2h30m"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (0, "0s"),
+        (44.6, "45s"),
+        (59.5, "1m"),
+        (150, "2m30s"),
+        (599.4, "9m59s"),
+        (599.6, "10m"),
+        (629, "10m"),
+        (630, "11m"),
+        (3599, "1h"),
+        (3929, "1h5m"),
+        (3930, "1h6m"),
+        (86370, "1d"),
+        (95400, "1d3h"),
+    ],
+)
+def test_a_duration_is_rounded_to_the_unit_shown_never_cut(seconds: float, shown: str) -> None:
+    """Seconds below ten minutes, minutes below a day, then hours; each to the nearest, a half
+    up, and a unit that rounds over carries (issue 36, finding 4: ``2m30s`` was ``2m``)."""
+    assert duration(seconds) == shown
+    assert view.when(NOW - seconds, NOW) in (f"{shown} ago", "just now")
+
+
+def test_status_json_calls_the_time_counted_against_total_time_budget_used() -> None:
+    """``budget_used_seconds``: ended segments and the running one so far, the TIME column's
+    figure; ``trained_seconds`` is only the accounting's, the time the command trained
+    (issue 36, finding 4: two "trained" that differ)."""
+    running = seg(2, Phase.RUNNING, job_id="1234", started_at=NOW - 1800)
+    data = view.to_json(chain(epoch=15, used=3600.0, segments=(running,)), NOW)
+    assert data["budget_used_seconds"] == 5400 and data["used_seconds"] == 3600
+    assert "trained_seconds" not in data and "trained_seconds" in data["accounting"]
 
 
 def test_eta_beyond_what_is_left_of_the_budget_is_flagged() -> None:
@@ -278,7 +314,7 @@ def test_a_wider_terminal_gets_more_columns_and_verbose_every_detail(tmp_path: P
     text = view.table([realistic()], NOW, verbose=True)
     assert "\ncifar-a1b2c3:\n  segment 3: job 4713 running for 25m\n" in text
     assert "  next: segment 4: job 4714 queued (Dependency)\n" in text
-    assert "  budget: trained 1h25m of 20h; 2 of at most 20 segments run; failures 1 of 3\n" in text
+    assert "  budget: used 1h25m of 20h; 2 of at most 20 segments run; failures 1 of 3\n" in text
 
 
 def test_only_chains_that_need_a_person_get_a_line_by_default() -> None:

@@ -18,10 +18,10 @@ from test_decide import NOW
 from test_run import chain_id_in, run_piped
 
 from chainrun import status as view
-from chainrun.fields import format_duration
 from chainrun.model import (
     Phase,
 )
+from chainrun.text import duration
 
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
 Service = Callable[..., "subprocess.Popen[bytes]"]
@@ -32,14 +32,14 @@ DATA = Path(__file__).parent / "data"
 
 
 def test_the_state_cell_without_a_service_is_the_last_known_one_as_such() -> None:
-    """No service since the last tick a minute ago: "running as of 1m ago", and the time column
+    """No service since the last tick 100 s ago: "running as of 1m40s ago", and the time column
     counts the running segment up to that tick, not up to now."""
     from test_status import chain as status_chain
     from test_status import seg as status_seg
 
     c = status_chain(segments=(status_seg(1, Phase.RUNNING, started_at=NOW - 150),), used=0.0)
-    assert view.state_cell(c, NOW) == "running 2m"
-    assert view.state_cell(c, NOW, seen=NOW - 100) == "running as of 1m ago"
+    assert view.state_cell(c, NOW) == "running 2m30s"
+    assert view.state_cell(c, NOW, seen=NOW - 100) == "running as of 1m40s ago"
     cells = view.row(c, NOW, seen=NOW - 100)
     assert cells[view.HEADER.index("TIME")] == "50s of 20h"  # to the last tick, not 2m30s to now
     queued = status_chain(segments=(status_seg(1, Phase.PENDING, reason="Priority"),))
@@ -91,8 +91,8 @@ def test_status_without_a_service_says_as_of_when_and_stops_the_clock_there(
     assert re.search(rf" running as of {ago} ", row), out
     assert re.search(rf"^service: not running \(last tick {ago}\)", out, re.M), out
     verbose = chainrun("status", "-v", chain_id, check=True).stdout
-    assert f"running for {view.short(last_tick - started)}\n" in verbose, verbose
-    assert f"budget: trained {view.short(last_tick - started)} of 1h;" in verbose, verbose
+    assert f"running for {duration(last_tick - started)}\n" in verbose, verbose
+    assert f"budget: used {duration(last_tick - started)} of 1h;" in verbose, verbose
     assert "as of the last tick, " in verbose
     chainrun("cancel", chain_id, check=True)
 
@@ -109,16 +109,16 @@ def test_cancel_without_a_service_keeps_the_time_and_progress_and_says_so_in_one
     assert result.returncode == 0 and result.stderr == "", result.stderr
     (saving, line) = result.stdout.splitlines()
     assert re.fullmatch(rf"chain {chain_id}: segment 1 has the signal to save and stop \(up to \S+\)", saving)
-    match = re.fullmatch(rf"chain {chain_id} cancelled \(trained (\S+), epoch (\d+)\)", line)
+    match = re.fullmatch(rf"chain {chain_id} cancelled \(budget used (\S+), epoch (\d+)\)", line)
     assert match, line
     data = state(chainrun, chain_id)
     seg1 = data["segments"][0]
     assert seg1["outcome"] == "cancelled" and not seg1["charged"]
     assert seg1["signalled_at"] is not None and seg1["started_at"] < seg1["signalled_at"] <= seg1["ended_at"]
     ran = seg1["ended_at"] - seg1["started_at"]
-    assert data["used_seconds"] == data["trained_seconds"] > 0
+    assert data["used_seconds"] == data["budget_used_seconds"] > 0
     assert abs(data["used_seconds"] - ran) < 1.0
-    assert match.group(1) == format_duration(data["used_seconds"])
+    assert match.group(1) == duration(data["used_seconds"])
     assert int(match.group(2)) >= 3
     history = chainrun("history", chain_id, check=True).stdout.splitlines()
     assert any(
@@ -133,8 +133,8 @@ def test_cancel_without_a_service_keeps_the_time_and_progress_and_says_so_in_one
     assert cells[:3] == ["1", seg1["job_id"], "cancelled"]
     account = json.loads(chainrun("history", chain_id, "--json", check=True).stdout)["segments"][0]
     assert abs(account["allocated_seconds"] - ran) < 1.0
-    assert cells[4] == cells[7] == format_duration(account["training_seconds"])
-    assert table[-1].startswith(f"trained {format_duration(data['used_seconds'])} of 1h in 1 segment;")
+    assert cells[4] == cells[7] == duration(account["training_seconds"])
+    assert table[-1].startswith(f"budget used {duration(data['used_seconds'])} of 1h in 1 segment;")
 
 
 def test_run_following_a_service_tells_segment_starts_and_ends_from_the_markers(

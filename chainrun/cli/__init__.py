@@ -287,7 +287,7 @@ def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
     """
     from chainrun import cancel as cancelling
     from chainrun import logsetup
-    from chainrun.fields import format_duration
+    from chainrun.text import duration
 
     with _store(ctx) as store:
         members = store.sweep(chain_ref)
@@ -312,7 +312,7 @@ def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
         undone = False
         for chain in (store.chain(c.id) for c in going):
             if chain.state.final:
-                kept = f"trained {format_duration(chain.used)}, {chain.progress.describe()}"
+                kept = f"budget used {duration(chain.used)}, {chain.progress.describe()}"
                 click.echo(f"chain {chain.id} {chain.state.value}" + (f" ({kept})" if chain.used else ""))
                 continue
             why = summary.unreachable.get(chain.cluster_key) or next(
