@@ -67,10 +67,6 @@ def _glance(chain: Shown) -> Glance:
     return chain if isinstance(chain, Glance) else Glance.of(chain)
 
 
-# The web page's name for it (chainrun/ui/pages.py), until it takes text.duration itself.
-short = duration
-
-
 def when(at: float, now: float) -> str:
     """A moment relative to ``now``: ``5m ago``, ``in 40s``, ``just now``."""
     if abs(at - now) < 1:

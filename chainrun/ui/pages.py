@@ -23,6 +23,7 @@ from chainrun.model import Chain, JobSpec, Progress
 from chainrun.store import Glance
 from chainrun.sweep import param_text
 from chainrun.sweepstatus import lower_is_better
+from chainrun.text import duration
 from chainrun.ui import charts
 
 Log = Sequence[tuple[float, Progress]]
@@ -73,7 +74,7 @@ def _progress(epoch: Optional[int], target: Optional[int]) -> str:
 
 def _eta(g: Glance, now: float) -> str:
     seconds = view.eta(g, now)
-    return "-" if seconds is None else view.short(seconds)
+    return "-" if seconds is None else duration(seconds)
 
 
 _OVERVIEW_HEAD = (
@@ -134,7 +135,7 @@ def _tip(seg: SegmentAccount, chain: Chain) -> str:
         ("gap", seg.gap),
     ):
         if value is not None:
-            lines.append(f"{label} {format_duration(value)}")
+            lines.append(f"{label} {duration(value)}")
     if stored.reason:
         lines.append(stored.reason)
     lines += list(stored.tail)
@@ -142,18 +143,18 @@ def _tip(seg: SegmentAccount, chain: Chain) -> str:
 
 
 def _seconds(value: Optional[float]) -> str:
-    return "-" if value is None else escape(format_duration(value))
+    return "-" if value is None else escape(duration(value))
 
 
 def _accounting(acc: ChainAccount) -> str:
     gpu = f"{acc.gpu_hours:.2f} ({acc.gpus} a job)" if acc.gpu_hours is not None else "none asked for"
     cells = (
-        ("allocated", format_duration(acc.allocated)),
-        ("trained", format_duration(acc.trained)),
+        ("allocated", duration(acc.allocated)),
+        ("trained", duration(acc.trained)),
         ("share trained", _pct(acc.share)),
-        ("queued", format_duration(acc.queued)),
-        ("saving", format_duration(acc.saving)),
-        ("gaps", format_duration(acc.gaps)),
+        ("queued", duration(acc.queued)),
+        ("saving", duration(acc.saving)),
+        ("gaps", duration(acc.gaps)),
         ("GPU-hours", gpu),
     )
     items = "".join(f"<div><dt>{k}</dt><dd>{escape(v)}</dd></div>" for k, v in cells)
