@@ -59,7 +59,7 @@ def chain(chainrun: CLI, cluster: Cluster, work: Path, example: str, args: str, 
     assert result.returncode == 0, result.stdout + result.stderr
     st = status(chainrun, "t")
     segs = ran(st)
-    assert st["state"] == "completed" and st["failures"] == 0, (st["reason"], outline(segs))
+    assert st["state"] == "completed" and st["failures"] == 0, (st["reason"], outline(st["segments"]))
     assert len(segs) >= 3 and sum(s["outcome"] == "timeout" for s in segs) >= 2, outline(segs)
     assert all(not s["charged"] for s in segs), outline(segs)
     assert st["progress"]["epoch"] == epochs, st["progress"]

@@ -538,6 +538,44 @@ def test_a_walltime_signal_due_while_the_command_still_starts_is_held_until_it_i
     assert "held: the command has not yet said it is ready" in Path(job.log_path).read_text()
 
 
+RANKS_ONE_STILL_IMPORTING = """\
+import subprocess, sys, time
+rank = int(sys.argv[1])
+if rank:
+    time.sleep(float(sys.argv[2]))  # this rank still imports torch when the signal is due
+from chainrun.checkpoint import SegmentClock
+clock = SegmentClock(margin=0)
+# As Lightning's DDP launcher does: rank 0 starts rank 1 once it has made its own clock.
+other = None if rank else subprocess.Popen([sys.executable, __file__, "1", sys.argv[2]])
+while not clock.should_stop():
+    time.sleep(0.05)
+with open(f"stopped-{rank}", "w") as f:
+    f.write(clock.reason or "")
+sys.exit(other.wait() if other else 0)
+"""
+
+
+def test_the_signal_is_held_until_every_process_that_took_it_before_is_ready(work: Path) -> None:
+    """The CI failure of the Lightning DDP chain: rank 0 said it was ready (`ready`), rank 1,
+    still importing, died of SIGUSR1 (exit -10), Lightning killed rank 0 for it (exit 137),
+    and the segment was charged a failure. Each process that sets its handlers says so; two
+    did in segment 1, so in segment 2 the signal (due 2 s in) is held until both have, and
+    both stop on it, cleanly."""
+    (work / "train.py").write_text(RANKS_ONE_STILL_IMPORTING)
+    spec = replace(wrapper_spec(work), grace=12, command=f"exec {sys.executable} train.py 0 6")
+    job = SegmentJob("hostile-1a2b3c", 2, spec, 14)
+    os.makedirs(job.run_dir)
+    Path(job.run_dir, "ready").write_text("1 node1 4242\n1 node1 4243\n")
+    proc = start_logged(job, PYTHONPATH=str(REPO))
+    assert proc.wait(timeout=60) == 0, Path(job.log_path).read_text()
+    assert [(work / f"stopped-{rank}").read_text() for rank in (0, 1)] == ["signal SIGUSR1"] * 2
+    assert "held: the command has not yet said it is ready" in Path(job.log_path).read_text()
+    end = marker(job)
+    assert (end.original, end.signal, end.ready) == (0, "USR1", "1")
+    said = [line.split() for line in Path(job.run_dir, "ready").read_text().splitlines()]
+    assert sorted(n for n, _, _ in said) == ["1", "1", "2", "2"], said  # each rank once
+
+
 def test_a_command_that_said_it_was_ready_before_and_never_does_again_is_not_signalled(work: Path) -> None:
     """Held to its end: no signal reaches a command that never says it is ready (the walltime's
     kill ends it, as the signal would have); its end marker says so, and the next segment

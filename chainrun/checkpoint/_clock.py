@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from types import FrameType
 from typing import Any, Callable, Optional, Union
 
+from chainrun.checkpoint import _ready
+
 ALLOWED_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM")
 MAX_AUTO_MARGIN = 300.0
 AUTO_MARGIN_FRACTION = 0.1
@@ -245,24 +247,16 @@ def _margin_from_env() -> Optional[float]:
     return value / 2 if math.isfinite(value) and value >= 0 else None
 
 
-READY_NAME = "ready"
-
-
 def _tell_ready() -> None:
-    """Tell chainrun's wrapper that this segment's command now takes the walltime signal:
-    ``CHAINRUN_RUN_DIR/ready`` holds the segment's number (written atomically). Once a
-    chain's command has said so, the wrapper of each later segment holds the signal back
-    until it says so again."""
+    """Tell chainrun's runner that this process now takes the walltime signal (a line in
+    ``CHAINRUN_RUN_DIR/ready``, ``checkpoint._ready``). Once a chain's command has said so, the
+    runner of each later segment holds the signal until as many of its processes say so again."""
     directory = os.environ.get("CHAINRUN_RUN_DIR", "")
     segment = os.environ.get("CHAINRUN_SEGMENT", "").strip()
     if not directory or not segment.isdigit():
         return
-    path = os.path.join(directory, READY_NAME)
-    temp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(temp, "w") as f:
-            f.write(segment + "\n")
-        os.replace(temp, path)
+        _ready.tell(directory, segment)
     except OSError as exc:
         warnings.warn(
             f"could not tell chainrun the command is ready ({exc}): its walltime signal is not held",

@@ -9,11 +9,11 @@ and nothing else, not chainrun. It imports the standard library alone.
 It does what the service cannot do from afar: it learns when the walltime began, sets the
 command's environment, writes the start marker, skips a segment whose goal was met before
 it started, runs the command in a process group of its own, passes the walltime signal on
-at ``deadline - grace`` (holding a scheduler's early one, and holding it until a command
-that said it takes it says so again), ends what the command left running, moves a snapshot
-chain's outputs home, writes the end marker (how the command ended, the checkpoint as it
-was left, the last lines of a failed command's output), and asks the chain's carrier to
-queue the successor while the service is away.
+at ``deadline - grace`` (holding a scheduler's early one, and holding it until as many of
+the command's processes as took it last time say they take it again), ends what the command
+left running, moves a snapshot chain's outputs home, writes the end marker (how the
+command ended, the checkpoint as it was left, the last lines of a failed command's output),
+and asks the chain's carrier to queue the successor while the service is away.
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ import time
 from typing import Any, Optional
 
 from chainrun.checkpoint import _fence as fence
+from chainrun.checkpoint import _ready as readiness
 from chainrun.decide import segment as rules
 from chainrun.node import proc
+from chainrun.node.carrier import Carrier, ignore_walltime_signals
 from chainrun.node.share import share
 
 # What systemd gave the service is not the job's (--export=ALL and -V pass it on): a job
@@ -129,64 +131,6 @@ def _number(value: Any) -> Optional[float]:
     return value if type(value) in (int, float) and value == value and abs(value) != float("inf") else None
 
 
-class Carrier:
-    """The chain's carrier (``chainrun.carry``'s launcher, left in the run directory by the
-    service when the chain may queue its own successor), asked now and then while the command
-    runs and, once more, when it has ended: it prints when to ask again, or nothing."""
-
-    def __init__(self, run_dir: str, n: int, job: str, env: dict[str, str]) -> None:
-        self.launcher = os.path.join(run_dir, "carry")
-        self.argv = [self.launcher, run_dir, str(n), job]
-        # The carrier runs with this interpreter, known to run here (``carry.PYTHON_VAR``).
-        self.env = {**env, "CHAINRUN_PYTHON": sys.executable}
-        self.proc: Optional[subprocess.Popen[bytes]] = None
-        self.ask_at: Optional[float] = 0.0 if os.access(self.launcher, os.X_OK) else None
-
-    def poll(self, now: float, state: str) -> None:
-        """Start the next question when it is due; collect the answer of one that ended."""
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                return
-            self._answer(now)
-        if self.ask_at is not None and now >= self.ask_at and os.access(self.launcher, os.X_OK):
-            self.proc = subprocess.Popen(
-                [*self.argv, state],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                env=self.env,
-                preexec_fn=_ignore_walltime_signals,  # the walltime signal is the command's
-            )
-
-    def _answer(self, now: float) -> None:
-        """The ended question's answer: when to ask again (seconds from now), or never."""
-        assert self.proc is not None
-        answer = (self.proc.stdout.read() if self.proc.stdout else b"").strip()
-        self.proc = None
-        self.ask_at = now + int(answer) if answer.isdigit() and int(answer) > 0 else None
-
-    def finish(self) -> None:
-        """Let a question under way end (a submission is never cut in half); ask no more."""
-        if self.proc is not None:
-            self.proc.wait()
-            self._answer(time.time())
-
-    def until_done(self) -> None:
-        """Ask, as the segment ends, until told not to ask again."""
-        self.ask_at = 0.0 if os.access(self.launcher, os.X_OK) else None
-        while self.ask_at is not None:
-            self.poll(time.time(), "ended")
-            if self.proc is not None:
-                self.proc.wait()
-                self._answer(time.time())
-            elif self.ask_at is not None:
-                time.sleep(min(1.0, max(0.0, self.ask_at - time.time())))
-
-
-def _ignore_walltime_signals() -> None:
-    for name in ("USR1", "USR2", "ALRM"):
-        signal.signal(getattr(signal, "SIG" + name), signal.SIG_IGN)
-
-
 class Segment:
     """One segment's run: its settings (``schedulers.script``'s JSON) and what it has seen."""
 
@@ -197,7 +141,7 @@ class Segment:
         self.n: int = settings["segment"]
         self.run_dir: str = settings["run_dir"]
         self.stem = os.path.join(self.run_dir, f"seg-{self.n:04d}")
-        self.ready_file = os.path.join(self.run_dir, "ready")
+        self.ready_file = os.path.join(self.run_dir, readiness.READY_NAME)
         self.signal: str = settings["signal"]
         self.got = ""  # the signal last passed on to the command
         self.sent: Optional[int] = None  # when the first one was
@@ -239,8 +183,13 @@ class Segment:
         env["CHAINRUN_GRACE"] = str(self.grace)
         if not env.get("USER"):  # not every scheduler sets it; ch-run refuses to start without it
             env["USER"] = pwd.getpwuid(os.getuid()).pw_name
-        # Once a chain's command has said it takes the signal, it is held until it says so again.
-        self.held = os.path.isfile(self.ready_file) and not self.ready()
+        # Once a chain's command has said it takes the signal, it is held until as many of its
+        # processes say so again; the lines of this segment's number (a requeued job's) go.
+        found = readiness.said(read_regular(self.ready_file, readiness.READ_AT_MOST) or b"")
+        self.expected, kept = readiness.before(found, self.n)
+        if found:
+            write_atomically(self.ready_file, kept)
+        self.held = self.expected > 0
         env.update(s["env"])  # what the submitting shell had (inherit_env), then [env], which wins
         # An array task's id as the scheduler lists it (its script exports it), not the job's own.
         self.job = next(
@@ -289,9 +238,10 @@ class Segment:
         return done is not None and done.returncode == 0
 
     def ready(self) -> bool:
-        """The command said it takes the signal in this segment (SegmentClock writes ``ready``)."""
-        said = read_regular(self.ready_file, 32) or b""
-        return said.split(b"\n", 1)[0].strip() == str(self.n).encode()
+        """As many of the command's processes said they take the signal in this segment as in
+        the latest one before (``SegmentClock`` writes ``ready``; ``checkpoint._ready``)."""
+        found = readiness.said(read_regular(self.ready_file, readiness.READ_AT_MOST) or b"")
+        return len(found.get(self.n, ())) >= max(self.expected, 1)
 
     # ---- the checkpoint as found ----
 
@@ -691,7 +641,7 @@ def main() -> int:
         # Python's exit gives each signal a Python handler caught its default action (death)
         # back a moment before the process ends, when the walltime signal may still come (the
         # command exited on its own just before it): ignored, it stays ignored.
-        _ignore_walltime_signals()
+        ignore_walltime_signals()
 
 
 if __name__ == "__main__":

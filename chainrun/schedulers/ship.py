@@ -38,11 +38,13 @@ SEGMENT_RUNNER = Shipped(
     "runner",
     (
         "node/runner.py",
+        "node/carrier.py",
         "node/proc.py",
         "node/share.py",
         "decide/segment.py",
         "decide/goal.py",
         "checkpoint/_fence.py",
+        "checkpoint/_ready.py",
     ),
 )
 # The carrier (``chainrun.carry``), placed in a chain's run root when its segments may queue
@@ -58,6 +60,7 @@ CARRIER = Shipped(
         "checkpoint/_clock.py",
         "checkpoint/_fence.py",
         "checkpoint/_progress.py",
+        "checkpoint/_ready.py",
         "checkpoint/_seed.py",
         "checkpoint/_store.py",
         "cluster.py",
@@ -78,6 +81,7 @@ CARRIER = Shipped(
         "localrunner.py",
         "logsetup.py",
         "model.py",
+        "node/carrier.py",
         "node/proc.py",
         "node/runner.py",
         "node/share.py",

@@ -134,14 +134,18 @@ def test_the_default_margin_is_half_the_grace_the_wrapper_gives_the_segment(
 def test_the_clock_tells_the_wrapper_it_is_ready_once_its_handlers_are_set(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """`ready` in the run directory holds the segment's number once the handlers are set
-    (the wrapper holds the walltime signal until then); not before, and not without chainrun."""
+    """`ready` in the run directory gains a line with the segment's number, this machine and
+    this process once the handlers are set (the runner holds the walltime signal until then);
+    not before. Each process adds its own line (under DDP each rank does)."""
+    import socket
+
     monkeypatch.setenv("CHAINRUN_RUN_DIR", str(tmp_path))
     monkeypatch.setenv("CHAINRUN_SEGMENT", "7")
+    (tmp_path / "ready").write_text("7 node2 99\n")  # another rank's, said first
     clock = SegmentClock(install=False)
-    assert not (tmp_path / "ready").exists()
+    assert (tmp_path / "ready").read_text() == "7 node2 99\n"
     assert clock.install()
-    assert (tmp_path / "ready").read_text() == "7\n"
+    assert (tmp_path / "ready").read_text() == f"7 node2 99\n7 {socket.gethostname()} {os.getpid()}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ready"]
 
 
