@@ -39,13 +39,21 @@ def reference(tmp_path: Path, example: str, *args: str) -> Path:
     return ref
 
 
-def chain(chainrun: CLI, cluster: Cluster, work: Path, example: str, args: str, epochs: int) -> list[dict]:
+def chain(
+    chainrun: CLI,
+    cluster: Cluster,
+    work: Path,
+    example: str,
+    args: str,
+    epochs: int,
+    local_walltime: int = 40,
+) -> list[dict]:
     """Run the example as a chain; returns the segments that trained, checked."""
     (work / "train.py").write_text((EXAMPLES / example / "train.py").read_text())
     # The signal at walltime - grace: 25 s into a 40 s local segment (after the imports,
     # 5-15 s here under load), 30 s into a one-minute Slurm job. The steps (36 of 1.5 s, 54 s
     # in all; of 2.5 s on Slurm) last three segments or more.
-    walltime, grace = (40, 15) if cluster.kind == "local" else (cluster.walltime, 30)
+    walltime, grace = (local_walltime, 15) if cluster.kind == "local" else (cluster.walltime, 30)
     path = write_job(
         work,
         cluster,
@@ -83,10 +91,15 @@ def test_lightning_chain_ends_bit_equal_to_one_run(
     pytest.importorskip("lightning")
     import torch
 
-    sleep = 1.5 if cluster.kind == "local" else 2.5  # Slurm's segments train up to 30 s: 90 s of steps
+    # Under DDP rank 1 starts once rank 0 has imported and called fit: both ready up to 30 s in
+    # under load. A later segment's signal waits for both ranks (the `ready` file); the first
+    # segment's cannot wait for a rank no one has heard of yet, so it comes 45 s in here (60 s
+    # segments), and the steps last 90 s. Slurm's segments train up to 30 s: 90 s of steps.
+    ddp = cluster.kind == "local" and devices != "1"
+    sleep = 1.5 if cluster.kind == "local" and not ddp else 2.5
     args = f"--epochs 3 --out final.pt --devices {devices} --step-sleep {sleep}"
     expected = torch.load(reference(tmp_path, "lightning", *args.split()[:6]) / "final.pt")
-    chain(chainrun, cluster, work, "lightning", args, 3)
+    chain(chainrun, cluster, work, "lightning", args, 3, local_walltime=60 if ddp else 40)
     same_state(expected, torch.load(work / "final.pt"))
 
 
