@@ -46,6 +46,7 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "chainrun/decide/retry.py",
             "chainrun/decide/placement.py",
             "chainrun/decide/grace.py",
+            "chainrun/decide/startup.py",
         ),
         (
             "tests/test_decide.py",

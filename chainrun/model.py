@@ -343,13 +343,10 @@ class EndMarker:
     preempted: bool = False  # the signal came because the scheduler preempted the job
     signalled_at: Optional[float] = None  # when the signal was passed on to the command
     grace: Optional[int] = None  # the grace the segment ran with
-    # "1": the command said it was ready for the signal; "0": the chain's command had said
-    # so before, not this time (the signal was held); "": it never says so
-    ready: str = ""
+    ready: str = ""  # "1": the command said it takes the signal; "0": not this time (held); "": never
+    ready_at: Optional[float] = None  # when all its processes had said so, as the runner saw
     save_seconds: Optional[float] = None  # how long the last save took, as the sidecar says
-    # Who owned the checkpoint directory when this segment was fenced (checkpoint/_fence.py):
-    # it was stopped, or never started, without committing; "" when it was not.
-    fenced: str = ""
+    fenced: str = ""  # who owned the checkpoint directory when this segment was fenced; "" if not
     skip: str = ""  # why the segment skipped its command (the goal reached, and by whom)
     # A snapshot chain's files kept beside the workdir's own (node.share): NAME.chainrun-<chain-id>.
     beside: tuple[str, ...] = ()
@@ -428,6 +425,7 @@ class Segment:
     task: Optional[int] = None  # and its task index there
     signalled_at: Optional[float] = None  # when the walltime (or another) signal reached its command
     stop: Optional[float] = None  # seconds it needed to stop (decide/grace.py); None: not seen
+    ready_at: Optional[float] = None  # when its command was ready for the signal (end marker)
 
 
 @dataclass(frozen=True)
@@ -624,6 +622,7 @@ class EndSegment:
     tail: tuple[str, ...] = ()  # the last lines of the segment's output, when it failed
     signalled_at: Optional[float] = None  # when the signal reached the command (end marker)
     stop: Optional[float] = None  # the seconds it needed to stop (decide/grace.py)
+    ready_at: Optional[float] = None  # when its command was ready for the signal (end marker)
 
 
 @dataclass(frozen=True)

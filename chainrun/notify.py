@@ -54,45 +54,42 @@ class Hooks:
     webhook: Optional[str] = None
 
 
+def _payload(event: str, chain: Chain, **fields: Any) -> dict[str, Any]:
+    """A webhook's JSON body: the event, which chain, ``fields``, and where it runs."""
+    spec = chain.spec
+    about = {"event": event, "chain": chain.id, "name": spec.name, "state": chain.state.value}
+    where = {"scheduler": spec.scheduler.kind, "host": spec.scheduler.host, "workdir": spec.workdir}
+    return {**about, **fields, **where}
+
+
 def end_payload(chain: Chain) -> dict[str, Any]:
     """The chain's end as the webhook's JSON body."""
     spec = chain.spec
-    return {
-        "event": "chain_ended",
-        "chain": chain.id,
-        "name": spec.name,
-        "state": chain.state.value,
-        "reason": chain.reason,
-        "epoch": chain.latest.epoch,
-        "target_epoch": spec.target_epoch,
-        "failures": chain.failures,
-        "max_failures": spec.max_failures,
-        "segments": len(chain.segments),
-        "used_seconds": chain.used,
-        "ended_at": chain.ended_at,
-        "scheduler": spec.scheduler.kind,
-        "host": spec.scheduler.host,
-        "workdir": spec.workdir,
-    }
+    return _payload(
+        "chain_ended",
+        chain,
+        reason=chain.reason,
+        epoch=chain.latest.epoch,
+        target_epoch=spec.target_epoch,
+        failures=chain.failures,
+        max_failures=spec.max_failures,
+        segments=len(chain.segments),
+        used_seconds=chain.used,
+        ended_at=chain.ended_at,
+    )
 
 
 def problem_payload(chain: Chain, n: int, reason: str, change: str) -> dict[str, Any]:
     """A segment the scheduler keeps pending for a reason that will not clear by itself, as the
     webhook's JSON body."""
-    spec = chain.spec
-    return {
-        "event": "segment_will_not_start",
-        "chain": chain.id,
-        "name": spec.name,
-        "state": chain.state.value,
-        "segment": n,
-        "job": next((s.job_id for s in chain.segments if s.n == n), None),
-        "reason": reason,
-        "change": change,
-        "scheduler": spec.scheduler.kind,
-        "host": spec.scheduler.host,
-        "workdir": spec.workdir,
-    }
+    job = next((s.job_id for s in chain.segments if s.n == n), None)
+    return _payload("segment_will_not_start", chain, segment=n, job=job, reason=reason, change=change)
+
+
+def warning_payload(chain: Chain, text: str) -> dict[str, Any]:
+    """A warning about a chain that goes on (its segments barely train), as the webhook's JSON
+    body."""
+    return _payload("chain_warning", chain, warning=text, segments=len(chain.segments))
 
 
 def hook_env(payload: dict[str, Any]) -> dict[str, str]:
@@ -188,10 +185,17 @@ class Notifier:
     def problem(self, chain: Chain, n: int, reason: str, change: str) -> None:
         """Segment ``n``'s job is kept pending for a reason that will not clear by itself: to
         the webhook (the ``on_end`` command is for ends alone)."""
+        self._to_webhook(chain, f"{chain.id}.{n}.problem", problem_payload(chain, n, reason, change))
+
+    def warning(self, chain: Chain, text: str) -> None:
+        """The chain's segments start up for most of their time (``decide.startup``): to the
+        webhook."""
+        self._to_webhook(chain, f"{chain.id}.warning", warning_payload(chain, text))
+
+    def _to_webhook(self, chain: Chain, name: str, payload: dict[str, Any]) -> None:
         webhook = chain.spec.webhook or self.defaults.webhook
         if webhook:
-            payload = problem_payload(chain, n, reason, change)
-            self._queue_one(f"{chain.id}.{n}.problem", lambda: Delivery(payload, None, webhook, _cwd(chain)))
+            self._queue_one(name, lambda: Delivery(payload, None, webhook, _cwd(chain)))
 
     def _queue_one(self, name: str, make: Callable[[], Optional[Delivery]]) -> None:
         try:

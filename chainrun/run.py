@@ -40,6 +40,7 @@ from typing import Any, Callable, Optional, Protocol
 
 import click
 
+from chainrun.decide.startup import slow_start
 from chainrun.engine import TickSummary
 from chainrun.errors import ChainrunError, TransportError
 from chainrun.lock import lock_for
@@ -101,7 +102,7 @@ def chain_frame(chain: Chain, output: str, now: float) -> Frame:
         done,
         total,
         f"{words}  {eta_text(chain, now)}",
-        (f"{segment_text(chain)}{since}",),
+        (f"{segment_text(chain)}{since}", *warning(chain)),
         output,
         plain_line(chain, output, now),
         plain_key(chain, output),
@@ -167,7 +168,7 @@ def plain_line(chain: Chain, output: str, now: float) -> str:
     """The progress line printed when stdout is not a terminal."""
     head = measure(chain, now)[2]
     left = eta_text(chain, now)
-    parts = [f"{head}, {left}" if left else head, segment_text(chain)]
+    parts = [f"{head}, {left}" if left else head, segment_text(chain), *warning(chain)]
     if output:
         parts.append(f"output: {clip(output, OUTPUT_WIDTH, '...')}")
     return "; ".join(parts)
@@ -177,13 +178,21 @@ def plain_key(chain: Chain, output: str) -> tuple[object, ...]:
     """What a new plain line is printed for: a new epoch, segment, job state or output line.
     Time alone (the ETA, time used) changes nothing: no line per tick."""
     seg = current(chain)
-    return (chain.latest.epoch, None if seg is None else seg.n, job_state(seg), output)
+    return (chain.latest.epoch, None if seg is None else seg.n, job_state(seg), output, warning(chain))
+
+
+def warning(chain: Chain) -> tuple[str, ...]:
+    """``warning: start-up takes most of each segment ...`` while that is so (decide.startup)."""
+    slow = "" if chain.state.final else slow_start(chain.segments)
+    return (f"warning: {slow}",) if slow else ()
 
 
 def final_lines(chain: Chain) -> list[str]:
     """The last word on an ended chain: its state and reason; for a failed one, the last
     lines of output of the segment that failed it, and where to see all of it."""
     lines = [f"chain {chain.id} {chain.state.value}: {chain.reason}"]
+    slow = "" if chain.state is ChainState.COMPLETED else slow_start(chain.segments)
+    lines += [f"warning: {slow}"] if slow else []
     seg = chain.failing
     if chain.state is ChainState.FAILED and seg is not None:
         lines += [f"    {visible(line)}" for line in seg.tail[-TAIL_LINES:]]

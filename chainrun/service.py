@@ -331,7 +331,8 @@ class Service:
         if self.engine is None:
             self.store = Store(self.home)
             problem = self.notifier.problem if self.notifier is not None else None
-            self.engine = Engine(self.store, on_end=self.notifier, on_problem=problem)
+            warning = self.notifier.warning if self.notifier is not None else None
+            self.engine = Engine(self.store, on_end=self.notifier, on_problem=problem, on_warning=warning)
         return self.engine
 
     def _engine_tick(self) -> tuple[bool, Optional[float]]:

@@ -250,8 +250,8 @@ def never_clears(seg: Union[Segment, SegmentGlance]) -> str:
 
 def attention(chain: Shown, now: float) -> str:
     """Why a person should look at the chain, or "" when it needs nobody: failed, stuck,
-    retrying a submission, held by the scheduler, or pending for a reason that will not clear
-    by itself (with what to change)."""
+    retrying a submission, held by the scheduler, pending for a reason that will not clear
+    by itself (with what to change), or starting up for most of each segment."""
     chain = _glance(chain)
     if chain.state in (ChainState.FAILED, ChainState.STUCK):
         return chain.reason or chain.state.value
@@ -267,7 +267,7 @@ def attention(chain: Shown, now: float) -> str:
                 f"segment {seg.n}: job {seg.job_id} is held by the scheduler ({seg.reason}); "
                 "it will not start until released"
             )
-    return ""
+    return "" if chain.state.final else chain.slow_start
 
 
 def details(chain: Chain, now: float, seen: Optional[float] = None) -> list[str]:
@@ -277,6 +277,8 @@ def details(chain: Chain, now: float, seen: Optional[float] = None) -> list[str]
     if chain.reason:
         lines.append(f"reason: {chain.reason}")
     glance = Glance.of(chain)
+    if glance.slow_start:
+        lines.append(f"warning: {glance.slow_start}")
     upto = now if seen is None or chain.state.final else min(now, seen)
     if upto != now:
         lines.append(f"as of the last tick, {when(upto, now)}: no service has run since")
@@ -555,6 +557,7 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
                 "submitted_at": s.submitted_at,
                 "started_at": s.started_at,
                 "signalled_at": s.signalled_at,
+                "ready_at": s.ready_at,
                 "ended_at": s.ended_at,
                 "tail": list(s.tail),
                 "host": s.host,

@@ -10,10 +10,12 @@ import math
 from dataclasses import replace
 from typing import Optional
 
+import pytest
 from test_decide import AFTER, BEFORE, NOW, SPEC, chain, ended, seg, shown
 
 from chainrun.decide import Facts, JobFacts, decide, quiet_until
 from chainrun.decide.chain import CANCEL_SLACK, charge_by_markers
+from chainrun.decide.startup import slow_start, starting
 from chainrun.fields import format_duration
 from chainrun.model import (
     Adopt,
@@ -28,6 +30,7 @@ from chainrun.model import (
     Phase,
     Progress,
     Remove,
+    Segment,
     StartMarker,
     Submit,
     Track,
@@ -1027,3 +1030,68 @@ def test_a_cancelled_segment_that_made_no_progress_keeps_its_time_and_the_mark()
     # A segment still running after its walltime (100 s) is credited its walltime alone.
     (cancel, _) = decide(chain(seg(1, started_at=NOW - 500), cancel_requested_at=0.0), Facts(), NOW)
     assert isinstance(cancel, Cancel) and cancel.elapsed == 100.0
+
+
+# -- start-up that eats the segments (decide/startup.py) --------------------------------------
+
+
+def started(
+    n: int, ready: Optional[float], outcome: Outcome = Outcome.TIMEOUT, signal: float = 80.0
+) -> Segment:
+    """Segment ``n``, started at 1000 n, its signal ``signal`` s later, ready ``ready`` s in."""
+    at = 1000.0 * n
+    return seg(
+        n,
+        Phase.ENDED,
+        outcome=outcome,
+        started_at=at,
+        signalled_at=at + signal,
+        ready_at=None if ready is None else at + ready,
+        ended_at=at + signal + 5,
+    )
+
+
+def test_two_segments_in_a_row_that_started_for_most_of_their_time_are_warned_of_with_the_numbers() -> None:
+    warning = slow_start([started(1, 10), started(2, 41), started(3, 79)])
+    assert warning.startswith("start-up takes most of each segment: ")
+    assert "more than 50% of the time before it (segment 2 41s of 1m20s, segment 3 1m19s of 1m20s)" in warning
+    assert warning.endswith(
+        "; use a longer walltime, a smaller grace, or less work before the SegmentClock is made (imports, data loading)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("segments", "why"),
+    [
+        ([started(1, 41)], "one segment alone"),
+        ([started(1, 41), started(2, 40)], "half its time exactly is not more than half"),
+        ([started(1, 41), started(2, 79), started(3, 10)], "the last one started quickly"),
+        ([started(1, 41), started(2, None)], "a command that never said it was ready"),
+        (
+            [started(1, 41), started(2, 79, Outcome.COMPLETED)],
+            "finished on its own: no signal to train up to",
+        ),
+        ([started(1, 41), started(2, 79, Outcome.FAILED)], "a crash: its own problem, said as such"),
+        ([started(1, 41), started(2, 0, signal=0)], "no time before the signal: nothing to measure"),
+    ],
+)
+def test_no_warning_unless_the_last_two_that_ran_started_for_over_half_their_time(
+    segments: list[Segment], why: str
+) -> None:
+    assert slow_start(segments) == "", why
+
+
+def test_segments_that_never_ran_between_two_slow_ones_do_not_break_the_row() -> None:
+    """A successor cancelled while queued, or one not ended yet, ran nothing: the row is of
+    the segments that ran."""
+    never = seg(2, Phase.ENDED, outcome=Outcome.CANCELLED)
+    running = seg(4, Phase.RUNNING, started_at=4000.0)
+    assert slow_start([started(1, 41), never, started(3, 60), running]) != ""
+    assert starting(started(1, 90, signal=80)) == (90.0, 80.0)  # held past its time: all of it
+    assert starting(replace(started(1, 30), ready_at=999.0)) == (0.0, 80.0)  # a clock askew
+
+
+def test_a_segments_end_records_when_its_command_was_ready_from_its_end_marker() -> None:
+    marker = EndMarker(0, 0, "USR1", False, NOW - 1, progress=AFTER, signalled_at=NOW - 20, ready_at=NOW - 70)
+    (done, *_) = decide(chain(seg(1)), Facts(jobs={"j1": JobFacts(end=marker)}, progress=AFTER), NOW)
+    assert isinstance(done, EndSegment) and done.ready_at == NOW - 70 and done.signalled_at == NOW - 20

@@ -330,6 +330,7 @@ ENGINE_MAY_CALL = {
     "retry.accounting_due",
     "retry.accounting_again",
     "carry.applies",
+    "startup.slow_start",  # what to warn the webhook of, once
 }
 
 

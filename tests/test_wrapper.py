@@ -572,6 +572,9 @@ def test_the_signal_is_held_until_every_process_that_took_it_before_is_ready(wor
     assert "held: the command has not yet said it is ready" in Path(job.log_path).read_text()
     end = marker(job)
     assert (end.original, end.signal, end.ready) == (0, "USR1", "1")
+    # Ready once rank 1 was (6 s in), and the held signal passed on then.
+    assert end.ready_at is not None and end.signalled_at is not None, end
+    assert int(end.ready_at) <= end.signalled_at <= end.ready_at + 2, end
     said = [line.split() for line in Path(job.run_dir, "ready").read_text().splitlines()]
     assert sorted(n for n, _, _ in said) == ["1", "1", "2", "2"], said  # each rank once
 
@@ -588,7 +591,7 @@ def test_a_command_that_said_it_was_ready_before_and_never_does_again_is_not_sig
     proc = start_logged(job)
     assert proc.wait(timeout=60) == 0, Path(job.log_path).read_text()
     end = marker(job)
-    assert (end.original, end.signal, end.ready, end.signalled_at) == (0, "", "0", None)
+    assert (end.original, end.signal, end.ready, end.signalled_at, end.ready_at) == (0, "", "0", None, None)
     assert not Path(job.run_dir, "ready").exists()
 
 

@@ -166,6 +166,7 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
                 tail=tail,
                 signalled_at=job.end.signalled_at if job.end is not None else None,
                 stop=stop_seen(spec, job.end, ending.outcome),
+                ready_at=job.end.ready_at if job.end is not None else None,
             )
         )
         failures += charged

@@ -50,6 +50,7 @@ from chainrun.cluster import Cluster
 from chainrun.decide import Facts, decide, placement, quiet_until
 from chainrun.decide.carry import applies
 from chainrun.decide.retry import after_fault
+from chainrun.decide.startup import slow_start
 from chainrun.engine.act import ChainTick, Executor, TickClusters
 from chainrun.engine.observe import ClusterKey, Observer, Polled, poll
 from chainrun.errors import ChainrunError, SchedulerError, StoreUnavailable, TransportError
@@ -145,6 +146,7 @@ class Engine:
         schedulers: Callable[[str, Optional[str]], Scheduler] = scheduler_for,
         on_end: Optional[Callable[[Chain], None]] = None,
         on_problem: Optional[Callable[[Chain, int, str, str], None]] = None,
+        on_warning: Optional[Callable[[Chain, str], None]] = None,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -154,6 +156,9 @@ class Engine:
         # told of each segment the scheduler keeps pending for a reason that will not clear
         # by itself (segment, reason, what to change), once per change of its reason
         self.on_problem = on_problem
+        # told once per service run of a chain whose segments start up for most of their time
+        self.on_warning = on_warning
+        self.warned: set[str] = set()
         self.observer = Observer()
         self.executor = Executor(store, clock)
         self.failing: dict[str, int] = {}  # chain id -> failing ticks in a row
@@ -356,6 +361,10 @@ class Engine:
         is left in ``arrays``."""
         now = self.clock()
         step = ChainTick(chain, now)
+        slow = slow_start(chain.segments) if self.on_warning is not None else ""
+        if slow and chain.id not in self.warned and self.on_warning is not None:
+            self.warned.add(chain.id)
+            self.on_warning(chain, slow)
         if chain.id in self.executor.owed_grace:
             self.executor.write_grace(polled, chain, self.executor.owed_grace[chain.id], step.warnings)
         if chain.spec.scheduler.hosts:

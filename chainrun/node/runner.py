@@ -152,6 +152,7 @@ class Segment:
         self.timer = "wait"
         self.killed = False
         self.stop_by: Optional[float] = None  # the chain ended (a cancel): killed at this time
+        self.ready_at: Optional[float] = None  # when its processes had all said they take the signal
         self.fenced: Optional[str] = None  # who owns the checkpoint directory once this one is fenced
         self.beside: list[str] = []  # a snapshot chain's files kept beside the workdir's own
         self.env = self._environment()
@@ -319,6 +320,7 @@ class Segment:
             f"signalled_at={'' if self.sent is None else self.sent}\nskipped={int(skipped)}\n"
             f"preempted={'1' if self.preempted else ''}\njob={self.job}\nat={int(time.time())}\n"
             f"path={path}\ngrace={self.grace}\nready={ready}\nfenced={self.fenced or ''}\nskip={why}\n"
+            f"ready_at={'' if self.ready_at is None else f'{self.ready_at:.1f}'}\n"
             + self.progress_fields()
             + "".join("beside=" + " ".join(where.splitlines()) + "\n" for where in self.beside)
         )
@@ -422,6 +424,8 @@ class Segment:
         while self.received:
             self.forward(self.received.pop(0))
         now = time.time()
+        if self.ready_at is None and self.ready():
+            self.ready_at = now  # how long the command took to start: a measure, for status
         if self.timer in ("wait", "hold"):
             was, self.timer = (
                 self.timer,

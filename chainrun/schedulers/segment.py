@@ -292,6 +292,7 @@ def parse_end_marker(data: bytes) -> Optional[EndMarker]:
             signalled_at=float(fields["signalled_at"]) if fields.get("signalled_at") else None,
             grace=_whole(fields.get("grace")),
             ready=fields.get("ready", "") if fields.get("ready") in ("0", "1") else "",
+            ready_at=_number(fields.get("ready_at"), float),
             save_seconds=_number(fields.get("ckpt_save"), float),
             fenced=fields.get("fenced", "").strip(),
             skip=fields.get("skip", "").strip(),

@@ -104,6 +104,9 @@ MIGRATIONS: list[str] = [
     "ALTER TABLE segments ADD COLUMN stop REAL",
     # 9: when a cancel was asked for: the segment running then has its grace to save and end.
     "ALTER TABLE chains ADD COLUMN cancel_requested_at REAL",
+    # 10: when a segment's command was ready for the walltime signal (its end marker): how
+    # long its start took, which status warns of when it eats the segments (decide/startup.py).
+    "ALTER TABLE segments ADD COLUMN ready_at REAL",
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -178,6 +178,7 @@ def decode_segment(row: sqlite3.Row) -> Segment:
             task=data["task"],
             signalled_at=data["signalled_at"],
             stop=data["stop"],
+            ready_at=data["ready_at"],
         )
         checked(segment)
     except Unreadable as exc:

@@ -6,12 +6,14 @@ read back (``DamagedChain``), each with the command that removes it.
 from __future__ import annotations
 
 import enum
+import json
 import re
 import shlex
 import sqlite3
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
+from chainrun.decide.startup import IN_A_ROW, slow_start
 from chainrun.model import Chain, ChainState, Outcome, Phase, Segment
 from chainrun.store.rows import word
 
@@ -92,6 +94,7 @@ class Glance(NamedTuple):
     live: tuple[SegmentGlance, ...]
     name: str = ""  # the job file's name
     sweep: str = ""  # the sweep's name, for a chain of a sweep
+    slow_start: str = ""  # its segments barely train: start-up takes most of each (decide.startup)
 
     @property
     def max_segments(self) -> int:
@@ -127,6 +130,7 @@ class Glance(NamedTuple):
             live,
             spec.name,
             spec.sweep_name,
+            slow_start(chain.segments),
         )
 
 
@@ -198,7 +202,8 @@ _SEGMENT_OK = f"""typeof(s.n) = 'integer' AND typeof(s.walltime) = 'integer'
     AND typeof(s.started_at) IN ('null', 'integer', 'real')
     AND typeof(s.ended_at) IN ('null', 'integer', 'real')
     AND typeof(s.missing_since) IN ('null', 'integer', 'real')
-    AND typeof(s.signalled_at) IN ('null', 'integer', 'real')"""
+    AND typeof(s.signalled_at) IN ('null', 'integer', 'real')
+    AND typeof(s.ready_at) IN ('null', 'integer', 'real')"""
 _RAN = (
     f"s.started_at IS NOT NULL OR s.phase = '{Phase.RUNNING.value}' OR (s.phase = '{Phase.ENDED.value}'"
     f" AND (s.outcome IS NULL OR s.outcome NOT IN ({', '.join(repr(o.value) for o in _NOT_RUN)})))"
@@ -222,7 +227,10 @@ GLANCE_SQL = f"""SELECT c.rowid, c.id, c.state, c.reason, c.failures, c.used, c.
     CASE WHEN json_valid(c.spec) THEN coalesce(json_array_length(c.spec, '$.scheduler.hosts'), 0) END,
     count(s.rowid), sum(CASE WHEN s.rowid IS NOT NULL AND ({_RAN}) THEN 1 ELSE 0 END),
     sum(CASE WHEN s.rowid IS NULL OR ({_SEGMENT_OK}) THEN 0 ELSE 1 END),
-    c.name, coalesce({_field("c.spec", "$.sweep_name")}, '')
+    c.name, coalesce({_field("c.spec", "$.sweep_name")}, ''),
+    (SELECT json_group_array(json_array(t.n, t.outcome, t.started_at, t.signalled_at, t.ready_at))
+     FROM (SELECT * FROM segments t WHERE t.chain_id = c.id AND t.started_at IS NOT NULL
+        AND t.outcome IS NOT NULL ORDER BY t.n DESC LIMIT {IN_A_ROW}) t)
 FROM chains c LEFT JOIN segments s ON s.chain_id = c.id
 WHERE {{picked}} GROUP BY c.rowid ORDER BY c.created_at, c.rowid"""
 SEGMENT_GLANCE_SQL = f"""SELECT c.rowid,
@@ -272,7 +280,32 @@ def read_glance(r: sqlite3.Row, live: list[Optional[SegmentGlance]]) -> Optional
         segs,
         name,
         sweep,
+        _last_ran(id_, walltime, r[22]),
     )
+
+
+def _last_ran(chain_id: str, walltime: int, text: Any) -> str:
+    """``decide.startup.slow_start`` of the segments in ``GLANCE_SQL``'s last column (the last
+    that ran); "" where any of them is not as chainrun writes it."""
+    try:
+        rows = json.loads(text) if type(text) is str else []
+        segs = [
+            Segment(
+                chain_id,
+                n,
+                walltime,
+                Phase.ENDED,
+                outcome=Outcome(o),
+                started_at=a,
+                signalled_at=s,
+                ready_at=r,
+            )
+            for n, o, a, s, r in sorted(rows)
+            if type(n) is int and {type(a), type(s), type(r)} <= _MAYBE_NUMBER
+        ]
+    except (ValueError, TypeError):
+        return ""
+    return slow_start(segs) if len(segs) == len(rows) else ""
 
 
 def read_segment_glance(r: sqlite3.Row) -> Optional[SegmentGlance]:

@@ -208,7 +208,7 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
         db.execute(
             "UPDATE segments SET phase = ?, outcome = ?, exit_code = ?, charged = ?, "
             "ended_at = ?, reason = ?, tail = ?, stop = ?, started_at = COALESCE(started_at, ?), "
-            "signalled_at = ? WHERE chain_id = ? AND n = ?",
+            "signalled_at = ?, ready_at = ? WHERE chain_id = ? AND n = ?",
             (
                 Phase.ENDED.value,
                 action.outcome.value,
@@ -220,6 +220,7 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
                 action.stop,
                 _started(action.ended_at, action.elapsed),
                 action.signalled_at,
+                action.ready_at,
                 *seg,
             ),
         )
