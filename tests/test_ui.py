@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 import pytest
 from conftest import REPO, cli_env, have, need, wait_for
 
+from chainrun.ui import charts
 from chainrun.ui.charts import FAILURE
 
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -183,11 +184,37 @@ def test_the_page_shows_a_chain_its_timeline_and_curves_and_follows_it_live(
     tail = browser.find_element(By.CSS_SELECTOR, 'table.segments tr[data-n="2"] .tail').text
     assert "<script>window.pwned = 1</script> CUDA error" in tail
     assert browser.execute_script("return window.pwned") is None
+    _labels_fit(browser)  # the timeline's last time label among them
     crashed.click()
     assert "job " in browser.find_element(By.ID, "detail").text
     assert browser.execute_script("return window.notReloaded") is True
     browser.save_screenshot(str(tmp_path / "chain.png"))
     _keep_for_readme(browser, tmp_path / "chain.png")
+
+
+# Every text of every chart that lies outside its chart's box, as the browser drew them.
+_OUTSIDE = """
+const out = [];
+for (const svg of document.querySelectorAll("svg.chart")) {
+  const box = svg.getBoundingClientRect();
+  for (const t of svg.querySelectorAll("text")) {
+    const r = t.getBoundingClientRect();
+    if (r.left < box.left - 0.5 || r.right > box.right + 0.5 || r.top < box.top - 0.5 || r.bottom > box.bottom + 0.5)
+      out.push(svg.id + ": " + t.textContent);
+  }
+}
+return out;
+"""
+
+
+def _labels_fit(browser: Any) -> None:
+    """Every label of every chart on the page is drawn whole, inside its chart, at a size a
+    reader expects (no larger than 16 px)."""
+    assert browser.execute_script(_OUTSIDE) == []
+    heights = browser.execute_script(
+        "return Array.from(document.querySelectorAll('svg.plot text.tick'), t => t.getBoundingClientRect().height)"
+    )
+    assert heights and max(heights) <= 16, heights
 
 
 def _state(browser: Any) -> str:
@@ -254,6 +281,10 @@ def test_a_sweep_page_compares_configurations_and_a_cancel_asks_first(
     column = [r.find_elements(By.TAG_NAME, "td")[lr].text for r in table.find_elements(By.TAG_NAME, "tr")[1:]]
     assert column == ["0.5", "0.05"]
     assert len(browser.find_elements(By.CSS_SELECTOR, "#scatter circle.point")) == 2
+    scatter = browser.find_element(By.ID, "scatter")
+    assert scatter.rect["width"] <= 480, scatter.rect  # its own size, not the page's width
+    assert scatter.get_attribute("data-xscale") == "log"  # 0.05 and 0.5: a decade apart
+    _labels_fit(browser)
     browser.save_screenshot(str(tmp_path / "sweep.png"))
     browser.find_element(By.LINK_TEXT, "Cancel sweep…").click()
     assert browser.find_element(By.TAG_NAME, "h1").text == "Cancel sweep sw?"
@@ -386,3 +417,76 @@ def test_the_page_on_a_login_node_is_forwarded_here_and_survives_a_dropped_link(
         if proc.poll() is None:
             proc.kill()
         sshd.stop()
+
+
+def _svg(text: str) -> Any:
+    import xml.etree.ElementTree as ET
+
+    return ET.fromstring(text)
+
+
+def test_a_plot_keeps_its_size_and_values_spanning_decades_get_a_log_axis() -> None:
+    """A plot is drawn at its own size (not stretched to the page); learning rates a decade
+    apart each are spaced evenly on a log axis ticked at powers of ten; a loss over a few
+    tenths stays linear; no point sits on the frame (the axes), however few there are."""
+    lrs = [1e-4, 1e-3, 1e-2, 1e-1]
+    svg = _svg(
+        charts.plot(
+            [(lr, 1.0 / (i + 1)) for i, lr in enumerate(lrs)], "lr", "best loss", "s", labels=list("abcd")
+        )
+    )
+    assert svg.get("width") is not None and float(svg.get("width")) <= 480  # pixels, not a share
+    assert svg.get("data-xscale") == "log" and svg.get("data-yscale") == "linear"
+    xs = [float(c.get("cx")) for c in svg.iter("circle")]
+    steps = [b - a for a, b in zip(xs, xs[1:])]
+    assert max(steps) - min(steps) < 0.5, xs  # evenly spaced: one decade each
+    ticks = [t.text for t in svg.iter("text") if t.get("class") == "tick"]
+    assert {"1e-4", "0.001", "0.01", "0.1"} <= set(ticks), ticks
+    frame = list(svg.iter("line"))
+    left = float(frame[1].get("x1"))  # the y axis
+    base = float(frame[0].get("y1"))  # the x axis
+    for c in svg.iter("circle"):
+        assert float(c.get("cx")) > left + 3 and float(c.get("cy")) < base - 3  # off the axes
+    loss = _svg(charts.plot([(1, 0.9), (2, 0.5), (3, 0.3)], "epoch", "loss", "m"))
+    assert loss.get("data-yscale") == "linear" and loss.get("data-xscale") == "linear"
+    decades = _svg(charts.plot([(1, 2.3), (2, 0.1), (3, 0.004)], "epoch", "loss", "m"))
+    assert decades.get("data-yscale") == "log"
+
+
+def test_every_label_of_a_chart_is_drawn_whole(tmp_path: Path, browser: Any) -> None:
+    """In Chromium, with the page's own style sheet: a timeline whose end falls on a round
+    time keeps its last time label inside (it was cut in half), and a plot, at its own
+    size on a wide page, keeps its long tick labels (a loss in the hundred thousands, a
+    learning rate of 1e-5) inside its box."""
+    from chainrun.accounting import ChainAccount, SegmentAccount
+
+    start = 1_699_999_200.0  # on the hour: the timeline's ticks fall on both of its ends
+    segs = tuple(
+        SegmentAccount(
+            n,
+            str(n),
+            "timeout",
+            False,
+            start + 200 * (n - 1),
+            start + 200 * (n - 1),
+            None,
+            start + 200 * n,
+            0.0,
+            200.0,
+            0.0,
+            0.0,
+        )
+        for n in (1, 2, 3)
+    )
+    timeline = charts.timeline(ChainAccount(segs, 0), ["a", "b", "c"], start, start + 600)
+    big = charts.plot(
+        [(1e-5, 123456.7), (3e-3, 2345.6), (0.1, 98765.4)], "lr", "best loss", "scatter", labels=list("abc")
+    )
+    style = (REPO / "chainrun" / "ui" / "static" / "ui.css").as_uri()
+    page = tmp_path / "charts.html"
+    page.write_text(
+        f'<!doctype html><html><head><link rel="stylesheet" href="{style}"></head><body><main>{timeline}{big}</main></body></html>'
+    )
+    browser.get(page.as_uri())
+    _labels_fit(browser)
+    assert browser.find_element("id", "scatter").rect["width"] <= 480  # not the page's 1168 px

@@ -2,7 +2,9 @@
 segment against wall-clock time: queue wait, training, save after the signal, gap to the
 next; coloured by outcome, each with a tooltip of its job, reason and output tail) and
 plots of points (epoch against time, a metric against epoch or step, a parameter
-against a metric). Every text that goes in is escaped; nothing is fetched from anywhere.
+against a metric), each at its own size, an axis log-scaled where its values span a
+decade or more, every label kept inside its chart. Every text that goes in is escaped;
+nothing is fetched from anywhere.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ OUTCOME_COLOURS = {
 }
 QUEUE, SAVE, GAP = "#c7c7c7", "#ff7f0e", "#f2e6c9"
 _W, _ROW, _LEFT, _TOP = 800, 22, 46, 8
+PLOT_W, PLOT_H = 440, 250  # a plot's size in pixels (its text at the style sheet's 11px)
+CHAR = 6.6  # the width of a character of that text, about: what keeps a label inside
+PAD = 0.06  # the share of an axis's range left free at each end
 
 
 def colour(outcome: str) -> str:
@@ -103,11 +108,67 @@ def timeline(acc: ChainAccount, details: Sequence[str], start: float, now: float
         )
     axis_y = _TOP + _ROW * max(1, len(acc.segments)) + 14
     for t in _ticks(lo, hi):
-        out.append(
-            f'<text class="tick" x="{x(t):.1f}" y="{axis_y}" text-anchor="middle">{_clock(t, span)}</text>'
-        )
+        text = _clock(t, span)
+        out.append(f'<text class="tick" {_anchor(x(t), text, _W)} y="{axis_y}">{text}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+class Axis:
+    """One axis of a plot: the values' range, padded so that no point sits on the frame,
+    on a log scale when the values are all positive and span a decade or more (learning
+    rates, losses), else a linear one."""
+
+    def __init__(self, values: Sequence[float], may_log: bool = True) -> None:
+        lo, hi = min(values), max(values)
+        self.log = may_log and lo > 0 and hi / lo >= 10
+        if self.log:
+            lo, hi = math.log10(lo), math.log10(hi)
+        if hi == lo:
+            lo, hi = lo - 1, hi + 1
+        pad = (hi - lo) * PAD
+        self.lo, self.hi = lo - pad, hi + pad
+
+    def share(self, v: float) -> float:
+        """Where ``v`` lies, from 0 (the low end) to 1."""
+        return ((math.log10(v) if self.log else v) - self.lo) / (self.hi - self.lo)
+
+    def ticks(self, count: int) -> list[float]:
+        """About ``count`` round values in range: powers of ten on a log scale."""
+        if not self.log:
+            return _ticks(self.lo, self.hi, count)
+        first, last = math.ceil(self.lo), math.floor(self.hi)
+        if last - first < 1:  # less than two powers of ten in range: 1, 2 and 5 of each
+            return [
+                m * 10.0**e
+                for e in range(first - 1, last + 1)
+                for m in (1, 2, 5)
+                if self.lo <= math.log10(m * 10.0**e) <= self.hi
+            ]
+        every = max(1, math.ceil((last - first + 1) / count))
+        return [10.0**e for e in range(first, last + 1, every)]
+
+
+def number(v: float) -> str:
+    """A tick's value, short: three significant digits, ``1e-4`` rather than ``0.0001``."""
+    text = f"{v:.2e}" if v and abs(v) < 1e-3 else f"{v:.3g}"
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        if "." in mantissa:
+            mantissa = mantissa.rstrip("0").rstrip(".")
+        text = f"{mantissa}e{int(exponent)}"
+    return text
+
+
+def _anchor(x: float, text: str, width: float) -> str:
+    """``x`` and the anchor that keep a tick's ``text`` inside ``width``: centred, else
+    flush against the edge it would cross."""
+    half = len(text) * CHAR / 2
+    if x + half > width - 2:
+        return f'x="{x:.1f}" text-anchor="end"'
+    if x - half < 2:
+        return f'x="{x:.1f}" text-anchor="start"'
+    return f'x="{x:.1f}" text-anchor="middle"'
 
 
 def plot(
@@ -119,42 +180,44 @@ def plot(
     labels: Optional[Sequence[str]] = None,
 ) -> str:
     """A line of points (a scatter when ``labels`` name each point: its tooltip), with
-    axes; ``xtime``: x is a wall-clock time."""
-    w, h, left, bottom = 400, 220, 52, 34
-    out = [
-        f'<svg id="{escape(ident)}" class="chart plot" viewBox="0 0 {w} {h}" role="img" '
-        f'aria-label="{escape(ylabel)} against {escape(xlabel)}">'
-    ]
+    axes, drawn at its own size (``PLOT_W`` by ``PLOT_H`` pixels, smaller only on a narrow
+    screen); ``xtime``: x is a wall-clock time."""
+    w, h, bottom = PLOT_W, PLOT_H, 34
+    head = (
+        f'id="{escape(ident)}" class="chart plot" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img"'
+    )
+    out = [f'<svg {head} aria-label="{escape(ylabel)} against {escape(xlabel)}"']
     if not points:
-        out.append(f'<text x="{w / 2}" y="{h / 2}" text-anchor="middle">no points yet</text></svg>')
+        out.append(f'><text x="{w / 2}" y="{h / 2}" text-anchor="middle">no points yet</text></svg>')
         return "".join(out)
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
-    if x1 == x0:
-        x0, x1 = x0 - 1, x1 + 1
-    if y1 == y0:
-        y0, y1 = y0 - 1, y1 + 1
+    ax = Axis([p[0] for p in points], may_log=not xtime)
+    ay = Axis([p[1] for p in points])
+    out.append(
+        f' data-xscale="{"log" if ax.log else "linear"}" data-yscale="{"log" if ay.log else "linear"}">'
+    )
+    yticks = [(t, number(t)) for t in ay.ticks(4)]
+    left = 20 + CHAR * max(len(text) for _, text in yticks)  # room for the widest label
+    base = h - bottom
 
     def px(v: float) -> float:
-        return left + (v - x0) / (x1 - x0) * (w - left - 12)
+        return left + ax.share(v) * (w - left - 12)
 
     def py(v: float) -> float:
-        return 10 + (1 - (v - y0) / (y1 - y0)) * (h - bottom - 10)
+        return 10 + (1 - ay.share(v)) * (base - 10)
 
-    base = h - bottom
     out.append(f'<line x1="{left}" y1="{base}" x2="{w - 8}" y2="{base}" class="axis"/>')
     out.append(f'<line x1="{left}" y1="10" x2="{left}" y2="{base}" class="axis"/>')
-    for t in _ticks(x0, x1, 4):
-        text = _clock(t, x1 - x0) if xtime else f"{t:g}"
-        out.append(f'<text class="tick" x="{px(t):.1f}" y="{base + 14}" text-anchor="middle">{text}</text>')
-    for t in _ticks(y0, y1, 4):
-        out.append(f'<text class="tick" x="{left - 4}" y="{py(t) + 4:.1f}" text-anchor="end">{t:.4g}</text>')
+    xs = [p[0] for p in points]
+    for t in ax.ticks(4):
+        text = _clock(t, max(xs) - min(xs)) if xtime else number(t)
+        out.append(f'<text class="tick" {_anchor(px(t), text, w)} y="{base + 14}">{text}</text>')
+    for t, text in yticks:
+        out.append(f'<text class="tick" x="{left - 4}" y="{py(t) + 4:.1f}" text-anchor="end">{text}</text>')
     out.append(
         f'<text class="label" x="{(w + left) / 2}" y="{h - 4}" text-anchor="middle">{escape(xlabel)}</text>'
     )
     out.append(
-        f'<text class="label" x="12" y="{h / 2}" transform="rotate(-90 12 {h / 2})" '
+        f'<text class="label" x="12" y="{base / 2}" transform="rotate(-90 12 {base / 2})" '
         f'text-anchor="middle">{escape(ylabel)}</text>'
     )
     if labels is None:
