@@ -239,8 +239,10 @@ def _keep_for_readme(browser: Any, shot: Path) -> None:
 def test_a_sweep_page_compares_configurations_and_a_cancel_asks_first(
     tmp_path: Path, chainrun: CLI, service: Service, ui: Callable[..., str], browser: Any
 ) -> None:
-    """A sweep of two learning rates: its section on the overview, its page's table sorted
-    by a click on a column, its plot of lr against the best loss with a point per chain;
+    """A sweep of two learning rates, two repetitions each: its section on the overview, its
+    page's table sorted by a click on a column, each metric's mean and spread per learning
+    rate, its plot of lr against the best loss with a point per chain (a log axis: the
+    rates are a decade apart) at its own size, every label inside;
     then "Cancel sweep…" asks, and only the confirmation cancels it."""
     from selenium.webdriver.common.by import By
 
@@ -249,7 +251,7 @@ def test_a_sweep_page_compares_configurations_and_a_cancel_asks_first(
         "sw",
         # Three epochs, then nothing more to show: the page holds still while it is read.
         'command = "python3 train.py 3 0.3 && sleep 600"\ntotal_time = "1h"\nwalltime = "5m"\n'
-        "target_epoch = 4\n[sweep.grid]\nlr = [0.5, 0.05]",
+        "target_epoch = 4\n[sweep]\nreps = 2\n[sweep.grid]\nlr = [0.5, 0.05]",
     )
     chainrun("submit", str(job), check=True)
     service(0.3)
@@ -260,15 +262,15 @@ def test_a_sweep_page_compares_configurations_and_a_cancel_asks_first(
         status, body = _get(f"{base}/sweep/sw?token={token}&fragment=1")
         return body.partition('id="scatter"')[2].count("<circle") if status == 200 else 0
 
-    wait_for(lambda: plotted() == 2, 120, "both chains reporting their metrics")
+    wait_for(lambda: plotted() == 4, 120, "every chain reporting its metrics")
     wait_for(
         lambda: all(c["epoch"] == 3 for c in json.loads(chainrun("status", "--json").stdout)),
         120,
-        "both chains at their last epoch",
+        "every chain at its last epoch",
     )
     browser.get(url)
     assert browser.find_element(By.CSS_SELECTOR, "details.sweep summary").text.startswith(
-        "sweep sw: 2 chains"
+        "sweep sw: 4 chains"
     )
     browser.find_element(By.CSS_SELECTOR, "details.sweep summary a").click()
     table = browser.find_element(By.ID, "configs")
@@ -276,11 +278,16 @@ def test_a_sweep_page_compares_configurations_and_a_cancel_asks_first(
     header = table.find_elements(By.TAG_NAME, "th")[lr]
     header.click()
     column = [r.find_elements(By.TAG_NAME, "td")[lr].text for r in table.find_elements(By.TAG_NAME, "tr")[1:]]
-    assert column == ["0.05", "0.5"]
+    assert column == ["0.05", "0.05", "0.5", "0.5"]
     header.click()
     column = [r.find_elements(By.TAG_NAME, "td")[lr].text for r in table.find_elements(By.TAG_NAME, "tr")[1:]]
-    assert column == ["0.5", "0.05"]
-    assert len(browser.find_elements(By.CSS_SELECTOR, "#scatter circle.point")) == 2
+    assert column == ["0.5", "0.5", "0.05", "0.05"]
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#scatter circle.point")) == 4
+    means = browser.find_element(By.CSS_SELECTOR, 'table.means[data-metric="loss"]')
+    assert [r.text for r in means.find_elements(By.TAG_NAME, "tr")[1:]] == [
+        "0.05 0.01667 ±0 2 of 2",  # the loss is lr / epoch, at epoch 3 in both repetitions
+        "0.5 0.1667 ±0 2 of 2",
+    ]
     scatter = browser.find_element(By.ID, "scatter")
     assert scatter.rect["width"] <= 480, scatter.rect  # its own size, not the page's width
     assert scatter.get_attribute("data-xscale") == "log"  # 0.05 and 0.5: a decade apart
@@ -490,3 +497,39 @@ def test_every_label_of_a_chart_is_drawn_whole(tmp_path: Path, browser: Any) -> 
     browser.get(page.as_uri())
     _labels_fit(browser)
     assert browser.find_element("id", "scatter").rect["width"] <= 480  # not the page's 1168 px
+
+
+def test_a_sweep_page_shows_each_metrics_mean_and_spread_per_configuration(tmp_path: Path) -> None:
+    """The sweep page compares the configurations as `chainrun status SWEEP` does: per
+    metric, one row a configuration with the mean and spread of its repetitions' latest
+    values and how many reported, the best first (the same numbers as the CLI's table)."""
+    import re
+
+    from test_sweep import sweep_chains
+
+    from chainrun.ui import pages
+
+    chains = sweep_chains(
+        tmp_path,
+        [
+            {"val_loss": 0.5},  # lr 0.1, batch 64, r0
+            {"val_loss": 0.7},  # r1
+            {"val_loss": 0.25},  # lr 0.1, batch 128
+            {"val_loss": 0.25},
+            {"val_loss": 1.5},  # lr 0.01, batch 64
+            {"val_loss": 0.5},
+            {"val_loss": 1.25},  # lr 0.01, batch 128: only r0 reported
+            {},
+        ],
+    )
+    page = pages.sweep_page("lr", chains, {}, pages.Links("t"), 0.0, "", "")
+    table = page.split('<table class="means" data-metric="val_loss">')[1].split("</table>")[0]
+    rows = [re.findall(r"<t[dh]>(.*?)</t[dh]>", row) for row in table.split("<tr>")[1:]]
+    assert rows == [
+        ["lr", "batch", "mean", "spread", "reps"],
+        ["0.1", "128", "0.25", "±0", "2 of 2"],
+        ["0.1", "64", "0.6", "±0.14", "2 of 2"],
+        ["0.01", "64", "1", "±0.71", "2 of 2"],
+        ["0.01", "128", "1.25", "-", "1 of 2"],
+    ]
+    assert "val_loss, lowest first" in table

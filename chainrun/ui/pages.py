@@ -22,7 +22,7 @@ from chainrun.fields import format_duration
 from chainrun.model import Chain, JobSpec, Progress
 from chainrun.store import Glance
 from chainrun.sweep import param_text
-from chainrun.sweepstatus import lower_is_better
+from chainrun.sweepstatus import lower_is_better, metric_names, scores, spread_text
 from chainrun.text import duration
 from chainrun.ui import charts
 
@@ -354,8 +354,31 @@ def sweep_page(
     )
     return (
         f"<h1>sweep {escape(name)}</h1><p>{len(chains)} chains, {unfinished} unfinished {cancel}</p>"
-        f"<h2>Configurations</h2>{table}<h2>Parameter against metric</h2>{chosen or '<p>no metrics yet</p>'}"
+        f"<h2>Configurations</h2>{table}{_means(chains, list(params))}"
+        f"<h2>Parameter against metric</h2>{chosen or '<p>no metrics yet</p>'}"
     )
+
+
+def _means(chains: Sequence[Chain], params: Sequence[str]) -> str:
+    """Each metric per configuration, as ``chainrun status SWEEP`` compares them: the mean
+    and spread of its repetitions' latest values, the best configuration first."""
+    out = []
+    for metric in metric_names(chains):
+        lower = lower_is_better(metric)
+        head = "".join(f"<th>{escape(p)}</th>" for p in params) + "<th>mean</th><th>spread</th><th>reps</th>"
+        rows = []
+        for score in scores(metric, chains):
+            values = dict(score.config)
+            cells = [escape(param_text(values[p])) if p in values else "-" for p in params]
+            cells += [f"{score.mean:.4g}", escape(spread_text(score)), f"{score.reported} of {score.reps}"]
+            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        out.append(
+            f'<table class="means" data-metric="{escape(metric)}"><caption>{escape(metric)}, '
+            f"{'lowest' if lower else 'highest'} first</caption><tr>{head}</tr>{''.join(rows)}</table>"
+        )
+    if not out:
+        return ""
+    return "<h2>Mean ± spread over repetitions</h2>" + "".join(f'<div class="scroll">{t}</div>' for t in out)
 
 
 def _number(raw: Optional[str]) -> Optional[float]:
