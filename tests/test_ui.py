@@ -533,3 +533,44 @@ def test_a_sweep_page_shows_each_metrics_mean_and_spread_per_configuration(tmp_p
         ["0.01", "128", "1.25", "-", "1 of 2"],
     ]
     assert "val_loss, lowest first" in table
+
+
+def test_no_trained_share_for_a_chain_that_trained_nothing(tmp_path: Path) -> None:
+    """A chain whose one segment crashed two seconds after it started, and one whose
+    checkpoint is still at the epoch it held at submission, show no share trained ("-", not
+    the 100% their start-to-end time made), on the overview and on their own page; a chain
+    that saved an epoch shows its share."""
+    import re
+    from dataclasses import replace
+
+    from test_sweep import sweep_chains
+
+    from chainrun.model import NO_PROGRESS, ChainState, Outcome, Phase, Segment
+    from chainrun.store import Glance
+    from chainrun.ui import pages
+
+    ran = Segment("x", 1, 600, Phase.ENDED, "7", submitted_at=100.0, started_at=101.0, ended_at=103.0)
+    base = sweep_chains(tmp_path, [{"loss": 1.0}] * 3)[:3]  # each at epoch 3
+    crashed, trained, stayed = (
+        replace(
+            c,
+            state=ChainState.FAILED,
+            ended_at=103.0,
+            segments=(replace(ran, chain_id=c.id, outcome=Outcome.FAILED if i != 1 else Outcome.TIMEOUT),),
+        )
+        for i, c in enumerate(base)
+    )
+    crashed = replace(crashed, latest=NO_PROGRESS)
+    stayed = replace(stayed, baseline=stayed.latest)  # it resumed epoch 3 and saved nothing more
+    link = pages.Links("t")
+    shown = pages.overview(
+        [Glance.of(c) for c in (crashed, trained, stayed)], {c.id: (2.0, 2.0) for c in base}, link, 200.0
+    )
+    cells = {
+        m.group(1): m.group(2)
+        for m in re.finditer(r'<tr class="chain" data-id="([^"]+)".*?<td>([^<]*)</td></tr>', shown)
+    }
+    assert cells == {crashed.id: "-", trained.id: "100%", stayed.id: "-"}
+    for chain, share in ((crashed, "-"), (trained, "100%"), (stayed, "-")):
+        page = pages.chain_page(chain, [], link, 200.0)
+        assert "<dt>share trained</dt><dd>" + share + "</dd>" in page, chain.id

@@ -60,8 +60,13 @@ def layout(title: str, link: Links, main: str, live: bool = True) -> str:
     )
 
 
-def _pct(share: Optional[float]) -> str:
-    return "-" if share is None else f"{share:.0%}"
+def _trained_share(g: Glance, allocated: float, trained: float) -> str:
+    """The share of the allocated time that trained, or ``-`` for a chain that has trained
+    nothing: none of its segments ran, or it has saved no epoch past the one its checkpoint
+    held at submission (it failed at once, or was cancelled before its first save). Its
+    segments' time from start to signal is then no training to speak of."""
+    moved = g.epoch is not None and (g.baseline_epoch is None or g.epoch > g.baseline_epoch)
+    return f"{trained / allocated:.0%}" if moved and allocated > 0 else "-"
 
 
 def _progress(epoch: Optional[int], target: Optional[int]) -> str:
@@ -83,13 +88,13 @@ _OVERVIEW_HEAD = (
 
 
 def _row(g: Glance, allocation: Optional[tuple[float, float]], link: Links, now: float) -> str:
-    share = allocation[1] / allocation[0] if allocation and allocation[0] > 0 else None
+    share = _trained_share(g, *(allocation or (0.0, 0.0)))
     return (
         f'<tr class="chain" data-id="{escape(g.id)}" data-state="{g.state.value}">'
         f'<td><a href="{link.chain(g.id)}">{escape(g.id)}</a></td>'
         f'<td class="state {g.state.value}">{escape(view.state_cell(g, now))}</td>'
         f"<td>{_progress(g.epoch, g.target_epoch)}</td><td>{_eta(g, now)}</td>"
-        f"<td>{escape(view.failures_cell(g))}</td><td>{_pct(share)}</td></tr>"
+        f"<td>{escape(view.failures_cell(g))}</td><td>{share}</td></tr>"
     )
 
 
@@ -146,12 +151,12 @@ def _seconds(value: Optional[float]) -> str:
     return "-" if value is None else escape(duration(value))
 
 
-def _accounting(acc: ChainAccount) -> str:
+def _accounting(acc: ChainAccount, g: Glance) -> str:
     gpu = f"{acc.gpu_hours:.2f} ({acc.gpus} a job)" if acc.gpu_hours is not None else "none asked for"
     cells = (
         ("allocated", duration(acc.allocated)),
         ("trained", duration(acc.trained)),
-        ("share trained", _pct(acc.share)),
+        ("share trained", _trained_share(g, acc.allocated, acc.trained)),
         ("queued", duration(acc.queued)),
         ("saving", duration(acc.saving)),
         ("gaps", duration(acc.gaps)),
@@ -264,7 +269,7 @@ def chain_page(chain: Chain, log: Log, link: Links, now: float) -> str:
         f'<p><span class="state {chain.state.value}" id="state">{escape(view.state_cell(g, now))}</span>'
         f" · {_progress(g.epoch, g.target_epoch)} · ETA {_eta(g, now)} · failures "
         f"{escape(view.failures_cell(g))}{sweep} {actions}</p>{reason}"
-        f"<h2>Where the time went</h2>{_accounting(acc)}"
+        f"<h2>Where the time went</h2>{_accounting(acc, g)}"
         f'<figure>{timeline}<figcaption class="legend">{legend}</figcaption></figure>'
         f'<pre id="detail" class="detail" hidden></pre>'
         f'<h2>Training</h2><div class="plots">{"".join(plots)}</div>'
