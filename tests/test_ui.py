@@ -574,3 +574,22 @@ def test_no_trained_share_for_a_chain_that_trained_nothing(tmp_path: Path) -> No
     for chain, share in ((crashed, "-"), (trained, "100%"), (stayed, "-")):
         page = pages.chain_page(chain, [], link, 200.0)
         assert "<dt>share trained</dt><dd>" + share + "</dd>" in page, chain.id
+
+
+def test_each_outcome_has_a_colour_of_its_own_and_a_crash_while_saving_keeps_it() -> None:
+    """Every outcome (and a running segment) has a colour no other outcome, the queue wait
+    or the gap has; a segment that got the walltime signal and then crashed is drawn in the
+    crash's colour from its start to its end (its save striped over it), never in a colour
+    that reads as a save."""
+    from chainrun.accounting import ChainAccount, SegmentAccount
+    from chainrun.model import Outcome
+
+    colours = charts.OUTCOME_COLOURS
+    assert {o.value for o in Outcome} | {"running"} <= set(colours)
+    assert len(set(colours.values())) == len(colours)
+    assert not {charts.QUEUE, charts.GAP} & set(colours.values())
+    crashed = SegmentAccount(1, "9", "failed", True, 0.0, 10.0, 70.0, 100.0, 10.0, 60.0, 30.0, None)
+    svg = _svg(charts.timeline(ChainAccount((crashed,), 0), ["crashed while saving"], 0.0, 100.0))
+    fills = {r.get("class"): r.get("fill") for r in svg.iter("rect") if r.get("class") != "row"}
+    assert fills["training"] == fills["saving"] == charts.FAILURE, fills
+    assert fills["stripes"] == "url(#stripes)"

@@ -1,7 +1,7 @@
 """The web page's charts, drawn here as SVG text: a chain's segment timeline (one bar a
 segment against wall-clock time: queue wait, training, save after the signal, gap to the
-next; coloured by outcome, each with a tooltip of its job, reason and output tail) and
-plots of points (epoch against time, a metric against epoch or step, a parameter
+next; coloured by outcome, the save striped, each with a tooltip of its job, reason and
+output tail) and plots of points (epoch against time, a metric against epoch or step, a parameter
 against a metric), each at its own size, an axis log-scaled where its values span a
 decade or more, every label kept inside its chart. Every text that goes in is escaped;
 nothing is fetched from anywhere.
@@ -10,30 +10,38 @@ nothing is fetched from anywhere.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from html import escape
 from typing import Optional
 
 from chainrun.accounting import ChainAccount
 
-# Colours by outcome: the failure colour for every ending that crashed.
-FAILURE = "#d62728"
+# One colour per outcome, none shared with another outcome or with the queue wait and the
+# gap; a segment's save after the signal is drawn in its outcome's colour, striped, so a
+# segment that crashed while saving is the crash's colour from end to end.
 OUTCOME_COLOURS = {
     "completed": "#2ca02c",
     "timeout": "#1f77b4",
     "preempted": "#9467bd",
     "cancelled": "#7f7f7f",
     "skipped": "#bcbd22",
-    "fenced": "#bcbd22",  # stopped by the fence, at no cost: like a skip
+    "fenced": "#98df8a",  # stopped by the fence, at no cost
     "running": "#17becf",
-    "failed": FAILURE,
-    "oom": FAILURE,
-    "node_fail": FAILURE,
-    "lost": FAILURE,
-    "rejected": FAILURE,
+    "failed": "#d62728",
+    "oom": "#e377c2",
+    "node_fail": "#8c564b",
+    "lost": "#393b79",
+    "rejected": "#bd9e39",
 }
-QUEUE, SAVE, GAP = "#c7c7c7", "#ff7f0e", "#f2e6c9"
+FAILURE = OUTCOME_COLOURS["failed"]
+OTHER = "#c49c94"  # a phase that has no colour of its own (a segment not started)
+QUEUE, GAP = "#c7c7c7", "#f2e6c9"
+_STRIPES = (
+    '<defs><pattern id="stripes" width="6" height="6" patternUnits="userSpaceOnUse" '
+    'patternTransform="rotate(45)"><rect width="3" height="6" fill="#fff" fill-opacity="0.55"/>'
+    "</pattern></defs>"
+)
 _W, _ROW, _LEFT, _TOP = 800, 22, 46, 8
 PLOT_W, PLOT_H = 440, 250  # a plot's size in pixels (its text at the style sheet's 11px)
 CHAR = 6.6  # the width of a character of that text, about: what keeps a label inside
@@ -41,7 +49,20 @@ PAD = 0.06  # the share of an axis's range left free at each end
 
 
 def colour(outcome: str) -> str:
-    return OUTCOME_COLOURS.get(outcome, "#8c8c8c")
+    return OUTCOME_COLOURS.get(outcome, OTHER)
+
+
+def legend(outcomes: Collection[str]) -> str:
+    """The timeline's key: the queue wait, the save (striped), the gap, and each of
+    ``outcomes`` in its colour."""
+    shown = [("queued", QUEUE, ""), ("saving", "#8c8c8c", "url(#stripes)"), ("gap", GAP, "")]
+    shown += [(k, c, "") for k, c in OUTCOME_COLOURS.items() if k in outcomes]
+    return "".join(
+        f'<span><svg class="swatch" viewBox="0 0 10 10"><rect width="10" height="10" fill="{c}"/>'
+        + (f'<rect width="10" height="10" fill="{over}"/>' if over else "")
+        + f"</svg>{escape(k)}</span>"
+        for k, c, over in shown
+    )
 
 
 def _clock(at: float, span: float) -> str:
@@ -83,7 +104,7 @@ def timeline(acc: ChainAccount, details: Sequence[str], start: float, now: float
 
     out = [
         f'<svg id="timeline" class="chart" viewBox="0 0 {_W} {height}" role="img" '
-        f'aria-label="segment timeline" preserveAspectRatio="xMinYMin meet">'
+        f'aria-label="segment timeline" preserveAspectRatio="xMinYMin meet">{_STRIPES}'
     ]
     for i, (seg, tip) in enumerate(zip(acc.segments, details)):
         y = _TOP + i * _ROW
@@ -97,7 +118,8 @@ def timeline(acc: ChainAccount, details: Sequence[str], start: float, now: float
             )
             if seg.saving:
                 edge = seg.started_at + seg.training
-                parts.append(rect(edge, edge + seg.saving, y, SAVE, "saving"))
+                parts.append(rect(edge, edge + seg.saving, y, colour(seg.outcome), "saving"))
+                parts.append(rect(edge, edge + seg.saving, y, "url(#stripes)", "stripes"))
         if seg.gap and seg.ended_at is not None:
             parts.append(rect(seg.ended_at, seg.ended_at + seg.gap, y, GAP, "gap"))
         out.append(

@@ -246,13 +246,7 @@ def chain_page(chain: Chain, log: Log, link: Links, now: float) -> str:
     # Up to now while it runs; an ended chain's timeline ends where it did.
     until = chain.ended_at if chain.ended_at is not None else now
     timeline = charts.timeline(acc, [_tip(s, chain) for s in acc.segments], chain.created_at, until)
-    shown = [("queued", charts.QUEUE), ("saving", charts.SAVE), ("gap", charts.GAP)]
-    shown += [(k, c) for k, c in charts.OUTCOME_COLOURS.items() if k in {s.outcome for s in acc.segments}]
-    legend = "".join(
-        f'<span><svg class="swatch" viewBox="0 0 10 10"><rect width="10" height="10" fill="{c}"/></svg>'
-        f"{escape(k)}</span>"
-        for k, c in shown
-    )
+    legend = charts.legend({s.outcome for s in acc.segments})
     plots = [charts.plot(epoch_points(log), "time", "epoch", "epochs", xtime=True)]
     for i, (name, points) in enumerate(sorted(_metric_series(log).items())):
         plots.append(charts.plot(points, "epoch", name, f"metric-{i}"))
