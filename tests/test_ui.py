@@ -593,3 +593,69 @@ def test_each_outcome_has_a_colour_of_its_own_and_a_crash_while_saving_keeps_it(
     fills = {r.get("class"): r.get("fill") for r in svg.iter("rect") if r.get("class") != "row"}
     assert fills["training"] == fills["saving"] == charts.FAILURE, fills
     assert fills["stripes"] == "url(#stripes)"
+
+
+def test_the_url_is_kept_across_restarts_unless_told_otherwise(home: Path) -> None:
+    """`chainrun ui` started again serves at the same URL (port and token, kept in the state
+    directory in a file only the user can read), so a bookmark still opens the page;
+    --new-token changes the token (the old URL is refused), --port 0 the port; while the
+    kept port is taken, it says so and serves on a free one, with the same token; a kept
+    file others could read gives a new token."""
+    import stat
+
+    running: list[subprocess.Popen[str]] = []
+
+    def start(*args: str) -> tuple[str, str]:
+        """The URL it printed, and its port and token."""
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chainrun", "ui", *args],
+            env=cli_env(home),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        running.append(proc)
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), (url, proc.poll())
+        return url, url.split("127.0.0.1:")[1]
+
+    def stop() -> None:
+        proc = running.pop()
+        proc.terminate()
+        proc.wait(30)
+
+    def port(where: str) -> str:
+        return where.split("/?token=")[0]
+
+    def token(where: str) -> str:
+        return where.split("/?token=")[1]
+
+    try:
+        first, at = start()
+        stop()
+        kept = home / "ui.json"
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+        assert start()[0] == first
+        assert _get(first)[0] == 200  # the bookmark opens the page
+        stop()
+        renewed, now = start("--new-token")
+        assert port(now) == port(at) and token(now) != token(at)
+        assert _get(first)[0] == 403 and _get(renewed)[0] == 200
+        # The kept port is taken (by the page still running): another start says so, serves elsewhere.
+        _, beside = start()
+        assert running[-1].stderr is not None and "is taken" in running[-1].stderr.readline()
+        assert token(beside) == token(now) and port(beside) != port(now)
+        stop()
+        stop()
+        _, moved = start("--port", "0")
+        assert token(moved) == token(now)
+        assert json.loads(kept.read_text()) == {"port": int(port(moved)), "token": token(now)}
+        stop()
+        kept.chmod(0o644)  # a token others could read is not used again
+        _, fresh = start()
+        assert port(fresh) == port(moved) and token(fresh) != token(now)
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    finally:
+        while running:
+            stop()
