@@ -2,7 +2,8 @@
 over the real `chainrun ui` and service and local runner, and over plain HTTP for what a
 page does not show (every request without the token refused, the cancel's CSRF check).
 Screenshots of each page go to the test's own directory; with CHAINRUN_UPDATE_SCREENSHOT=1
-the chain page's is also written to docs/ui.png (the README's).
+the chain page's is also written to docs/ui.png and the sweep page's to docs/sweep.png
+(the docs' pictures of the web page).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ signal.signal(getattr(signal, "SIG" + os.environ["CHAINRUN_SIGNAL"]), lambda *_:
 found = load_progress(ck)
 epoch = found["epoch"] if found else 0
 lr = float(os.environ.get("CHAINRUN_PARAM_LR", "0.1"))
+lr *= 1 + 0.1 * int(os.environ.get("CHAINRUN_REP", "0"))  # repetitions differ a little
 while epoch < int(sys.argv[1]) and not stop:
     until = time.time() + float(sys.argv[2])
     while time.time() < until and not stop:
@@ -189,7 +191,7 @@ def test_the_page_shows_a_chain_its_timeline_and_curves_and_follows_it_live(
     assert "job " in browser.find_element(By.ID, "detail").text
     assert browser.execute_script("return window.notReloaded") is True
     browser.save_screenshot(str(tmp_path / "chain.png"))
-    _keep_for_readme(browser, tmp_path / "chain.png")
+    _keep_for_docs(tmp_path / "chain.png", "ui.png")
 
 
 # Every text of every chart that lies outside its chart's box, as the browser drew them.
@@ -227,13 +229,13 @@ def _state(browser: Any) -> str:
         return ""
 
 
-def _keep_for_readme(browser: Any, shot: Path) -> None:
-    """With CHAINRUN_UPDATE_SCREENSHOT=1, the README's picture is this page at a laptop's size."""
+def _keep_for_docs(shot: Path, name: str) -> None:
+    """With CHAINRUN_UPDATE_SCREENSHOT=1, the docs' picture ``name`` is this page at a laptop's size."""
     import os
 
     if os.environ.get("CHAINRUN_UPDATE_SCREENSHOT") == "1":
         (REPO / "docs").mkdir(exist_ok=True)
-        shutil.copy(shot, REPO / "docs" / "ui.png")
+        shutil.copy(shot, REPO / "docs" / name)
 
 
 def test_a_sweep_page_compares_configurations_and_a_cancel_asks_first(
@@ -285,14 +287,17 @@ def test_a_sweep_page_compares_configurations_and_a_cancel_asks_first(
     assert len(browser.find_elements(By.CSS_SELECTOR, "#scatter circle.point")) == 4
     means = browser.find_element(By.CSS_SELECTOR, 'table.means[data-metric="loss"]')
     assert [r.text for r in means.find_elements(By.TAG_NAME, "tr")[1:]] == [
-        "0.05 0.01667 ±0 2 of 2",  # the loss is lr / epoch, at epoch 3 in both repetitions
-        "0.5 0.1667 ±0 2 of 2",
+        "0.05 0.0175 ±0.0012 2 of 2",  # the loss is lr / 3 at epoch 3, 10% more in rep 1
+        "0.5 0.175 ±0.012 2 of 2",
     ]
     scatter = browser.find_element(By.ID, "scatter")
     assert scatter.rect["width"] <= 480, scatter.rect  # its own size, not the page's width
     assert scatter.get_attribute("data-xscale") == "log"  # 0.05 and 0.5: a decade apart
     _labels_fit(browser)
+    browser.set_window_size(1280, 1240)  # the whole page, its plot included
     browser.save_screenshot(str(tmp_path / "sweep.png"))
+    _keep_for_docs(tmp_path / "sweep.png", "sweep.png")
+    browser.set_window_size(1280, 900)
     browser.find_element(By.LINK_TEXT, "Cancel sweep…").click()
     assert browser.find_element(By.TAG_NAME, "h1").text == "Cancel sweep sw?"
     assert all(c["state"] == "active" for c in json.loads(chainrun("status", "--json", check=True).stdout))
