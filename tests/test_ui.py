@@ -353,7 +353,14 @@ def test_without_the_token_nothing_is_served_and_a_cancel_needs_its_form(
     assert json.loads(chainrun("status", chain_id, "--json", check=True).stdout)[0]["state"] == "active"
     status, _ = _get(f"{base}/cancel?token={token}", good, {"Sec-Fetch-Site": "same-origin"})
     assert status == 303
-    assert json.loads(chainrun("status", chain_id, "--json", check=True).stdout)[0]["state"] == "cancelled"
+    # Asked for at once, carried out beside the page (the running segment has its grace to save).
+    wait_for(
+        lambda: (
+            json.loads(chainrun("status", chain_id, "--json", check=True).stdout)[0]["state"] == "cancelled"
+        ),
+        120,
+        "the chain cancelled",
+    )
 
 
 def test_another_bind_address_needs_the_option_and_warns(home: Path) -> None:
