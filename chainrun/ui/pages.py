@@ -1,7 +1,8 @@
 """The web page's HTML: the overview of every chain (sweeps grouped, each a collapsible
 section), a chain's page (its timeline, curves, accounting, segments and job file), a
-sweep's page (its configurations' best metrics in a sortable table and a plot of a chosen
-parameter against a chosen metric), and the confirmation before a cancel. Built from the
+sweep's page (its configurations' best metrics in a sortable table, each metric's mean and
+spread over repetitions per configuration, and a plot of a chosen parameter against a
+chosen metric), and the confirmation before a cancel. Built from the
 read model ``status`` uses, as text; every value from a chain (its name, reason, output
 tail, job file) goes through ``escape``, and the page runs no inline script (the server
 forbids it), so nothing a chain holds can become markup or script.
@@ -63,8 +64,8 @@ def layout(title: str, link: Links, main: str, live: bool = True) -> str:
 def _trained_share(g: Glance, allocated: float, trained: float) -> str:
     """The share of the allocated time that trained, or ``-`` for a chain that has trained
     nothing: none of its segments ran, or it has saved no epoch past the one its checkpoint
-    held at submission (it failed at once, or was cancelled before its first save). Its
-    segments' time from start to signal is then no training to speak of."""
+    held at submission (it failed at once, or was cancelled before its first save): its
+    segments' time from start to end was start-up, not a share that trained."""
     moved = g.epoch is not None and (g.baseline_epoch is None or g.epoch > g.baseline_epoch)
     return f"{trained / allocated:.0%}" if moved and allocated > 0 else "-"
 
