@@ -136,7 +136,7 @@ def main() -> None:
         t = time.perf_counter()
         long_one, sweep = build(home, args.chains)
         print(f"filled {args.chains} chains in {time.perf_counter() - t:.0f} s", file=sys.stderr)
-        server = open_server(home)
+        server, _ = open_server(home)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         base, token = url_of(server).split("/?token=")
         pages = [

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Sequence
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from chainrun.model import Chain, ChainState
 from chainrun.status import CHAIN_MAX, WIDTH, Label, Shown, bar, columns
@@ -106,9 +106,20 @@ def summary(name: str, chains: Sequence[Chain], width: int = WIDTH, verbose: boo
     return "\n".join(lines)
 
 
-def compare(metric: str, chains: Sequence[Chain], width: int = WIDTH, verbose: bool = False) -> list[str]:
-    """``metric`` over the sweep: per configuration, the mean and spread of its repetitions'
-    latest values and how many reported one, the best configuration first."""
+class Score(NamedTuple):
+    """One configuration's ``metric``: the mean and spread (None for a single value) of its
+    repetitions' latest values, how many reported one, and how many there are."""
+
+    config: Config
+    mean: float
+    spread: Optional[float]
+    reported: int
+    reps: int
+
+
+def scores(metric: str, chains: Sequence[Chain]) -> list[Score]:
+    """``metric`` per configuration of the sweep, the best first (``lower_is_better``); a
+    configuration none of whose repetitions reported it is left out."""
     groups: dict[Config, list[Optional[float]]] = {}
     for c in chains:
         value = dict(c.latest.metrics).get(metric)
@@ -118,16 +129,28 @@ def compare(metric: str, chains: Sequence[Chain], width: int = WIDTH, verbose: b
         reported = [v for v in values if v is not None]
         if reported:
             spread = statistics.stdev(reported) if len(reported) > 1 else None
-            scored.append((statistics.fmean(reported), spread, len(reported), len(values), config))
+            scored.append(Score(config, statistics.fmean(reported), spread, len(reported), len(values)))
     lower = lower_is_better(metric)
-    scored.sort(key=lambda s: s[0] if lower else -s[0])
+    scored.sort(key=lambda s: s.mean if lower else -s.mean)
+    return scored
+
+
+def spread_text(score: Score) -> str:
+    """The spread as the tables show it: ``±0.012``, or ``-`` for a single value."""
+    return "-" if score.spread is None else f"±{score.spread:.2g}"
+
+
+def compare(metric: str, chains: Sequence[Chain], width: int = WIDTH, verbose: bool = False) -> list[str]:
+    """``metric`` over the sweep: per configuration, the mean and spread of its repetitions'
+    latest values and how many reported one, the best configuration first."""
     names = _names(chains)
     per = _per(names, width)
     heads = (*(("CONFIG",) if verbose else ()), *(clip(n, per) for n in names), "MEAN", "SPREAD", "REPS")
     rows = [heads]
-    for mean, spread, n, total, config in scored:
-        sd = "-" if spread is None else f"±{spread:.2g}"
-        rows.append((*_cells(config, names, per, verbose), f"{mean:.4g}", sd, f"{n} of {total}"))
+    for score in scores(metric, chains):
+        cells = _cells(score.config, names, per, verbose)
+        rows.append((*cells, f"{score.mean:.4g}", spread_text(score), f"{score.reported} of {score.reps}"))
+    lower = lower_is_better(metric)
     heading = f"{metric}, {'lowest' if lower else 'highest'} first (mean and spread over repetitions):"
     table = columns(rows, width - 2, [0] * len(heads))
     return [clip(heading, width), *(f"  {line}" for line in table)]

@@ -2,7 +2,8 @@
 over the real `chainrun ui` and service and local runner, and over plain HTTP for what a
 page does not show (every request without the token refused, the cancel's CSRF check).
 Screenshots of each page go to the test's own directory; with CHAINRUN_UPDATE_SCREENSHOT=1
-the chain page's is also written to docs/ui.png (the README's).
+the chain page's is also written to docs/ui.png and the sweep page's to docs/sweep.png
+(the docs' pictures of the web page).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Callable, Optional
 import pytest
 from conftest import REPO, cli_env, have, need, wait_for
 
+from chainrun.ui import charts
 from chainrun.ui.charts import FAILURE
 
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -43,6 +45,7 @@ signal.signal(getattr(signal, "SIG" + os.environ["CHAINRUN_SIGNAL"]), lambda *_:
 found = load_progress(ck)
 epoch = found["epoch"] if found else 0
 lr = float(os.environ.get("CHAINRUN_PARAM_LR", "0.1"))
+lr *= 1 + 0.1 * int(os.environ.get("CHAINRUN_REP", "0"))  # repetitions differ a little
 while epoch < int(sys.argv[1]) and not stop:
     until = time.time() + float(sys.argv[2])
     while time.time() < until and not stop:
@@ -183,11 +186,37 @@ def test_the_page_shows_a_chain_its_timeline_and_curves_and_follows_it_live(
     tail = browser.find_element(By.CSS_SELECTOR, 'table.segments tr[data-n="2"] .tail').text
     assert "<script>window.pwned = 1</script> CUDA error" in tail
     assert browser.execute_script("return window.pwned") is None
+    _labels_fit(browser)  # the timeline's last time label among them
     crashed.click()
     assert "job " in browser.find_element(By.ID, "detail").text
     assert browser.execute_script("return window.notReloaded") is True
     browser.save_screenshot(str(tmp_path / "chain.png"))
-    _keep_for_readme(browser, tmp_path / "chain.png")
+    _keep_for_docs(tmp_path / "chain.png", "ui.png")
+
+
+# Every text of every chart that lies outside its chart's box, as the browser drew them.
+_OUTSIDE = """
+const out = [];
+for (const svg of document.querySelectorAll("svg.chart")) {
+  const box = svg.getBoundingClientRect();
+  for (const t of svg.querySelectorAll("text")) {
+    const r = t.getBoundingClientRect();
+    if (r.left < box.left - 0.5 || r.right > box.right + 0.5 || r.top < box.top - 0.5 || r.bottom > box.bottom + 0.5)
+      out.push(svg.id + ": " + t.textContent);
+  }
+}
+return out;
+"""
+
+
+def _labels_fit(browser: Any) -> None:
+    """Every label of every chart on the page is drawn whole, inside its chart, at a size a
+    reader expects (no larger than 16 px)."""
+    assert browser.execute_script(_OUTSIDE) == []
+    heights = browser.execute_script(
+        "return Array.from(document.querySelectorAll('svg.plot text.tick'), t => t.getBoundingClientRect().height)"
+    )
+    assert heights and max(heights) <= 16, heights
 
 
 def _state(browser: Any) -> str:
@@ -200,20 +229,22 @@ def _state(browser: Any) -> str:
         return ""
 
 
-def _keep_for_readme(browser: Any, shot: Path) -> None:
-    """With CHAINRUN_UPDATE_SCREENSHOT=1, the README's picture is this page at a laptop's size."""
+def _keep_for_docs(shot: Path, name: str) -> None:
+    """With CHAINRUN_UPDATE_SCREENSHOT=1, the docs' picture ``name`` is this page at a laptop's size."""
     import os
 
     if os.environ.get("CHAINRUN_UPDATE_SCREENSHOT") == "1":
         (REPO / "docs").mkdir(exist_ok=True)
-        shutil.copy(shot, REPO / "docs" / "ui.png")
+        shutil.copy(shot, REPO / "docs" / name)
 
 
 def test_a_sweep_page_compares_configurations_and_a_cancel_asks_first(
     tmp_path: Path, chainrun: CLI, service: Service, ui: Callable[..., str], browser: Any
 ) -> None:
-    """A sweep of two learning rates: its section on the overview, its page's table sorted
-    by a click on a column, its plot of lr against the best loss with a point per chain;
+    """A sweep of two learning rates, two repetitions each: its section on the overview, its
+    page's table sorted by a click on a column, each metric's mean and spread per learning
+    rate, its plot of lr against the best loss with a point per chain (a log axis: the
+    rates are a decade apart) at its own size, every label inside;
     then "Cancel sweep…" asks, and only the confirmation cancels it."""
     from selenium.webdriver.common.by import By
 
@@ -222,7 +253,7 @@ def test_a_sweep_page_compares_configurations_and_a_cancel_asks_first(
         "sw",
         # Three epochs, then nothing more to show: the page holds still while it is read.
         'command = "python3 train.py 3 0.3 && sleep 600"\ntotal_time = "1h"\nwalltime = "5m"\n'
-        "target_epoch = 4\n[sweep.grid]\nlr = [0.5, 0.05]",
+        "target_epoch = 4\n[sweep]\nreps = 2\n[sweep.grid]\nlr = [0.5, 0.05]",
     )
     chainrun("submit", str(job), check=True)
     service(0.3)
@@ -233,15 +264,15 @@ def test_a_sweep_page_compares_configurations_and_a_cancel_asks_first(
         status, body = _get(f"{base}/sweep/sw?token={token}&fragment=1")
         return body.partition('id="scatter"')[2].count("<circle") if status == 200 else 0
 
-    wait_for(lambda: plotted() == 2, 120, "both chains reporting their metrics")
+    wait_for(lambda: plotted() == 4, 120, "every chain reporting its metrics")
     wait_for(
         lambda: all(c["epoch"] == 3 for c in json.loads(chainrun("status", "--json").stdout)),
         120,
-        "both chains at their last epoch",
+        "every chain at its last epoch",
     )
     browser.get(url)
     assert browser.find_element(By.CSS_SELECTOR, "details.sweep summary").text.startswith(
-        "sweep sw: 2 chains"
+        "sweep sw: 4 chains"
     )
     browser.find_element(By.CSS_SELECTOR, "details.sweep summary a").click()
     table = browser.find_element(By.ID, "configs")
@@ -249,12 +280,24 @@ def test_a_sweep_page_compares_configurations_and_a_cancel_asks_first(
     header = table.find_elements(By.TAG_NAME, "th")[lr]
     header.click()
     column = [r.find_elements(By.TAG_NAME, "td")[lr].text for r in table.find_elements(By.TAG_NAME, "tr")[1:]]
-    assert column == ["0.05", "0.5"]
+    assert column == ["0.05", "0.05", "0.5", "0.5"]
     header.click()
     column = [r.find_elements(By.TAG_NAME, "td")[lr].text for r in table.find_elements(By.TAG_NAME, "tr")[1:]]
-    assert column == ["0.5", "0.05"]
-    assert len(browser.find_elements(By.CSS_SELECTOR, "#scatter circle.point")) == 2
+    assert column == ["0.5", "0.5", "0.05", "0.05"]
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#scatter circle.point")) == 4
+    means = browser.find_element(By.CSS_SELECTOR, 'table.means[data-metric="loss"]')
+    assert [r.text for r in means.find_elements(By.TAG_NAME, "tr")[1:]] == [
+        "0.05 0.0175 ±0.0012 2 of 2",  # the loss is lr / 3 at epoch 3, 10% more in rep 1
+        "0.5 0.175 ±0.012 2 of 2",
+    ]
+    scatter = browser.find_element(By.ID, "scatter")
+    assert scatter.rect["width"] <= 480, scatter.rect  # its own size, not the page's width
+    assert scatter.get_attribute("data-xscale") == "log"  # 0.05 and 0.5: a decade apart
+    _labels_fit(browser)
+    browser.set_window_size(1280, 1240)  # the whole page, its plot included
     browser.save_screenshot(str(tmp_path / "sweep.png"))
+    _keep_for_docs(tmp_path / "sweep.png", "sweep.png")
+    browser.set_window_size(1280, 900)
     browser.find_element(By.LINK_TEXT, "Cancel sweep…").click()
     assert browser.find_element(By.TAG_NAME, "h1").text == "Cancel sweep sw?"
     assert all(c["state"] == "active" for c in json.loads(chainrun("status", "--json", check=True).stdout))
@@ -310,7 +353,14 @@ def test_without_the_token_nothing_is_served_and_a_cancel_needs_its_form(
     assert json.loads(chainrun("status", chain_id, "--json", check=True).stdout)[0]["state"] == "active"
     status, _ = _get(f"{base}/cancel?token={token}", good, {"Sec-Fetch-Site": "same-origin"})
     assert status == 303
-    assert json.loads(chainrun("status", chain_id, "--json", check=True).stdout)[0]["state"] == "cancelled"
+    # Asked for at once, carried out beside the page (the running segment has its grace to save).
+    wait_for(
+        lambda: (
+            json.loads(chainrun("status", chain_id, "--json", check=True).stdout)[0]["state"] == "cancelled"
+        ),
+        120,
+        "the chain cancelled",
+    )
 
 
 def test_another_bind_address_needs_the_option_and_warns(home: Path) -> None:
@@ -386,3 +436,238 @@ def test_the_page_on_a_login_node_is_forwarded_here_and_survives_a_dropped_link(
         if proc.poll() is None:
             proc.kill()
         sshd.stop()
+
+
+def _svg(text: str) -> Any:
+    import xml.etree.ElementTree as ET
+
+    return ET.fromstring(text)
+
+
+def test_a_plot_keeps_its_size_and_values_spanning_decades_get_a_log_axis() -> None:
+    """A plot is drawn at its own size (not stretched to the page); learning rates a decade
+    apart each are spaced evenly on a log axis ticked at powers of ten; a loss over a few
+    tenths stays linear; no point sits on the frame (the axes), however few there are."""
+    lrs = [1e-4, 1e-3, 1e-2, 1e-1]
+    svg = _svg(
+        charts.plot(
+            [(lr, 1.0 / (i + 1)) for i, lr in enumerate(lrs)], "lr", "best loss", "s", labels=list("abcd")
+        )
+    )
+    assert svg.get("width") is not None and float(svg.get("width")) <= 480  # pixels, not a share
+    assert svg.get("data-xscale") == "log" and svg.get("data-yscale") == "linear"
+    xs = [float(c.get("cx")) for c in svg.iter("circle")]
+    steps = [b - a for a, b in zip(xs, xs[1:])]
+    assert max(steps) - min(steps) < 0.5, xs  # evenly spaced: one decade each
+    ticks = [t.text for t in svg.iter("text") if t.get("class") == "tick"]
+    assert {"1e-4", "0.001", "0.01", "0.1"} <= set(ticks), ticks
+    frame = list(svg.iter("line"))
+    left = float(frame[1].get("x1"))  # the y axis
+    base = float(frame[0].get("y1"))  # the x axis
+    for c in svg.iter("circle"):
+        assert float(c.get("cx")) > left + 3 and float(c.get("cy")) < base - 3  # off the axes
+    loss = _svg(charts.plot([(1, 0.9), (2, 0.5), (3, 0.3)], "epoch", "loss", "m"))
+    assert loss.get("data-yscale") == "linear" and loss.get("data-xscale") == "linear"
+    decades = _svg(charts.plot([(1, 2.3), (2, 0.1), (3, 0.004)], "epoch", "loss", "m"))
+    assert decades.get("data-yscale") == "log"
+
+
+def test_every_label_of_a_chart_is_drawn_whole(tmp_path: Path, browser: Any) -> None:
+    """In Chromium, with the page's own style sheet: a timeline whose end falls on a round
+    time keeps its last time label inside (it was cut in half), and a plot, at its own
+    size on a wide page, keeps its long tick labels (a loss in the hundred thousands, a
+    learning rate of 1e-5) inside its box."""
+    from chainrun.accounting import ChainAccount, SegmentAccount
+
+    start = 1_699_999_200.0  # on the hour: the timeline's ticks fall on both of its ends
+    segs = tuple(
+        SegmentAccount(
+            n,
+            str(n),
+            "timeout",
+            False,
+            start + 200 * (n - 1),
+            start + 200 * (n - 1),
+            None,
+            start + 200 * n,
+            0.0,
+            200.0,
+            0.0,
+            0.0,
+        )
+        for n in (1, 2, 3)
+    )
+    timeline = charts.timeline(ChainAccount(segs, 0), ["a", "b", "c"], start, start + 600)
+    big = charts.plot(
+        [(1e-5, 123456.7), (3e-3, 2345.6), (0.1, 98765.4)], "lr", "best loss", "scatter", labels=list("abc")
+    )
+    style = (REPO / "chainrun" / "ui" / "static" / "ui.css").as_uri()
+    page = tmp_path / "charts.html"
+    page.write_text(
+        f'<!doctype html><html><head><link rel="stylesheet" href="{style}"></head><body><main>{timeline}{big}</main></body></html>'
+    )
+    browser.get(page.as_uri())
+    _labels_fit(browser)
+    assert browser.find_element("id", "scatter").rect["width"] <= 480  # not the page's 1168 px
+
+
+def test_a_sweep_page_shows_each_metrics_mean_and_spread_per_configuration(tmp_path: Path) -> None:
+    """The sweep page compares the configurations as `chainrun status SWEEP` does: per
+    metric, one row a configuration with the mean and spread of its repetitions' latest
+    values and how many reported, the best first (the same numbers as the CLI's table)."""
+    import re
+
+    from test_sweep import sweep_chains
+
+    from chainrun.ui import pages
+
+    chains = sweep_chains(
+        tmp_path,
+        [
+            {"val_loss": 0.5},  # lr 0.1, batch 64, r0
+            {"val_loss": 0.7},  # r1
+            {"val_loss": 0.25},  # lr 0.1, batch 128
+            {"val_loss": 0.25},
+            {"val_loss": 1.5},  # lr 0.01, batch 64
+            {"val_loss": 0.5},
+            {"val_loss": 1.25},  # lr 0.01, batch 128: only r0 reported
+            {},
+        ],
+    )
+    page = pages.sweep_page("lr", chains, {}, pages.Links("t"), 0.0, "", "")
+    table = page.split('<table class="means" data-metric="val_loss">')[1].split("</table>")[0]
+    rows = [re.findall(r"<t[dh]>(.*?)</t[dh]>", row) for row in table.split("<tr>")[1:]]
+    assert rows == [
+        ["lr", "batch", "mean", "spread", "reps"],
+        ["0.1", "128", "0.25", "±0", "2 of 2"],
+        ["0.1", "64", "0.6", "±0.14", "2 of 2"],
+        ["0.01", "64", "1", "±0.71", "2 of 2"],
+        ["0.01", "128", "1.25", "-", "1 of 2"],
+    ]
+    assert "val_loss, lowest first" in table
+
+
+def test_no_trained_share_for_a_chain_that_trained_nothing(tmp_path: Path) -> None:
+    """A chain whose one segment crashed two seconds after it started, and one whose
+    checkpoint is still at the epoch it held at submission, show no share trained ("-", not
+    the 100% their start-to-end time made), on the overview and on their own page; a chain
+    that saved an epoch shows its share."""
+    import re
+    from dataclasses import replace
+
+    from test_sweep import sweep_chains
+
+    from chainrun.model import NO_PROGRESS, ChainState, Outcome, Phase, Segment
+    from chainrun.store import Glance
+    from chainrun.ui import pages
+
+    ran = Segment("x", 1, 600, Phase.ENDED, "7", submitted_at=100.0, started_at=101.0, ended_at=103.0)
+    base = sweep_chains(tmp_path, [{"loss": 1.0}] * 3)[:3]  # each at epoch 3
+    crashed, trained, stayed = (
+        replace(
+            c,
+            state=ChainState.FAILED,
+            ended_at=103.0,
+            segments=(replace(ran, chain_id=c.id, outcome=Outcome.FAILED if i != 1 else Outcome.TIMEOUT),),
+        )
+        for i, c in enumerate(base)
+    )
+    crashed = replace(crashed, latest=NO_PROGRESS)
+    stayed = replace(stayed, baseline=stayed.latest)  # it resumed epoch 3 and saved nothing more
+    link = pages.Links("t")
+    shown = pages.overview(
+        [Glance.of(c) for c in (crashed, trained, stayed)], {c.id: (2.0, 2.0) for c in base}, link, 200.0
+    )
+    cells = {
+        m.group(1): m.group(2)
+        for m in re.finditer(r'<tr class="chain" data-id="([^"]+)".*?<td>([^<]*)</td></tr>', shown)
+    }
+    assert cells == {crashed.id: "-", trained.id: "100%", stayed.id: "-"}
+    for chain, share in ((crashed, "-"), (trained, "100%"), (stayed, "-")):
+        page = pages.chain_page(chain, [], link, 200.0)
+        assert "<dt>share trained</dt><dd>" + share + "</dd>" in page, chain.id
+
+
+def test_each_outcome_has_a_colour_of_its_own_and_a_crash_while_saving_keeps_it() -> None:
+    """Every outcome (and a running segment) has a colour no other outcome, the queue wait
+    or the gap has; a segment that got the walltime signal and then crashed is drawn in the
+    crash's colour from its start to its end (its save striped over it), never in a colour
+    that reads as a save."""
+    from chainrun.accounting import ChainAccount, SegmentAccount
+    from chainrun.model import Outcome
+
+    colours = charts.OUTCOME_COLOURS
+    assert {o.value for o in Outcome} | {"running"} <= set(colours)
+    assert len(set(colours.values())) == len(colours)
+    assert not {charts.QUEUE, charts.GAP} & set(colours.values())
+    crashed = SegmentAccount(1, "9", "failed", True, 0.0, 10.0, 70.0, 100.0, 10.0, 60.0, 30.0, None)
+    svg = _svg(charts.timeline(ChainAccount((crashed,), 0), ["crashed while saving"], 0.0, 100.0))
+    fills = {r.get("class"): r.get("fill") for r in svg.iter("rect") if r.get("class") != "row"}
+    assert fills["training"] == fills["saving"] == charts.FAILURE, fills
+    assert fills["stripes"] == "url(#stripes)"
+
+
+def test_the_url_is_kept_across_restarts_unless_told_otherwise(home: Path) -> None:
+    """`chainrun ui` started again serves at the same URL (port and token, kept in the state
+    directory in a file only the user can read), so a bookmark still opens the page;
+    --new-token changes the token (the old URL is refused), --port 0 the port; while the
+    kept port is taken, it says so and serves on a free one, with the same token; a kept
+    file others could read gives a new token."""
+    import stat
+
+    running: list[subprocess.Popen[str]] = []
+
+    def start(*args: str) -> tuple[str, str]:
+        """The URL it printed, and its port and token."""
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chainrun", "ui", *args],
+            env=cli_env(home),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        running.append(proc)
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), (url, proc.poll())
+        return url, url.split("127.0.0.1:")[1]
+
+    def stop() -> None:
+        proc = running.pop()
+        proc.terminate()
+        proc.wait(30)
+
+    def port(where: str) -> str:
+        return where.split("/?token=")[0]
+
+    def token(where: str) -> str:
+        return where.split("/?token=")[1]
+
+    try:
+        first, at = start()
+        stop()
+        kept = home / "ui.json"
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+        assert start()[0] == first
+        assert _get(first)[0] == 200  # the bookmark opens the page
+        stop()
+        renewed, now = start("--new-token")
+        assert port(now) == port(at) and token(now) != token(at)
+        assert _get(first)[0] == 403 and _get(renewed)[0] == 200
+        # The kept port is taken (by the page still running): another start says so, serves elsewhere.
+        _, beside = start()
+        assert running[-1].stderr is not None and "is taken" in running[-1].stderr.readline()
+        assert token(beside) == token(now) and port(beside) != port(now)
+        stop()
+        stop()
+        _, moved = start("--port", "0")
+        assert token(moved) == token(now)
+        assert json.loads(kept.read_text()) == {"port": int(port(moved)), "token": token(now)}
+        stop()
+        kept.chmod(0o644)  # a token others could read is not used again
+        _, fresh = start()
+        assert port(fresh) == port(moved) and token(fresh) != token(now)
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    finally:
+        while running:
+            stop()

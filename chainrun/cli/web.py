@@ -12,12 +12,21 @@ import click
 from chainrun.errors import UsageError
 
 
+def _say(line: str) -> None:
+    click.echo(line, err=True)
+
+
 @click.command()
 @click.option(
     "--port",
     type=click.IntRange(0, 65535),
-    default=0,
-    help="The local port of the URL (default: a free one).",
+    default=None,
+    help="The local port of the URL (default: the one it had last time, else a free one; 0: a free one).",
+)
+@click.option(
+    "--new-token",
+    is_flag=True,
+    help="A new token in the URL: the one kept from last time (and every bookmark of it) stops working.",
 )
 @click.option(
     "--bind",
@@ -39,11 +48,20 @@ from chainrun.errors import UsageError
     help="With --host: the chainrun command there (default: `chainrun` on its login PATH).",
 )
 @click.pass_context
-def ui(ctx: click.Context, port: int, bind: str, ssh_host: Optional[str], program: Optional[str]) -> None:
+def ui(
+    ctx: click.Context,
+    port: Optional[int],
+    new_token: bool,
+    bind: str,
+    ssh_host: Optional[str],
+    program: Optional[str],
+) -> None:
     """Serve a web page of every chain: timelines, curves, accounting, sweeps compared.
 
     Prints one URL, with a random token that every request must carry; it serves
-    until Ctrl-C. Only this machine can reach it unless --bind says otherwise.
+    until Ctrl-C. The port and the token are kept with the state and used again at
+    the next start, so the URL stays the same unless --port or --new-token says
+    otherwise. Only this machine can reach it unless --bind says otherwise.
     With --host, the page runs on that host over SSH and a local port is forwarded
     to it, surviving a dropped connection.
 
@@ -60,7 +78,7 @@ def ui(ctx: click.Context, port: int, bind: str, ssh_host: Optional[str], progra
     if ssh_host is not None:
         from chainrun.ui import remote
 
-        sys.exit(remote.serve(ssh_host, port, program, lambda line: click.echo(line, err=True), click.echo))
+        sys.exit(remote.serve(ssh_host, port or 0, new_token, program, _say, click.echo))
     try:
         bind = str(ipaddress.ip_address("127.0.0.1" if bind == "localhost" else bind))
     except ValueError:
@@ -72,11 +90,10 @@ def ui(ctx: click.Context, port: int, bind: str, ssh_host: Optional[str], progra
             err=True,
         )
     try:
-        page.serve(ctx.obj, bind, port, lambda url: click.echo(url))
+        page.serve(ctx.obj, bind, port, new_token, click.echo, lambda note: _say(f"chainrun: {note}"))
     except OSError as exc:
-        raise UsageError(
-            f"--bind {bind} --port {port}: cannot listen there ({exc.strerror or exc})"
-        ) from None
+        where = f"--bind {bind}" + ("" if port is None else f" --port {port}")
+        raise UsageError(f"{where}: cannot listen there ({exc.strerror or exc})") from None
 
 
 @click.command()

@@ -1,42 +1,68 @@
 """The web page's charts, drawn here as SVG text: a chain's segment timeline (one bar a
 segment against wall-clock time: queue wait, training, save after the signal, gap to the
-next; coloured by outcome, each with a tooltip of its job, reason and output tail) and
-plots of points (epoch against time, a metric against epoch or step, a parameter
-against a metric). Every text that goes in is escaped; nothing is fetched from anywhere.
+next; coloured by outcome, the save striped, each with a tooltip of its job, reason and
+output tail) and plots of points (epoch against time, a metric against epoch or step, a parameter
+against a metric), each at its own size, an axis log-scaled where its values span a
+decade or more, every label kept inside its chart. Every text that goes in is escaped;
+nothing is fetched from anywhere.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from html import escape
 from typing import Optional
 
 from chainrun.accounting import ChainAccount
 
-# Colours by outcome: the failure colour for every ending that crashed.
-FAILURE = "#d62728"
+# One colour per outcome, none shared with another outcome or with the queue wait and the
+# gap; a segment's save after the signal is drawn in its outcome's colour, striped, so a
+# segment that crashed while saving is the crash's colour from end to end.
 OUTCOME_COLOURS = {
     "completed": "#2ca02c",
     "timeout": "#1f77b4",
     "preempted": "#9467bd",
     "cancelled": "#7f7f7f",
     "skipped": "#bcbd22",
-    "fenced": "#bcbd22",  # stopped by the fence, at no cost: like a skip
+    "fenced": "#98df8a",  # stopped by the fence, at no cost
     "running": "#17becf",
-    "failed": FAILURE,
-    "oom": FAILURE,
-    "node_fail": FAILURE,
-    "lost": FAILURE,
-    "rejected": FAILURE,
+    "failed": "#d62728",
+    "oom": "#e377c2",
+    "node_fail": "#8c564b",
+    "lost": "#393b79",
+    "rejected": "#bd9e39",
 }
-QUEUE, SAVE, GAP = "#c7c7c7", "#ff7f0e", "#f2e6c9"
+FAILURE = OUTCOME_COLOURS["failed"]
+OTHER = "#c49c94"  # a phase that has no colour of its own (a segment not started)
+QUEUE, GAP = "#c7c7c7", "#f2e6c9"
+_STRIPES = (
+    '<defs><pattern id="stripes" width="6" height="6" patternUnits="userSpaceOnUse" '
+    'patternTransform="rotate(45)"><rect width="3" height="6" fill="#fff" fill-opacity="0.55"/>'
+    "</pattern></defs>"
+)
 _W, _ROW, _LEFT, _TOP = 800, 22, 46, 8
+PLOT_W, PLOT_H = 440, 250  # a plot's size in pixels (its text at the style sheet's 11px)
+CHAR = 6.6  # the width of a character of that text, about: what keeps a label inside
+PAD = 0.06  # the share of an axis's range left free at each end
 
 
 def colour(outcome: str) -> str:
-    return OUTCOME_COLOURS.get(outcome, "#8c8c8c")
+    return OUTCOME_COLOURS.get(outcome, OTHER)
+
+
+def legend(outcomes: Collection[str]) -> str:
+    """The timeline's key: the queue wait, the save (striped), the gap, and each of
+    ``outcomes`` in its colour."""
+    shown = [("queued", QUEUE, ""), ("saving", "#8c8c8c", "url(#stripes)"), ("gap", GAP, "")]
+    shown += [(k, c, "") for k, c in OUTCOME_COLOURS.items() if k in outcomes]
+    return "".join(
+        f'<span><svg class="swatch" viewBox="0 0 10 10"><rect width="10" height="10" fill="{c}"/>'
+        + (f'<rect width="10" height="10" fill="{over}"/>' if over else "")
+        + f"</svg>{escape(k)}</span>"
+        for k, c, over in shown
+    )
 
 
 def _clock(at: float, span: float) -> str:
@@ -78,7 +104,7 @@ def timeline(acc: ChainAccount, details: Sequence[str], start: float, now: float
 
     out = [
         f'<svg id="timeline" class="chart" viewBox="0 0 {_W} {height}" role="img" '
-        f'aria-label="segment timeline" preserveAspectRatio="xMinYMin meet">'
+        f'aria-label="segment timeline" preserveAspectRatio="xMinYMin meet">{_STRIPES}'
     ]
     for i, (seg, tip) in enumerate(zip(acc.segments, details)):
         y = _TOP + i * _ROW
@@ -92,7 +118,8 @@ def timeline(acc: ChainAccount, details: Sequence[str], start: float, now: float
             )
             if seg.saving:
                 edge = seg.started_at + seg.training
-                parts.append(rect(edge, edge + seg.saving, y, SAVE, "saving"))
+                parts.append(rect(edge, edge + seg.saving, y, colour(seg.outcome), "saving"))
+                parts.append(rect(edge, edge + seg.saving, y, "url(#stripes)", "stripes"))
         if seg.gap and seg.ended_at is not None:
             parts.append(rect(seg.ended_at, seg.ended_at + seg.gap, y, GAP, "gap"))
         out.append(
@@ -103,11 +130,67 @@ def timeline(acc: ChainAccount, details: Sequence[str], start: float, now: float
         )
     axis_y = _TOP + _ROW * max(1, len(acc.segments)) + 14
     for t in _ticks(lo, hi):
-        out.append(
-            f'<text class="tick" x="{x(t):.1f}" y="{axis_y}" text-anchor="middle">{_clock(t, span)}</text>'
-        )
+        text = _clock(t, span)
+        out.append(f'<text class="tick" {_anchor(x(t), text, _W)} y="{axis_y}">{text}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+class Axis:
+    """One axis of a plot: the values' range, padded so that no point sits on the frame,
+    on a log scale when the values are all positive and span a decade or more (learning
+    rates, losses), else a linear one."""
+
+    def __init__(self, values: Sequence[float], may_log: bool = True) -> None:
+        lo, hi = min(values), max(values)
+        self.log = may_log and lo > 0 and hi / lo >= 10
+        if self.log:
+            lo, hi = math.log10(lo), math.log10(hi)
+        if hi == lo:
+            lo, hi = lo - 1, hi + 1
+        pad = (hi - lo) * PAD
+        self.lo, self.hi = lo - pad, hi + pad
+
+    def share(self, v: float) -> float:
+        """Where ``v`` lies, from 0 (the low end) to 1."""
+        return ((math.log10(v) if self.log else v) - self.lo) / (self.hi - self.lo)
+
+    def ticks(self, count: int) -> list[float]:
+        """About ``count`` round values in range: powers of ten on a log scale."""
+        if not self.log:
+            return _ticks(self.lo, self.hi, count)
+        first, last = math.ceil(self.lo), math.floor(self.hi)
+        if last - first < 1:  # less than two powers of ten in range: 1, 2 and 5 of each
+            return [
+                m * 10.0**e
+                for e in range(first - 1, last + 1)
+                for m in (1, 2, 5)
+                if self.lo <= math.log10(m * 10.0**e) <= self.hi
+            ]
+        every = max(1, math.ceil((last - first + 1) / count))
+        return [10.0**e for e in range(first, last + 1, every)]
+
+
+def number(v: float) -> str:
+    """A tick's value, short: three significant digits, ``1e-4`` rather than ``0.0001``."""
+    text = f"{v:.2e}" if v and abs(v) < 1e-3 else f"{v:.3g}"
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        if "." in mantissa:
+            mantissa = mantissa.rstrip("0").rstrip(".")
+        text = f"{mantissa}e{int(exponent)}"
+    return text
+
+
+def _anchor(x: float, text: str, width: float) -> str:
+    """``x`` and the anchor that keep a tick's ``text`` inside ``width``: centred, else
+    flush against the edge it would cross."""
+    half = len(text) * CHAR / 2
+    if x + half > width - 2:
+        return f'x="{x:.1f}" text-anchor="end"'
+    if x - half < 2:
+        return f'x="{x:.1f}" text-anchor="start"'
+    return f'x="{x:.1f}" text-anchor="middle"'
 
 
 def plot(
@@ -119,42 +202,44 @@ def plot(
     labels: Optional[Sequence[str]] = None,
 ) -> str:
     """A line of points (a scatter when ``labels`` name each point: its tooltip), with
-    axes; ``xtime``: x is a wall-clock time."""
-    w, h, left, bottom = 400, 220, 52, 34
-    out = [
-        f'<svg id="{escape(ident)}" class="chart plot" viewBox="0 0 {w} {h}" role="img" '
-        f'aria-label="{escape(ylabel)} against {escape(xlabel)}">'
-    ]
+    axes, drawn at its own size (``PLOT_W`` by ``PLOT_H`` pixels, smaller only on a narrow
+    screen); ``xtime``: x is a wall-clock time."""
+    w, h, bottom = PLOT_W, PLOT_H, 34
+    head = (
+        f'id="{escape(ident)}" class="chart plot" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img"'
+    )
+    out = [f'<svg {head} aria-label="{escape(ylabel)} against {escape(xlabel)}"']
     if not points:
-        out.append(f'<text x="{w / 2}" y="{h / 2}" text-anchor="middle">no points yet</text></svg>')
+        out.append(f'><text x="{w / 2}" y="{h / 2}" text-anchor="middle">no points yet</text></svg>')
         return "".join(out)
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
-    if x1 == x0:
-        x0, x1 = x0 - 1, x1 + 1
-    if y1 == y0:
-        y0, y1 = y0 - 1, y1 + 1
+    ax = Axis([p[0] for p in points], may_log=not xtime)
+    ay = Axis([p[1] for p in points])
+    out.append(
+        f' data-xscale="{"log" if ax.log else "linear"}" data-yscale="{"log" if ay.log else "linear"}">'
+    )
+    yticks = [(t, number(t)) for t in ay.ticks(4)]
+    left = 20 + CHAR * max(len(text) for _, text in yticks)  # room for the widest label
+    base = h - bottom
 
     def px(v: float) -> float:
-        return left + (v - x0) / (x1 - x0) * (w - left - 12)
+        return left + ax.share(v) * (w - left - 12)
 
     def py(v: float) -> float:
-        return 10 + (1 - (v - y0) / (y1 - y0)) * (h - bottom - 10)
+        return 10 + (1 - ay.share(v)) * (base - 10)
 
-    base = h - bottom
     out.append(f'<line x1="{left}" y1="{base}" x2="{w - 8}" y2="{base}" class="axis"/>')
     out.append(f'<line x1="{left}" y1="10" x2="{left}" y2="{base}" class="axis"/>')
-    for t in _ticks(x0, x1, 4):
-        text = _clock(t, x1 - x0) if xtime else f"{t:g}"
-        out.append(f'<text class="tick" x="{px(t):.1f}" y="{base + 14}" text-anchor="middle">{text}</text>')
-    for t in _ticks(y0, y1, 4):
-        out.append(f'<text class="tick" x="{left - 4}" y="{py(t) + 4:.1f}" text-anchor="end">{t:.4g}</text>')
+    xs = [p[0] for p in points]
+    for t in ax.ticks(4):
+        text = _clock(t, max(xs) - min(xs)) if xtime else number(t)
+        out.append(f'<text class="tick" {_anchor(px(t), text, w)} y="{base + 14}">{text}</text>')
+    for t, text in yticks:
+        out.append(f'<text class="tick" x="{left - 4}" y="{py(t) + 4:.1f}" text-anchor="end">{text}</text>')
     out.append(
         f'<text class="label" x="{(w + left) / 2}" y="{h - 4}" text-anchor="middle">{escape(xlabel)}</text>'
     )
     out.append(
-        f'<text class="label" x="12" y="{h / 2}" transform="rotate(-90 12 {h / 2})" '
+        f'<text class="label" x="12" y="{base / 2}" transform="rotate(-90 12 {base / 2})" '
         f'text-anchor="middle">{escape(ylabel)}</text>'
     )
     if labels is None:

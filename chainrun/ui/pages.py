@@ -1,7 +1,8 @@
 """The web page's HTML: the overview of every chain (sweeps grouped, each a collapsible
 section), a chain's page (its timeline, curves, accounting, segments and job file), a
-sweep's page (its configurations' best metrics in a sortable table and a plot of a chosen
-parameter against a chosen metric), and the confirmation before a cancel. Built from the
+sweep's page (its configurations' best metrics in a sortable table, each metric's mean and
+spread over repetitions per configuration, and a plot of a chosen parameter against a
+chosen metric), and the confirmation before a cancel. Built from the
 read model ``status`` uses, as text; every value from a chain (its name, reason, output
 tail, job file) goes through ``escape``, and the page runs no inline script (the server
 forbids it), so nothing a chain holds can become markup or script.
@@ -22,7 +23,7 @@ from chainrun.fields import format_duration
 from chainrun.model import Chain, JobSpec, Progress
 from chainrun.store import Glance
 from chainrun.sweep import param_text
-from chainrun.sweepstatus import lower_is_better
+from chainrun.sweepstatus import lower_is_better, metric_names, scores, spread_text
 from chainrun.text import duration
 from chainrun.ui import charts
 
@@ -60,8 +61,13 @@ def layout(title: str, link: Links, main: str, live: bool = True) -> str:
     )
 
 
-def _pct(share: Optional[float]) -> str:
-    return "-" if share is None else f"{share:.0%}"
+def _trained_share(g: Glance, allocated: float, trained: float) -> str:
+    """The share of the allocated time that trained, or ``-`` for a chain that has trained
+    nothing: none of its segments ran, or it has saved no epoch past the one its checkpoint
+    held at submission (it failed at once, or was cancelled before its first save): its
+    segments' time from start to end was start-up, not a share that trained."""
+    moved = g.epoch is not None and (g.baseline_epoch is None or g.epoch > g.baseline_epoch)
+    return f"{trained / allocated:.0%}" if moved and allocated > 0 else "-"
 
 
 def _progress(epoch: Optional[int], target: Optional[int]) -> str:
@@ -83,13 +89,13 @@ _OVERVIEW_HEAD = (
 
 
 def _row(g: Glance, allocation: Optional[tuple[float, float]], link: Links, now: float) -> str:
-    share = allocation[1] / allocation[0] if allocation and allocation[0] > 0 else None
+    share = _trained_share(g, *(allocation or (0.0, 0.0)))
     return (
         f'<tr class="chain" data-id="{escape(g.id)}" data-state="{g.state.value}">'
         f'<td><a href="{link.chain(g.id)}">{escape(g.id)}</a></td>'
         f'<td class="state {g.state.value}">{escape(view.state_cell(g, now))}</td>'
         f"<td>{_progress(g.epoch, g.target_epoch)}</td><td>{_eta(g, now)}</td>"
-        f"<td>{escape(view.failures_cell(g))}</td><td>{_pct(share)}</td></tr>"
+        f"<td>{escape(view.failures_cell(g))}</td><td>{share}</td></tr>"
     )
 
 
@@ -146,12 +152,12 @@ def _seconds(value: Optional[float]) -> str:
     return "-" if value is None else escape(duration(value))
 
 
-def _accounting(acc: ChainAccount) -> str:
+def _accounting(acc: ChainAccount, g: Glance) -> str:
     gpu = f"{acc.gpu_hours:.2f} ({acc.gpus} a job)" if acc.gpu_hours is not None else "none asked for"
     cells = (
         ("allocated", duration(acc.allocated)),
         ("trained", duration(acc.trained)),
-        ("share trained", _pct(acc.share)),
+        ("share trained", _trained_share(g, acc.allocated, acc.trained)),
         ("queued", duration(acc.queued)),
         ("saving", duration(acc.saving)),
         ("gaps", duration(acc.gaps)),
@@ -241,13 +247,7 @@ def chain_page(chain: Chain, log: Log, link: Links, now: float) -> str:
     # Up to now while it runs; an ended chain's timeline ends where it did.
     until = chain.ended_at if chain.ended_at is not None else now
     timeline = charts.timeline(acc, [_tip(s, chain) for s in acc.segments], chain.created_at, until)
-    shown = [("queued", charts.QUEUE), ("saving", charts.SAVE), ("gap", charts.GAP)]
-    shown += [(k, c) for k, c in charts.OUTCOME_COLOURS.items() if k in {s.outcome for s in acc.segments}]
-    legend = "".join(
-        f'<span><svg class="swatch" viewBox="0 0 10 10"><rect width="10" height="10" fill="{c}"/></svg>'
-        f"{escape(k)}</span>"
-        for k, c in shown
-    )
+    legend = charts.legend({s.outcome for s in acc.segments})
     plots = [charts.plot(epoch_points(log), "time", "epoch", "epochs", xtime=True)]
     for i, (name, points) in enumerate(sorted(_metric_series(log).items())):
         plots.append(charts.plot(points, "epoch", name, f"metric-{i}"))
@@ -264,7 +264,7 @@ def chain_page(chain: Chain, log: Log, link: Links, now: float) -> str:
         f'<p><span class="state {chain.state.value}" id="state">{escape(view.state_cell(g, now))}</span>'
         f" · {_progress(g.epoch, g.target_epoch)} · ETA {_eta(g, now)} · failures "
         f"{escape(view.failures_cell(g))}{sweep} {actions}</p>{reason}"
-        f"<h2>Where the time went</h2>{_accounting(acc)}"
+        f"<h2>Where the time went</h2>{_accounting(acc, g)}"
         f'<figure>{timeline}<figcaption class="legend">{legend}</figcaption></figure>'
         f'<pre id="detail" class="detail" hidden></pre>'
         f'<h2>Training</h2><div class="plots">{"".join(plots)}</div>'
@@ -354,8 +354,31 @@ def sweep_page(
     )
     return (
         f"<h1>sweep {escape(name)}</h1><p>{len(chains)} chains, {unfinished} unfinished {cancel}</p>"
-        f"<h2>Configurations</h2>{table}<h2>Parameter against metric</h2>{chosen or '<p>no metrics yet</p>'}"
+        f"<h2>Configurations</h2>{table}{_means(chains, list(params))}"
+        f"<h2>Parameter against metric</h2>{chosen or '<p>no metrics yet</p>'}"
     )
+
+
+def _means(chains: Sequence[Chain], params: Sequence[str]) -> str:
+    """Each metric per configuration, as ``chainrun status SWEEP`` compares them: the mean
+    and spread of its repetitions' latest values, the best configuration first."""
+    out = []
+    for metric in metric_names(chains):
+        lower = lower_is_better(metric)
+        head = "".join(f"<th>{escape(p)}</th>" for p in params) + "<th>mean</th><th>spread</th><th>reps</th>"
+        rows = []
+        for score in scores(metric, chains):
+            values = dict(score.config)
+            cells = [escape(param_text(values[p])) if p in values else "-" for p in params]
+            cells += [f"{score.mean:.4g}", escape(spread_text(score)), f"{score.reported} of {score.reps}"]
+            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        out.append(
+            f'<table class="means" data-metric="{escape(metric)}"><caption>{escape(metric)}, '
+            f"{'lowest' if lower else 'highest'} first</caption><tr>{head}</tr>{''.join(rows)}</table>"
+        )
+    if not out:
+        return ""
+    return "<h2>Mean ± spread over repetitions</h2>" + "".join(f'<div class="scroll">{t}</div>' for t in out)
 
 
 def _number(raw: Optional[str]) -> Optional[float]:

@@ -54,14 +54,21 @@ def check_host(host: str) -> None:
 
 
 def serve(
-    host: str, port: int, program: Optional[str], echo: Callable[[str], None], announce: Callable[[str], None]
+    host: str,
+    port: int,
+    new_token: bool,
+    program: Optional[str],
+    echo: Callable[[str], None],
+    announce: Callable[[str], None],
 ) -> int:
     """Start the page on ``host`` and serve it here until Ctrl-C (0) or until it ends there
-    (1); ``announce`` gets the URL, ``echo`` what happens on the way."""
+    (1); ``announce`` gets the URL, ``echo`` what happens on the way. The token is the one
+    the page there keeps (``new_token``: a new one)."""
     check_host(host)
     transport = transport_for(host)
     log = f"{LOGS}/ui-{secrets.token_hex(4)}.log"  # one per page: two at once never share one
     args = [*(shlex.split(program) if program else ["chainrun"]), "ui", "--port", "0"]
+    args += ["--new-token"] if new_token else []
     missing = "install chainrun there or name it with --program 'PATH ...'"
     with hostserver.stopped_by_signals():
         try:
