@@ -48,6 +48,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.rawio import write_fsync  # noqa: E402
 from chainrun.checkpoint import SegmentClock  # noqa: E402
 from chainrun.checkpoint.torch import Checkpointer  # noqa: E402
 
@@ -68,17 +69,6 @@ def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
-
-
-def raw_write(data: memoryview, path: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        done = 0
-        while done < len(data):
-            done += os.write(fd, data[done : done + (64 << 20)])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, list[float]]:
@@ -114,7 +104,7 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, list[float]]
     steps: list[Callable[[int], None]] = [
         lambda rep: results["plain"].append(timed(lambda: torch.save(model.state_dict(), plain_path))),
         lambda rep: results["plain_fsync"].append(timed(lambda: torch_save_fsync(model, plain_path))),
-        lambda rep: results["raw"].append(timed(lambda: raw_write(data, str(raw_path)))),
+        lambda rep: results["raw"].append(timed(lambda: write_fsync(data, raw_path))),
         lambda rep: results["sha256"].append(timed(lambda: hashlib.sha256(data).hexdigest())),
         chainrun_sync,
         chainrun_async,

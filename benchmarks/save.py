@@ -48,6 +48,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.rawio import write_fsync  # noqa: E402
 from chainrun.checkpoint import SegmentClock  # noqa: E402
 from chainrun.checkpoint.torch import Checkpointer  # noqa: E402
 
@@ -88,17 +89,6 @@ def timed(fn: Callable[[], object], device: str) -> float:
     fn()
     synchronize(device)
     return time.perf_counter() - start
-
-
-def write_fsync(data: memoryview, path: Path) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        done = 0
-        while done < len(data):
-            done += os.write(fd, data[done : done + (64 << 20)])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def torch_save_fsync(state: object, path: Path) -> None:
