@@ -1072,7 +1072,8 @@ def test_two_segments_in_a_row_that_started_for_most_of_their_time_are_warned_of
             "finished on its own: no signal to train up to",
         ),
         ([started(1, 41), started(2, 79, Outcome.FAILED)], "a crash: its own problem, said as such"),
-        ([started(1, 41), started(2, 0, signal=0)], "no time before the signal: nothing to measure"),
+        ([started(1, 41), started(2, 5, signal=0)], "no time before the signal: nothing to measure"),
+        ([started(1, 41), started(2, 5, signal=-3)], "a signal before the start (a clock askew)"),
     ],
 )
 def test_no_warning_unless_the_last_two_that_ran_started_for_over_half_their_time(
@@ -1088,6 +1089,7 @@ def test_segments_that_never_ran_between_two_slow_ones_do_not_break_the_row() ->
     running = seg(4, Phase.RUNNING, started_at=4000.0)
     assert slow_start([started(1, 41), never, started(3, 60), running]) != ""
     assert starting(started(1, 90, signal=80)) == (90.0, 80.0)  # held past its time: all of it
+    assert slow_start([started(1, 0.9, signal=1), started(2, 0.6, signal=1)]) != ""  # a second is a time
     assert starting(replace(started(1, 30), ready_at=999.0)) == (0.0, 80.0)  # a clock askew
 
 
