@@ -18,6 +18,8 @@ from chainrun.decide import Facts, JobFacts, decide
 from chainrun.errors import JobFileError
 from chainrun.model import Chain, ChainState, ListedJob, Phase, Progress, Segment, StartMarker, Track
 from chainrun.node.granted import granted, limit_seconds
+from chainrun.schedulers import scheduler_for
+from chainrun.schedulers.script import render_script
 from chainrun.schedulers.segment import SegmentJob, parse_start_marker
 from chainrun.schedulers.slurm import SlurmScheduler
 
@@ -157,3 +159,19 @@ def test_decide_records_a_shorter_limit_granted_once(tmp_path: Path) -> None:
     assert Track(1, Phase.RUNNING, "", None, None, walltime=120) in actions
     again = decide(chain(120), Facts(jobs=facts, progress=Progress(epoch=1)), now)
     assert not [a for a in again if isinstance(a, Track)]
+
+
+def test_only_a_slurm_segment_that_may_be_cut_asks_for_its_limit_in_the_job(tmp_path: Path) -> None:
+    """The runner asks the scheduler for the limit granted only where it may be shorter than
+    asked: a Slurm segment with a range. SGE and the local runner count from the longest."""
+
+    def asks(kind: str, walltime: str) -> str:
+        spec = load(tmp_path, f'walltime = "{walltime}"\n[scheduler]\nkind = "{kind}"\n')
+        script = render_script(scheduler_for(kind, None), SegmentJob("c", 1, spec, spec.walltime))
+        (line,) = [line for line in script.splitlines() if line.startswith(' "granted": ')]
+        return line
+
+    assert "squeue --noheader" in asks("slurm", "4h..24h") and "--format=%l" in asks("slurm", "4h..24h")
+    assert asks("slurm", "24h") == ' "granted": "",'
+    assert asks("sge", "4h..24h") == ' "granted": "",'
+    assert asks("local", "4h..24h") == ' "granted": "",'
