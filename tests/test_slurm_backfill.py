@@ -20,6 +20,9 @@ import pytest
 from conftest import REPO, have, holding_scheduler, need, wait_for
 from test_slurm_accounting import cancel_jobs
 
+from chainrun.node.granted import limit_seconds
+from chainrun.schedulers.slurm import SlurmScheduler
+
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -141,3 +144,27 @@ def test_a_range_starts_at_once_through_backfill_and_its_runner_counts_from_the_
             cancel_jobs(chain_id)
         if jobs:
             subprocess.run(["scancel", *jobs], capture_output=True, timeout=60)
+
+
+def test_each_array_task_reads_its_own_limit(shared_slurm: None, tmp_path: Path) -> None:
+    """A sweep's first segments may be one array: each task asks for its own limit by the id the
+    listing lists it under. The last task's own SLURM_JOB_ID is the array's base id, under which
+    squeue lists every task: asked by that, it would read no limit."""
+    script = tmp_path / "task.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f'export CHAINRUN_JOB_ID="{SlurmScheduler.task_id_shell}"\n'
+        f'{{ {SlurmScheduler.granted_shell}; }} > "{tmp_path}/limit-$SLURM_ARRAY_TASK_ID.tmp"\n'
+        f'mv "{tmp_path}/limit-$SLURM_ARRAY_TASK_ID.tmp" "{tmp_path}/limit-$SLURM_ARRAY_TASK_ID"\n'
+    )
+    base = _out(
+        "sbatch", "--parsable", "--array=0-1", "--time=5", "--time-min=2", "--output=/dev/null", str(script)
+    ).strip()
+    assert base, "sbatch of the array failed"
+    try:
+        files = [tmp_path / f"limit-{i}" for i in (0, 1)]
+        wait_for(lambda: all(f.exists() for f in files), 120, "both tasks to read their limit")
+        # Nothing else waits here, so each runs with its longest: one line, 5:00, each.
+        assert [limit_seconds(f.read_text()) for f in files] == [300, 300], [f.read_text() for f in files]
+    finally:
+        subprocess.run(["scancel", base], capture_output=True, timeout=60)
