@@ -16,12 +16,25 @@ import pytest
 from chainrun import check, jobfile
 from chainrun.decide import Facts, JobFacts, decide
 from chainrun.errors import JobFileError
-from chainrun.model import Chain, ChainState, ListedJob, Phase, Progress, Segment, StartMarker, Track
+from chainrun.model import (
+    NO_PROGRESS,
+    Adopt,
+    Chain,
+    ChainState,
+    ListedJob,
+    Phase,
+    Progress,
+    Segment,
+    StartMarker,
+    Submit,
+    Track,
+)
 from chainrun.node.granted import granted, limit_seconds
 from chainrun.schedulers import scheduler_for
 from chainrun.schedulers.script import render_script
 from chainrun.schedulers.segment import SegmentJob, parse_start_marker
 from chainrun.schedulers.slurm import SlurmScheduler
+from chainrun.store import Store
 
 BASE = 'name = "r"\ncommand = "true"\ntotal_time = "72h"\n'
 
@@ -175,3 +188,19 @@ def test_only_a_slurm_segment_that_may_be_cut_asks_for_its_limit_in_the_job(tmp_
     assert asks("slurm", "24h") == ' "granted": "",'
     assert asks("sge", "4h..24h") == ' "granted": "",'
     assert asks("local", "4h..24h") == ' "granted": "",'
+
+
+def test_the_store_records_a_granted_walltime_once_and_never_a_longer_one(tmp_path: Path) -> None:
+    spec = load(tmp_path, 'walltime = "2m..30m"\n[scheduler]\nkind = "slurm"\n')
+    store = Store(tmp_path / "home")
+    chain_id = store.add_chain(spec, NO_PROGRESS, now=1.0).id
+    store.journal_submit(chain_id, Submit(1, spec.walltime), 2.0)
+    store.record(chain_id, [Adopt(1, "7", "submitted")], None, [], 2.0)
+    for walltime in (120, 120, 600):
+        store.record(chain_id, [Track(1, Phase.RUNNING, "", 5.0, None, walltime=walltime)], None, [], 6.0)
+    assert store.chain(chain_id).segments[0].walltime == 120
+    granted = [ev.message for ev in store.events(chain_id) if ev.kind == "granted"]
+    assert granted == [
+        "segment 1 granted 2m of the 30m it asked for: the scheduler started it sooner with a "
+        "shorter limit (walltime's range, Slurm's --time-min)"
+    ]
