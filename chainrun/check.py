@@ -176,6 +176,8 @@ def _plan(spec: JobSpec, shared: str) -> list[tuple[str, str]]:
         segments = f"{full} x {wt} (the {format_duration(rest)} left over is shorter than grace)"
     else:
         segments = f"{full} x {wt} + 1 x {format_duration(rest)} (the last one clamped to the budget)"
+    if spec.walltime_min and _grants(spec):
+        segments += ", more where backfill grants shorter limits"
     sched = f"{spec.scheduler.kind} on {spec.scheduler.where}"
     if spec.scheduler.queue:
         sched += f", queue {spec.scheduler.queue}"
@@ -185,7 +187,7 @@ def _plan(spec: JobSpec, shared: str) -> list[tuple[str, str]]:
         ("command", spec.command),
         ("workdir", spec.workdir + (f" ({shared})" if shared else "")),
         ("scheduler", sched),
-        ("time", f"total_time {format_duration(spec.total_time)}, walltime {wt} per segment"),
+        ("time", f"total_time {format_duration(spec.total_time)}, {_walltime(spec)}"),
         ("segments", f"at most {segments}"),
         (
             "target",
@@ -215,6 +217,26 @@ def _plan(spec: JobSpec, shared: str) -> list[tuple[str, str]]:
     if spec.snapshot:
         plan.append(("code", f"a git snapshot of {snapshot.source_dir(spec)}'s repository, taken at submit"))
     return plan
+
+
+def _walltime(spec: JobSpec) -> str:
+    """The walltime each segment asks for, and what a range of them does on this scheduler."""
+    wt = format_duration(spec.walltime)
+    if not spec.walltime_min:
+        return f"walltime {wt} per segment"
+    least, kind = format_duration(spec.walltime_min), spec.scheduler.kind
+    if _grants(spec):
+        return (
+            f"walltime {least}..{wt} per segment: the scheduler's backfill may start a segment "
+            f"sooner with its limit cut down, to {least} at least (Slurm's --time-min); its signal "
+            "and the budget count from the limit granted"
+        )
+    return f"walltime {wt} per segment ({kind} grants no shorter limits: {least}..{wt} runs its longest)"
+
+
+def _grants(spec: JobSpec) -> bool:
+    """The chain's scheduler may grant a segment a shorter limit than it asks for."""
+    return bool(scheduler_for(spec.scheduler.kind, spec.scheduler.first_host).granted_shell)
 
 
 def _away(spec: JobSpec) -> str:

@@ -204,6 +204,23 @@ class Fields:
         raw = self.get(key, str, DURATION_HELP + ' (quoted, e.g. "4h")', required=required, max_bytes=128)
         if raw is None:
             return default
+        return self._seconds(key, raw)
+
+    def duration_range(self, key: str) -> tuple[int, int]:
+        """A required duration, or a range ``"MIN..MAX"`` of two: (shortest, longest), equal for
+        one duration."""
+        what = DURATION_HELP + ', or a range such as "4h..24h" (quoted)'
+        raw = self.get(key, str, what, required=True, max_bytes=128)
+        if ".." not in raw:
+            one = self._seconds(key, raw)
+            return one, one
+        low, _, high = raw.partition("..")
+        shortest, longest = self._seconds(key, low), self._seconds(key, high)
+        if shortest >= longest:
+            raise self.error(key, 'a range\'s first duration must be the shorter, as in "4h..24h"')
+        return shortest, longest
+
+    def _seconds(self, key: str, raw: str) -> int:
         try:
             seconds = parse_duration(raw)
         except ValueError:

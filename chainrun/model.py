@@ -59,8 +59,7 @@ class ChainState(enum.Enum):
     """The state of a whole chain; every state but ACTIVE and STUCK is final."""
 
     ACTIVE = "active"
-    # Its ticks kept failing (a bug, a file it cannot read): retried now and
-    # then, and active again after one good tick; the other chains go on.
+    # Its ticks kept failing (a bug, an unreadable file): retried now and then, active after a good one.
     STUCK = "stuck"
     COMPLETED = "completed"
     EXHAUSTED = "exhausted"
@@ -190,6 +189,8 @@ class JobSpec:
     on_end: Optional[str] = None  # a command run (locally) when the chain ends
     webhook: Optional[str] = None  # an http(s) URL that gets a JSON POST when the chain ends
     source: str = ""
+    # walltime = "MIN..MAX": the shortest a segment may be granted (Slurm's --time-min); 0: one length
+    walltime_min: int = 0
     # progress = "FILE:KEY": the epoch is KEY (dotted) of the script's own JSON file,
     # not the helper's sidecar; None: the sidecar (or the newest file's mtime).
     progress_file: Optional[str] = None
@@ -203,8 +204,7 @@ class JobSpec:
     snapshot_subdir: str = ""  # where in that commit's tree the command runs
     tensorboard_dir: str = ""  # where `chainrun tensorboard` looks (absolute; "": workdir/runs)
     tracking: tuple[str, ...] = ()  # [tracking]: the trackers whose own variables name the chain's run
-    # [sweep] as read (configurations, each (name, JSON value) pairs; repetitions): a
-    # spec with these is expanded into one chain per configuration x repetition.
+    # [sweep] as read (configurations of (name, JSON value) pairs; repetitions): sweep.expand's.
     sweep: tuple[tuple[tuple[str, str], ...], ...] = ()
     reps: int = 1
     # One chain of a sweep: the sweep's name, its configuration, its repetition.
@@ -220,8 +220,7 @@ class JobSpec:
     self_queue: bool = True
     nodes_cannot_submit: str = ""
     carrier_cannot_run: str = ""
-    # No grace in the job file: each segment's is made of the chain's stops so far
-    # (decide/grace.py), at most ``grace``.
+    # No grace in the job file: each segment's comes of its chain's stops, at most grace (decide/grace.py).
     adaptive_grace: bool = False
     # Set at submit (``chainrun.location``): where checkpoint_dir really is, for its claim
     # (``decide.claims``): the path as resolved on its host, and the names of the machines
@@ -326,6 +325,7 @@ class StartMarker:
     job_id: str
     at: Optional[float]
     progress: Optional[Progress]
+    walltime: Optional[int] = None  # the limit its clock counted from (granted: node/granted.py)
 
 
 @dataclass(frozen=True)
@@ -507,8 +507,7 @@ class ListedJob:
     started_at: Optional[float] = None
     ended_at: Optional[float] = None
     reason: str = ""
-    # Held by the scheduler in an error state (SGE's Eqw, Slurm's
-    # DependencyNeverSatisfied): it will never run on its own.
+    # Held by the scheduler in an error state (SGE's Eqw, Slurm's DependencyNeverSatisfied): never runs.
     stuck: bool = False
     slot: Optional[int] = None  # the local runner's slot it holds (a pool: its GPUs follow)
 
@@ -607,6 +606,7 @@ class Track:
     started_at: Optional[float]
     missing_since: Optional[float]
     preempted: bool = False  # it ran, was preempted and is queued again (requeued)
+    walltime: Optional[int] = None  # a shorter limit than asked, granted as it started (a range)
 
 
 @dataclass(frozen=True)

@@ -182,7 +182,7 @@ def parse(
     f.checked("command", command, lambda c: c.strip(), "must not be empty")
 
     total_time = f.duration("total_time", required=True)
-    walltime = f.duration("walltime", required=True)
+    shortest, walltime = f.duration_range("walltime")
     if walltime > total_time:
         raise f.error(
             "walltime",
@@ -200,9 +200,9 @@ def parse(
     signal = signal[3:] if signal.startswith("SIG") else signal  # not removeprefix: Python 3.8 runs this
     if signal not in SIGNALS:
         raise f.error("signal", "allowed: " + ", ".join(SIGNALS))
-    grace = f.duration("grace", default=default_grace(walltime))
+    grace = f.duration("grace", default=default_grace(shortest))
     sched = _scheduler(path, f.get("scheduler", dict, "a table [scheduler]", default={}))
-    _start_and_save(f, sched.kind, walltime, grace)
+    _start_and_save(f, sched.kind, shortest, grace)
     remote = sched.remote
     workdir = _path(f, "workdir", ".", base, remote)
     checkpoint_dir = _path(f, "checkpoint_dir", "checkpoints", Path(workdir), remote)
@@ -266,6 +266,7 @@ def parse(
         workdir=workdir,
         total_time=total_time,
         walltime=walltime,
+        walltime_min=shortest if shortest < walltime else 0,
         target_epoch=target_epoch,
         max_failures=max_failures,
         checkpoint_dir=checkpoint_dir,

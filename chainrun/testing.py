@@ -247,6 +247,7 @@ class FakeScheduler:
     wrapper_signals: ClassVar[bool] = False
     preempting_shell: ClassVar[str] = "false"
     started_shell: ClassVar[str] = "true"
+    granted_shell: ClassVar[str] = ""
 
     def gpus_asked(self, options: Sequence[str]) -> int:
         return 0

@@ -352,9 +352,13 @@ def _track(seg: Segment, job: JobFacts, now: float) -> list[Action]:
     if listed.phase is Phase.PENDING and seg.started_at is not None:
         preempted = job.end is not None and job.end.preempted
         reason = ("preempted, requeued" if preempted else "requeued") + (f"; {reason}" if reason else "")
-    if (listed.phase, reason) == (seg.phase, seg.reason) and not seg.missing_since and not started:
+    # Started with a shorter limit than asked (walltime = "MIN..MAX", backfill): its runner's clock
+    # counts from that one, and so does the chain's time.
+    granted = job.start.walltime if job.start is not None else None
+    granted = granted if granted is not None and 0 < granted < seg.walltime else None
+    if (listed.phase, reason) == (seg.phase, seg.reason) and not (seg.missing_since or started or granted):
         return []
-    return [Track(seg.n, listed.phase, reason, started, None, preempted)]
+    return [Track(seg.n, listed.phase, reason, started, None, preempted, granted)]
 
 
 def _end_progress(job: JobFacts, following: Optional[Segment], facts: Facts, current: Progress) -> Progress:

@@ -36,6 +36,7 @@ from chainrun.checkpoint import _ready as readiness
 from chainrun.decide import segment as rules
 from chainrun.node import proc
 from chainrun.node.carrier import Carrier, ignore_walltime_signals
+from chainrun.node.granted import granted
 from chainrun.node.share import share
 
 # What systemd gave the service is not the job's (--export=ALL and -V pass it on): a job
@@ -174,7 +175,8 @@ class Segment:
             CHAINRUN_WORKDIR=s["workdir"],
         )
         now = int(time.time())
-        self.deadline = rules.walltime_start(self._started(env), now, s["walltime"]) + s["walltime"]
+        self.walltime = granted(self._shell(s["granted"], env), s["walltime"])  # backfill's
+        self.deadline = rules.walltime_start(self._started(env), now, self.walltime) + self.walltime
         learned = read_regular(os.path.join(self.run_dir, "grace"), 4096) if s["adaptive"] else None
         self.grace = rules.grace(
             s["grace"], s["adaptive"], learned.decode(errors="replace") if learned else None
@@ -306,7 +308,7 @@ class Segment:
 
     def start_marker(self) -> None:
         host = socket.gethostname()
-        lines = f"job={self.job}\nhost={host}\nat={int(time.time())}\n"
+        lines = f"job={self.job}\nhost={host}\nat={int(time.time())}\nwalltime={self.walltime}\n"
         write_atomically(self.stem + ".start", lines + self.progress_fields())
 
     def end_marker(self, code: int, original: int, skipped: bool, why: str = "") -> None:

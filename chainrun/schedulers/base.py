@@ -43,6 +43,10 @@ class Scheduler(Protocol):
     # seconds), or nothing where it cannot tell: its walltime counts from then, which may be
     # well before the batch script runs (a prolog first).
     started_shell: ClassVar[str]
+    # A shell command, run in the job of a segment asked with a range of walltimes, that prints
+    # the time limit the scheduler granted it (``chainrun.node.granted`` reads it); "" where
+    # every job gets the walltime it asks for.
+    granted_shell: ClassVar[str]
 
     def gpus_asked(self, options: Sequence[str]) -> int:
         """The GPUs each job asks for through the job file's ``options``, in this scheduler's

@@ -33,6 +33,7 @@ class LocalScheduler:
     wrapper_signals: ClassVar[bool] = False
     preempting_shell: ClassVar[str] = "false"
     started_shell: ClassVar[str] = 'echo "${CHAINRUN_LOCAL_STARTED:-}"'  # its supervisor's start
+    granted_shell: ClassVar[str] = ""  # a range runs for its longest
 
     def __init__(self, host: Optional[str] = None) -> None:
         self.host = host

@@ -63,6 +63,7 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
         "signal": spec.signal,
         "wrapper_signals": scheduler.wrapper_signals,
         "started": scheduler.started_shell,
+        "granted": scheduler.granted_shell if job.shortest else "",
         "preempting": scheduler.preempting_shell,
         "run_dir": job.run_dir,
         "workdir": spec.workdir,

@@ -48,6 +48,14 @@ class SegmentJob:
     after: Optional[str] = None
 
     @property
+    def shortest(self) -> int:
+        """The shortest walltime this segment may be granted (``walltime = "MIN..MAX"``: Slurm's
+        ``--time-min``; other schedulers run every segment for its whole ``walltime``); 0 when
+        it asks for one length."""
+        least = self.spec.walltime_min
+        return least if 0 < least < self.walltime else 0
+
+    @property
     def tag(self) -> str:
         """Deterministic job name: finds the job again after a crash."""
         return tag_for(self.chain_id, self.n)
@@ -271,7 +279,8 @@ def parse_claim(data: bytes) -> Optional[Carried]:
 def parse_start_marker(data: bytes) -> StartMarker:
     """The wrapper's start marker."""
     fields = _fields(data)
-    return StartMarker(fields.get("job", "").strip(), _number(fields.get("at"), float), _progress(fields))
+    at, walltime = _number(fields.get("at"), float), _whole(fields.get("walltime"))
+    return StartMarker(fields.get("job", "").strip(), at, _progress(fields), walltime)
 
 
 def parse_end_marker(data: bytes) -> Optional[EndMarker]:

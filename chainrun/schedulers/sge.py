@@ -118,6 +118,7 @@ class SgeScheduler:
     # 15 s prolog, a job with h_rt=30 began at once and was killed 30 s after its script began
     # (qacct's start_time is the script's too). So the runner's own start is the job's.
     started_shell: ClassVar[str] = "true"
+    granted_shell: ClassVar[str] = ""  # no range of limits: a range runs for its longest
     shape_hint: ClassVar[str] = "qconf -sql lists the queues, qstat -f their hosts and slots"
 
     def gpus_asked(self, options: Sequence[str]) -> int:

@@ -39,6 +39,7 @@ SEGMENT_RUNNER = Shipped(
     (
         "node/runner.py",
         "node/carrier.py",
+        "node/granted.py",
         "node/proc.py",
         "node/share.py",
         "decide/segment.py",
@@ -82,6 +83,7 @@ CARRIER = Shipped(
         "logsetup.py",
         "model.py",
         "node/carrier.py",
+        "node/granted.py",
         "node/proc.py",
         "node/runner.py",
         "node/share.py",

@@ -176,6 +176,12 @@ class SlurmScheduler:
         'echo "${SLURM_JOB_START_TIME:-$([ -n "${SLURM_JOB_ID:-}" ] &&'
         ' SLURM_TIME_FORMAT=%s timeout 20 squeue --noheader --jobs="$SLURM_JOB_ID" --format=%S)}"'
     )
+    # The limit backfill granted a job asked with --time-min (none in the job's environment). An
+    # array task by its BASE_INDEX: the last task's own id is the base's, which lists every task.
+    granted_shell: ClassVar[str] = (
+        '[ -n "${SLURM_JOB_ID:-}" ] && timeout 20 squeue --noheader'
+        ' --jobs="${CHAINRUN_JOB_ID:-$SLURM_JOB_ID}" --format=%l'
+    )
     shape_hint: ClassVar[str] = "sinfo -o '%P %l %D %c %G' shows partitions' limits, nodes, CPUs, GPUs"
     max_tasks: ClassVar[int] = 1000
     task_index_shell: ClassVar[str] = "${SLURM_ARRAY_TASK_ID:-}"
@@ -219,6 +225,8 @@ class SlurmScheduler:
             "#SBATCH --open-mode=append",
             "#SBATCH --export=ALL",
         ]
+        if job.shortest:  # backfill may start it sooner with a limit cut down, to this at least
+            lines.append(f"#SBATCH --time-min={slurm_time(job.shortest)}")
         if spec.scheduler.queue:
             lines.append(f"#SBATCH --partition={spec.scheduler.queue}")
         lines += [f"#SBATCH {opt}" for opt in spec.scheduler.options]

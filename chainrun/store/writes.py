@@ -38,6 +38,7 @@ from chainrun.model import (
     new_chain_id,
 )
 from chainrun.store.views import LIVE_STATES
+from chainrun.text import duration
 
 
 def add_chains(db: sqlite3.Connection, new: Sequence[tuple[JobSpec, Progress]], now: float) -> list[str]:
@@ -168,6 +169,8 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
             event(db, chain_id, action.n, at, kind, text + _paren(action.reason))
         elif action.missing_since is not None:
             event(db, chain_id, action.n, now, "missing", f"segment {action.n} {action.reason}")
+        if action.walltime is not None:
+            _granted(db, chain_id, action.n, action.walltime, now)
     elif isinstance(action, Adopt):
         if action.walltime is not None:  # queued by the segment before it: not journaled here
             db.execute(
@@ -314,6 +317,24 @@ def event(
     db.execute(
         "INSERT INTO events (chain_id, segment, at, kind, message) VALUES (?, ?, ?, ?, ?)",
         (chain_id, segment, at, kind, message),
+    )
+
+
+def _granted(db: sqlite3.Connection, chain_id: str, n: int, walltime: int, now: float) -> None:
+    """Segment ``n`` started with a shorter limit than it asked for: its walltime from now on."""
+    row = db.execute("SELECT walltime FROM segments WHERE chain_id = ? AND n = ?", (chain_id, n)).fetchone()
+    if row is None or row["walltime"] <= walltime:
+        return
+    db.execute("UPDATE segments SET walltime = ? WHERE chain_id = ? AND n = ?", (walltime, chain_id, n))
+    granted, asked = duration(walltime), duration(row["walltime"])
+    event(
+        db,
+        chain_id,
+        n,
+        now,
+        "granted",
+        f"segment {n} granted {granted} of the {asked} it asked for: the scheduler started it "
+        "sooner with a shorter limit (walltime's range, Slurm's --time-min)",
     )
 
 

@@ -23,6 +23,7 @@ exec python3 -I '/scratch/my runs/bob'"'"'s/.chainrun/runner-HASH.pyz' <<'CHAINR
  "signal": "USR1",
  "wrapper_signals": true,
  "started": "true",
+ "granted": "",
  "preempting": "false",
  "run_dir": "/scratch/my runs/bob's/.chainrun/hostile-a1b2c3",
  "workdir": "/scratch/my runs/bob's",

@@ -24,6 +24,7 @@ exec python3 -I '/scratch/my run'"'"'s dir $x/.chainrun/runner-HASH.pyz' <<'CHAI
  "signal": "USR1",
  "wrapper_signals": false,
  "started": "echo \"${SLURM_JOB_START_TIME:-$([ -n \"${SLURM_JOB_ID:-}\" ] && SLURM_TIME_FORMAT=%s timeout 20 squeue --noheader --jobs=\"$SLURM_JOB_ID\" --format=%S)}\"",
+ "granted": "",
  "preempting": "[ -n \"${SLURM_JOB_ID:-}\" ] && timeout 20 scontrol show job \"$SLURM_JOB_ID\" 2>/dev/null | grep -Eq \"(^|[[:space:]])PreemptTime=[0-9]\"",
  "run_dir": "/scratch/my run's dir $x/.chainrun/hostile-1a2b3c",
  "workdir": "/scratch/my run's dir $x",
