@@ -953,7 +953,9 @@ STORE_MODULES = ("checked", "database", "migrations", "rows", "views", "writes")
             | {"chainrun.lock"}  # whether a service runs: the one that holds the lock
             | {"chainrun.store", *(f"chainrun.store.{m}" for m in STORE_MODULES)}
             # which pending reasons never clear: a table, no backend
-            | {"chainrun.schedulers", "chainrun.schedulers.pending"},
+            | {"chainrun.schedulers", "chainrun.schedulers.pending"}
+            # whether start-up eats the segments: one pure rule (decide's package loads no other)
+            | {"chainrun.decide", "chainrun.decide.startup"},
         ),
     ],
 )

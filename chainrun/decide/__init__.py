@@ -14,9 +14,31 @@ actions out.
 
 from __future__ import annotations
 
-from chainrun.decide.chain import LOST_AFTER, decide, quiet_until
-from chainrun.decide.facts import Facts, JobFacts
-from chainrun.decide.placement import place
-from chainrun.decide.retry import after_submit, backoff
+import importlib
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from chainrun.decide.chain import LOST_AFTER, decide, quiet_until
+    from chainrun.decide.facts import Facts, JobFacts
+    from chainrun.decide.placement import place
+    from chainrun.decide.retry import after_submit, backoff
+
+# Each name from its module, loaded on first use: `status` reads one small rule
+# (``startup``) without loading the state machine and the job file's schema.
+_FROM = {
+    "LOST_AFTER": "chain",
+    "decide": "chain",
+    "quiet_until": "chain",
+    "Facts": "facts",
+    "JobFacts": "facts",
+    "place": "placement",
+    "after_submit": "retry",
+    "backoff": "retry",
+}
 __all__ = ["LOST_AFTER", "Facts", "JobFacts", "after_submit", "backoff", "decide", "place", "quiet_until"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FROM:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"chainrun.decide.{_FROM[name]}"), name)
