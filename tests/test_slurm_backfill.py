@@ -151,7 +151,7 @@ def test_a_range_starts_at_once_through_backfill_and_its_runner_counts_from_the_
             subprocess.run(["scancel", *jobs], capture_output=True, timeout=60)
 
 
-def test_each_array_task_reads_its_own_limit(shared_slurm: None, tmp_path: Path) -> None:
+def test_each_array_task_reads_its_own_limit_and_start(shared_slurm: None, tmp_path: Path) -> None:
     """A sweep's first segments may be one array: each task asks for its own limit by the id the
     listing lists it under. The last task's own SLURM_JOB_ID is the array's base id, under which
     squeue lists every task: asked by that, it would read no limit."""
@@ -160,6 +160,7 @@ def test_each_array_task_reads_its_own_limit(shared_slurm: None, tmp_path: Path)
         "#!/bin/bash\n"
         f'export CHAINRUN_JOB_ID="{SlurmScheduler.task_id_shell}"\n'
         f'{{ {SlurmScheduler.granted_shell}; }} > "{tmp_path}/limit-$SLURM_ARRAY_TASK_ID.tmp"\n'
+        f'{{ {SlurmScheduler.started_shell}; }} > "{tmp_path}/start-$SLURM_ARRAY_TASK_ID"\n'
         f'mv "{tmp_path}/limit-$SLURM_ARRAY_TASK_ID.tmp" "{tmp_path}/limit-$SLURM_ARRAY_TASK_ID"\n'
     )
     base = _out(
@@ -175,5 +176,8 @@ def test_each_array_task_reads_its_own_limit(shared_slurm: None, tmp_path: Path)
         assert all(limit is not None and 120 <= limit <= 300 for limit in limits), [
             f.read_text() for f in files
         ]
+        # And its start, one time each (the runner counts its walltime from it).
+        starts = [(tmp_path / f"start-{i}").read_text() for i in (0, 1)]
+        assert all(start.strip().isdigit() for start in starts), starts
     finally:
         subprocess.run(["scancel", base], capture_output=True, timeout=60)

@@ -237,7 +237,7 @@ class Segment:
     def preempting(self) -> bool:
         """The scheduler is preempting the job (it then sends the signal early, and ends or
         requeues the job at the end of its grace time)."""
-        done = self._shell(self.s["preempting"], self.env)
+        done = self._shell(self.s["preempting"], {**self.env, "CHAINRUN_JOB_ID": self.job})  # as listed
         return done is not None and done.returncode == 0
 
     def ready(self) -> bool:

@@ -167,17 +167,19 @@ class SlurmScheduler:
     wrapper_signals: ClassVar[bool] = False
     # A job being preempted has a PreemptTime; with SlurmctldParameters=preempt_send_user_signal
     # its --signal comes then, at the start of the partition's GraceTime.
+    # Each question about the job asks by the id the listing lists it under: an array task by
+    # its BASE_INDEX (CHAINRUN_JOB_ID), since the last task's own id is the base's, which names
+    # every task.
     preempting_shell: ClassVar[str] = (
-        '[ -n "${SLURM_JOB_ID:-}" ] && timeout 20 scontrol show job "$SLURM_JOB_ID" 2>/dev/null'
-        ' | grep -Eq "(^|[[:space:]])PreemptTime=[0-9]"'
+        '[ -n "${SLURM_JOB_ID:-}" ] && timeout 20 scontrol show job "${CHAINRUN_JOB_ID:-$SLURM_JOB_ID}"'
+        ' 2>/dev/null | grep -Eq "(^|[[:space:]])PreemptTime=[0-9]"'
     )
     # Slurm 23.02 and later tell the job its start; before, the controller does.
     started_shell: ClassVar[str] = (
-        'echo "${SLURM_JOB_START_TIME:-$([ -n "${SLURM_JOB_ID:-}" ] &&'
-        ' SLURM_TIME_FORMAT=%s timeout 20 squeue --noheader --jobs="$SLURM_JOB_ID" --format=%S)}"'
+        'echo "${SLURM_JOB_START_TIME:-$([ -n "${SLURM_JOB_ID:-}" ] && SLURM_TIME_FORMAT=%s timeout 20'
+        ' squeue --noheader --jobs="${CHAINRUN_JOB_ID:-$SLURM_JOB_ID}" --format=%S)}"'
     )
-    # The limit backfill granted a job asked with --time-min (none in the job's environment). An
-    # array task by its BASE_INDEX: the last task's own id is the base's, which lists every task.
+    # The limit backfill granted a job asked with --time-min (none in the job's environment).
     granted_shell: ClassVar[str] = (
         '[ -n "${SLURM_JOB_ID:-}" ] && timeout 20 squeue --noheader'
         ' --jobs="${CHAINRUN_JOB_ID:-$SLURM_JOB_ID}" --format=%l'
