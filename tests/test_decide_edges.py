@@ -1097,3 +1097,40 @@ def test_a_segments_end_records_when_its_command_was_ready_from_its_end_marker()
     marker = EndMarker(0, 0, "USR1", False, NOW - 1, progress=AFTER, signalled_at=NOW - 20, ready_at=NOW - 70)
     (done, *_) = decide(chain(seg(1)), Facts(jobs={"j1": JobFacts(end=marker)}, progress=AFTER), NOW)
     assert isinstance(done, EndSegment) and done.ready_at == NOW - 70 and done.signalled_at == NOW - 20
+
+
+# -- a shorter limit granted (walltime = "MIN..MAX", Slurm's backfill) -----------------------
+
+
+@pytest.mark.parametrize(
+    ("granted", "recorded"),
+    [
+        (60, 60),  # shorter than the 100 s asked: the segment's walltime from now on
+        (1, 1),  # a second is a limit
+        (99, 99),
+        (100, None),  # what it asked for: nothing to record
+        (150, None),  # longer: never (the scheduler cannot grant more than asked)
+        (0, None),  # no limit read
+        (None, None),  # a start marker that says none (no range, or not Slurm)
+    ],
+)
+def test_a_running_segment_records_a_shorter_limit_granted_and_nothing_else(
+    granted: Optional[int], recorded: Optional[int]
+) -> None:
+    running = seg(1, started_at=NOW - 30)
+    listed = ListedJob("j1", "j1", Phase.RUNNING, started_at=NOW - 30)
+    job = JobFacts(listed=listed, start=StartMarker("j1", NOW - 30, None, granted))
+    tracks = [
+        a
+        for a in decide(chain(running), Facts(jobs={"j1": job}, progress=BEFORE), NOW)
+        if isinstance(a, Track)
+    ]
+    assert tracks == ([Track(1, Phase.RUNNING, "", None, None, walltime=recorded)] if recorded else []), (
+        tracks
+    )
+    unmarked = JobFacts(listed=listed)  # no start marker yet
+    assert not [
+        a
+        for a in decide(chain(running), Facts(jobs={"j1": unmarked}, progress=BEFORE), NOW)
+        if isinstance(a, Track)
+    ]
