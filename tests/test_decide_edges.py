@@ -1128,6 +1128,14 @@ def test_a_running_segment_records_a_shorter_limit_granted_and_nothing_else(
     assert tracks == ([Track(1, Phase.RUNNING, "", None, None, walltime=recorded)] if recorded else []), (
         tracks
     )
+    # Tracked for another reason (it started), it carries the limit only as above.
+    queued = seg(1, Phase.PENDING)
+    (started,) = [
+        a
+        for a in decide(chain(queued), Facts(jobs={"j1": job}, progress=BEFORE), NOW)
+        if isinstance(a, Track)
+    ]
+    assert started.phase is Phase.RUNNING and started.walltime == recorded, started
     unmarked = JobFacts(listed=listed)  # no start marker yet
     assert not [
         a
