@@ -1,18 +1,21 @@
 """The web page's server: the standard library's threading HTTP server over the read model
 ``status`` uses, opened read-only for each request.
 
-Safe by default: every request must carry the session's random token (``?token=``), or
-it is answered 403, the pages, the event stream, the JSON and the static files alike;
-the one thing that writes, a cancel, is a POST that must also carry the session's CSRF
-token from the confirmation form, and is refused when the browser says it comes from
-another site. Every answer forbids inline script, framing and referrers, so a chain's
-text can neither run nor leak the token. The event stream (``/events``) tells an open
-page that the database changed (SQLite's ``data_version``), and the page fetches its
-main part again.
+Safe by default: every request must carry the session's random token, or it is answered
+403, the pages, the event stream, the JSON and the static files alike. The URL printed
+carries it (``?token=``) for the first visit, which is answered with a cookie holding it
+(``HttpOnly``, ``SameSite=Strict``) and sent to the same URL without it; every later
+request carries the cookie alone. The one thing that writes, a cancel, is a POST that
+must also carry the session's CSRF token from the confirmation form, and is refused when
+the browser says it comes from another site. Every answer forbids inline script, framing
+and referrers, so a chain's text can neither run nor leak the token. The event stream
+(``/events``) tells an open page that the database changed (SQLite's ``data_version``),
+and the page fetches its main part again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import threading
@@ -21,7 +24,7 @@ from contextlib import closing, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Optional
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit
 
 from chainrun import cancel
 from chainrun import status as view
@@ -57,6 +60,7 @@ class Server(ThreadingHTTPServer):
         super().__init__(address, Handler)
         self.home = home
         self.token = token
+        self.cookie = "chainrun-" + hashlib.sha256(token.encode()).hexdigest()[:16]  # one per token
         self.csrf = csrf
         self.stopping = threading.Event()
 
@@ -70,7 +74,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: Any) -> None:
-        """Requests are not logged: the URLs carry the token."""
+        """Requests are not logged: a first visit's URL carries the token."""
 
     # -- answers ------------------------------------------------------------------------
     def _send(self, status: int, kind: str, body: bytes, extra: Optional[dict[str, str]] = None) -> None:
@@ -84,7 +88,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _html(self, status: int, title: str, main: str, fragment: bool, live: bool = True) -> None:
-        text = main if fragment else pages.layout(title, pages.Links(self.server.token), main, live)
+        text = main if fragment else pages.layout(title, pages.Links(), main, live)
         self._send(status, "text/html; charset=utf-8", text.encode())
 
     def _json(self, data: Any) -> None:
@@ -93,9 +97,28 @@ class Handler(BaseHTTPRequestHandler):
     def _refuse(self, status: int, text: str) -> None:
         self._send(status, "text/plain; charset=utf-8", (text + "\n").encode())
 
-    def _authorised(self, query: dict[str, list[str]]) -> bool:
-        given = query.get("token", [""])[0]
+    def _token(self, given: str) -> bool:
         return hmac.compare_digest(given.encode(), self.server.token.encode())
+
+    def _authorised(self) -> bool:
+        """The request carries the session's cookie."""
+        for header in self.headers.get_all("Cookie", []):
+            for pair in header.split(";"):
+                name, _, value = pair.strip().partition("=")
+                if name == self.server.cookie and self._token(value):
+                    return True
+        return False
+
+    def _forbidden(self) -> None:
+        self._refuse(403, "forbidden: open the URL `chainrun ui` printed, with its token")
+
+    def _first_visit(self, path: str, query: str) -> None:
+        """The token given in the URL: kept in a cookie, and the same URL without it."""
+        rest = urlencode([(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != "token"])
+        cookie = f"{self.server.cookie}={self.server.token}; Path=/; HttpOnly; SameSite=Strict"
+        where = "/" + path.lstrip("/")  # on this server, whatever the request line said
+        location = {"Location": where + ("?" + rest if rest else ""), "Set-Cookie": cookie}
+        self._send(303, "text/plain; charset=utf-8", b"", location)
 
     # -- requests -----------------------------------------------------------------------
     def do_HEAD(self) -> None:
@@ -104,8 +127,11 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         url = urlsplit(self.path)
         query = parse_qs(url.query)
-        if not self._authorised(query):
-            self._refuse(403, "forbidden: open the URL `chainrun ui` printed, with its token")
+        if "token" in query and self._token(query["token"][0]):
+            self._first_visit(url.path, url.query)
+            return
+        if "token" in query or not self._authorised():
+            self._forbidden()
             return
         path = unquote(url.path)
         fragment = query.get("fragment") == ["1"]
@@ -122,7 +148,7 @@ class Handler(BaseHTTPRequestHandler):
             pass
 
     def _page(self, path: str, query: dict[str, list[str]], fragment: bool) -> None:
-        link = pages.Links(self.server.token)
+        link = pages.Links()
         now = time.time()
         with _store(self.server.home) as store:
             if path == "/":
@@ -200,11 +226,10 @@ class Handler(BaseHTTPRequestHandler):
                     self.wfile.flush()
 
     def do_POST(self) -> None:
-        url = urlsplit(self.path)
-        if not self._authorised(parse_qs(url.query)):
-            self._refuse(403, "forbidden: open the URL `chainrun ui` printed, with its token")
+        if not self._authorised():
+            self._forbidden()
             return
-        if unquote(url.path) != "/cancel":
+        if unquote(urlsplit(self.path).path) != "/cancel":
             self._refuse(404, "only a cancel is posted here")
             return
         if self.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
@@ -225,7 +250,7 @@ class Handler(BaseHTTPRequestHandler):
             self._html(409, "not cancelled", pages.message(f"not cancelled: {exc}"), False, live=False)
 
     def _cancel(self, form: dict[str, list[str]]) -> None:
-        link = pages.Links(self.server.token)
+        link = pages.Links()
         with _store(self.server.home, readonly=False) as store:
             sweep = form.get("sweep", [""])[0]
             targets = (

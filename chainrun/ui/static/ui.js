@@ -5,7 +5,6 @@
 (function () {
   const main = document.getElementById("main");
   const live = document.getElementById("live");
-  const token = document.body.dataset.token;
 
   function withParam(url, key, value) {
     const u = new URL(url, location.href);
@@ -91,7 +90,7 @@
   }
   wireTables(); wireTimeline(); wireSelects();
   if (document.body.dataset.live === "1") {
-    const events = new EventSource("/events?token=" + encodeURIComponent(token));
+    const events = new EventSource("/events");
     events.addEventListener("change", refresh);
     events.addEventListener("open", () => (live.textContent = "live"));
     events.addEventListener("error", () => (live.textContent = "reconnecting…"));
