@@ -93,7 +93,10 @@
     const events = new EventSource("/events");
     events.addEventListener("change", refresh);
     events.addEventListener("open", () => (live.textContent = "live"));
-    events.addEventListener("error", () => (live.textContent = "reconnecting…"));
+    events.addEventListener("error", () => {
+      // Closed for good when refused (too many live pages open): the refresh below goes on.
+      live.textContent = events.readyState === EventSource.CLOSED ? "not live: updated every 30 s" : "reconnecting…";
+    });
     setInterval(refresh, 30000); // running times move on without a write
   }
 })();
