@@ -77,6 +77,7 @@ class Server(ThreadingHTTPServer):
     """The page's server, with what its handlers need: the state directory and the secrets."""
 
     daemon_threads = True
+    request_queue_size = 128  # not the standard library's 5: a burst of connections is not made to retry
 
     def __init__(
         self, address: tuple[str, int], home: Path, token: str, csrf: str, limits: Limits = LIMITS
