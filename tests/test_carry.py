@@ -648,9 +648,9 @@ def test_where_the_carrier_cannot_run_submit_status_and_the_page_say_self_queuei
     page say it too."""
     import subprocess
     import sys
-    import urllib.request
 
     from conftest import cli_env
+    from test_ui import _get
 
     sge = test_contract.CLUSTERS["sge"]
     with test_contract.holding_scheduler("sge"):
@@ -687,9 +687,7 @@ def test_where_the_carrier_cannot_run_submit_status_and_the_page_say_self_queuei
         try:
             assert ui.stdout is not None
             url = ui.stdout.readline().strip()
-            base, token = url.split("/?token=")
-            with urllib.request.urlopen(f"{base}/chain/{chain_id}?token={token}", timeout=30) as page:
-                body = page.read().decode()
+            _, body = _get(url.replace("/?", f"/chain/{chain_id}?"))  # as a browser: keeps the cookie
         finally:
             ui.kill()
             ui.wait()

@@ -18,6 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from http.cookiejar import CookieJar
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -117,15 +118,23 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
-def _get(url: str, data: Optional[bytes] = None, headers: Optional[dict[str, str]] = None) -> tuple[int, str]:
+def _get(
+    url: str,
+    data: Optional[bytes] = None,
+    headers: Optional[dict[str, str]] = None,
+    jar: Optional[CookieJar] = None,
+) -> tuple[int, str]:
+    """GET (or POST ``data``) as a browser would: cookies kept in ``jar`` (else a new one),
+    and the redirect of a first visit followed (a posted form's is not)."""
     request = urllib.request.Request(url, data=data, headers=headers or {})
 
     class Stay(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-            return None
+        def redirect_request(self, req: Any, *args: Any, **kwargs: Any) -> Any:
+            return None if req.data is not None else super().redirect_request(req, *args, **kwargs)
 
+    cookies = urllib.request.HTTPCookieProcessor(jar if jar is not None else CookieJar())
     try:
-        with urllib.request.build_opener(Stay).open(request, timeout=30) as answer:
+        with urllib.request.build_opener(Stay, cookies).open(request, timeout=30) as answer:
             return answer.status, answer.read(200_000).decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -341,17 +350,20 @@ def test_without_the_token_nothing_is_served_and_a_cancel_needs_its_form(
             assert status == 403, (path, query)
     form = urllib.parse.urlencode({"chain": chain_id, "csrf": "guess"}).encode()
     assert _get(f"{base}/cancel", form)[0] == 403
-    assert _get(f"{base}/cancel?token={token}", form)[0] == 403
-    status, page = _get(f"{base}/?token={token}")
+    assert _get(f"{base}/cancel?token={token}", form)[0] == 403  # a post is let in by the cookie alone
+    jar = CookieJar()
+    assert _get(url, jar=jar)[0] == 200  # the first visit: the cookie
+    assert _get(f"{base}/cancel", form, jar=jar)[0] == 403
+    status, page = _get(f"{base}/", jar=jar)
     assert status == 200 and hostile not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    status, page = _get(f"{base}/chain/{chain_id}?token={token}")
+    status, page = _get(f"{base}/chain/{chain_id}", jar=jar)
     assert status == 200 and "<img" not in page and "&lt;img src=x onerror=alert(2)&gt;" in page
-    status, confirm = _get(f"{base}/cancel?token={token}&chain={chain_id}")
+    status, confirm = _get(f"{base}/cancel?chain={chain_id}", jar=jar)
     csrf = confirm.split('name="csrf" value="')[1].split('"')[0]
     good = urllib.parse.urlencode({"chain": chain_id, "csrf": csrf}).encode()
-    assert _get(f"{base}/cancel?token={token}", good, {"Sec-Fetch-Site": "cross-site"})[0] == 403
+    assert _get(f"{base}/cancel", good, {"Sec-Fetch-Site": "cross-site"}, jar)[0] == 403
     assert json.loads(chainrun("status", chain_id, "--json", check=True).stdout)[0]["state"] == "active"
-    status, _ = _get(f"{base}/cancel?token={token}", good, {"Sec-Fetch-Site": "same-origin"})
+    status, _ = _get(f"{base}/cancel", good, {"Sec-Fetch-Site": "same-origin"}, jar)
     assert status == 303
     # Asked for at once, carried out beside the page (the running segment has its grace to save).
     wait_for(
@@ -534,7 +546,7 @@ def test_a_sweep_page_shows_each_metrics_mean_and_spread_per_configuration(tmp_p
             {},
         ],
     )
-    page = pages.sweep_page("lr", chains, {}, pages.Links("t"), 0.0, "", "")
+    page = pages.sweep_page("lr", chains, {}, pages.Links(), 0.0, "", "")
     table = page.split('<table class="means" data-metric="val_loss">')[1].split("</table>")[0]
     rows = [re.findall(r"<t[dh]>(.*?)</t[dh]>", row) for row in table.split("<tr>")[1:]]
     assert rows == [
@@ -574,7 +586,7 @@ def test_no_trained_share_for_a_chain_that_trained_nothing(tmp_path: Path) -> No
     )
     crashed = replace(crashed, latest=NO_PROGRESS)
     stayed = replace(stayed, baseline=stayed.latest)  # it resumed epoch 3 and saved nothing more
-    link = pages.Links("t")
+    link = pages.Links()
     shown = pages.overview(
         [Glance.of(c) for c in (crashed, trained, stayed)], {c.id: (2.0, 2.0) for c in base}, link, 200.0
     )

@@ -31,13 +31,10 @@ Log = Sequence[tuple[float, Progress]]
 
 
 class Links:
-    """Where the pages point, each URL with the session's token."""
-
-    def __init__(self, token: str) -> None:
-        self.token = token
+    """Where the pages point (the session's token is in a cookie, not in the URLs)."""
 
     def __call__(self, path: str, **query: str) -> str:
-        return escape(f"{path}?{urlencode({'token': self.token, **query})}")
+        return escape(f"{path}?{urlencode(query)}" if query else path)
 
     def chain(self, chain_id: str) -> str:
         return self(f"/chain/{quote(chain_id, safe='')}")
@@ -55,7 +52,7 @@ def layout(title: str, link: Links, main: str, live: bool = True) -> str:
         f"<title>{escape(title)} · chainrun</title>"
         f'<link rel="stylesheet" href="{link("/static/ui.css")}">'
         f'<link rel="icon" href="{link("/static/icon.svg")}"></head>'
-        f'<body data-token="{escape(link.token)}" data-live="{int(live)}">'
+        f'<body data-live="{int(live)}">'
         f'<header><a class="home" href="{link("/")}">chainrun</a> <span id="live"></span></header>'
         f'<main id="main">{main}</main><script src="{link("/static/ui.js")}"></script></body></html>'
     )
@@ -340,7 +337,6 @@ def sweep_page(
 
         chosen = (
             f'<form class="choose" method="get" action="{escape("/sweep/" + quote(name, safe=""))}">'
-            f'<input type="hidden" name="token" value="{escape(link.token)}">'
             f'<label>parameter <select name="x">{options(xs, x)}</select></label> '
             f'<label>metric <select name="y">{options(ys, y)}</select></label> '
             f'<button type="submit">plot</button></form>'

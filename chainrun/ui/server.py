@@ -1,27 +1,40 @@
 """The web page's server: the standard library's threading HTTP server over the read model
 ``status`` uses, opened read-only for each request.
 
-Safe by default: every request must carry the session's random token (``?token=``), or
-it is answered 403, the pages, the event stream, the JSON and the static files alike;
-the one thing that writes, a cancel, is a POST that must also carry the session's CSRF
-token from the confirmation form, and is refused when the browser says it comes from
-another site. Every answer forbids inline script, framing and referrers, so a chain's
-text can neither run nor leak the token. The event stream (``/events``) tells an open
-page that the database changed (SQLite's ``data_version``), and the page fetches its
-main part again.
+Safe by default: every request must carry the session's random token, or it is answered
+403, the pages, the event stream, the JSON and the static files alike. The URL printed
+carries it (``?token=``) for the first visit, which is answered with a cookie holding it
+(``HttpOnly``, ``SameSite=Strict``) and sent to the same URL without it; every later
+request carries the cookie alone. The one thing that writes, a cancel, is a POST that
+must also carry the session's CSRF token from the confirmation form, and is refused when
+the browser says it comes from another site. Every answer forbids inline script, framing
+and referrers, so a chain's text can neither run nor leak the token. The event stream
+(``/events``) tells an open page that the database changed (SQLite's ``data_version``),
+and the page fetches its main part again.
+
+Bounded, so that no client holds the server (``Limits``): a connection has a deadline to
+send each whole request, however slowly its bytes come, and is closed when it passes;
+so many connections at once, and so many event streams, and no more.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import io
 import json
+import math
+import re
+import select
+import socket
+import sys
 import threading
 import time
 from contextlib import closing, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Optional
-from urllib.parse import parse_qs, unquote, urlsplit
+from typing import Any, NamedTuple, Optional
+from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit
 
 from chainrun import cancel
 from chainrun import status as view
@@ -36,6 +49,7 @@ _TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=ut
 WATCH_EVERY = 0.5  # seconds between looks at whether the database changed, for /events
 PING_EVERY = 15.0  # a comment on the event stream this often, so a dead client is noticed
 MAX_FORM = 4096
+_LENGTH = re.compile(r"[0-9]{1,9}")
 _HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -48,29 +62,112 @@ _HEADERS = {
 }
 
 
+class Limits(NamedTuple):
+    """What clients can hold of the server."""
+
+    request_timeout: float = 20.0  # seconds to send a whole request (or to take an answer's bytes)
+    connections: int = 256  # open at once; one more is closed at once
+    streams: int = 16  # event streams open at once; one more is answered 503
+
+
+LIMITS = Limits()
+
+
 class Server(ThreadingHTTPServer):
     """The page's server, with what its handlers need: the state directory and the secrets."""
 
     daemon_threads = True
+    request_queue_size = 128  # not the standard library's 5: a burst of connections is not made to retry
 
-    def __init__(self, address: tuple[str, int], home: Path, token: str, csrf: str) -> None:
+    def __init__(
+        self, address: tuple[str, int], home: Path, token: str, csrf: str, limits: Limits = LIMITS
+    ) -> None:
         super().__init__(address, Handler)
         self.home = home
         self.token = token
+        self.cookie = "chainrun-" + hashlib.sha256(token.encode()).hexdigest()[:16]  # one per token
         self.csrf = csrf
+        self.limits = limits
         self.stopping = threading.Event()
+        self.connections = threading.BoundedSemaphore(limits.connections)
+        self.streams = threading.BoundedSemaphore(limits.streams)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.connections.acquire(blocking=False):
+            self.shutdown_request(request)  # full: closed at once, not queued
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.connections.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connections.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-request is no fault of the server's: nothing logged."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
     def shutdown(self) -> None:
         self.stopping.set()  # ends the event streams
         super().shutdown()
 
 
+class _Deadline(io.RawIOBase):
+    """A connection's reading end that gives up at ``until`` (``time.monotonic``), however
+    slowly the bytes come: a client that trickles its request is closed like one that
+    sends nothing."""
+
+    def __init__(self, connection: socket.socket, timeout: float) -> None:
+        self.connection = connection
+        self.timeout = timeout
+        self.until = math.inf
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.until - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request took too long")
+        self.connection.settimeout(min(left, self.timeout))
+        try:
+            return self.connection.recv_into(buffer)
+        finally:
+            self.connection.settimeout(self.timeout)  # for the answer's writes
+
+
 class Handler(BaseHTTPRequestHandler):
     server: Server
     protocol_version = "HTTP/1.1"
+    default_request_version = "HTTP/1.0"  # so that the answer to a malformed request has a status line
 
     def log_message(self, format: str, *args: Any) -> None:
-        """Requests are not logged: the URLs carry the token."""
+        """Requests are not logged: a first visit's URL carries the token."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()
+        self.reading = _Deadline(self.connection, self.server.limits.request_timeout)
+        self.connection.settimeout(self.reading.timeout)
+        self.rfile = io.BufferedReader(self.reading)
+
+    def handle_one_request(self) -> None:
+        self.reading.until = time.monotonic() + self.reading.timeout  # idle time counts too
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        if len(self.requestline.split()) != 3:  # HTTP/0.9's, with neither headers nor cookie
+            self.send_error(400, "the request line names no HTTP version")
+            return False
+        return True
 
     # -- answers ------------------------------------------------------------------------
     def _send(self, status: int, kind: str, body: bytes, extra: Optional[dict[str, str]] = None) -> None:
@@ -84,7 +181,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _html(self, status: int, title: str, main: str, fragment: bool, live: bool = True) -> None:
-        text = main if fragment else pages.layout(title, pages.Links(self.server.token), main, live)
+        text = main if fragment else pages.layout(title, pages.Links(), main, live)
         self._send(status, "text/html; charset=utf-8", text.encode())
 
     def _json(self, data: Any) -> None:
@@ -93,9 +190,28 @@ class Handler(BaseHTTPRequestHandler):
     def _refuse(self, status: int, text: str) -> None:
         self._send(status, "text/plain; charset=utf-8", (text + "\n").encode())
 
-    def _authorised(self, query: dict[str, list[str]]) -> bool:
-        given = query.get("token", [""])[0]
+    def _token(self, given: str) -> bool:
         return hmac.compare_digest(given.encode(), self.server.token.encode())
+
+    def _authorised(self) -> bool:
+        """The request carries the session's cookie."""
+        for header in self.headers.get_all("Cookie", []):
+            for pair in header.split(";"):
+                name, _, value = pair.strip().partition("=")
+                if name == self.server.cookie and self._token(value):
+                    return True
+        return False
+
+    def _forbidden(self) -> None:
+        self._refuse(403, "forbidden: open the URL `chainrun ui` printed, with its token")
+
+    def _first_visit(self, path: str, query: str) -> None:
+        """The token given in the URL: kept in a cookie, and the same URL without it."""
+        rest = urlencode([(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != "token"])
+        cookie = f"{self.server.cookie}={self.server.token}; Path=/; HttpOnly; SameSite=Strict"
+        where = "/" + path.lstrip("/")  # on this server, whatever the request line said
+        location = {"Location": where + ("?" + rest if rest else ""), "Set-Cookie": cookie}
+        self._send(303, "text/plain; charset=utf-8", b"", location)
 
     # -- requests -----------------------------------------------------------------------
     def do_HEAD(self) -> None:
@@ -104,8 +220,11 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         url = urlsplit(self.path)
         query = parse_qs(url.query)
-        if not self._authorised(query):
-            self._refuse(403, "forbidden: open the URL `chainrun ui` printed, with its token")
+        if "token" in query and self._token(query["token"][0]):
+            self._first_visit(url.path, url.query)
+            return
+        if "token" in query or not self._authorised():
+            self._forbidden()
             return
         path = unquote(url.path)
         fragment = query.get("fragment") == ["1"]
@@ -118,11 +237,11 @@ class Handler(BaseHTTPRequestHandler):
                 self._page(path, query, fragment)
         except ChainrunError as exc:
             self._html(404, "not found", pages.message(str(exc)), fragment, live=False)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+        except ConnectionError:
+            self.close_connection = True  # the client went away
 
     def _page(self, path: str, query: dict[str, list[str]], fragment: bool) -> None:
-        link = pages.Links(self.server.token)
+        link = pages.Links()
         now = time.time()
         with _store(self.server.home) as store:
             if path == "/":
@@ -176,19 +295,32 @@ class Handler(BaseHTTPRequestHandler):
 
     def _events(self) -> None:
         """Server-sent events: ``change`` whenever the database changed; a comment now and
-        then, so that a client that went away ends the stream."""
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        for name, value in _HEADERS.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.close_connection = True
+        then, so that a client that went away ends the stream. So many at once
+        (``Limits.streams``): one more is refused, and the open ones kept."""
+        held = self.command != "HEAD"  # a HEAD gets the headers alone
+        if held and not self.server.streams.acquire(blocking=False):
+            self._refuse(503, f"too many live pages open ({self.server.limits.streams}): close one")
+            return
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            for name, value in _HEADERS.items():
+                self.send_header(name, value)
+            self.end_headers()
+            if held:
+                self.close_connection = True
+                self._stream()
+        finally:
+            if held:
+                self.server.streams.release()
+
+    def _stream(self) -> None:
         with _store(self.server.home) as store:
             seen = store.data_version()
             pinged = time.monotonic()
             self.wfile.write(b"retry: 2000\n\n")
             self.wfile.flush()
-            while not self.server.stopping.wait(WATCH_EVERY):
+            while not self.server.stopping.wait(WATCH_EVERY) and not _gone(self.connection):
                 now = store.data_version()
                 if now != seen:
                     seen = now
@@ -200,21 +332,28 @@ class Handler(BaseHTTPRequestHandler):
                     self.wfile.flush()
 
     def do_POST(self) -> None:
-        url = urlsplit(self.path)
-        if not self._authorised(parse_qs(url.query)):
-            self._refuse(403, "forbidden: open the URL `chainrun ui` printed, with its token")
+        self.close_connection = True  # a refused form's body is never read
+        if not self._authorised():
+            self._forbidden()
             return
-        if unquote(url.path) != "/cancel":
+        if unquote(urlsplit(self.path).path) != "/cancel":
             self._refuse(404, "only a cancel is posted here")
             return
         if self.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
             self._refuse(403, "forbidden: a cancel must come from this page")
             return
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_FORM:
+        lengths = self.headers.get_all("Content-Length", [])
+        if "Transfer-Encoding" in self.headers or len(lengths) > 1:
+            self._refuse(400, "a cancel form is sent with one Content-Length, not in chunks")
+            return
+        length = (lengths or ["0"])[0].strip()
+        if not _LENGTH.fullmatch(length):
+            self._refuse(400, "Content-Length is not a number of bytes")
+            return
+        if int(length) > MAX_FORM:
             self._refuse(413, "form too large")
             return
-        form = parse_qs(self.rfile.read(length).decode("utf-8", "replace"))
+        form = parse_qs(self.rfile.read(int(length)).decode("utf-8", "replace"))
         given = form.get("csrf", [""])[0]
         if not hmac.compare_digest(given.encode(), self.server.csrf.encode()):
             self._refuse(403, "forbidden: the cancel form's check does not match; open the page again")
@@ -225,7 +364,7 @@ class Handler(BaseHTTPRequestHandler):
             self._html(409, "not cancelled", pages.message(f"not cancelled: {exc}"), False, live=False)
 
     def _cancel(self, form: dict[str, list[str]]) -> None:
-        link = pages.Links(self.server.token)
+        link = pages.Links()
         with _store(self.server.home, readonly=False) as store:
             sweep = form.get("sweep", [""])[0]
             targets = (
@@ -245,6 +384,16 @@ class Handler(BaseHTTPRequestHandler):
         for name, value in _HEADERS.items():
             self.send_header(name, value)
         self.end_headers()
+
+
+def _gone(connection: socket.socket) -> bool:
+    """The client closed the connection (a page closed: its event stream's place is free)."""
+    if not select.select([connection], [], [], 0)[0]:
+        return False
+    try:
+        return connection.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
 
 
 def _cancelled(home: Path, ids: list[str]) -> None:

@@ -5,7 +5,6 @@
 (function () {
   const main = document.getElementById("main");
   const live = document.getElementById("live");
-  const token = document.body.dataset.token;
 
   function withParam(url, key, value) {
     const u = new URL(url, location.href);
@@ -91,10 +90,13 @@
   }
   wireTables(); wireTimeline(); wireSelects();
   if (document.body.dataset.live === "1") {
-    const events = new EventSource("/events?token=" + encodeURIComponent(token));
+    const events = new EventSource("/events");
     events.addEventListener("change", refresh);
     events.addEventListener("open", () => (live.textContent = "live"));
-    events.addEventListener("error", () => (live.textContent = "reconnecting…"));
+    events.addEventListener("error", () => {
+      // Closed for good when refused (too many live pages open): the refresh below goes on.
+      live.textContent = events.readyState === EventSource.CLOSED ? "not live: updated every 30 s" : "reconnecting…";
+    });
     setInterval(refresh, 30000); // running times move on without a write
   }
 })();
