@@ -22,7 +22,7 @@ from test_wrapper import run_wrapper, work, wrapper_env, wrapper_spec, write_seg
 
 from chainrun.errors import JobFileError
 from chainrun.model import JobSpec, new_chain_id
-from chainrun.node.tracking import python_of
+from chainrun.node.tracking import continue_runs, python_of
 from chainrun.schedulers.local import LocalScheduler
 from chainrun.schedulers.script import render_script
 from chainrun.schedulers.segment import RUN_ID_MAX, SegmentJob, tracker_run_id, tracking_environment
@@ -377,6 +377,22 @@ def test_a_segment_gets_the_chains_mlflow_run_and_not_a_nested_one(work: Path) -
     assert run_id == top
     assert json.loads(context) == {"mlflow.runName": rid, "chainrun.run_id": rid}
     assert f"chainrun: segment 2: continuing MLflow run {top} (chainrun.run_id={rid})\n" in proc.stdout
+
+
+def test_an_mlflow_run_id_in_env_is_used_as_it_is_and_its_run_context_tags_are_kept(tmp_path: Path) -> None:
+    spec = parse({**BASE, "tracking": {"mlflow": True}}, "job.toml", tmp_path)
+    assert spec.tracking == ("mlflow",) and tracking_environment(spec, "t-0a0b0c") == []  # set in the job
+    env = {
+        "CHAINRUN_RUN_ID": "t-0a0b0c",
+        "MLFLOW_RUN_ID": "mine",
+        "MLFLOW_RUN_CONTEXT": '{"team": "a", "chainrun.run_id": "other"}',
+    }
+    untracked = dict(env)
+    assert continue_runs(["wandb"], ["false"], "python train.py", untracked) == [] and untracked == env
+    assert continue_runs(["mlflow"], ["false"], "python train.py", env) == []  # "false": no lookup ran
+    assert env["MLFLOW_RUN_ID"] == "mine"
+    tags = json.loads(env["MLFLOW_RUN_CONTEXT"])
+    assert tags == {"mlflow.runName": "t-0a0b0c", "team": "a", "chainrun.run_id": "t-0a0b0c"}
 
 
 def closed_port() -> int:
