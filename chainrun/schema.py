@@ -127,10 +127,10 @@ SCHEDULER_ALIASES = {
     },
     **dict.fromkeys(("time", "walltime", "time_limit"), "walltime, at the top of the job file"),
 }
-TRACKERS = ("wandb",)  # [tracking]: each sets its own variables (schedulers.segment.tracking_environment)
+TRACKERS = ("wandb", "mlflow")  # [tracking]: each sets its own variables (schedulers.segment, node.tracking)
 TRACKING_ALIASES = {
     **dict.fromkeys(("w&b", "weights_and_biases", "weightsandbiases"), "wandb"),
-    "mlflow": "none yet: pass $CHAINRUN_RUN_ID to mlflow yourself (docs: One run in the tracker)",
+    "ml_flow": "mlflow",
     "tensorboard": "none: name the log directory after $CHAINRUN_RUN_ID (docs: One run in the tracker)",
 }
 MAX_HOSTS = 1000  # hosts in a pool

@@ -7,18 +7,22 @@ import importlib.util
 import json
 import os
 import re
+import shlex
+import socket
 import struct
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 from conftest import need
-from test_wrapper import run_wrapper, work  # noqa: F401 (work: the fixture)
+from test_wrapper import run_wrapper, work, wrapper_env, wrapper_spec, write_segment  # noqa: F401 (work: the fixture)
 
 from chainrun.errors import JobFileError
 from chainrun.model import JobSpec, new_chain_id
+from chainrun.node.tracking import continue_runs, python_of
 from chainrun.schedulers.local import LocalScheduler
 from chainrun.schedulers.script import render_script
 from chainrun.schedulers.segment import RUN_ID_MAX, SegmentJob, tracker_run_id, tracking_environment
@@ -163,7 +167,7 @@ def test_tracking_sets_the_trackers_own_variables_and_env_still_wins(tmp_path: P
         ({"wandbb": True}, "unknown key tracking.wandbb; did you mean tracking.wandb?"),
         ({"weights_and_biases": True}, "unknown key tracking.weights_and_biases; chainrun's is wandb"),
         ({"wandb": "yes"}, "tracking.wandb"),
-        ({"mlflow": True}, "pass $CHAINRUN_RUN_ID to mlflow yourself"),
+        ({"ml_flow": True}, "unknown key tracking.ml_flow; chainrun's is mlflow"),
     ],
 )
 def test_a_wrong_tracking_table_says_what_to_write(tmp_path: Path, table: dict[str, Any], said: str) -> None:
@@ -253,9 +257,8 @@ def test_after_a_crash_between_two_saves_tensorboard_shows_every_step_once(
     assert logged_steps(logdir) == (list(range(15)) if purge else zigzag)
 
 
-# MLflow's run ids are its own (MLFLOW_RUN_ID must name a run that exists), so [tracking] has
-# no mlflow key: the script finds the chain's run by a tag, or makes it (docs: One run in the
-# tracker). Each segment logs three steps of one epoch.
+# A training script as its author wrote it for MLflow, unchanged: it picks its experiment and
+# starts a run, naming none. Each segment logs three steps of one epoch and commits its progress.
 MLFLOW_TRAINER = """\
 import os
 import mlflow
@@ -265,55 +268,179 @@ ckdir = os.environ["CHAINRUN_CHECKPOINT_DIR"]
 os.makedirs(ckdir, exist_ok=True)
 done = load_progress(ckdir)
 epoch = done["epoch"] if done else 0
-rid = os.environ["CHAINRUN_RUN_ID"]
-runs = mlflow.search_runs(filter_string=f"tags.chainrun_run_id = '{rid}'", output_format="list")
-if runs:
-    mlflow.start_run(run_id=runs[0].info.run_id)
-else:
-    mlflow.start_run(run_name=rid, tags={"chainrun_run_id": rid})
-for step in range(epoch * 3, epoch * 3 + 3):
-    mlflow.log_metric("loss", 1.0 / (step + 1), step=step)
-mlflow.end_run()
+mlflow.set_experiment("chainrun-test")
+with mlflow.start_run():
+    for step in range(epoch * 3, epoch * 3 + 3):
+        mlflow.log_metric("loss", 1.0 / (step + 1), step=step)
 with open(os.path.join(ckdir, "model.txt"), "w") as f:
     f.write(str(epoch + 1))
 write_progress(ckdir, epoch=epoch + 1, step=0, file="model.txt")
 """
 
+# Every run of the store, read back by MLflow's own client: its name, its experiment's name,
+# its chainrun.run_id tag and the steps of its metric "loss".
+MLFLOW_READER = """\
+import json, mlflow
+client = mlflow.MlflowClient()
+runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+print(json.dumps([[r.info.run_name, client.get_experiment(r.info.experiment_id).name,
+                   r.data.tags.get("chainrun.run_id"),
+                   [m.step for m in client.get_metric_history(r.info.run_id, "loss")]]
+                  for r in runs]))
+"""
 
-@pytest.mark.slow
-def test_the_documented_mlflow_lines_make_a_chain_of_three_segments_one_mlflow_run(
-    tmp_path: Path, chainrun: CLI
-) -> None:
-    need("mlflow", importlib.util.find_spec("mlflow") is not None, "pip install 'chainrun[mlflow]'")
-    home = tmp_path / "work"
-    home.mkdir()
-    (home / "train.py").write_text(MLFLOW_TRAINER)
-    store = f"file://{home / 'mlruns'}"
-    path = home / "job.toml"
-    path.write_text(
-        f'name = "mlflow"\ncommand = "{sys.executable} train.py"\n'
-        'total_time = "30m"\nwalltime = "5m"\ntarget_epoch = 3\n'
-        f'[env]\nMLFLOW_TRACKING_URI = "{store}"\nMLFLOW_ALLOW_FILE_STORE = "true"\n'
-    )
-    result = chainrun("run", str(path), "--interval", "0.3", timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    (chain,) = json.loads(chainrun("status", "--json", check=True).stdout)
-    assert len(chain["segments"]) >= 3
+
+def mlflow_env(store: Path) -> dict[str, str]:
+    """A local file store (MLflow 3 refuses one unless told it is meant)."""
+    return {"MLFLOW_TRACKING_URI": f"file://{store}", "MLFLOW_ALLOW_FILE_STORE": "true"}
+
+
+def mlflow_runs(store: Path) -> list[Any]:
     found = subprocess.run(
         [sys.executable, "-c", MLFLOW_READER],
-        env={**os.environ, "MLFLOW_TRACKING_URI": store, "MLFLOW_ALLOW_FILE_STORE": "true"},
+        env={**os.environ, **mlflow_env(store)},
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert found.returncode == 0, found.stderr
-    assert json.loads(found.stdout) == [[tracker_run_id(chain["id"]), list(range(9))]]
+    return json.loads(found.stdout)
 
 
-MLFLOW_READER = """\
-import json, mlflow
-client = mlflow.MlflowClient()
-runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
-print(json.dumps([[r.info.run_name, [m.step for m in client.get_metric_history(r.info.run_id, "loss")]]
-                  for r in runs]))
-"""
+@pytest.mark.slow
+def test_a_chain_of_three_segments_is_one_mlflow_run_with_every_segments_steps(
+    tmp_path: Path, chainrun: CLI
+) -> None:
+    """[tracking] mlflow = true: the run the first segment's start_run() makes carries the
+    chain's tag and name; each later segment's unchanged start_run() continues it."""
+    need("mlflow", importlib.util.find_spec("mlflow") is not None, "pip install 'chainrun[mlflow]'")
+    home = tmp_path / "work"
+    home.mkdir()
+    (home / "train.py").write_text(MLFLOW_TRAINER)
+    store = home / "mlruns"
+    path = home / "job.toml"
+    path.write_text(
+        f'name = "ML_flow.run"\ncommand = "{sys.executable} train.py"\n'
+        'total_time = "30m"\nwalltime = "5m"\ntarget_epoch = 3\n[tracking]\nmlflow = true\n[env]\n'
+        + "".join(f'{k} = "{v}"\n' for k, v in mlflow_env(store).items())
+    )
+    result = chainrun("run", str(path), "--interval", "0.3", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (chain,) = json.loads(chainrun("status", "--json", check=True).stdout)
+    assert len(chain["segments"]) >= 3
+    rid = tracker_run_id(chain["id"])
+    assert mlflow_runs(store) == [[rid, "chainrun-test", rid, list(range(9))]]
+
+
+def tracked_segment(
+    home: Path, command: str, **env: str
+) -> tuple[subprocess.CompletedProcess[str], SegmentJob]:
+    """One segment of a chain with [tracking] mlflow = true, run as a scheduler would."""
+    job = SegmentJob(
+        "hostile-1a2b3c", 2, replace(wrapper_spec(home), command=command, tracking=("mlflow",)), 60
+    )
+    os.makedirs(job.run_dir, exist_ok=True)
+    write_segment(job)
+    proc = subprocess.run(
+        ["bash", job.script_path], env={**wrapper_env(), **env}, capture_output=True, text=True, timeout=120
+    )
+    return proc, job
+
+
+SHOW_RUN = "import os; print(os.environ.get('MLFLOW_RUN_ID', 'none'), os.environ['MLFLOW_RUN_CONTEXT'])"
+
+
+def test_a_segment_gets_the_chains_mlflow_run_and_not_a_nested_one(work: Path) -> None:  # noqa: F811
+    """The run is looked for in every experiment; a nested run tagged as the chain's is not it."""
+    need("mlflow", importlib.util.find_spec("mlflow") is not None, "pip install 'chainrun[mlflow]'")
+    store = work / "mlruns"
+    rid = tracker_run_id("hostile-1a2b3c")
+    maker = (
+        "import mlflow, sys\n"
+        "mlflow.set_experiment('elsewhere')\n"
+        "with mlflow.start_run(tags={'chainrun.run_id': sys.argv[1]}) as top:\n"
+        "    mlflow.start_run(nested=True, tags={'chainrun.run_id': sys.argv[1]}); mlflow.end_run()\n"
+        "print(top.info.run_id)\n"
+    )
+    made = subprocess.run(
+        [sys.executable, "-c", maker, rid],
+        env={**os.environ, **mlflow_env(store)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    top = made.stdout.split()[-1]
+    proc, _ = tracked_segment(work, f'{sys.executable} -c "{SHOW_RUN}" > seen', **mlflow_env(store))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_id, context = (work / "seen").read_text().split(" ", 1)
+    assert run_id == top
+    assert json.loads(context) == {"mlflow.runName": rid, "chainrun.run_id": rid}
+    assert f"chainrun: segment 2: continuing MLflow run {top} (chainrun.run_id={rid})\n" in proc.stdout
+
+
+def test_an_mlflow_run_id_in_env_is_used_as_it_is_and_its_run_context_tags_are_kept(tmp_path: Path) -> None:
+    spec = parse({**BASE, "tracking": {"mlflow": True}}, "job.toml", tmp_path)
+    assert spec.tracking == ("mlflow",) and tracking_environment(spec, "t-0a0b0c") == []  # set in the job
+    env = {
+        "CHAINRUN_RUN_ID": "t-0a0b0c",
+        "MLFLOW_RUN_ID": "mine",
+        "MLFLOW_RUN_CONTEXT": '{"team": "a", "chainrun.run_id": "other"}',
+    }
+    untracked = dict(env)
+    assert continue_runs(["wandb"], ["false"], "python train.py", untracked) == [] and untracked == env
+    assert continue_runs(["mlflow"], ["false"], "python train.py", env) == []  # "false": no lookup ran
+    assert env["MLFLOW_RUN_ID"] == "mine"
+    tags = json.loads(env["MLFLOW_RUN_CONTEXT"])
+    assert tags == {"mlflow.runName": "t-0a0b0c", "team": "a", "chainrun.run_id": "t-0a0b0c"}
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("fault", ["no mlflow", "server down"])
+def test_where_the_lookup_fails_the_segment_runs_and_its_log_says_why_in_one_line(
+    work: Path,  # noqa: F811
+    fault: str,
+) -> None:
+    """No mlflow in the command's Python (this one, without its site-packages: -S), or a
+    tracking server that does not answer: the command runs without MLFLOW_RUN_ID."""
+    need("mlflow", importlib.util.find_spec("mlflow") is not None, "pip install 'chainrun[mlflow]'")
+    python = work / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(
+        f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {"-S " if fault == "no mlflow" else ""}"$@"\n'
+    )
+    python.chmod(0o755)
+    env = mlflow_env(work / "mlruns")
+    if fault == "server down":
+        env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{closed_port()}"
+    proc, job = tracked_segment(work, f'{shlex.quote(str(python))} -c "{SHOW_RUN}" > seen', **env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (work / "seen").read_text().split(" ", 1)[0] == "none"
+    (said,) = [line for line in proc.stdout.splitlines() if "MLflow" in line]
+    start = f"chainrun: segment 2: cannot find the chain's MLflow run with {python} ("
+    assert said.startswith(start) and said.endswith("); start_run() makes a new one")
+    why = said[len(start) :]
+    assert why.startswith(
+        "ModuleNotFoundError: No module named 'mlflow'" if fault == "no mlflow" else "MlflowException: "
+    ), said
+    assert "exit=0" in Path(job.stem + ".end").read_text()
+
+
+@pytest.mark.parametrize(
+    ("command", "python"),
+    [
+        ("/opt/venv/bin/python train.py", "/opt/venv/bin/python"),
+        ("python3.11 -m torch.distributed.run train.py", "python3.11"),
+        ("'/my dir/python' x", "/my dir/python"),
+        ("torchrun --nproc-per-node 2 train.py", "python3"),
+        ("cd src && python train.py", "python3"),
+        ("echo 'unclosed", "python3"),
+    ],
+)
+def test_the_lookup_runs_the_commands_python_or_python3(command: str, python: str) -> None:
+    assert python_of(command) == python

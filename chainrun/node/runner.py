@@ -38,6 +38,7 @@ from chainrun.node import proc
 from chainrun.node.carrier import Carrier, ignore_walltime_signals
 from chainrun.node.granted import granted
 from chainrun.node.share import share
+from chainrun.node.tracking import continue_runs
 
 # What systemd gave the service is not the job's (--export=ALL and -V pass it on): a job
 # answering NOTIFY_SOCKET would speak for the service.
@@ -487,6 +488,8 @@ class Segment:
             say(f"cannot make the snapshot's working copy {s['code']}: {exc.strerror or exc}", err=True)
             self.end_marker(2, 2, skipped=False)
             return 2
+        for line in continue_runs(s["tracking"], s["container"], s["command"], self.env):  # [tracking]
+            say(f"segment {self.n}: {line}")
         rc = self.run_command()
         self.fenced = self.fenced or self.usurped()  # the helper's commit may have found it first
         self.share()

@@ -79,6 +79,7 @@ def render_script(scheduler: Scheduler, job: SegmentJob) -> str:
             [*spec.inherited, *sweep_environment(spec), *tracking_environment(spec, job.chain_id), *spec.env]
         ),
         "container": container.argv(spec, code_dir(spec, job.chain_id)),
+        "tracking": list(spec.tracking),  # mlflow's run is found in the job (node.tracking)
         "command": spec.command,
     }
     return "\n".join(

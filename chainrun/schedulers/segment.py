@@ -190,7 +190,10 @@ def tracking_environment(spec: JobSpec, chain_id: str) -> list[tuple[str, str]]:
     """What ``[tracking]`` sets: each tracker's own variables, so that an unchanged script's
     ``wandb.init()`` continues the chain's one run in every segment (``[env]`` may set another)."""
     run_id = tracker_run_id(chain_id)
-    wanted = {"wandb": [("WANDB_RUN_ID", run_id), ("WANDB_RESUME", "allow")]}
+    wanted = {
+        "wandb": [("WANDB_RUN_ID", run_id), ("WANDB_RESUME", "allow")],
+        "mlflow": [],  # its run ids are its own: found in the job, before each command (node.tracking)
+    }
     return [pair for tracker in spec.tracking for pair in wanted[tracker]]
 
 

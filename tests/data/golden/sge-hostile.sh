@@ -39,6 +39,7 @@ exec python3 -I '/scratch/my runs/bob'"'"'s/.chainrun/runner-HASH.pyz' <<'CHAINR
   "SEED": "7"
  },
  "container": [],
+ "tracking": [],
  "command": "python3 \"train.py\" --tag 'a b' $(whoami) `id` \\\n  --next\necho \"done $HOME\""
 }
 CHAINRUN_SETTINGS

@@ -40,6 +40,7 @@ exec python3 -I '/scratch/my run'"'"'s dir $x/.chainrun/runner-HASH.pyz' <<'CHAI
   "EMPTY": ""
  },
  "container": [],
+ "tracking": [],
  "command": "python3 train.py --note \"it's $(rm -rf ~) `id` ${HOME}\" \\\n  --lr 1e-3; echo 'done' # end"
 }
 CHAINRUN_SETTINGS
