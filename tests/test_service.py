@@ -246,8 +246,10 @@ class FakeEngine:
         self.plan = list(plan)
         self.ticks: list[float] = []  # monotonic start of each tick
 
-    def __call__(self, store: Store, on_end: Any = None, on_problem: Any = None) -> FakeEngine:
-        return self  # Engine(store, on_end=..., on_problem=...) in the service
+    def __call__(
+        self, store: Store, on_end: Any = None, on_problem: Any = None, on_warning: Any = None
+    ) -> FakeEngine:
+        return self  # Engine(store, on_end=..., on_problem=..., on_warning=...) in the service
 
     def tick(self, only: Optional[str] = None) -> TickSummary:
         self.ticks.append(time.monotonic())
