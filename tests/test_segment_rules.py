@@ -145,3 +145,31 @@ def test_a_successor_skips_exactly_when_the_goal_was_met_before_it_started(
     final: bool, before: Optional[str], found: Found, target: Optional[int], why: str
 ) -> None:
     assert rules.skip_reason(2, final, None if before is None else marker(before), found, target) == why
+
+
+@pytest.mark.parametrize(
+    ("granted", "asked", "expected"),
+    [
+        (120, 1800, 120),
+        (1, 1800, 1),
+        (1799, 1800, 1799),
+        (1800, 1800, None),
+        (3600, 1800, None),
+        (0, 1800, None),
+        (None, 1800, None),
+    ],
+)
+def test_a_limit_granted_counts_only_where_it_is_one_and_shorter_than_asked(
+    granted: Optional[int], asked: int, expected: Optional[int]
+) -> None:
+    assert rules.shorter_limit(granted, asked) == expected
+
+
+@pytest.mark.parametrize(
+    ("said", "expected", "ready"),
+    [(0, 0, False), (1, 0, True), (1, 1, True), (1, 2, False), (2, 2, True), (3, 2, True)],
+)
+def test_a_command_is_ready_once_as_many_processes_said_so_as_last_time_and_one_at_least(
+    said: int, expected: int, ready: bool
+) -> None:
+    assert rules.all_ready(said, expected) is ready

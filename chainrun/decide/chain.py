@@ -23,6 +23,7 @@ from chainrun.decide.facts import Facts, JobFacts
 from chainrun.decide.goal import finished_on_its_own, goal_reached
 from chainrun.decide.grace import change as grace_change
 from chainrun.decide.grace import grace_in_force, stop_seen
+from chainrun.decide.segment import shorter_limit
 from chainrun.fields import format_duration
 from chainrun.model import (
     Action,
@@ -354,8 +355,7 @@ def _track(seg: Segment, job: JobFacts, now: float) -> list[Action]:
         reason = ("preempted, requeued" if preempted else "requeued") + (f"; {reason}" if reason else "")
     # Started with a shorter limit than asked (walltime = "MIN..MAX", backfill): its runner's clock
     # counts from that one, and so does the chain's time.
-    granted = job.start.walltime if job.start is not None else None
-    granted = granted if granted is not None and 0 < granted < seg.walltime else None
+    granted = shorter_limit(job.start.walltime if job.start is not None else None, seg.walltime)
     if (listed.phase, reason) == (seg.phase, seg.reason) and not (seg.missing_since or started or granted):
         return []
     return [Track(seg.n, listed.phase, reason, started, None, preempted, granted)]

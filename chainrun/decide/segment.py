@@ -37,6 +37,19 @@ def walltime_start(started: Optional[int], now: int, walltime: int) -> int:
     return started
 
 
+def shorter_limit(granted: Optional[int], asked: int) -> Optional[int]:
+    """The limit the scheduler granted, where it is one and shorter than the one ``asked``
+    (``walltime = "MIN..MAX"``, Slurm's backfill); None otherwise: the segment counts from
+    what it asked. The runner's clock and the chain's record both take it from here."""
+    return granted if granted is not None and 0 < granted < asked else None
+
+
+def all_ready(said: int, expected: int) -> bool:
+    """Whether a segment's command takes the walltime signal: as many of its processes said
+    so as in the latest segment before (``expected``), and at least one."""
+    return said >= max(expected, 1)
+
+
 def grace(default: int, adaptive: bool, learned: Optional[str]) -> int:
     """The seconds before the deadline the command gets the walltime signal: the job file's
     (``default``), or, without one in the job file (``adaptive``), the one the service made of

@@ -12,6 +12,8 @@ import re
 import subprocess
 from typing import Optional
 
+from chainrun.decide import segment as rules
+
 # [D-]H:MM:SS or M:SS as Slurm prints a time limit; the fields from the right are seconds,
 # minutes, hours, days.
 _LIMIT = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)")
@@ -33,5 +35,5 @@ def granted(answer: Optional[subprocess.CompletedProcess[bytes]], asked: int) ->
     ``asked`` (no answer, no range, a limit it cannot read)."""
     if answer is None or answer.returncode != 0:
         return asked
-    seconds = limit_seconds(answer.stdout.decode("ascii", "replace"))
-    return seconds if seconds is not None and 0 < seconds < asked else asked
+    shorter = rules.shorter_limit(limit_seconds(answer.stdout.decode("ascii", "replace")), asked)
+    return asked if shorter is None else shorter

@@ -245,7 +245,7 @@ class Segment:
         """As many of the command's processes said they take the signal in this segment as in
         the latest one before (``SegmentClock`` writes ``ready``; ``checkpoint._ready``)."""
         found = readiness.said(read_regular(self.ready_file, readiness.READ_AT_MOST) or b"")
-        return len(found.get(self.n, ())) >= max(self.expected, 1)
+        return rules.all_ready(len(found.get(self.n, ())), self.expected)
 
     # ---- the checkpoint as found ----
 
