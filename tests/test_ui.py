@@ -68,27 +68,34 @@ def _job(work: Path, name: str, body: str) -> Path:
     return job
 
 
+def start_ui(home: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
+    """`chainrun ui` with ``args``, and its one line of output, the URL (within 60 s)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chainrun", "ui", *args],
+        env=cli_env(home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(60)
+    if not (line and line[0].startswith("http://127.0.0.1:")):
+        proc.kill()
+        raise AssertionError((line, proc.wait(30)))
+    return proc, line[0].strip()
+
+
 @pytest.fixture
 def ui(home: Path) -> Iterator[Callable[..., str]]:
     """Start `chainrun ui` (with ``args``); its one line of output, the URL. Stopped at the end."""
     procs: list[subprocess.Popen[str]] = []
 
     def start(*args: str) -> str:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "chainrun", "ui", *args],
-            env=cli_env(home),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc, url = start_ui(home, *args)
         procs.append(proc)
-        assert proc.stdout is not None
-        line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-        reader.start()
-        reader.join(60)
-        assert line and line[0].startswith("http://127.0.0.1:"), (line, proc.poll())
-        return line[0].strip()
+        return url
 
     yield start
     for proc in procs:
@@ -631,17 +638,8 @@ def test_the_url_is_kept_across_restarts_unless_told_otherwise(home: Path) -> No
 
     def start(*args: str) -> tuple[str, str]:
         """The URL it printed, and its port and token."""
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "chainrun", "ui", *args],
-            env=cli_env(home),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc, url = start_ui(home, *args)
         running.append(proc)
-        assert proc.stdout is not None
-        url = proc.stdout.readline().strip()
-        assert url.startswith("http://127.0.0.1:"), (url, proc.poll())
         return url, url.split("127.0.0.1:")[1]
 
     def stop() -> None:
