@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from conftest import REPO, have, holding_scheduler, need, wait_for
+from conftest import have, holding_scheduler, need, wait_for
 from test_slurm_accounting import cancel_jobs
+from test_slurm_preempt import write_job as slurm_job
 
 from chainrun.node.granted import limit_seconds
 from chainrun.schedulers.slurm import SlurmScheduler
@@ -69,18 +70,14 @@ def sbatch(*options: str) -> str:
 
 
 def write_job(work: Path, walltime: str) -> Path:
-    work.mkdir()
-    (work / "trainer.py").write_bytes((REPO / "tests" / "data" / "trainer.py").read_bytes())
-    path = work / "t.toml"
-    path.write_text(
-        f'name = "bf-{work.name}"\n'
-        'command = "python3 trainer.py --epochs 1000 --epoch-time 1 --exclusive"\n'
-        f"workdir = {json.dumps(str(work))}\n"
-        f'total_time = "2h"\nwalltime = "{walltime}"\ngrace = "{GRACE}s"\ntarget_epoch = 1000\n'
-        "max_failures = 1\n"
-        f'[scheduler]\nkind = "slurm"\nqueue = "multi"\noptions = ["--nodelist={NODE}", "--cpus-per-task=1"]\n'
+    return slurm_job(
+        work,
+        "multi",
+        name=f"bf-{work.name}",
+        walltime=walltime,
+        grace=f"{GRACE}s",
+        options=(f"--nodelist={NODE}", "--cpus-per-task=1"),
     )
-    return path
 
 
 def test_a_range_starts_at_once_through_backfill_and_its_runner_counts_from_the_limit_granted(

@@ -47,18 +47,28 @@ def preemptible_slurm() -> Iterator[None]:
         yield
 
 
-def write_job(work: Path, queue: str) -> Path:
+def write_job(
+    work: Path,
+    queue: str,
+    *,
+    name: str = "",
+    walltime: str = "10m",
+    grace: str = "30s",
+    options: tuple[str, ...] = (),
+) -> Path:
+    """A Slurm chain of the test trainer, long enough never to end on its own, in ``queue``."""
     work.mkdir()
     (work / "trainer.py").write_bytes((REPO / "tests" / "data" / "trainer.py").read_bytes())
     path = work / "t.toml"
     path.write_text(
-        f'name = "{queue}"\n'
+        f'name = "{name or queue}"\n'
         'command = "python3 trainer.py --epochs 1000 --epoch-time 1 --exclusive"\n'
         f"workdir = {json.dumps(str(work))}\n"
-        'total_time = "2h"\nwalltime = "10m"\ngrace = "30s"\ntarget_epoch = 1000\n'
+        f'total_time = "2h"\nwalltime = "{walltime}"\ngrace = "{grace}"\ntarget_epoch = 1000\n'
         # One failure would end the chain at the next: any charge shows.
         "max_failures = 1\n"
         f'[scheduler]\nkind = "slurm"\nqueue = "{queue}"\n'
+        + (f"options = {json.dumps(list(options))}\n" if options else "")
     )
     return path
 
