@@ -60,8 +60,8 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ),
     ),
     "rules": (  # what a segment may queue while the service is away, and who holds a directory
-        ("chainrun/decide/carry.py", "chainrun/decide/claims.py"),
-        ("tests/test_carry.py", "tests/test_claims.py", "tests/test_decide.py"),
+        ("chainrun/decide/carry.py", "chainrun/decide/holds.py"),
+        ("tests/test_carry.py", "tests/test_holds.py", "tests/test_decide.py"),
     ),
     "runner": (  # the rules the segment runner applies in the job, and the completion rule
         ("chainrun/decide/segment.py", "chainrun/decide/goal.py"),
@@ -86,7 +86,7 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                 "a_requeued_run_of_a_segment_is_newer_and_a_later_job_of_one_segment_wins",
                 "a_fence_reads_only_as_four_fields_with_numbers_where_numbers_go",
                 "only_the_fences_token_or_no_fence_at_all_lets_a_segment_commit",
-                "a_claim_replaces_the_fence_whole_and_leaves_no_temporary_file",
+                "taking_the_fence_replaces_it_whole_and_leaves_no_temporary_file",
                 "only_a_fences_first_512_bytes_are_read",
             )
         ),

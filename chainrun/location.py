@@ -1,4 +1,4 @@
-"""Where each checkpoint directory of a submission really is, for its claim (``decide.claims``).
+"""Where each checkpoint directory of a submission really is, for its hold (``decide.holds``).
 
 A path on a host is resolved on that host, symlinks followed there. Each host is asked once
 per submission, for all the paths on it, by one small Python program over its transport,
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Optional
 
-from chainrun.decide.claims import HERE, hosts, machines
+from chainrun.decide.holds import HERE, hosts, machines
 from chainrun.errors import TransportError
 from chainrun.localrunner import machine_id
 from chainrun.model import JobSpec

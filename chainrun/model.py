@@ -222,9 +222,9 @@ class JobSpec:
     carrier_cannot_run: str = ""
     # No grace in the job file: each segment's comes of its chain's stops, at most grace (decide/grace.py).
     adaptive_grace: bool = False
-    # Set at submit (``chainrun.location``): where checkpoint_dir really is, for its claim
-    # (``decide.claims``): the path as resolved on its host, and the names of the machines
-    # it is seen from. "": a chain stored before claims were settled at submit.
+    # Set at submit (``chainrun.location``): where checkpoint_dir really is, for its hold
+    # (``decide.holds``): the path as resolved on its host, and the names of the machines
+    # it is seen from. "": a chain stored before holds were settled at submit.
     checkpoint_real: str = ""
     checkpoint_machines: tuple[str, ...] = ()
 

@@ -15,7 +15,7 @@ running in the scheduler and are picked up on the next start. (With an
 ``on_interrupt``, a SIGINT first asks it, in the main thread while the ticks
 go on, whether to stop: ``chainrun run``'s prompt.) SIGHUP re-reads the
 service config and re-opens the log file without stopping the ticks. At start and
-once a day, the code snapshots of chains that ended long ago are removed (``cleanup``).
+once a day, the code snapshots of chains that ended long ago are removed (``chainrun.gc``).
 
 A database that cannot be used for a while (its disk full, read-only, or
 locked by another process) is an outage, not a failure: it is logged when
@@ -44,7 +44,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from chainrun import cleanup, heartbeat, logsetup
+from chainrun import gc, heartbeat, logsetup
 from chainrun.config import MIN_INTERVAL, ServiceConfig, load_config
 from chainrun.constants import DEFAULT_INTERVAL
 from chainrun.engine import Engine, TickSummary
@@ -153,7 +153,7 @@ class Service:
             self.scheduler.add_job(  # in the ticks' thread too: the store is theirs
                 self._collect,
                 "interval",
-                seconds=cleanup.GC_EVERY,
+                seconds=gc.EVERY,
                 next_run_time=datetime.now(timezone.utc),
                 max_instances=1,
                 coalesce=True,
@@ -318,7 +318,7 @@ class Service:
         if self.store is None or self.stopping.is_set():
             return
         try:
-            cleanup.collect(self.store, time.time(), self.config.gc_after or cleanup.DEFAULT_GC_AFTER)
+            gc.collect(self.store, time.time(), self.config.gc_after or gc.DEFAULT_AFTER)
         except ChainrunError as exc:  # the database away, say: tomorrow again
             log.warning("collecting old code snapshots failed", error=str(exc))
 

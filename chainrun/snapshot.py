@@ -10,7 +10,7 @@ refs/chainrun/<id>`` finds it) and unpacked once per commit into
 remote host), which every segment then runs from, with everything else of the
 workdir linked in (the segment runner, ``node.runner``). What chainrun reads there (the
 checkpoint and TensorBoard directories, the progress file, the run directory)
-stays outside the snapshot. ``chainrun gc`` (``cleanup``) removes the refs and
+stays outside the snapshot. ``chainrun gc`` (``chainrun.gc``) removes the refs and
 code of chains that ended long ago.
 """
 

@@ -2,7 +2,7 @@
 
 It works on the store directly, so it needs no service running: a submitted chain waits
 in the store until a service picks it up. Before a chain exists its checkpoint directory is
-claimed (no other unended chain may write there), its starting point read (a checkpoint
+held (no other unended chain may write there), its starting point read (a checkpoint
 left by an earlier chain, or a fresh start), and its first segment's script built
 (``check.preflight``). Notes a user should see (a chain left as it was, a checkpoint
 directory moved aside) go to stderr; refusals are raised as ``ChainrunError`` with the one
@@ -23,8 +23,8 @@ from typing import Generic, NamedTuple, Optional, TypeVar
 from chainrun import jobfile, location, progress, rundir, snapshot, sweep
 from chainrun.check import preflight, probe_nodes
 from chainrun.decide.carry import applies, carry_line
-from chainrun.decide.claims import Claim, Holder, ancestors, claim, holder, inside, same_job, written
 from chainrun.decide.goal import goal_reached, reached_target
+from chainrun.decide.holds import Hold, Holder, ancestors, hold, holder, inside, same_job, written
 from chainrun.errors import ChainrunError, TransportError, UsageError
 from chainrun.model import NO_PROGRESS, ChainState, JobSpec, Progress, chain_seed
 from chainrun.store import Store
@@ -61,7 +61,7 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     """Store a chain for each spec, and for each chain of a sweep, all in one transaction:
     none is stored when one cannot be. What checkpoint_dir holds is each one's starting point.
 
-    One chain per checkpoint directory (``decide.claims``): a chain whose job file was
+    One chain per checkpoint directory (``decide.holds``): a chain whose job file was
     submitted before and is still active is left as it is, said so, and returned again, so
     that submitting twice never runs twice; any other active chain training into the same
     directory is refused, naming it. The check is made again inside the transaction that
@@ -76,14 +76,14 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     directory an active chain trains into is never moved. Returns every chain the job
     files name, in order.
     """
-    claims = _Claims(store.unended())
+    holds = _Holds(store.unended())
     left: _Near[_Left] = _Near()
     if not fresh:  # --fresh moves every checkpoint aside: no chain's is resumed
         for ended in store.ended():
-            left.add(_claim(ended[3]).path, _Left(*ended))
+            left.add(_hold(ended[3]).path, _Left(*ended))
     out: list[Optional[Submitted]] = []  # None: stored below
     new: list[tuple[JobSpec, Progress]] = []
-    mines: list[Claim] = []  # the claim of each in ``new``
+    mines: list[Hold] = []  # the hold of each in ``new``
     pins: list[Optional[snapshot.Snapshot]] = []
     chains: list[tuple[JobSpec, int, Optional[snapshot.Snapshot]]] = []  # with its job file's index
     files: list[tuple[JobSpec, Transport]] = []
@@ -105,9 +105,9 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     located = location.locate([one for one, _, _ in chains])
     for one, (_, i, snap) in zip(located, chains):
         transport = files[i][1]
-        mine = _claim(one)
-        claims.take(one, mine)
-        held = claims.holder(one, mine)
+        mine = _hold(one)
+        holds.take(one, mine)
+        held = holds.holder(one, mine)
         if held is not None:
             if not same_job(one.name, mine, held) or fresh:
                 raise ChainrunError(_refusal(one, mine, held, fresh))
@@ -116,7 +116,7 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
             continue
         with _reaching(one):
             one, baseline = _starting_point(one, transport, fresh)
-        last = next((c for c in left.near(mine.path) if _claim(c.spec).path == mine.path), None)
+        last = next((c for c in left.near(mine.path) if _hold(c.spec).path == mine.path), None)
         why = _complete(one, baseline)
         again = "; to start over, add --fresh (it moves the directory aside, deleting nothing)"
         if why and last is not None and last.state is ChainState.COMPLETED:
@@ -142,7 +142,7 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
                 new[k] = chain
 
     def vet(unended: list[tuple[str, str, JobSpec]]) -> None:
-        now = _Claims(unended)
+        now = _Holds(unended)
         for (one, _), mine in zip(new, mines):
             held = now.holder(one, mine)
             if held is not None:
@@ -196,16 +196,16 @@ def probe_shared(spec: JobSpec, create: bool = False) -> tuple[Optional[bool], s
     return rundir.probe_shared(spec, transport_for, create)
 
 
-def claimed(store: Store, chains: Sequence[JobSpec]) -> list[str]:
+def meet_holds(store: Store, chains: Sequence[JobSpec]) -> list[str]:
     """``check``'s look at what ``submit`` would meet: refused (raised) when another active
     chain trains into one of these checkpoint directories; a note for each chain that is
     still active from an earlier submission, and would be returned as it is."""
-    claims = _Claims(store.unended())
+    holds = _Holds(store.unended())
     notes: list[str] = []
     for one in location.locate(chains):
-        mine = _claim(one)
-        claims.take(one, mine)
-        held = claims.holder(one, mine)
+        mine = _hold(one)
+        holds.take(one, mine)
+        held = holds.holder(one, mine)
         if held is not None and not same_job(one.name, mine, held):
             raise ChainrunError(_refusal(one, mine, held, False))
         if held is not None:
@@ -214,11 +214,11 @@ def claimed(store: Store, chains: Sequence[JobSpec]) -> list[str]:
     return notes
 
 
-def _claim(spec: JobSpec) -> Claim:
-    """``spec``'s claim on its checkpoint directory, as settled at its submit
-    (``location.locate``). A chain stored before claims were settled there is compared as it
+def _hold(spec: JobSpec) -> Hold:
+    """``spec``'s hold on its checkpoint directory, as settled at its submit
+    (``location.locate``). A chain stored before holds were settled there is compared as it
     was then: on this machine the path resolved now, elsewhere as written."""
-    settled = claim(spec)
+    settled = hold(spec)
     if settled is not None:
         return settled
     path = spec.checkpoint_dir if spec.scheduler.remote else os.path.realpath(spec.checkpoint_dir)
@@ -229,12 +229,12 @@ _T = TypeVar("_T")
 
 
 class _Near(Generic[_T]):
-    """Claims by directory, found by a directory, those within it and those it is within
+    """Holds by directory, found by a directory, those within it and those it is within
     (a sweep of thousands of chains compares each path with the few near it)."""
 
     def __init__(self) -> None:
         self._at: dict[str, list[_T]] = {}
-        self._under: dict[str, list[_T]] = {}  # by each directory a claim is within
+        self._under: dict[str, list[_T]] = {}  # by each directory a hold is within
 
     def add(self, path: str, item: _T) -> None:
         self._at.setdefault(path, []).append(item)
@@ -249,23 +249,23 @@ class _Near(Generic[_T]):
         ]
 
 
-class _Claims:
-    """The claims a submission meets: the active chains', and those of the submission's own
+class _Holds:
+    """The holds a submission meets: the active chains', and those of the submission's own
     chains so far."""
 
     def __init__(self, unended: Sequence[tuple[str, str, JobSpec]]) -> None:
         self._active: _Near[Holder] = _Near()
         for chain_id, name, spec in unended:
-            theirs = _claim(spec)
+            theirs = _hold(spec)
             self._active.add(theirs.path, Holder(chain_id, name, theirs))
-        self._own: _Near[tuple[JobSpec, Claim]] = _Near()
+        self._own: _Near[tuple[JobSpec, Hold]] = _Near()
 
-    def holder(self, spec: JobSpec, mine: Claim) -> Optional[Holder]:
-        """The active chain that holds ``spec``'s claim (see ``decide.claims.holder``)."""
+    def holder(self, spec: JobSpec, mine: Hold) -> Optional[Holder]:
+        """The active chain that holds ``spec``'s directory (see ``decide.holds.holder``)."""
         return holder(spec.name, mine, self._active.near(mine.path))
 
-    def take(self, spec: JobSpec, mine: Claim) -> None:
-        """Add ``spec``'s claim to the submission's; refused when another of its chains has it."""
+    def take(self, spec: JobSpec, mine: Hold) -> None:
+        """Add ``spec``'s hold to the submission's; refused when another of its chains has it."""
         for other, theirs in self._own.near(mine.path):
             if theirs.clashes(mine):
                 how = "is also" if theirs.path == mine.path else f"{_relation(mine, theirs)}, which is"
@@ -276,7 +276,7 @@ class _Claims:
         self._own.add(mine.path, (spec, mine))
 
 
-def _written(spec: JobSpec, mine: Claim) -> str:
+def _written(spec: JobSpec, mine: Hold) -> str:
     """``spec``'s checkpoint_dir as the job file gives it and, where that differs, what it
     resolved to, and where."""
     if mine.path == spec.checkpoint_dir:
@@ -284,18 +284,18 @@ def _written(spec: JobSpec, mine: Claim) -> str:
     return f"{spec.checkpoint_dir} ({mine.path} on {spec.scheduler.first_host or 'this machine'})"
 
 
-def _relation(mine: Claim, theirs: Claim) -> str:
+def _relation(mine: Hold, theirs: Hold) -> str:
     """How ``mine``'s directory stands to ``theirs``, one within the other."""
     return f"{'is inside' if inside(mine.path, theirs.path) else 'holds'} {theirs.path}"
 
 
-def _refusal(spec: JobSpec, mine: Claim, held: Holder, fresh: bool) -> str:
+def _refusal(spec: JobSpec, mine: Hold, held: Holder, fresh: bool) -> str:
     """Why ``spec`` cannot be stored while ``held`` trains into its checkpoint directory, or
     into one within it or around it."""
     cancel = f"`chainrun cancel {held.chain_id}`"
-    if held.claim.path != mine.path:
+    if held.hold.path != mine.path:
         return (
-            f"{spec.source}: checkpoint_dir {_written(spec, mine)} {_relation(mine, held.claim)}, where "
+            f"{spec.source}: checkpoint_dir {_written(spec, mine)} {_relation(mine, held.hold)}, where "
             f"chain {held.chain_id} ({held.name}) still trains: their checkpoints would mix, and --fresh "
             f"on the outer one would move the inner one's aside; give this job a checkpoint_dir of its "
             f"own, or cancel that chain first ({cancel})"

@@ -28,19 +28,19 @@ def test_the_helper_commits_while_its_segment_holds_the_fence_and_never_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Segment 1 commits while the fence holds its token (or no fence is there). Once segment
-    2 has claimed the directory, segment 1's next save is refused at the commit: Fenced (a
+    2 has taken the directory, segment 1's next save is refused at the commit: Fenced (a
     SystemExit with FENCED_EXIT, so a loop's ``except Exception`` cannot swallow it), one line
     on stderr, and the sidecar still names the checkpoint committed before."""
     ckpt = CheckpointDir(tmp_path / "ckpt")
     one = fence.Token(CHAIN, 1, 0, "101")
     monkeypatch.setenv(fence.FENCE_VAR, one.text().strip())
     ckpt.save(b"no fence yet", epoch=1, step=0)
-    assert fence.claim(str(ckpt.path), one) is None
+    assert fence.take(str(ckpt.path), one) is None
     ckpt.save(b"epoch 2", epoch=2, step=0)
     assert load_progress(ckpt.path)["epoch"] == 2
     two = fence.Token(CHAIN, 2, 0, "102")
-    assert fence.claim(str(ckpt.path), two) is None
-    assert fence.claim(str(ckpt.path), one) == two  # the older one cannot take it back
+    assert fence.take(str(ckpt.path), two) is None
+    assert fence.take(str(ckpt.path), one) == two  # the older one cannot take it back
     with pytest.raises(Fenced) as refused:
         ckpt.save(b"a zombie's epoch 3", epoch=3, step=0)
     assert refused.value.code == FENCED_EXIT
@@ -109,14 +109,14 @@ def test_only_the_fences_token_or_no_fence_at_all_lets_a_segment_commit(
     assert capsys.readouterr().err == ""
 
 
-def test_a_claim_replaces_the_fence_whole_and_leaves_no_temporary_file(
+def test_taking_the_fence_replaces_it_whole_and_leaves_no_temporary_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same segment, or another chain's, takes the fence; the lock beside it is private.
-    A claim that fails to write leaves the fence as it was and no temporary file."""
+    A take that fails to write leaves the fence as it was and no temporary file."""
     one, other = fence.Token(CHAIN, 5, 0, "j5"), fence.Token("other", 1, 0, "k1")
-    assert fence.claim(str(tmp_path), one) is None and fence.claim(str(tmp_path), one) is None
-    assert fence.claim(str(tmp_path), other) is None and fence.read(str(tmp_path)) == other
+    assert fence.take(str(tmp_path), one) is None and fence.take(str(tmp_path), one) is None
+    assert fence.take(str(tmp_path), other) is None and fence.read(str(tmp_path)) == other
     lock = tmp_path / (fence.FENCE_NAME + ".lock")
     assert lock.stat().st_mode & 0o777 == 0o600
     assert sorted(os.listdir(tmp_path)) == [fence.FENCE_NAME, fence.FENCE_NAME + ".lock"]
@@ -129,7 +129,7 @@ def test_a_claim_replaces_the_fence_whole_and_leaves_no_temporary_file(
 
     monkeypatch.setattr(fence.os, "replace", full)
     with pytest.raises(OSError):
-        fence.claim(str(tmp_path), one)
+        fence.take(str(tmp_path), one)
     temp = str(tmp_path / f"{fence.FENCE_NAME}.{os.getpid()}.tmp")  # beside the fence: one file system
     assert renamed == [(temp, str(tmp_path / fence.FENCE_NAME))]
     assert fence.read(str(tmp_path)) == other
@@ -137,7 +137,7 @@ def test_a_claim_replaces_the_fence_whole_and_leaves_no_temporary_file(
     monkeypatch.undo()
     os.mkdir(temp)  # the temporary file cannot even be made: that error, the fence as it was
     with pytest.raises(IsADirectoryError):
-        fence.claim(str(tmp_path), one)
+        fence.take(str(tmp_path), one)
     assert fence.read(str(tmp_path)) == other
 
 
@@ -150,7 +150,7 @@ def test_only_a_fences_first_512_bytes_are_read(tmp_path: Path) -> None:
 
 def test_a_segment_whose_fence_a_newer_one_took_stops_its_command_at_no_cost(work: Path) -> None:
     """A command that saves without the helper (and ignores the walltime signal and TERM)
-    runs as segment 1; segment 2 claims the checkpoint directory, as its runner does when
+    runs as segment 1; segment 2 takes the checkpoint directory, as its runner does when
     it starts elsewhere. The runner kills the command within seconds, queues nothing, and
     its end marker says fenced, which decide records as free."""
     spec = replace_command(
@@ -164,7 +164,7 @@ def test_a_segment_whose_fence_a_newer_one_took_stops_its_command_at_no_cost(wor
     wait_for(lambda: fence.read(ckpt) is not None and (work / "fence-seen").exists(), 30, "segment 1's fence")
     assert fence.read(ckpt) == fence.Token(CHAIN, 1, 0, "")
     assert (work / "fence-seen").read_text() == f"{CHAIN} 1 0 -"  # the helper's CHAINRUN_FENCE
-    assert fence.claim(ckpt, fence.Token(CHAIN, 2, 0, "j2")) is None
+    assert fence.take(ckpt, fence.Token(CHAIN, 2, 0, "j2")) is None
     assert runner.wait(timeout=30) == 0
     stopped = Path(ckpt, "model.txt").read_text()
     time.sleep(0.5)  # what a command that still ran would have written by now
@@ -184,7 +184,7 @@ def test_a_segment_that_starts_after_a_newer_one_never_runs_its_command(work: Pa
     spec = replace_command(work, "touch ran")
     os.makedirs(spec.checkpoint_dir)
     three = fence.Token(CHAIN, 3, 0, "j3")
-    fence.claim(spec.checkpoint_dir, three)
+    fence.take(spec.checkpoint_dir, three)
     job = SegmentJob(CHAIN, 2, spec, 60)
     assert start_logged(job).wait(timeout=60) == 0
     assert not (work / "ran").exists()

@@ -58,7 +58,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.config",
         "chainrun.notify",
         "chainrun.carry",
-        "chainrun.cleanup",
+        "chainrun.gc",
     ),
     "face": (
         "chainrun",  # the package itself: the Python API, loaded on first use

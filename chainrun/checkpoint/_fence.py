@@ -31,7 +31,7 @@ FENCED_EXIT = 75  # sysexits' EX_TEMPFAIL: a fenced segment's command, stopped a
 
 
 class Token(NamedTuple):
-    """One segment's claim on a checkpoint directory."""
+    """One segment's mark on a checkpoint directory: the fence's content."""
 
     chain: str
     segment: int
@@ -66,9 +66,9 @@ def read(directory: str) -> Optional[Token]:
         return None
 
 
-def claim(directory: str, token: Token) -> Optional[Token]:
+def take(directory: str, token: Token) -> Optional[Token]:
     """Write ``token`` into ``directory``'s fence, unless a newer segment of the same chain
-    holds it: then that segment's token (this one is fenced), else None. Claims are taken
+    holds it: then that segment's token (this one is fenced), else None. The fence is taken
     one at a time (a lock beside the fence), and the fence is replaced whole."""
     fd = os.open(os.path.join(directory, FENCE_NAME + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:

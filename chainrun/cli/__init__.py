@@ -130,7 +130,7 @@ def check(ctx: click.Context, jobfile_path: str, show_script: bool) -> None:
     with suppress(TransportError):  # a machine check cannot reach now: submit asks again
         jobfile.where_it_runs(spec)
     with _store(ctx, readonly=True) as store:
-        notes = submission.claimed(store, chains)
+        notes = submission.meet_holds(store, chains)
     shared = submission.probe_shared(spec)[1] if spec.scheduler.hosts else ""
     for line in checking.summary(jobfile_path, spec, chains, shared):
         click.echo(line)
@@ -356,18 +356,18 @@ def gc(ctx: click.Context, older_than: Optional[str]) -> None:
     """
     import time
 
-    from chainrun import cleanup
+    from chainrun import gc as collection
     from chainrun.config import load_config
     from chainrun.fields import DURATION_HELP, parse_duration
 
-    keep = load_config().gc_after or cleanup.DEFAULT_GC_AFTER
+    keep = load_config().gc_after or collection.DEFAULT_AFTER
     if older_than is not None:
         try:
             keep = parse_duration(older_than)
         except ValueError:
             raise UsageError(f"--older-than {older_than}: not {DURATION_HELP}") from None
     with _store(ctx) as store:
-        done = cleanup.collect(store, time.time(), keep)
+        done = collection.collect(store, time.time(), keep)
     for where in done.moved:
         click.echo(f"brought home {where}")
     for chain_id in done.refs:

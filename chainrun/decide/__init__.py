@@ -7,7 +7,7 @@ failing, accounting that did not know a job yet). ``placement`` says where and w
 segment may start (a pool's hosts and slots, a sweep's ``max_concurrent``, array jobs);
 ``goal`` when a chain's goal is reached (the one completion rule);
 ``grace`` how long before its walltime a segment gets the signal; ``carry`` what a segment
-may queue while the service is away; ``claims`` which chain holds a checkpoint directory.
+may queue while the service is away; ``holds`` which chain holds a checkpoint directory.
 Nothing here does I/O or reads a clock: the engine gathers the facts and carries the
 actions out.
 """

@@ -478,7 +478,7 @@ class Segment:
             except OSError as exc:
                 say(f"cannot make {directory}: {exc.strerror}", err=True)
         os.umask(old)
-        if not self.claim():
+        if not self.take_fence():
             self.end_marker(0, 0, skipped=True)
             return 0
         try:
@@ -510,13 +510,13 @@ class Segment:
             Carrier(self.run_dir, self.n, self.job, self.env).until_done()  # with this segment's end known
         return code
 
-    def claim(self) -> bool:
+    def take_fence(self) -> bool:
         """Take the checkpoint directory's fence for this segment; False when a newer segment
         of the chain holds it (this one is fenced before it starts). Where the fence cannot be
         written, the segment runs unfenced, and says so."""
         directory = self.s["checkpoint_dir"]
         try:
-            owner = fence.claim(directory, self.token)
+            owner = fence.take(directory, self.token)
         except OSError as exc:
             say(
                 f"cannot write the fence in {directory} ({exc.strerror}); this segment runs unfenced",

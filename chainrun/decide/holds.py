@@ -1,13 +1,13 @@
 """One chain per checkpoint directory: which active chain a job would share its checkpoints with.
 
 Two chains training into one directory each resume from what the other saved: a corrupted
-run and twice the allocation. A chain *claims* its checkpoint directory from submission
-until it ends; the claim is where the directory is (the names of the machines that see it,
+run and twice the allocation. A chain *holds* its checkpoint directory from submission
+until it ends; the hold is where the directory is (the names of the machines that see it,
 ``machines``) and the directory, resolved there by the caller at submit (symlinks followed
 on the host the chain runs on) and kept in the chain's spec. A directory inside another's
 clashes with it too: their files mix, and ``--fresh`` on the outer one moves the inner
-one's checkpoints aside. Submitting a job file whose chain still holds the claim on the
-same directory returns that chain; any other clashing claim is refused.
+one's checkpoints aside. Submitting a job file whose chain still holds the
+same directory returns that chain; any other clashing hold is refused.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from chainrun.model import JobSpec
 
 
 @dataclass(frozen=True)
-class Claim:
+class Hold:
     """The checkpoint directory a chain trains into, and where it is."""
 
     machines: frozenset[str]  # the hosts it is seen from; "" is this machine
     path: str  # absolute, normalised; resolved where the caller could
 
-    def clashes(self, other: Claim) -> bool:
+    def clashes(self, other: Hold) -> bool:
         """Seen from a machine in common, one directory, or one inside the other."""
         return bool(self.machines & other.machines) and (
             self.path == other.path or inside(self.path, other.path) or inside(other.path, self.path)
@@ -47,7 +47,7 @@ def ancestors(path: str) -> list[str]:
     return found
 
 
-HERE = ""  # this machine, in a claim's machines
+HERE = ""  # this machine, in a hold's machines
 
 
 def hosts(spec: JobSpec) -> tuple[str, ...]:
@@ -58,7 +58,7 @@ def hosts(spec: JobSpec) -> tuple[str, ...]:
 
 
 def machines(canonical: str, identity: str, here: str) -> frozenset[str]:
-    """The names one machine goes by in claims: ``canonical`` (a host as ssh resolves its
+    """The names one machine goes by in holds: ``canonical`` (a host as ssh resolves its
     alias, ``hostname:port``, so that two aliases of one machine are one name; ``HERE`` for
     this machine) and, where known, its ``identity`` (its machine id), so that one machine
     reached by two names is one; a host whose identity is ``here``'s is this machine too."""
@@ -70,37 +70,37 @@ def machines(canonical: str, identity: str, here: str) -> frozenset[str]:
     return frozenset(names)
 
 
-def claim(spec: JobSpec) -> Optional[Claim]:
-    """``spec``'s claim as settled at its submit; None for a chain stored before claims were."""
+def hold(spec: JobSpec) -> Optional[Hold]:
+    """``spec``'s hold as settled at its submit; None for a chain stored before holds were."""
     if not spec.checkpoint_real:
         return None
-    return Claim(frozenset(spec.checkpoint_machines), spec.checkpoint_real)
+    return Hold(frozenset(spec.checkpoint_machines), spec.checkpoint_real)
 
 
-def written(spec: JobSpec, path: str) -> Claim:
-    """``spec``'s claim by its hosts as written, its checkpoint directory resolved to ``path``:
-    how a chain stored before claims were settled at submit is compared."""
-    return Claim(frozenset(hosts(spec)), path)
+def written(spec: JobSpec, path: str) -> Hold:
+    """``spec``'s hold by its hosts as written, its checkpoint directory resolved to ``path``:
+    how a chain stored before holds were settled at submit is compared."""
+    return Hold(frozenset(hosts(spec)), path)
 
 
 @dataclass(frozen=True)
 class Holder:
-    """An active chain and its claim."""
+    """An active chain and its hold."""
 
     chain_id: str
     name: str
-    claim: Claim
+    hold: Hold
 
 
-def holder(name: str, mine: Claim, active: Iterable[Holder]) -> Optional[Holder]:
-    """The active chain that holds the claim a new chain named ``name`` would make: the
+def holder(name: str, mine: Hold, active: Iterable[Holder]) -> Optional[Holder]:
+    """The active chain that holds what a new chain named ``name`` would hold: the
     chain of the same name in the same directory first (the same job file submitted again),
     else any other."""
-    clashing = [h for h in active if h.claim.clashes(mine)]
+    clashing = [h for h in active if h.hold.clashes(mine)]
     same = [h for h in clashing if same_job(name, mine, h)]
     return next(iter(same or clashing), None)
 
 
-def same_job(name: str, mine: Claim, held: Holder) -> bool:
+def same_job(name: str, mine: Hold, held: Holder) -> bool:
     """``held`` is the chain of this very job file (its name, its directory), submitted before."""
-    return held.name == name and held.claim.path == mine.path
+    return held.name == name and held.hold.path == mine.path

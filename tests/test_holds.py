@@ -219,27 +219,27 @@ def test_a_chain_submitted_meanwhile_is_seen_by_the_transaction_that_stores(
     assert stored(home) == [(raced[0], "net")]
 
 
-def test_claims_clash_on_one_directory_or_one_inside_the_other_seen_from_a_machine_in_common() -> None:
-    from chainrun.decide.claims import Claim, ancestors, inside
+def test_holds_clash_on_one_directory_or_one_inside_the_other_seen_from_a_machine_in_common() -> None:
+    from chainrun.decide.holds import Hold, ancestors, inside
 
     here = frozenset({""})
-    assert Claim(here, "/w/ckpt").clashes(Claim(here, "/w/ckpt"))
-    assert Claim(here, "/w/ckpt/run1").clashes(Claim(here, "/w/ckpt"))
-    assert Claim(here, "/w").clashes(Claim(here, "/w/ckpt/run1"))
-    assert not Claim(here, "/w/ckpt-2").clashes(Claim(here, "/w/ckpt"))  # a name that starts the same
-    assert not Claim(frozenset({"gpu1"}), "/w/ckpt").clashes(Claim(here, "/w/ckpt"))  # another machine's
+    assert Hold(here, "/w/ckpt").clashes(Hold(here, "/w/ckpt"))
+    assert Hold(here, "/w/ckpt/run1").clashes(Hold(here, "/w/ckpt"))
+    assert Hold(here, "/w").clashes(Hold(here, "/w/ckpt/run1"))
+    assert not Hold(here, "/w/ckpt-2").clashes(Hold(here, "/w/ckpt"))  # a name that starts the same
+    assert not Hold(frozenset({"gpu1"}), "/w/ckpt").clashes(Hold(here, "/w/ckpt"))  # another machine's
     assert inside("/a/b", "/") and not inside("/", "/") and not inside("/a", "/a/b")
     assert ancestors("/a/b/c") == ["/a/b", "/a", "/"] and ancestors("/") == []
 
 
 def test_the_chain_a_submission_meets_is_its_own_job_first_and_only_in_its_own_directory() -> None:
-    from chainrun.decide.claims import Claim, Holder, holder, inside, same_job
+    from chainrun.decide.holds import Hold, Holder, holder, inside, same_job
 
     here = frozenset({""})
-    mine = Claim(here, "/w/ckpt")
-    other = Holder("other-1", "other", Claim(here, "/w/ckpt"))
-    own = Holder("net-1", "net", Claim(here, "/w/ckpt"))
-    nested = Holder("net-2", "net", Claim(here, "/w/ckpt/run1"))
+    mine = Hold(here, "/w/ckpt")
+    other = Holder("other-1", "other", Hold(here, "/w/ckpt"))
+    own = Holder("net-1", "net", Hold(here, "/w/ckpt"))
+    nested = Holder("net-2", "net", Hold(here, "/w/ckpt/run1"))
     assert same_job("net", mine, own)
     assert not same_job("net", mine, other) and not same_job("net", mine, nested)
     assert holder("net", mine, [other, nested, own]) == own  # its own job file's chain, found first
@@ -368,9 +368,9 @@ def test_an_unreachable_host_is_compared_as_stored_and_submits_as_before(
 
 
 def test_one_machine_goes_by_its_canonical_name_and_its_identity() -> None:
-    """The names of a machine in claims: its ssh HostName and port; its machine id where known,
-    and "" (this machine) when that id is this machine's. Claims clash through any name shared."""
-    from chainrun.decide.claims import HERE, Claim, machines
+    """The names of a machine in holds: its ssh HostName and port; its machine id where known,
+    and "" (this machine) when that id is this machine's. Holds clash through any name shared."""
+    from chainrun.decide.holds import HERE, Hold, machines
 
     here = "aa11"
     for canonical, identity, names in (
@@ -381,20 +381,20 @@ def test_one_machine_goes_by_its_canonical_name_and_its_identity() -> None:
         (HERE, "", {HERE}),  # this machine, with no machine id
     ):
         assert machines(canonical, identity, here) == names, (canonical, identity)
-    local = Claim(machines(HERE, here, here), "/w/ckpt")
+    local = Hold(machines(HERE, here, here), "/w/ckpt")
     for other, clash in (
         (machines("node1:22", "", here), False),
         (machines("127.0.0.1:2222", here, here), True),  # this machine by its id
         (machines("127.0.0.1:2222", "", here), False),  # not known to be this machine
         (machines("other-alias:22", here, here), True),
     ):
-        assert Claim(other, "/w/ckpt").clashes(local) is clash, other
-    alias = Claim(machines("node1:22", "", here), "/w/ckpt")
-    assert Claim(machines("node1:22", "bb22", here), "/w/ckpt/run1").clashes(alias)  # one HostName and port
-    assert Claim(machines("node2:22", "bb22", here), "/w").clashes(
-        Claim(machines("node1:22", "bb22", here), "/w")
+        assert Hold(other, "/w/ckpt").clashes(local) is clash, other
+    alias = Hold(machines("node1:22", "", here), "/w/ckpt")
+    assert Hold(machines("node1:22", "bb22", here), "/w/ckpt/run1").clashes(alias)  # one HostName and port
+    assert Hold(machines("node2:22", "bb22", here), "/w").clashes(
+        Hold(machines("node1:22", "bb22", here), "/w")
     )
-    assert not Claim(machines("node1:2200", "", here), "/w/ckpt").clashes(alias)  # another port, another sshd
+    assert not Hold(machines("node1:2200", "", here), "/w/ckpt").clashes(alias)  # another port, another sshd
 
 
 def test_aliases_are_named_by_the_hostname_and_port_they_reach(
@@ -415,31 +415,31 @@ def test_aliases_are_named_by_the_hostname_and_port_they_reach(
     assert canonical_host("node1") == "node1:22"
 
 
-def test_a_claim_is_the_one_settled_at_submit_and_survives_the_store() -> None:
+def test_a_hold_is_the_one_settled_at_submit_and_survives_the_store() -> None:
     """A spec keeps where its checkpoint_dir was found at submit through JSON; one stored before
     that has none, and is compared by its hosts as written."""
-    from chainrun.decide.claims import Claim, claim, written
+    from chainrun.decide.holds import Hold, hold, written
     from chainrun.model import JobSpec, SchedulerSpec
 
     spec = JobSpec("net", "true", "/w", 60, 60, None, 0, "/w/link", "USR1", 10, SchedulerSpec(host="gpu"))
-    assert claim(spec) is None
-    assert written(spec, "/w/link") == Claim(frozenset({"gpu"}), "/w/link")
+    assert hold(spec) is None
+    assert written(spec, "/w/link") == Hold(frozenset({"gpu"}), "/w/link")
     older = spec.to_json()
     settled = replace(spec, checkpoint_real="/w/ckpt", checkpoint_machines=("gpu:22", "id:bb22"))
     assert JobSpec.from_json(json.loads(json.dumps(settled.to_json()))) == settled
-    assert claim(settled) == Claim(frozenset({"gpu:22", "id:bb22"}), "/w/ckpt")
+    assert hold(settled) == Hold(frozenset({"gpu:22", "id:bb22"}), "/w/ckpt")
     del older["checkpoint_real"], older["checkpoint_machines"]
     assert JobSpec.from_json(older) == spec
 
 
-def test_a_claim_as_written_is_seen_from_this_machine_the_one_host_or_every_host_of_a_pool() -> None:
+def test_a_hold_as_written_is_seen_from_this_machine_the_one_host_or_every_host_of_a_pool() -> None:
     """Where a chain's checkpoint directory is, as the job file names it: "" for this machine (a cluster without
     ``host`` is reached from here, so its paths are this machine's), its host, or its pool."""
     from dataclasses import replace
 
     from test_decide import SPEC
 
-    from chainrun.decide.claims import written
+    from chainrun.decide.holds import written
     from chainrun.model import SchedulerSpec
 
     def machines(scheduler: SchedulerSpec) -> frozenset[str]:

@@ -31,8 +31,8 @@ log = logsetup.get_logger(__name__)
 
 SHARE_SOURCE = Path(share.__file__).read_text()  # run where the code is, by the host's python3
 BRING_HOME_TIMEOUT = 600
-DEFAULT_GC_AFTER = 7 * 86400
-GC_EVERY = 86400  # seconds between the service's collections
+DEFAULT_AFTER = 7 * 86400
+EVERY = 86400  # seconds between the service's collections
 
 
 @dataclass
