@@ -365,6 +365,11 @@ def _progress(f: Fields, workdir: str, remote: bool) -> tuple[Optional[str], str
 
 def _resolve(f: Fields, key: str, raw: str, base: Path, remote: bool) -> str:
     """``raw`` as an absolute path: ``~`` expanded on this machine, a relative one from ``base``."""
+    if remote and raw.startswith("~"):
+        raise f.error(
+            key,
+            "with scheduler.host (or hosts) set, '~' is not expanded: give an absolute path on the cluster",
+        )
     try:
         p = Path(raw).expanduser() if not remote else Path(raw)
     except RuntimeError:  # ~nosuchuser, or ~ with no home directory known

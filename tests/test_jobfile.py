@@ -228,6 +228,15 @@ def test_progress_names_the_scripts_own_json_file_and_the_key_of_its_epoch(tmp_p
         (BASE + '[scheduler]\nkind="pbs"\n', "scheduler.kind = 'pbs': allowed: local, slurm, sge"),
         (BASE + '[scheduler]\nkind="slurm"\noptions="--mem=1G"\n', "scheduler.options"),
         (BASE + '[scheduler]\nkind="slurm"\nhost="login"\n', "workdir: with scheduler.host (or hosts) set"),
+        # '~' would be this machine's home, not the host's: never a directory named '~' in workdir
+        (
+            BASE + 'workdir="/w"\ncheckpoint_dir="~/ckpt"\n[scheduler]\nkind="slurm"\nhost="login"\n',
+            "checkpoint_dir = '~/ckpt': with scheduler.host (or hosts) set, '~' is not expanded",
+        ),
+        (
+            BASE + 'workdir="/w"\nprogress="~/s.json:epoch"\n[scheduler]\nkind="slurm"\nhost="login"\n',
+            "progress = '~/s.json:epoch': with scheduler.host (or hosts) set, '~' is not expanded",
+        ),
         (BASE + '[env]\nCHAINRUN_X = "1"\n', "env.CHAINRUN_X"),
         (BASE + '[env]\n"BAD-NAME" = "1"\n', "env.BAD-NAME"),
         (BASE + 'progress = "state.json"\n', "progress = 'state.json': expected \"FILE.json:KEY\""),
