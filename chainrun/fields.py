@@ -19,6 +19,9 @@ from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
 
 from chainrun.errors import JobFileError
+from chainrun.text import exact
+
+format_duration = exact  # a value from the job file written back: the inverse of parse_duration
 
 
 def _tomllib() -> Any:
@@ -87,19 +90,6 @@ def parse_duration(text: str) -> int:
         if mi < 60 and se < 60:
             return ((d * 24 + h) * 60 + mi) * 60 + se
     raise ValueError(text)
-
-
-def format_duration(seconds: float) -> str:
-    """``5400`` -> ``1h30m``: the inverse of parse_duration for display."""
-    s = round(seconds)
-    if s <= 0:
-        return "0s"
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if s >= size:
-            parts.append(f"{s // size}{unit}")
-            s %= size
-    return "".join(parts)
 
 
 def path_shown(path: str | os.PathLike[str]) -> str:

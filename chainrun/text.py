@@ -71,11 +71,17 @@ _PRECISION = ((600, 1), (86400, 60))
 def duration(seconds: float) -> str:
     """A measured duration (time trained, queued, budget used, an ETA), rounded to the nearest
     unit shown, never cut: ``45s``, ``9m59s``, ``10m``, ``1h5m``, ``2d3h``. A value from the
-    job file is written exactly, by ``fields.format_duration``."""
+    job file is written exactly, by ``exact``."""
     unit = next((u for below, u in _PRECISION if _rounded(seconds, u) < below), 3600)
-    s = _rounded(seconds, unit)
-    if s < 60:
-        return f"{s}s"
+    return exact(_rounded(seconds, unit))
+
+
+def exact(seconds: float) -> str:
+    """``5400`` -> ``1h30m``, to the second: how a value from the job file is written back
+    (the inverse of ``fields.parse_duration``); ``0s`` for none."""
+    s = round(seconds)
+    if s <= 0:
+        return "0s"
     parts = []
     for name, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         if s >= size:
