@@ -219,13 +219,19 @@ def test_the_page_shows_a_chain_its_timeline_and_curves_and_follows_it_live(
 
 
 # Installed before a page loads (devtools' addScriptToEvaluateOnNewDocument): every text
-# drawn on a canvas (uPlot's ticks and axis labels), with its box as drawn, in the canvas's
-# own pixels, from the browser's own measure of the text and the transform it was drawn with.
+# on a canvas (uPlot's ticks and axis labels) since the canvas was last cleared, with its
+# box as drawn, in the canvas's own pixels, from the browser's own measure of the text and
+# the transform it was drawn with.
 RECORD_TEXT = """
 (() => {
-  const texts = (window.chainrunTexts = []);
-  const fill = CanvasRenderingContext2D.prototype.fillText;
-  CanvasRenderingContext2D.prototype.fillText = function (text, x, y, ...rest) {
+  let texts = (window.chainrunTexts = []);
+  const proto = CanvasRenderingContext2D.prototype, fill = proto.fillText, clear = proto.clearRect;
+  proto.clearRect = function (x, y, w, h) {
+    if (x <= 0 && y <= 0 && w >= this.canvas.width && h >= this.canvas.height)
+      texts = window.chainrunTexts = texts.filter((t) => t.canvas !== this.canvas);
+    return clear.call(this, x, y, w, h);
+  };
+  proto.fillText = function (text, x, y, ...rest) {
     const m = this.measureText(text), t = this.getTransform(), xs = [], ys = [];
     for (const a of [x - m.actualBoundingBoxLeft, x + m.actualBoundingBoxRight])
       for (const b of [y - m.actualBoundingBoxAscent, y + m.actualBoundingBoxDescent]) {
@@ -257,18 +263,25 @@ for (const svg of document.querySelectorAll("svg.chart")) {
       out.push(svg.id + ": " + t.textContent);
   }
 }
-for (const t of window.chainrunTexts.filter((t) => t.canvas.isConnected)) {
+const drawn = window.chainrunTexts.filter((t) => t.canvas.isConnected);
+for (const t of drawn) {
   const [left, top, right, bottom] = t.box;
   if (left < -0.5 || top < -0.5 || right > t.canvas.width + 0.5 || bottom > t.canvas.height + 0.5)
     out.push(t.canvas.closest("[data-plot]").id + ": " + t.text);
+  for (const u of drawn) {  // nor drawn over another (a tick label over the axis's name)
+    const [l, tp, r, b] = u.box;
+    if (u !== t && u.canvas === t.canvas && left < r - 0.5 && l < right - 0.5 && top < b - 0.5 && tp < bottom - 0.5)
+      out.push(t.canvas.closest("[data-plot]").id + ": " + t.text + " over " + u.text);
+  }
 }
 return out;
 """
 
 
 def _labels_fit(browser: Any) -> None:
-    """Every label of every chart on the page is drawn whole, inside its chart, at a size a
-    reader expects (no larger than 16 px); the plots' labels among them (``record_text``)."""
+    """Every label of every chart on the page is drawn whole, inside its chart and clear of
+    the others, at a size a reader expects (no larger than 16 px); the plots' labels among
+    them (``record_text``)."""
     assert browser.execute_script(_OUTSIDE) == []
     sizes = browser.execute_script(
         "return window.chainrunTexts.filter((t) => t.canvas.isConnected)"

@@ -76,22 +76,25 @@ def _spec(element: str) -> dict[str, Any]:
 def test_a_plots_data_is_json_a_browser_reads_whatever_the_values() -> None:
     """A loss that went NaN or infinite is a gap in the line (null: JSON has no NaN, and a
     browser's parser refuses the whole plot's data over one), not counted in the choice of
-    scale; a point with no x is left out; the points go in by x, each label with its point."""
-    spec = _spec(
-        charts.plot(
-            [(3, 0.5), (1, float("nan")), (2, 50.0), (float("nan"), 1.0), (4, float("inf"))],
-            "epoch",
-            "loss",
-            "m",
-            labels=["c", "a", "b", "none", "d"],
-        )
+    scale; a point with no x is left out; the points go in by x, each label with its point.
+    Without script, a line of text stands for the plot."""
+    element = charts.plot(
+        [(3, 0.5), (1, float("nan")), (2, 50.0), (float("nan"), 1.0), (4, float("inf"))],
+        "epoch",
+        "loss",
+        "m",
+        labels=["c", "a", "b", "none", "d"],
     )
+    spec = _spec(element)
     assert (spec["x"], spec["y"], spec["labels"]) == (
         [1, 2, 3, 4],
         [None, 50.0, 0.5, None],
         ["a", "b", "c", "d"],
     )
     assert spec["ylog"] is True  # 0.5 to 50, the gaps aside
+    # Without script, the page says what the plot holds; the script replaces that with the plot.
+    assert "4 points of loss against epoch (the plot needs JavaScript)" in element
+    assert "no points yet" in charts.plot([], "epoch", "loss", "m")
 
 
 def _show(browser: Any, tmp_path: Path, body: str) -> None:
@@ -189,7 +192,9 @@ def test_every_label_of_a_chart_is_drawn_whole(tmp_path: Path, browser: Any) -> 
     clock = charts.plot(
         [(start + 37 * i, float(i)) for i in range(1, 30)], "time", "epoch", "epochs", xtime=True
     )
-    _show(browser, tmp_path, f"{timeline}{big}{clock}")
+    wide = charts.plot([(1, 123456.7), (2, 112345.6), (3, 98765.4)], "epoch", "loss", "wide")  # linear
+    _show(browser, tmp_path, f"{timeline}{big}{clock}{wide}")
+    assert plotted(browser, "wide", "u.scales.y.distr") == 1
     assert plotted(browser, "scatter", "u.axes[1]._values.filter((v) => v).length")  # ticks drawn
     drawn = browser.execute_script("return window.chainrunTexts.map((t) => t.text)")
     assert {"lr", "best loss", "time", "epoch"} <= set(drawn), drawn
@@ -227,6 +232,8 @@ def test_hovering_shows_a_points_values_a_drag_zooms_and_new_data_keeps_the_zoom
             f"return Array.from(document.querySelectorAll('#{ident} .u-legend .u-value'), (v) => v.textContent)"
         )
 
+    assert browser.find_elements("css selector", ".plot canvas")
+    assert not browser.find_elements("css selector", ".plot .unplotted")  # replaced by the plots
     assert hover("m", 1) == ["2", "0.5"]
     assert hover("m", 3) == ["4", "0.25"]
     assert hover("s", 1) == ["b", "0.2"]  # lr 0.05 twice: the point under the cursor, not the first
