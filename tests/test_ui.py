@@ -8,7 +8,9 @@ the chain page's is also written to docs/ui.png and the sweep page's to docs/swe
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -159,8 +161,9 @@ def test_the_page_shows_a_chain_its_timeline_and_curves_and_follows_it_live(
 ) -> None:
     """A chain on the local runner crosses three segments, the second crashing: the overview
     lists it with its state; its page draws one bar per segment, the crash in the failure
-    colour, its output tail as text (the <script> in it never runs), the epoch plot with a
-    point per saved epoch; and the open page shows segment 3 once it starts, without a reload."""
+    colour, its output tail as text (the <script> in it never runs), the epoch plot (uPlot)
+    with a point per saved epoch; and the open page shows segment 3 once it starts, without a
+    reload, its plots the same charts given the new points."""
     from selenium.webdriver.common.by import By
 
     job = _job(
@@ -180,8 +183,11 @@ def test_the_page_shows_a_chain_its_timeline_and_curves_and_follows_it_live(
     assert row.find_element(By.CSS_SELECTOR, "td.state").text.startswith("running"), row.text
     browser.save_screenshot(str(tmp_path / "overview.png"))
 
+    record_text(browser)
     browser.get(url.replace("/?", f"/chain/{chain_id}?"))
     browser.execute_script("window.notReloaded = true")
+    wait_for(lambda: plotted(browser, "epochs", "u.data[0].length"), 120, "the first epoch plotted")
+    browser.execute_script("window.firstChart = window.chainrunPlots.get('epochs')")
     wait_for(lambda: len(_chain(url, chain_id)["segments"]) >= 3, 180, "segment 3 submitted")
 
     def bars() -> int:
@@ -197,8 +203,10 @@ def test_the_page_shows_a_chain_its_timeline_and_curves_and_follows_it_live(
     assert crashed.find_element(By.CSS_SELECTOR, "rect.training").get_attribute("fill") == FAILURE
     saved = {p["epoch"] for p in data["progress_log"] if p["epoch"] is not None}
     assert saved == set(range(1, data["epoch"] + 1))  # every epoch the script saved was seen
-    assert len(browser.find_elements(By.CSS_SELECTOR, "#epochs circle.point")) == len(saved)
-    assert browser.find_elements(By.CSS_SELECTOR, "svg.plot circle.point")  # the metrics too
+    # The chart drawn at the first epoch, given each epoch since (setData), not drawn anew.
+    assert plotted(browser, "epochs", "u === window.firstChart && u.data[0].length") == len(saved)
+    assert plotted(browser, "metric-0", "u.data[0].length") == len(saved)  # the metrics too
+    assert plotted(browser, "metric-1", "u.data[0].length") == len(saved)
     tail = browser.find_element(By.CSS_SELECTOR, 'table.segments tr[data-n="2"] .tail').text
     assert "<script>window.pwned = 1</script> CUDA error" in tail
     assert browser.execute_script("return window.pwned") is None
@@ -210,7 +218,41 @@ def test_the_page_shows_a_chain_its_timeline_and_curves_and_follows_it_live(
     _keep_for_docs(tmp_path / "chain.png", "ui.png")
 
 
-# Every text of every chart that lies outside its chart's box, as the browser drew them.
+# Installed before a page loads (devtools' addScriptToEvaluateOnNewDocument): every text
+# on a canvas (uPlot's ticks and axis labels) since the canvas was last cleared, with its
+# box as drawn, in the canvas's own pixels, from the browser's own measure of the text and
+# the transform it was drawn with.
+RECORD_TEXT = """
+(() => {
+  let texts = (window.chainrunTexts = []);
+  const proto = CanvasRenderingContext2D.prototype, fill = proto.fillText, clear = proto.clearRect;
+  proto.clearRect = function (x, y, w, h) {
+    if (x <= 0 && y <= 0 && w >= this.canvas.width && h >= this.canvas.height)
+      texts = window.chainrunTexts = texts.filter((t) => t.canvas !== this.canvas);
+    return clear.call(this, x, y, w, h);
+  };
+  proto.fillText = function (text, x, y, ...rest) {
+    const m = this.measureText(text), t = this.getTransform(), xs = [], ys = [];
+    for (const a of [x - m.actualBoundingBoxLeft, x + m.actualBoundingBoxRight])
+      for (const b of [y - m.actualBoundingBoxAscent, y + m.actualBoundingBoxDescent]) {
+        xs.push(t.a * a + t.c * b + t.e);
+        ys.push(t.b * a + t.d * b + t.f);
+      }
+    texts.push({ canvas: this.canvas, text: String(text), font: this.font,
+      box: [Math.min(...xs), Math.min(...ys), Math.max(...xs), Math.max(...ys)] });
+    return fill.call(this, text, x, y, ...rest);
+  };
+})();
+"""
+
+
+def record_text(browser: Any) -> None:
+    """From the next page on, every text drawn on a canvas is recorded (``RECORD_TEXT``)."""
+    browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": RECORD_TEXT})
+
+
+# Every text of every chart that lies outside its chart's box, as the browser drew them:
+# the timeline's (SVG) and the plots' (a canvas each, still on the page).
 _OUTSIDE = """
 const out = [];
 for (const svg of document.querySelectorAll("svg.chart")) {
@@ -221,18 +263,39 @@ for (const svg of document.querySelectorAll("svg.chart")) {
       out.push(svg.id + ": " + t.textContent);
   }
 }
+const drawn = window.chainrunTexts.filter((t) => t.canvas.isConnected);
+for (const t of drawn) {
+  const [left, top, right, bottom] = t.box;
+  if (left < -0.5 || top < -0.5 || right > t.canvas.width + 0.5 || bottom > t.canvas.height + 0.5)
+    out.push(t.canvas.closest("[data-plot]").id + ": " + t.text);
+  for (const u of drawn) {  // nor drawn over another (a tick label over the axis's name)
+    const [l, tp, r, b] = u.box;
+    if (u !== t && u.canvas === t.canvas && left < r - 0.5 && l < right - 0.5 && top < b - 0.5 && tp < bottom - 0.5)
+      out.push(t.canvas.closest("[data-plot]").id + ": " + t.text + " over " + u.text);
+  }
+}
 return out;
 """
 
 
 def _labels_fit(browser: Any) -> None:
-    """Every label of every chart on the page is drawn whole, inside its chart, at a size a
-    reader expects (no larger than 16 px)."""
+    """Every label of every chart on the page is drawn whole, inside its chart and clear of
+    the others, at a size a reader expects (no larger than 16 px); the plots' labels among
+    them (``record_text``)."""
     assert browser.execute_script(_OUTSIDE) == []
-    heights = browser.execute_script(
-        "return Array.from(document.querySelectorAll('svg.plot text.tick'), t => t.getBoundingClientRect().height)"
+    sizes = browser.execute_script(
+        "return window.chainrunTexts.filter((t) => t.canvas.isConnected)"
+        ".map((t) => parseFloat(t.font.match(/([0-9.]+)px/)[1]) / devicePixelRatio)"
     )
-    assert heights and max(heights) <= 16, heights
+    assert sizes and max(sizes) <= 16, sizes
+
+
+def plotted(browser: Any, ident: str, what: str) -> Any:
+    """``what`` (a JavaScript expression of ``u``) of the uPlot chart drawn for the plot
+    ``ident``, or None while there is none."""
+    return browser.execute_script(
+        f"const u = window.chainrunPlots.get({json.dumps(ident)}); return u && ({what});"
+    )
 
 
 def _state(browser: Any) -> str:
@@ -276,16 +339,18 @@ def test_a_sweep_page_compares_configurations_and_a_cancel_asks_first(
     url = ui()
     base, token = url.split("/?token=")
 
-    def plotted() -> int:
+    def points() -> int:
         status, body = _get(f"{base}/sweep/sw?token={token}&fragment=1")
-        return body.partition('id="scatter"')[2].count("<circle") if status == 200 else 0
+        data = re.search(r'id="scatter"[^>]* data-plot="([^"]*)"', body) if status == 200 else None
+        return len(json.loads(html.unescape(data.group(1)))["x"]) if data else 0
 
-    wait_for(lambda: plotted() == 4, 120, "every chain reporting its metrics")
+    wait_for(lambda: points() == 4, 120, "every chain reporting its metrics")
     wait_for(
         lambda: all(c["epoch"] == 3 for c in json.loads(chainrun("status", "--json").stdout)),
         120,
         "every chain at its last epoch",
     )
+    record_text(browser)
     browser.get(url)
     assert browser.find_element(By.CSS_SELECTOR, "details.sweep summary").text.startswith(
         "sweep sw: 4 chains"
@@ -300,15 +365,15 @@ def test_a_sweep_page_compares_configurations_and_a_cancel_asks_first(
     header.click()
     column = [r.find_elements(By.TAG_NAME, "td")[lr].text for r in table.find_elements(By.TAG_NAME, "tr")[1:]]
     assert column == ["0.5", "0.5", "0.05", "0.05"]
-    assert len(browser.find_elements(By.CSS_SELECTOR, "#scatter circle.point")) == 4
+    assert plotted(browser, "scatter", "u.data[0].length") == 4
     means = browser.find_element(By.CSS_SELECTOR, 'table.means[data-metric="loss"]')
     assert [r.text for r in means.find_elements(By.TAG_NAME, "tr")[1:]] == [
         "0.05 0.0175 ±0.0012 2 of 2",  # the loss is lr / 3 at epoch 3, 10% more in rep 1
         "0.5 0.175 ±0.012 2 of 2",
     ]
-    scatter = browser.find_element(By.ID, "scatter")
-    assert scatter.rect["width"] <= 480, scatter.rect  # its own size, not the page's width
-    assert scatter.get_attribute("data-xscale") == "log"  # 0.05 and 0.5: a decade apart
+    canvas = browser.find_element(By.CSS_SELECTOR, "#scatter canvas")
+    assert (canvas.rect["width"], canvas.rect["height"]) == (440, 250)  # its own size, not the page's
+    assert plotted(browser, "scatter", "u.scales.x.distr") == 3  # log: 0.05 and 0.5, a decade apart
     _labels_fit(browser)
     browser.set_window_size(1280, 1240)  # the whole page, its plot included
     browser.save_screenshot(str(tmp_path / "sweep.png"))
@@ -461,73 +526,6 @@ def _svg(text: str) -> Any:
     import xml.etree.ElementTree as ET
 
     return ET.fromstring(text)
-
-
-def test_a_plot_keeps_its_size_and_values_spanning_decades_get_a_log_axis() -> None:
-    """A plot is drawn at its own size (not stretched to the page); learning rates a decade
-    apart each are spaced evenly on a log axis ticked at powers of ten; a loss over a few
-    tenths stays linear; no point sits on the frame (the axes), however few there are."""
-    lrs = [1e-4, 1e-3, 1e-2, 1e-1]
-    svg = _svg(
-        charts.plot(
-            [(lr, 1.0 / (i + 1)) for i, lr in enumerate(lrs)], "lr", "best loss", "s", labels=list("abcd")
-        )
-    )
-    assert svg.get("width") is not None and float(svg.get("width")) <= 480  # pixels, not a share
-    assert svg.get("data-xscale") == "log" and svg.get("data-yscale") == "linear"
-    xs = [float(c.get("cx")) for c in svg.iter("circle")]
-    steps = [b - a for a, b in zip(xs, xs[1:])]
-    assert max(steps) - min(steps) < 0.5, xs  # evenly spaced: one decade each
-    ticks = [t.text for t in svg.iter("text") if t.get("class") == "tick"]
-    assert {"1e-4", "0.001", "0.01", "0.1"} <= set(ticks), ticks
-    frame = list(svg.iter("line"))
-    left = float(frame[1].get("x1"))  # the y axis
-    base = float(frame[0].get("y1"))  # the x axis
-    for c in svg.iter("circle"):
-        assert float(c.get("cx")) > left + 3 and float(c.get("cy")) < base - 3  # off the axes
-    loss = _svg(charts.plot([(1, 0.9), (2, 0.5), (3, 0.3)], "epoch", "loss", "m"))
-    assert loss.get("data-yscale") == "linear" and loss.get("data-xscale") == "linear"
-    decades = _svg(charts.plot([(1, 2.3), (2, 0.1), (3, 0.004)], "epoch", "loss", "m"))
-    assert decades.get("data-yscale") == "log"
-
-
-def test_every_label_of_a_chart_is_drawn_whole(tmp_path: Path, browser: Any) -> None:
-    """In Chromium, with the page's own style sheet: a timeline whose end falls on a round
-    time keeps its last time label inside (it was cut in half), and a plot, at its own
-    size on a wide page, keeps its long tick labels (a loss in the hundred thousands, a
-    learning rate of 1e-5) inside its box."""
-    from chainrun.accounting import ChainAccount, SegmentAccount
-
-    start = 1_699_999_200.0  # on the hour: the timeline's ticks fall on both of its ends
-    segs = tuple(
-        SegmentAccount(
-            n,
-            str(n),
-            "timeout",
-            False,
-            start + 200 * (n - 1),
-            start + 200 * (n - 1),
-            None,
-            start + 200 * n,
-            0.0,
-            200.0,
-            0.0,
-            0.0,
-        )
-        for n in (1, 2, 3)
-    )
-    timeline = charts.timeline(ChainAccount(segs, 0), ["a", "b", "c"], start, start + 600)
-    big = charts.plot(
-        [(1e-5, 123456.7), (3e-3, 2345.6), (0.1, 98765.4)], "lr", "best loss", "scatter", labels=list("abc")
-    )
-    style = (REPO / "chainrun" / "ui" / "static" / "ui.css").as_uri()
-    page = tmp_path / "charts.html"
-    page.write_text(
-        f'<!doctype html><html><head><link rel="stylesheet" href="{style}"></head><body><main>{timeline}{big}</main></body></html>'
-    )
-    browser.get(page.as_uri())
-    _labels_fit(browser)
-    assert browser.find_element("id", "scatter").rect["width"] <= 480  # not the page's 1168 px
 
 
 def test_a_sweep_page_shows_each_metrics_mean_and_spread_per_configuration(tmp_path: Path) -> None:

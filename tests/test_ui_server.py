@@ -25,6 +25,7 @@ from conftest import wait_for
 from test_ui import ui as ui  # the fixture that starts `chainrun ui`
 
 from chainrun.store import Store
+from chainrun.ui import charts
 from chainrun.ui.server import LIMITS, MAX_FORM, Limits, Server
 
 WAIT = 30.0  # seconds: far longer than any limit here, short of a hung test
@@ -262,3 +263,40 @@ def test_the_token_moves_from_the_url_into_a_cookie_at_the_first_visit(ui: Calla
     assert ask("/", f"{name}={token[:-1]}{'A' if token[-1] != 'A' else 'B'}")[0].status == 403
     assert ask("/", f"chainrun-other={token}")[0].status == 403
     assert ask(f"/?token={token[:-1]}", cookie)[0].status == 403
+
+
+def test_the_vendored_chart_library_is_served_by_its_version_and_kept_by_the_browser(
+    serve: Callable[[Limits], Server],
+) -> None:
+    """The page loads uPlot from a name that carries its version; that file is served as
+    the package holds it, with its content type and a year's private cache (a new version
+    is a new name), to the session's cookie alone, like every other file; another version,
+    the files' own folder and the licence are not served."""
+    server = serve(LIMITS)
+    connection = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=WAIT)
+    cookie = f"{server.cookie}={server.token}"
+
+    def ask(path: str, cookie: str = cookie) -> tuple[http.client.HTTPResponse, bytes]:
+        connection.request("GET", path, headers={"Cookie": cookie} if cookie else {})
+        answer = connection.getresponse()
+        return answer, answer.read()
+
+    page = ask("/")[1].decode()
+    for name, path in charts.vendored().items():
+        assert f'"/static/{name}"' in page
+        answer, body = ask(f"/static/{name}")
+        assert answer.status == 200 and body == path.read_bytes(), name
+        kind = "text/javascript" if name.endswith(".js") else "text/css"
+        assert answer.getheader("Content-Type") == f"{kind}; charset=utf-8"
+        assert answer.getheader("Cache-Control") == "private, max-age=31536000, immutable"
+        assert answer.getheader("X-Content-Type-Options") == "nosniff"
+        assert ask(f"/static/{name}", "")[0].status == 403
+    assert ask("/static/ui.js")[0].getheader("Cache-Control") == "no-store"  # ours change with the package
+    assert ask("/static/plots.js")[0].status == 200
+    js = next(name for name in charts.vendored() if name.endswith(".js"))
+    for other in (
+        js.replace("uplot-", "uplot-0."),
+        "vendor/uplot/uPlot.iife.min.js",
+        js.replace("uPlot.iife.min.js", "LICENSE"),
+    ):
+        assert ask(f"/static/{other}")[0].status == 404, other

@@ -5,8 +5,9 @@ plotted, and what the allocation bought, served from this machine's state.
 URL it prints; the port and the token are kept in the state directory (``ui.json``,
 mode 0600) and used again at the next start, so that a bookmark of the URL still opens
 the page, unless it is told a port (0: a free one) or a new token. The pages (``pages``) and their
-SVG charts (``charts``) are built from the read model ``status`` uses, and the script and
-style sheet they load are files of this package (``static/``): the page needs no network.
+charts (``charts``: the timeline as SVG, the plots' data for uPlot) are built from the read
+model ``status`` uses, and the scripts, the chart library and the style sheet they load are
+files of this package (``static/``): the page needs no network.
 ``remote`` starts it on a login node over SSH and forwards it here.
 """
 

@@ -1,18 +1,23 @@
-"""The web page's charts, drawn here as SVG text: a chain's segment timeline (one bar a
+"""The web page's charts. A chain's segment timeline is drawn here as SVG text (one bar a
 segment against wall-clock time: queue wait, training, save after the signal, gap to the
 next; coloured by outcome, the save striped, each with a tooltip of its job, reason and
-output tail) and plots of points (epoch against time, a metric against epoch or step, a parameter
-against a metric), each at its own size, an axis log-scaled where its values span a
-decade or more, every label kept inside its chart. Every text that goes in is escaped;
-nothing is fetched from anywhere.
+output tail). The plots of points (epoch against time, a metric against epoch or step, a
+parameter against a metric) are drawn in the browser by uPlot, the chart library vendored
+in ``static/vendor/uplot`` (its version, licence and checksums there), from the data
+written here into each plot's element, with what is decided here: its size, and which
+axis is log-scaled (``spans_decades``). Every text that goes in is escaped; nothing is
+fetched from anywhere.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from collections.abc import Collection, Sequence
 from datetime import datetime
 from html import escape
+from pathlib import Path
 from typing import Optional
 
 from chainrun.accounting import ChainAccount
@@ -43,9 +48,9 @@ _STRIPES = (
     "</pattern></defs>"
 )
 _W, _ROW, _LEFT, _TOP = 800, 22, 46, 8
-PLOT_W, PLOT_H = 440, 250  # a plot's size in pixels (its text at the style sheet's 11px)
-CHAR = 6.6  # the width of a character of that text, about: what keeps a label inside
-PAD = 0.06  # the share of an axis's range left free at each end
+PLOT_W, PLOT_H = 440, 250  # a plot's size in pixels (smaller only on a narrow screen)
+CHAR = 6.6  # the width of a character of the timeline's 11px text, about: what keeps a label inside
+UPLOT = Path(__file__).parent / "static" / "vendor" / "uplot"  # the vendored chart library
 
 
 def colour(outcome: str) -> str:
@@ -81,6 +86,17 @@ def _ticks(lo: float, hi: float, count: int = 5) -> list[float]:
             break
     first = math.ceil(lo / step) * step
     return [first + i * step for i in range(int((hi - first) / step) + 1)]
+
+
+def _anchor(x: float, text: str, width: float) -> str:
+    """``x`` and the anchor that keep a tick's ``text`` inside ``width``: centred, else
+    flush against the edge it would cross."""
+    half = len(text) * CHAR / 2
+    if x + half > width - 2:
+        return f'x="{x:.1f}" text-anchor="end"'
+    if x - half < 2:
+        return f'x="{x:.1f}" text-anchor="start"'
+    return f'x="{x:.1f}" text-anchor="middle"'
 
 
 def timeline(acc: ChainAccount, details: Sequence[str], start: float, now: float) -> str:
@@ -136,61 +152,20 @@ def timeline(acc: ChainAccount, details: Sequence[str], start: float, now: float
     return "".join(out)
 
 
-class Axis:
-    """One axis of a plot: the values' range, padded so that no point sits on the frame,
-    on a log scale when the values are all positive and span a decade or more (learning
-    rates, losses), else a linear one."""
-
-    def __init__(self, values: Sequence[float], may_log: bool = True) -> None:
-        lo, hi = min(values), max(values)
-        self.log = may_log and lo > 0 and hi / lo >= 10
-        if self.log:
-            lo, hi = math.log10(lo), math.log10(hi)
-        if hi == lo:
-            lo, hi = lo - 1, hi + 1
-        pad = (hi - lo) * PAD
-        self.lo, self.hi = lo - pad, hi + pad
-
-    def share(self, v: float) -> float:
-        """Where ``v`` lies, from 0 (the low end) to 1."""
-        return ((math.log10(v) if self.log else v) - self.lo) / (self.hi - self.lo)
-
-    def ticks(self, count: int) -> list[float]:
-        """About ``count`` round values in range: powers of ten on a log scale."""
-        if not self.log:
-            return _ticks(self.lo, self.hi, count)
-        first, last = math.ceil(self.lo), math.floor(self.hi)
-        if last - first < 1:  # less than two powers of ten in range: 1, 2 and 5 of each
-            return [
-                m * 10.0**e
-                for e in range(first - 1, last + 1)
-                for m in (1, 2, 5)
-                if self.lo <= math.log10(m * 10.0**e) <= self.hi
-            ]
-        every = max(1, math.ceil((last - first + 1) / count))
-        return [10.0**e for e in range(first, last + 1, every)]
+@functools.cache
+def vendored() -> dict[str, Path]:
+    """The chart library's files by the name the page asks for under ``/static/``: the
+    name carries the version (``static/vendor/uplot/VERSION``), so that a browser may keep
+    a file for good, and a new version is a new name."""
+    version = (UPLOT / "VERSION").read_text(encoding="utf-8").strip()
+    return {f"vendor/uplot-{version}/{name}": UPLOT / name for name in ("uPlot.min.css", "uPlot.iife.min.js")}
 
 
-def number(v: float) -> str:
-    """A tick's value, short: three significant digits, ``1e-4`` rather than ``0.0001``."""
-    text = f"{v:.2e}" if v and abs(v) < 1e-3 else f"{v:.3g}"
-    if "e" in text:
-        mantissa, exponent = text.split("e")
-        if "." in mantissa:
-            mantissa = mantissa.rstrip("0").rstrip(".")
-        text = f"{mantissa}e{int(exponent)}"
-    return text
-
-
-def _anchor(x: float, text: str, width: float) -> str:
-    """``x`` and the anchor that keep a tick's ``text`` inside ``width``: centred, else
-    flush against the edge it would cross."""
-    half = len(text) * CHAR / 2
-    if x + half > width - 2:
-        return f'x="{x:.1f}" text-anchor="end"'
-    if x - half < 2:
-        return f'x="{x:.1f}" text-anchor="start"'
-    return f'x="{x:.1f}" text-anchor="middle"'
+def spans_decades(values: Sequence[float]) -> bool:
+    """An axis is log-scaled where its values are all positive and span a decade or more
+    (learning rates, losses); the one place that rule is kept (the page's script follows
+    what ``plot`` writes)."""
+    return bool(values) and min(values) > 0 and max(values) / min(values) >= 10
 
 
 def plot(
@@ -201,55 +176,32 @@ def plot(
     xtime: bool = False,
     labels: Optional[Sequence[str]] = None,
 ) -> str:
-    """A line of points (a scatter when ``labels`` name each point: its tooltip), with
-    axes, drawn at its own size (``PLOT_W`` by ``PLOT_H`` pixels, smaller only on a narrow
-    screen); ``xtime``: x is a wall-clock time."""
-    w, h, bottom = PLOT_W, PLOT_H, 34
-    head = (
-        f'id="{escape(ident)}" class="chart plot" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img"'
+    """A plot's element: a line of points (a scatter when ``labels`` name each point,
+    shown on hover), ``PLOT_W`` by ``PLOT_H`` pixels; ``xtime``: x is a wall-clock time
+    (never log-scaled). Its data and scales go in as JSON (``data-plot``), which the page's
+    script (``static/plots.js``) draws with uPlot; without script, a line of text says
+    what it would show."""
+    # uPlot takes x ascending, each a number; a y that is none (NaN, infinite) is a gap.
+    order = sorted((i for i, p in enumerate(points) if math.isfinite(p[0])), key=lambda i: points[i][0])
+    xs = [points[i][0] for i in order]
+    ys = [points[i][1] for i in order]
+    spec = {
+        "width": PLOT_W,
+        "height": PLOT_H,
+        "xlabel": xlabel,
+        "ylabel": ylabel,
+        "xtime": xtime,
+        "xlog": not xtime and spans_decades(xs),
+        "ylog": spans_decades([y for y in ys if math.isfinite(y)]),
+        "x": xs,
+        "y": [y if math.isfinite(y) else None for y in ys],  # JSON has no NaN
+        "labels": [labels[i] for i in order] if labels is not None else None,
+    }
+    said = "no points yet"
+    if xs:
+        said = f"{len(xs)} points of {ylabel} against {xlabel} (the plot needs JavaScript)"
+    return (
+        f'<div id="{escape(ident)}" class="plot" role="img" aria-label="{escape(ylabel)} against '
+        f'{escape(xlabel)}" data-plot="{escape(json.dumps(spec))}">'
+        f'<p class="unplotted">{escape(said)}</p></div>'
     )
-    out = [f'<svg {head} aria-label="{escape(ylabel)} against {escape(xlabel)}"']
-    if not points:
-        out.append(f'><text x="{w / 2}" y="{h / 2}" text-anchor="middle">no points yet</text></svg>')
-        return "".join(out)
-    ax = Axis([p[0] for p in points], may_log=not xtime)
-    ay = Axis([p[1] for p in points])
-    out.append(
-        f' data-xscale="{"log" if ax.log else "linear"}" data-yscale="{"log" if ay.log else "linear"}">'
-    )
-    yticks = [(t, number(t)) for t in ay.ticks(4)]
-    left = 20 + CHAR * max(len(text) for _, text in yticks)  # room for the widest label
-    base = h - bottom
-
-    def px(v: float) -> float:
-        return left + ax.share(v) * (w - left - 12)
-
-    def py(v: float) -> float:
-        return 10 + (1 - ay.share(v)) * (base - 10)
-
-    out.append(f'<line x1="{left}" y1="{base}" x2="{w - 8}" y2="{base}" class="axis"/>')
-    out.append(f'<line x1="{left}" y1="10" x2="{left}" y2="{base}" class="axis"/>')
-    xs = [p[0] for p in points]
-    for t in ax.ticks(4):
-        text = _clock(t, max(xs) - min(xs)) if xtime else number(t)
-        out.append(f'<text class="tick" {_anchor(px(t), text, w)} y="{base + 14}">{text}</text>')
-    for t, text in yticks:
-        out.append(f'<text class="tick" x="{left - 4}" y="{py(t) + 4:.1f}" text-anchor="end">{text}</text>')
-    out.append(
-        f'<text class="label" x="{(w + left) / 2}" y="{h - 4}" text-anchor="middle">{escape(xlabel)}</text>'
-    )
-    out.append(
-        f'<text class="label" x="12" y="{base / 2}" transform="rotate(-90 12 {base / 2})" '
-        f'text-anchor="middle">{escape(ylabel)}</text>'
-    )
-    if labels is None:
-        path = " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in points)
-        out.append(f'<polyline points="{path}" class="line"/>')
-    for i, (a, b) in enumerate(points):
-        tip = labels[i] if labels is not None else f"{xlabel} {a:g}: {ylabel} {b:.6g}"
-        if xtime and labels is None:
-            tip = f"{_clock(a, 0)}: {ylabel} {b:.6g}"
-        circle = f'<circle class="point" cx="{px(a):.1f}" cy="{py(b):.1f}" r="3">'
-        out.append(f"{circle}<title>{escape(tip)}</title></circle>")
-    out.append("</svg>")
-    return "".join(out)

@@ -44,17 +44,22 @@ class Links:
 
 
 def layout(title: str, link: Links, main: str, live: bool = True) -> str:
-    """A whole page: ``main`` is also what the page fetches again to update itself."""
+    """A whole page: ``main`` is also what the page fetches again to update itself. It
+    loads the chart library (``charts.vendored``), then the script that draws the plots
+    with it, then the one that keeps the page current."""
+    css, js = (link("/static/" + name) for name in charts.vendored())
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<meta name="referrer" content="no-referrer">'
         f"<title>{escape(title)} · chainrun</title>"
-        f'<link rel="stylesheet" href="{link("/static/ui.css")}">'
+        f'<link rel="stylesheet" href="{css}"><link rel="stylesheet" href="{link("/static/ui.css")}">'
         f'<link rel="icon" href="{link("/static/icon.svg")}"></head>'
         f'<body data-live="{int(live)}">'
         f'<header><a class="home" href="{link("/")}">chainrun</a> <span id="live"></span></header>'
-        f'<main id="main">{main}</main><script src="{link("/static/ui.js")}"></script></body></html>'
+        f'<main id="main">{main}</main><script src="{js}"></script>'
+        f'<script src="{link("/static/plots.js")}"></script><script src="{link("/static/ui.js")}"></script>'
+        "</body></html>"
     )
 
 

@@ -42,7 +42,7 @@ from chainrun.accounting import account
 from chainrun.errors import ChainrunError
 from chainrun.model import Chain
 from chainrun.store import Store
-from chainrun.ui import pages
+from chainrun.ui import charts, pages
 
 STATIC = Path(__file__).parent / "static"
 _TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml"}
@@ -287,11 +287,15 @@ class Handler(BaseHTTPRequestHandler):
         self._html(200, "cancel", main, False, live=False)
 
     def _static(self, name: str) -> None:
-        path = STATIC / name
-        if "/" in name or path.suffix not in _TYPES or not path.is_file():
+        """A file of ``static/``, or of the vendored chart library: that one under a name
+        that carries its version, so the browser may keep it for a year."""
+        vendored = charts.vendored().get(name)
+        path = vendored or STATIC / name
+        if (not vendored and "/" in name) or path.suffix not in _TYPES or not path.is_file():
             self._refuse(404, f"no file {name}")
             return
-        self._send(200, _TYPES[path.suffix], path.read_bytes())
+        kept = {"Cache-Control": "private, max-age=31536000, immutable"} if vendored else None
+        self._send(200, _TYPES[path.suffix], path.read_bytes(), kept)
 
     def _events(self) -> None:
         """Server-sent events: ``change`` whenever the database changed; a comment now and

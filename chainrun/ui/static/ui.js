@@ -1,6 +1,7 @@
 // chainrun ui: keeps the page current without a reload (server-sent events say when the
-// state changed; the page's main part is fetched again), sorts tables by any column, and
-// shows a segment's details when its bar is clicked. No other script, nothing remote.
+// state changed; the page's main part is fetched again and its plots given their new data,
+// plots.js), sorts tables by any column, and shows a segment's details when its bar is
+// clicked. No other script than plots.js and the chart library it uses, nothing remote.
 "use strict";
 (function () {
   const main = document.getElementById("main");
@@ -78,6 +79,7 @@
         main.innerHTML = await answer.text();
         document.querySelectorAll("details[id]").forEach((d) => { if (d.id in open) d.open = open[d.id]; });
         wireTables(); wireTimeline(); wireSelects();
+        if (window.chainrunPlots) window.chainrunPlots.draw();
         live.textContent = "updated " + new Date().toLocaleTimeString();
         document.body.dataset.refreshed = String(Number(document.body.dataset.refreshed || 0) + 1);
       }
