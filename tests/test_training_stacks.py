@@ -22,7 +22,7 @@ import pytest
 import test_contract
 from conftest import REPO, need
 from test_contract import CLI, Cluster, outline, ran, same_state, status, write_job
-from test_tracking import mlflow_env, mlflow_runs
+from test_tracking import mlflow_env, mlflow_runs, wandb_records
 
 from chainrun.schedulers.segment import tracker_run_id
 
@@ -179,3 +179,34 @@ def test_a_chain_logs_into_one_mlflow_run_the_curve_of_one_uninterrupted_run(
     deleted = [run for run in runs if run["deleted"]]
     assert len(deleted) == (len(segs) - 1 if example == "lightning" else 0), deleted
     assert all(run["tag"] == rid and run["points"] == [] for run in deleted), deleted
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize("cluster", [pytest.param("local")], indirect=True)
+def test_a_trainer_chain_reporting_to_wandb_writes_one_run_each_step_once(
+    cluster: Cluster, work: Path, chainrun: CLI
+) -> None:
+    """[tracking] wandb = true and report_to="wandb" (offline): the Trainer's WandbCallback
+    calls wandb.init, which reads WANDB_RUN_ID, so every segment writes into the chain's one
+    run, and its x-axis, train/global_step, carries each of the 36 steps' loss once."""
+    need("wandb", importlib.util.find_spec("wandb") is not None, "pip install 'chainrun[wandb]'")
+    need("transformers", importlib.util.find_spec("transformers") is not None, "pip install 'chainrun[hf]'")
+    args = "--epochs 3 --step-sleep 1.5 --report-to wandb"
+    offline = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    segs = chain(chainrun, cluster, work, "hf-trainer", args, 3, env=offline, tracking=("wandb",))
+    rid = tracker_run_id(status(chainrun, "t")["id"])
+    runs = sorted((work / "wandb").glob("offline-run-*"))  # one directory per segment, by time
+    assert len(runs) == len(segs), runs
+    ids, steps = set(), []
+    for run in runs:
+        for record in wandb_records(next(run.glob("*.wandb"))):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                ids.add(record.run.run_id)
+            elif kind == "history":
+                row = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
+                if "train/loss" in row:
+                    steps.append(json.loads(row["train/global_step"]))
+    assert ids == {rid}
+    assert steps == list(range(1, 37))
