@@ -5,7 +5,8 @@ command, on the local runner (and Lightning on the real Slurm): each segment is 
 chainrun's signal, saves at the next batch boundary through the framework's own save and
 commits it; the chain ends after three segments or more with the same result as one
 uninterrupted run: Lightning's weights and optimizer state bit-equal, the Trainer's loss at
-every step and its final weights' sum equal.
+every step and its final weights' sum equal. With [tracking] in the job, their own loggers
+(MLflow, W&B) log every segment into the chain's one run.
 """
 
 from __future__ import annotations
@@ -183,22 +184,43 @@ def test_a_chain_logs_into_one_mlflow_run_the_curve_of_one_uninterrupted_run(
 
 @pytest.mark.slow
 @pytest.mark.torch
-@pytest.mark.parametrize("cluster", [pytest.param("local")], indirect=True)
-def test_a_trainer_chain_reporting_to_wandb_writes_one_run_each_step_once(
-    cluster: Cluster, work: Path, chainrun: CLI
+@pytest.mark.parametrize(
+    ("cluster", "example", "args", "metric", "x"),
+    [
+        pytest.param(
+            "local", "lightning", "--wandb chained", "train_loss", "trainer/global_step", id="lightning"
+        ),
+        pytest.param(
+            "local", "hf-trainer", "--report-to wandb", "train/loss", "train/global_step", id="hf-trainer"
+        ),
+    ],
+    indirect=["cluster"],
+)
+def test_a_chain_logging_to_wandb_writes_one_run_each_step_once(
+    cluster: Cluster, example: str, args: str, metric: str, x: str, work: Path, chainrun: CLI
 ) -> None:
-    """[tracking] wandb = true and report_to="wandb" (offline): the Trainer's WandbCallback
-    calls wandb.init, which reads WANDB_RUN_ID, so every segment writes into the chain's one
-    run, and its x-axis, train/global_step, carries each of the 36 steps' loss once."""
+    """[tracking] wandb = true (offline), and the script's own W&B logging left as it is:
+    Lightning's WandbLogger given no id, the Trainer's report_to="wandb". Their wandb.init
+    reads WANDB_RUN_ID, so every segment writes into the chain's one run, and the curves'
+    x-axis (the logger's global step) carries each step's loss once."""
     need("wandb", importlib.util.find_spec("wandb") is not None, "pip install 'chainrun[wandb]'")
-    need("transformers", importlib.util.find_spec("transformers") is not None, "pip install 'chainrun[hf]'")
-    args = "--epochs 3 --step-sleep 1.5 --report-to wandb"
+    package, extra, first, steps = LOGGED[example]
+    need(package, importlib.util.find_spec(package) is not None, f"pip install 'chainrun[{extra}]'")
     offline = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    segs = chain(chainrun, cluster, work, "hf-trainer", args, 3, env=offline, tracking=("wandb",))
+    segs = chain(
+        chainrun,
+        cluster,
+        work,
+        example,
+        f"--epochs 3 --step-sleep 1.5 {args}",
+        3,
+        env=offline,
+        tracking=("wandb",),
+    )
     rid = tracker_run_id(status(chainrun, "t")["id"])
     runs = sorted((work / "wandb").glob("offline-run-*"))  # one directory per segment, by time
     assert len(runs) == len(segs), runs
-    ids, steps = set(), []
+    ids, logged = set(), []
     for run in runs:
         for record in wandb_records(next(run.glob("*.wandb"))):
             kind = record.WhichOneof("record_type")
@@ -206,7 +228,7 @@ def test_a_trainer_chain_reporting_to_wandb_writes_one_run_each_step_once(
                 ids.add(record.run.run_id)
             elif kind == "history":
                 row = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
-                if "train/loss" in row:
-                    steps.append(json.loads(row["train/global_step"]))
+                if metric in row:
+                    logged.append(json.loads(row[x]))
     assert ids == {rid}
-    assert steps == list(range(1, 37))
+    assert logged == list(range(first, first + steps))
