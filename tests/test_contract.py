@@ -170,6 +170,7 @@ def write_job(
     checkpoint_dir: str = "checkpoints",
     progress: str = "",
     container: str = "",
+    tracking: tuple[str, ...] = (),
 ) -> Path:
     fields = {
         "name": name,
@@ -198,6 +199,8 @@ def write_job(
         lines.append(f"queue = {toml(queue)}")
     if env:
         lines += ["[env]", *(f"{k} = {toml(v)}" for k, v in env.items())]
+    if tracking:
+        lines += ["[tracking]", *(f"{tracker} = true" for tracker in tracking)]
     path = work / f"{name}.toml"
     path.write_text("\n".join(lines) + "\n")
     return path

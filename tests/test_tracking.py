@@ -277,15 +277,17 @@ with open(os.path.join(ckdir, "model.txt"), "w") as f:
 write_progress(ckdir, epoch=epoch + 1, step=0, file="model.txt")
 """
 
-# Every run of the store, read back by MLflow's own client: its name, its experiment's name,
-# its chainrun.run_id tag and the steps of its metric "loss".
+# Every run of the store, deleted ones too, read back by MLflow's own client: its name, its
+# experiment's name, its chainrun.run_id tag, whether it is deleted, and the (step, value) of
+# each point of the metric argv[1], by step.
 MLFLOW_READER = """\
-import json, mlflow
+import json, sys, mlflow
+from mlflow.entities import ViewType
 client = mlflow.MlflowClient()
-runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
-print(json.dumps([[r.info.run_name, client.get_experiment(r.info.experiment_id).name,
-                   r.data.tags.get("chainrun.run_id"),
-                   [m.step for m in client.get_metric_history(r.info.run_id, "loss")]]
+runs = mlflow.search_runs(search_all_experiments=True, output_format="list", run_view_type=ViewType.ALL)
+print(json.dumps([{"name": r.info.run_name, "experiment": client.get_experiment(r.info.experiment_id).name,
+                   "tag": r.data.tags.get("chainrun.run_id"), "deleted": r.info.lifecycle_stage == "deleted",
+                   "points": sorted([m.step, m.value] for m in client.get_metric_history(r.info.run_id, sys.argv[1]))}
                   for r in runs]))
 """
 
@@ -295,9 +297,9 @@ def mlflow_env(store: Path) -> dict[str, str]:
     return {"MLFLOW_TRACKING_URI": f"file://{store}", "MLFLOW_ALLOW_FILE_STORE": "true"}
 
 
-def mlflow_runs(store: Path) -> list[Any]:
+def mlflow_runs(store: Path, metric: str = "loss") -> list[dict[str, Any]]:
     found = subprocess.run(
-        [sys.executable, "-c", MLFLOW_READER],
+        [sys.executable, "-c", MLFLOW_READER, metric],
         env={**os.environ, **mlflow_env(store)},
         capture_output=True,
         text=True,
@@ -329,7 +331,10 @@ def test_a_chain_of_three_segments_is_one_mlflow_run_with_every_segments_steps(
     (chain,) = json.loads(chainrun("status", "--json", check=True).stdout)
     assert len(chain["segments"]) >= 3
     rid = tracker_run_id(chain["id"])
-    assert mlflow_runs(store) == [[rid, "chainrun-test", rid, list(range(9))]]
+    points = [[step, 1.0 / (step + 1)] for step in range(9)]
+    assert mlflow_runs(store) == [
+        {"name": rid, "experiment": "chainrun-test", "tag": rid, "deleted": False, "points": points}
+    ]
 
 
 def tracked_segment(

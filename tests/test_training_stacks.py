@@ -5,21 +5,27 @@ command, on the local runner (and Lightning on the real Slurm): each segment is 
 chainrun's signal, saves at the next batch boundary through the framework's own save and
 commits it; the chain ends after three segments or more with the same result as one
 uninterrupted run: Lightning's weights and optimizer state bit-equal, the Trainer's loss at
-every step and its final weights' sum equal.
+every step and its final weights' sum equal. With [tracking] in the job, their own loggers
+(MLflow, W&B) log every segment into the chain's one run.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import test_contract
-from conftest import REPO
+from conftest import REPO, need
 from test_contract import CLI, Cluster, outline, ran, same_state, status, write_job
+from test_tracking import mlflow_env, mlflow_runs, wandb_records
+
+from chainrun.schedulers.segment import tracker_run_id
 
 cluster = test_contract.cluster
 work = test_contract.work
@@ -27,12 +33,18 @@ work = test_contract.work
 EXAMPLES = REPO / "examples"
 
 
-def reference(tmp_path: Path, example: str, *args: str) -> Path:
+def reference(tmp_path: Path, example: str, *args: str, env: Optional[dict[str, str]] = None) -> Path:
     """One uninterrupted run of the example, as a user would start it."""
     ref = tmp_path / "reference"
     ref.mkdir()
     (ref / "train.py").write_text((EXAMPLES / example / "train.py").read_text())
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        **(env or {}),
+    }
     subprocess.run(
         [sys.executable, "train.py", *args], cwd=ref, check=True, timeout=600, capture_output=True, env=env
     )
@@ -47,6 +59,8 @@ def chain(
     args: str,
     epochs: int,
     local_walltime: int = 40,
+    env: Optional[dict[str, str]] = None,
+    tracking: tuple[str, ...] = (),
 ) -> list[dict]:
     """Run the example as a chain; returns the segments that trained, checked."""
     (work / "train.py").write_text((EXAMPLES / example / "train.py").read_text())
@@ -61,7 +75,8 @@ def chain(
         target_epoch=epochs,
         walltime=walltime,
         grace=grace,
-        env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
+        env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})},
+        tracking=tracking,
     )
     result = chainrun("run", str(path), "--interval", "1", timeout=1200)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -115,3 +130,105 @@ def test_hf_trainer_chain_logs_the_losses_of_one_run(
     chain(chainrun, cluster, work, "hf-trainer", args, 3)
     expected = json.loads((ref / "final.json").read_text())
     assert json.loads((work / "final.json").read_text()) == expected
+
+
+# Each example's package, its extra, and the steps it logs in 3 epochs of 12 batches (the first,
+# and how many): Lightning counts from 0, the Trainer from 1.
+LOGGED = {"lightning": ("lightning", "lightning", 0, 36), "hf-trainer": ("transformers", "hf", 1, 36)}
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    ("cluster", "example", "args", "metric"),
+    [
+        pytest.param("local", "lightning", "--mlflow chained", "train_loss", id="lightning"),
+        pytest.param("local", "hf-trainer", "--report-to mlflow", "loss", id="hf-trainer"),
+    ],
+    indirect=["cluster"],
+)
+def test_a_chain_logs_into_one_mlflow_run_the_curve_of_one_uninterrupted_run(
+    cluster: Cluster, example: str, args: str, metric: str, work: Path, tmp_path: Path, chainrun: CLI
+) -> None:
+    """[tracking] mlflow = true, and the script's own MLflow logging left as it is: Lightning's
+    MLFlowLogger given no run_id (the callback points it at the chain's run), the Trainer's
+    report_to="mlflow" (its MLflowCallback reads MLFLOW_RUN_ID itself). Three segments or more
+    end as one run holding every step once, with the values of an uninterrupted run's."""
+    need("mlflow", importlib.util.find_spec("mlflow") is not None, "pip install 'chainrun[mlflow]'")
+    package, extra, first, steps = LOGGED[example]
+    need(package, importlib.util.find_spec(package) is not None, f"pip install 'chainrun[{extra}]'")
+    ref_store = tmp_path / "reference-mlruns"
+    reference(tmp_path, example, "--epochs", "3", *args.split(), env=mlflow_env(ref_store))
+    (uninterrupted,) = mlflow_runs(ref_store, metric)
+    assert [step for step, _ in uninterrupted["points"]] == list(range(first, first + steps))  # each once
+    store = work / "mlruns"
+    segs = chain(
+        chainrun,
+        cluster,
+        work,
+        example,
+        f"--epochs 3 --step-sleep 1.5 {args}",
+        3,
+        env=mlflow_env(store),
+        tracking=("mlflow",),
+    )
+    rid = tracker_run_id(status(chainrun, "t")["id"])
+    runs = mlflow_runs(store, metric)
+    one = {"name": rid, "experiment": uninterrupted["experiment"], "tag": rid, "deleted": False}
+    assert [run for run in runs if not run["deleted"]] == [{**one, "points": uninterrupted["points"]}]
+    # Lightning makes a run of its own in each later segment before the callback runs: deleted, empty.
+    deleted = [run for run in runs if run["deleted"]]
+    assert len(deleted) == (len(segs) - 1 if example == "lightning" else 0), deleted
+    assert all(run["tag"] == rid and run["points"] == [] for run in deleted), deleted
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    ("cluster", "example", "args", "metric", "x"),
+    [
+        pytest.param(
+            "local", "lightning", "--wandb chained", "train_loss", "trainer/global_step", id="lightning"
+        ),
+        pytest.param(
+            "local", "hf-trainer", "--report-to wandb", "train/loss", "train/global_step", id="hf-trainer"
+        ),
+    ],
+    indirect=["cluster"],
+)
+def test_a_chain_logging_to_wandb_writes_one_run_each_step_once(
+    cluster: Cluster, example: str, args: str, metric: str, x: str, work: Path, chainrun: CLI
+) -> None:
+    """[tracking] wandb = true (offline), and the script's own W&B logging left as it is:
+    Lightning's WandbLogger given no id, the Trainer's report_to="wandb". Their wandb.init
+    reads WANDB_RUN_ID, so every segment writes into the chain's one run, and the curves'
+    x-axis (the logger's global step) carries each step's loss once."""
+    need("wandb", importlib.util.find_spec("wandb") is not None, "pip install 'chainrun[wandb]'")
+    package, extra, first, steps = LOGGED[example]
+    need(package, importlib.util.find_spec(package) is not None, f"pip install 'chainrun[{extra}]'")
+    offline = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    segs = chain(
+        chainrun,
+        cluster,
+        work,
+        example,
+        f"--epochs 3 --step-sleep 1.5 {args}",
+        3,
+        env=offline,
+        tracking=("wandb",),
+    )
+    rid = tracker_run_id(status(chainrun, "t")["id"])
+    runs = sorted((work / "wandb").glob("offline-run-*"))  # one directory per segment, by time
+    assert len(runs) == len(segs), runs
+    ids, logged = set(), []
+    for run in runs:
+        for record in wandb_records(next(run.glob("*.wandb"))):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                ids.add(record.run.run_id)
+            elif kind == "history":
+                row = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
+                if metric in row:
+                    logged.append(json.loads(row[x]))
+    assert ids == {rid}
+    assert logged == list(range(first, first + steps))

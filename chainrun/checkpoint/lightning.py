@@ -26,10 +26,14 @@ beginning (it warns so) unless the loader has ``state_dict``/``load_state_dict``
 Lightning's own SLURM auto-requeue is turned off (chainrun queues the next segment): its
 handler saves inside the signal handler and calls ``scontrol requeue``. Under DDP every rank
 agrees on the stop (any rank that saw the signal stops all), every rank takes part in
-``save_checkpoint`` (rank 0 writes) and rank 0 commits. A ``WandbLogger`` given no ``id``
-gets the chain's ``CHAINRUN_RUN_ID`` (with ``resume="allow"``) when it is set, so a chain's
-segments log into one run; TensorBoard and CSV loggers are numbered by the trainer before
-any callback runs: pass them ``version=run_id()``.
+``save_checkpoint`` (rank 0 writes) and rank 0 commits.
+
+With ``[tracking] mlflow = true`` in the job, an ``MLFlowLogger`` given no ``run_id`` logs
+every segment into the chain's one MLflow run (the callback points it there; Lightning has
+made a new run by then, which is deleted). A ``WandbLogger`` given no ``id`` continues the
+chain's one run with ``[tracking] wandb = true`` (``wandb.init`` reads ``WANDB_RUN_ID``).
+TensorBoard and CSV loggers are numbered by the trainer before any callback runs: pass them
+``version=run_id()``.
 """
 
 from __future__ import annotations
@@ -42,15 +46,16 @@ from typing import Any, Optional, Union
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
+from lightning.pytorch.loggers import MLFlowLogger
 from torch.utils.data import DataLoader
 
 from chainrun.checkpoint._atomic import fsync_dir, fsync_file
 from chainrun.checkpoint._clock import SegmentClock
 from chainrun.checkpoint._digest import CHUNK, file_digest
 from chainrun.checkpoint._store import CheckpointDir, CheckpointWarning, Resume, Saved
+from chainrun.checkpoint._tracking import MLFLOW_TAG, RUN_ID_VAR, run_id
 from chainrun.checkpoint.torch import ResumableSampler, capture_rng, restore_rng
 
-RUN_ID_VAR = "CHAINRUN_RUN_ID"
 _RESERVED = ("epoch", "step", "done", "save_seconds")  # the sidecar's own fields
 
 __all__ = ["RUN_ID_VAR", "ChainrunCallback", "run_id"]
@@ -97,7 +102,7 @@ class ChainrunCallback(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             _no_auto_requeue(trainer)
-            _name_the_run(trainer)
+            _continue_the_chains_runs(trainer)
 
     # -- what the checkpoint holds besides Lightning's own state ------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -224,26 +229,65 @@ def _no_auto_requeue(trainer: pl.Trainer) -> None:
     environment.auto_requeue = False
 
 
-def run_id() -> Optional[str]:
-    """The chain's tracker-safe run id (``CHAINRUN_RUN_ID``, the same in every segment), or None
-    outside a chain: ``TensorBoardLogger(..., version=run_id())``, ``CSVLogger`` the same.
-    (The trainer numbers those loggers before any callback runs, so the callback cannot.)"""
-    return os.environ.get(RUN_ID_VAR, "").strip() or None
+def _continue_the_chains_runs(trainer: pl.Trainer) -> None:
+    """Point the loggers at the chain's run where they cannot find it themselves.
 
-
-def _name_the_run(trainer: pl.Trainer) -> None:
-    """Give loggers that were given no run id or version the chain's ``CHAINRUN_RUN_ID``."""
-    chain_run = run_id()
-    if chain_run is None:
+    Lightning makes every logger's run (``logger.experiment``) before any callback's ``setup``,
+    so a logger that reads its run from the environment is left to it: ``WandbLogger``'s
+    ``wandb.init`` reads ``WANDB_RUN_ID`` and ``WANDB_RESUME`` (``[tracking] wandb = true``).
+    ``MLFlowLogger`` does not read ``MLFLOW_RUN_ID``, and is pointed at the run here."""
+    if run_id() is None:
         return
     for logger in trainer.loggers:
-        wandb_init = getattr(logger, "_wandb_init", None)
-        if isinstance(wandb_init, dict):  # WandbLogger, before its run is made
-            if getattr(logger, "_experiment", None) is None and not wandb_init.get("id"):
-                wandb_init.update(id=chain_run, resume="allow")
-                setattr(logger, "_id", chain_run)  # noqa: B010
-        elif hasattr(logger, "_version") and logger._version is None:  # TensorBoard, CSV
-            logger._version = chain_run  # where the trainer has not numbered it yet: pass run_id()
+        if isinstance(logger, MLFlowLogger):
+            _continue_mlflow_run(logger)
+
+
+def _continue_mlflow_run(logger: MLFlowLogger) -> None:
+    """An ``MLFlowLogger`` given no ``run_id`` continues the chain's run where ``[tracking]
+    mlflow = true`` found one (``MLFLOW_RUN_ID``, which the logger does not read itself).
+
+    Lightning makes the loggers' runs before any callback's ``setup``, so on rank 0 the logger
+    has made a new run by now; where that run carries the chain's tag (``MLFLOW_RUN_CONTEXT``
+    gave it, through MLflow's ``resolve_tags``) and is not the chain's run, the logger is
+    pointed at the chain's run and the new, still empty one is deleted. A run the user named
+    (``run_id=``) is kept. On the first segment there is no ``MLFLOW_RUN_ID``: the logger's
+    run, tagged, is the one the next segment finds."""
+    found = os.environ.get("MLFLOW_RUN_ID", "").strip()
+    if not found:
+        return
+    try:
+        made, initialized = logger._run_id, logger._initialized
+        if not initialized:  # not made yet: the other ranks (which make none), or a later Lightning
+            if made is None:
+                logger._run_id = found
+            return
+        if made == found:
+            return
+        client = logger.experiment
+        if client.get_run(made).data.tags.get(MLFLOW_TAG) != run_id():
+            return  # the user's own run
+        logger._experiment_id = client.get_run(found).info.experiment_id
+        logger._run_id = found
+        client.update_run(found, status="RUNNING")  # as start_run() does (finalize ends it again)
+        client.delete_run(made)
+    except AttributeError as exc:  # Lightning changed what chainrun sets
+        _mlflow_warning(
+            found,
+            f"this Lightning's MLFlowLogger has no {exc.name or 'attribute'} as chainrun knows it: "
+            "pass MLFlowLogger(run_id=os.environ.get('MLFLOW_RUN_ID'))",
+        )
+    except Exception as exc:  # the tracking server
+        _mlflow_warning(found, f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+
+
+def _mlflow_warning(found: str, why: str) -> None:
+    warnings.warn(
+        f"chainrun: cannot continue the chain's MLflow run {found} ({why}); this segment logs "
+        "into a run of its own",
+        CheckpointWarning,
+        stacklevel=2,
+    )
 
 
 def _loaders(trainer: pl.Trainer) -> list[Any]:

@@ -21,7 +21,8 @@ import shlex
 import subprocess
 from typing import Optional
 
-TAG = "chainrun.run_id"  # the tag that names a run as a chain's
+from chainrun.checkpoint._tracking import MLFLOW_TAG as TAG  # the tag that names a run as a chain's
+
 LOOKUP_SECONDS = 120  # at most, before the command starts without the run
 # Only the snippet's own: fewer and shorter retries than MLflow's (minutes) against a server down.
 LOOKUP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}

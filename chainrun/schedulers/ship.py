@@ -47,6 +47,7 @@ SEGMENT_RUNNER = Shipped(
         "decide/goal.py",
         "checkpoint/_fence.py",
         "checkpoint/_ready.py",
+        "checkpoint/_tracking.py",
     ),
 )
 # The carrier (``chainrun.carry``), placed in a chain's run root when its segments may queue
@@ -65,6 +66,7 @@ CARRIER = Shipped(
         "checkpoint/_ready.py",
         "checkpoint/_seed.py",
         "checkpoint/_store.py",
+        "checkpoint/_tracking.py",
         "cluster.py",
         "container.py",
         "decide/__init__.py",

@@ -8,7 +8,9 @@ the very next batch of the same order. To try it without chainrun:
 
 ``--stop-after N`` asks the callback to stop after N batches (as the walltime signal
 would), ``--out`` writes the final weights, ``--step-sleep`` slows each step down,
-``--devices 2`` trains with DDP on two CPU processes.
+``--devices 2`` trains with DDP on two CPU processes. ``--mlflow EXPERIMENT`` logs every step
+with Lightning's own ``MLFlowLogger``, ``--wandb PROJECT`` with its ``WandbLogger``: in a chain
+with ``[tracking] mlflow = true`` (``wandb = true``) every segment logs into the chain's one run.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 
 import lightning as L
 import torch
+from lightning.pytorch.loggers import Logger, MLFlowLogger, WandbLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -51,6 +54,8 @@ def main() -> None:
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--stop-after", type=int, default=0)
     parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--mlflow", default="", metavar="EXPERIMENT")
+    parser.add_argument("--wandb", default="", metavar="PROJECT")
     args = parser.parse_args()
 
     cb = ChainrunCallback()  # chainrun: first, so the walltime signal finds its handler
@@ -72,7 +77,8 @@ def main() -> None:
         devices=args.devices,
         strategy="ddp" if args.devices > 1 else "auto",
         use_distributed_sampler=False,  # keep the ResumableSampler (each rank sees every batch here)
-        logger=False,
+        logger=loggers(args),
+        log_every_n_steps=1,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -84,6 +90,16 @@ def main() -> None:
         print(f"stopped ({cb.clock.reason})", flush=True)
     elif args.out:
         torch.save({"model": model.state_dict(), "optimizer": trainer.optimizers[0].state_dict()}, args.out)
+
+
+def loggers(args: argparse.Namespace) -> list[Logger]:
+    """The trackers asked for; none by default."""
+    chosen: list[Logger] = []
+    if args.mlflow:
+        chosen.append(MLFlowLogger(experiment_name=args.mlflow))  # chainrun: no run_id needed
+    if args.wandb:
+        chosen.append(WandbLogger(project=args.wandb))  # chainrun: no id needed
+    return chosen
 
 
 class StopAfter:

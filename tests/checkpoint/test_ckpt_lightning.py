@@ -16,7 +16,8 @@ pytestmark = pytest.mark.torch
 EXAMPLE = REPO / "examples" / "lightning" / "train.py"
 
 
-def run(where: Path, *args: str) -> str:
+def run(where: Path, *args: str, **env: str) -> str:
+    """The example's three epochs in ``where``; its output, warnings included."""
     import subprocess
     import sys
 
@@ -25,11 +26,11 @@ def run(where: Path, *args: str) -> str:
         cwd=where,
         capture_output=True,
         text=True,
-        env=script_env(OMP_NUM_THREADS="1"),
+        env=script_env(OMP_NUM_THREADS="1", **env),
         timeout=240,
     )
     assert result.returncode == 0, describe(result)
-    return result.stdout
+    return result.stdout + result.stderr
 
 
 @pytest.mark.parametrize(
@@ -197,3 +198,33 @@ def test_run_id_names_a_loggers_version_in_a_chain_and_nothing_outside(
         versions.append(logger.version)
     assert versions == ["chain-7f3a", 0]  # unset: Lightning's own numbering
     assert (tmp_path / "logs" / "lightning_logs" / "chain-7f3a").is_dir()
+
+
+def test_an_mlflow_run_id_that_names_no_run_leaves_the_segment_its_own_run_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chain's run deleted under it (MLFLOW_RUN_ID names none): the MLFlowLogger keeps the
+    run it made, tagged as the chain's, trains to the end and one warning says why."""
+    pytest.importorskip("mlflow")
+    import mlflow
+
+    store = {"MLFLOW_TRACKING_URI": f"file://{tmp_path / 'mlruns'}", "MLFLOW_ALLOW_FILE_STORE": "true"}
+    shutil.copy(EXAMPLE, tmp_path / "train.py")
+    gone = "0" * 32
+    out = run(
+        tmp_path,
+        "--mlflow",
+        "e",
+        CHAINRUN_RUN_ID="chain-1a2b3c",
+        MLFLOW_RUN_CONTEXT=json.dumps({"chainrun.run_id": "chain-1a2b3c"}),
+        MLFLOW_RUN_ID=gone,
+        **store,
+    )
+    said = [line for line in out.splitlines() if "chainrun: cannot continue" in line]
+    assert len(said) == 1, out
+    assert f"chainrun: cannot continue the chain's MLflow run {gone} (MlflowException: " in said[0]
+    for name, value in store.items():
+        monkeypatch.setenv(name, value)
+    (own,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert own.data.tags["chainrun.run_id"] == "chain-1a2b3c" and own.info.run_id != gone
+    assert len(mlflow.MlflowClient().get_metric_history(own.info.run_id, "train_loss")) == 36
