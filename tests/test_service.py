@@ -29,7 +29,7 @@ import structlog
 from conftest import REPO, cli_env, have, need, wait_for
 
 from chainrun import config as service_config
-from chainrun import heartbeat, jobfile, logsetup, sdnotify, systemd
+from chainrun import doorbell, heartbeat, jobfile, logsetup, sdnotify, systemd
 from chainrun import service as service_module
 from chainrun.engine import TickSummary
 from chainrun.errors import JobFileError, StoreUnavailable
@@ -972,6 +972,31 @@ def test_two_services_started_at_once_never_both_tick(
     running.terminate()
     assert running.wait(30) == 0
     chainrun("cancel", chain_id, check=True)
+
+
+def test_a_chain_submitted_to_a_running_service_is_queued_at_once_not_at_its_next_tick(
+    tmp_path: Path,
+    home: Path,
+    chainrun: Callable[..., subprocess.CompletedProcess[str]],
+    daemon: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    """`chainrun submit` rings the running service's doorbell: a service that ticks once an
+    hour, its first tick done, queues a new chain's first segment now, not an hour later."""
+    running = daemon(3600)
+    wait_for(lambda: heartbeat.read(home) is not None, 60, "the service's first tick")
+    chain_id = chainrun("submit", str(write_job(tmp_path, "sleep 60")), check=True).stdout.strip()
+    wait_for(lambda: any(job for _, job, _ in segments(home)), 60, "segment 1 queued")
+    assert [job["name"] for job in local_jobs(home)] == [f"cr.{chain_id}.1"]
+    assert running.poll() is None
+    chainrun("cancel", chain_id, check=True)
+
+
+def test_a_ring_with_no_service_listening_is_lost_and_says_nothing(tmp_path: Path, home: Path) -> None:
+    """No service (or one that could not listen): the ring finds no one, and nothing fails."""
+    assert doorbell.ring(home) is False
+    home.mkdir(parents=True, exist_ok=True)
+    (home / doorbell.WAKE_FILE).write_text("a file left behind, not a socket")
+    assert doorbell.ring(home) is False
 
 
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
