@@ -85,7 +85,6 @@ with open("bench.jsonl", "a") as f:
         "segment": int(os.environ.get("CHAINRUN_SEGMENT", 0)), "job": job, "script": script,
         "began": began, "first": first, "signal": signalled[0] if signalled else None, "stop": stop,
         "saved": saved, "steps": step - before, "step": step, "done": step >= total,
-        "grace": int(os.environ.get("CHAINRUN_GRACE", 0)),
     }) + "\\n")
 """
 
@@ -171,13 +170,17 @@ def blind_done(work: Path) -> bool:
     return any(r["done"] for r in records(work))
 
 
-def markers(work: Path, n: int) -> tuple[Optional[float], Optional[float]]:
-    """The mtimes of a chainrun segment's start and end markers (the runner writes them)."""
+def markers(work: Path, n: int) -> tuple[Optional[float], Optional[float], Optional[int]]:
+    """The mtimes of a chainrun segment's start and end markers (the runner writes them), and
+    the grace its runner signalled at (the end marker's)."""
     times: list[Optional[float]] = []
+    grace = None
     for suffix in ("start", "end"):
         found = list(work.glob(f".chainrun/*/seg-{n:04d}.{suffix}"))  # the chain's run directory
         times.append(found[0].stat().st_mtime if found else None)
-    return times[0], times[1]
+        for line in found[0].read_text().splitlines() if found and suffix == "end" else []:
+            grace = int(line[len("grace=") :]) if line.startswith("grace=") else grace
+    return times[0], times[1], grace
 
 
 def breakdown(work: Path, submitted: float, args: argparse.Namespace, chainrun: bool) -> dict[str, Any]:
@@ -190,11 +193,12 @@ def breakdown(work: Path, submitted: float, args: argparse.Namespace, chainrun: 
         r["save"] = r["saved"] - r["stop"]
         r["gap"] = after["script"] - r["saved"] if after else 0.0
         r["unused"] = r["script"] + args.walltime - r["saved"]
-        r["runner"] = r["tail"] = None
+        r["runner"] = r["tail"] = r["grace"] = None
         if chainrun:
-            start, end = markers(work, r["segment"])
+            start, end, grace = markers(work, r["segment"])
             r["runner"] = start - r["script"] if start else None
             r["tail"] = end - r["saved"] if end else None
+            r["grace"] = grace
     wall = last["saved"] - submitted
     compute = sum(r["steps"] for r in rows) * args.step
     return {
@@ -217,7 +221,7 @@ def table(kind: str, results: dict[str, dict[str, Any]]) -> None:
         "| chain | compute s | wall s (submit to done) | ratio | segments | queue before the first s "
         "| start-up s (script to first step), each | of it, the runner's own s | save s, each "
         "| gap s (saved to next script start), each | of it, after the save until the job ended s "
-        "| walltime left unused s, each | grace s |"
+        "| walltime left unused s, each | grace s (the runner's) |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, b in results.items():
@@ -227,7 +231,8 @@ def table(kind: str, results: dict[str, dict[str, Any]]) -> None:
             f"| {b['queue']:.2f} | {seconds([r['startup'] for r in rows])} "
             f"| {seconds([r['runner'] for r in rows])} | {seconds([r['save'] for r in rows])} "
             f"| {seconds([r['gap'] for r in rows[:-1]])} | {seconds([r['tail'] for r in rows[:-1]])} "
-            f"| {seconds([r['unused'] for r in rows[:-1]])} | {' '.join(str(r['grace']) for r in rows)} |"
+            f"| {seconds([r['unused'] for r in rows[:-1]])} "
+            f"| {' '.join(str(r['grace'] or '-') for r in rows)} |"
         )
     print()
     for name, b in results.items():
@@ -296,10 +301,19 @@ def main() -> None:
     )
     for kind, by_name in results.items():
         table(kind, by_name)
-    for kind in args.schedulers:  # chainrun's own account of the same segments, to set beside
+    print()
+    for kind in args.schedulers:  # chainrun's own account: its events, in whole seconds the markers'
         history = json.loads(cli(env, "history", "--json", f"compute-{kind}").stdout)
+        stored = next(e["at"] for e in history["events"] if e["kind"] == "submitted")
+        queued = next(e["at"] for e in history["events"] if e["kind"] == "job" and e["segment"] == 1)
+        first = results[kind]["chainrun"]["rows"][0]["script"]
         gaps = [s["gap_seconds"] for s in history["segments"] if s.get("gap_seconds") is not None]
-        print(f"\n{kind}, chainrun history: gaps {seconds(gaps)}; totals {json.dumps(history['totals'])}")
+        print(
+            f"{kind}, chainrun's queue before the first: `chainrun submit` until the chain was stored "
+            f"{stored - submitted[(kind, 'chainrun')]:.2f} s, the service until segment 1 was submitted "
+            f"{queued - stored:.2f} s, the scheduler until its script started {first - queued:.2f} s; "
+            f"`chainrun history`: gaps {seconds(gaps)}, totals {json.dumps(history['totals'])}"
+        )
     print(f"\n(work directories and the chains' home under {root})", file=sys.stderr)
 
 
