@@ -914,6 +914,36 @@ def test_a_reload_with_a_shorter_interval_brings_the_next_tick_forward(
         wait_for(lambda: len(engine.ticks) >= 4, 60, "ticks at the new interval")
 
 
+class GatedEngine(FakeEngine):
+    """A FakeEngine whose first tick waits for ``gate``."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.gate = threading.Event()
+
+    def tick(self, only: Optional[str] = None) -> TickSummary:
+        summary = super().tick(only)
+        if len(self.ticks) == 1:
+            assert self.gate.wait(60)
+        return summary
+
+
+def test_a_ring_during_a_tick_brings_the_next_tick_right_after_it(
+    home: Path, in_process: Callable[..., InProcess]
+) -> None:
+    """A tick that was running when the doorbell rang may have read the store before the chain
+    the ring is for was stored: the next tick follows it at once, not an interval (here an
+    hour) later."""
+    engine = GatedEngine()
+    with in_process(engine, interval=3600) as running:
+        wait_for(lambda: len(engine.ticks) == 1, 60, "the first tick to start")
+        assert doorbell.ring(home)
+        wait_for(lambda: running.service._soon, 60, "the service to answer the ring")
+        engine.gate.set()
+        wait_for(lambda: len(engine.ticks) >= 2, 60, "the tick after the one the ring came during")
+    assert not (home / doorbell.WAKE_FILE).exists()  # the socket's file goes with the service
+
+
 # -- one service per home -------------------------------------------------------------
 
 
