@@ -20,10 +20,8 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.chains import environment, serve_until_ended, submit  # noqa: E402
 from chainrun.decide.grace import grace_in_force  # noqa: E402
 from chainrun.model import JobSpec, Outcome, Phase, Segment  # noqa: E402
 from chainrun.schema import default_grace  # noqa: E402
@@ -82,12 +81,6 @@ def job_file(work: Path, kind: str, walltime: int, segments: int, save: float, f
     return path
 
 
-def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chainrun", *args], env=env, capture_output=True, text=True, timeout=300
-    )
-
-
 def shares(work: Path, walltimes: dict[int, int]) -> list[dict[str, Any]]:
     """Each segment's record, with its share of its walltime (the last one, clamped to the
     time budget, is shorter than the others)."""
@@ -122,34 +115,16 @@ def main() -> None:
     ap.add_argument("--save", type=float, default=1.0)
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="chainrun-grace-"))
-    env = dict(os.environ, CHAINRUN_HOME=str(root / "home"), PYTHONUNBUFFERED="1")
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env = environment(root)
     runs = {}
     for kind in args.schedulers:
         for fixed in (True, False):
             work = root / f"{kind}-{'fixed' if fixed else 'adaptive'}"
             path = job_file(work, kind, args.walltime, args.segments, args.save, fixed)
             runs[(kind, fixed)] = work
-            done = cli(env, "submit", str(path))
-            if done.returncode != 0:
-                sys.exit(done.stdout + done.stderr)
+            submit(env, path)
     load_before = os.getloadavg()[0]
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "chainrun", "daemon", "--interval", "1"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        while True:
-            chains = json.loads(cli(env, "status", "--json").stdout)
-            if all(c["state"] not in ("active", "stuck") for c in chains):
-                break
-            time.sleep(5)
-    finally:
-        daemon.terminate()
-        daemon.wait()
+    chains = serve_until_ended(env)
     walltimes = {c["name"]: {s["n"]: s["walltime"] for s in c["segments"]} for c in chains}
     records = {key: shares(work, walltimes[work.name]) for key, work in runs.items()}
     print(

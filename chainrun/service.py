@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import os
+import select
 import signal
 import socket
 import threading
@@ -47,6 +48,7 @@ from typing import Any, Optional
 from chainrun import gc, heartbeat, logsetup
 from chainrun.config import MIN_INTERVAL, ServiceConfig, load_config
 from chainrun.constants import DEFAULT_INTERVAL
+from chainrun.doorbell import Doorbell
 from chainrun.engine import Engine, TickSummary
 from chainrun.errors import ChainrunError, StoreUnavailable
 from chainrun.lock import InstanceLock, LockLost
@@ -108,6 +110,8 @@ class Service:
         self._clock = threading.Lock()  # a tick scheduling the next one, against a reload
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
+        self.doorbell = Doorbell(self.home)  # rung by `chainrun submit`: a tick at once
+        self._soon = False  # rung while a tick ran: the next one follows it at once
         # APScheduler (a tenth of a second to import) only for a service that runs.
         from apscheduler.executors.pool import ThreadPoolExecutor
         from apscheduler.schedulers.background import BackgroundScheduler
@@ -129,6 +133,9 @@ class Service:
                 logsetup.open_file(self.home)
             except OSError as exc:  # a read-only or full home: log to stderr alone
                 log.warning("cannot open the log file; logging to stderr only", error=str(exc))
+            why = self.doorbell.open()
+            if why is not None:
+                log.info("no doorbell: a chain submitted waits for the next tick", reason=why)
             self.notifier = Notifier(self.home, self._hooks(self.config))
             self.notifier.start(leftovers=True)
             try:
@@ -191,6 +198,7 @@ class Service:
                     heartbeat.stopped(self.home)
             self.lock.release()
             self.sd.close()
+            self.doorbell.close(mine=not isinstance(self.failure, LockLost))
             self._wake_r.close()
             self._wake_w.close()
             log.info("service stopped")
@@ -249,8 +257,13 @@ class Service:
         return restore
 
     def _wait_for_signals(self) -> None:
+        bell = [self.doorbell.sock] if self.doorbell.sock is not None else []
         while not self.stopping.is_set():
-            data = self._wake_r.recv(64)
+            ready, _, _ = select.select([self._wake_r, *bell], [], [])
+            if bell and bell[0] in ready:
+                self.doorbell.answer()
+                self.tick_now()
+            data = self._wake_r.recv(64) if self._wake_r in ready else b""
             for number in data:
                 if number == signal.SIGINT and self._interrupt_kept():
                     continue
@@ -269,13 +282,17 @@ class Service:
         return True
 
     def tick_now(self) -> None:
-        """Bring the next tick forward to now (a tick running now schedules its own successor);
-        safe from any thread."""
+        """Bring the next tick forward to now; a tick running now, which may have read the
+        store before what it is woken for, is followed at once by the next. Safe from any thread."""
         with self._clock:
             job = self.scheduler.get_job("tick")
-            if job is not None:
-                with contextlib.suppress(_job_lookup_error()):  # it has just started
-                    job.modify(next_run_time=datetime.now(timezone.utc))
+            if job is None:
+                self._soon = True
+                return
+            try:
+                job.modify(next_run_time=datetime.now(timezone.utc))
+            except _job_lookup_error():  # it has just started
+                self._soon = True
 
     # -- the ticks ----------------------------------------------------------------
 
@@ -285,6 +302,7 @@ class Service:
             with self._clock:
                 if delay is None:
                     delay = max(MIN_DELAY, min(self.interval, self.interval if wanted is None else wanted))
+                    delay, self._soon = (MIN_DELAY if self._soon else delay), False
                 self.scheduler.add_job(
                     self._tick,
                     "date",

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Generic, NamedTuple, Optional, TypeVar
 
-from chainrun import jobfile, location, progress, rundir, snapshot, sweep
+from chainrun import doorbell, jobfile, location, progress, rundir, snapshot, sweep
 from chainrun.check import preflight, probe_nodes
 from chainrun.decide.carry import applies, carry_line
 from chainrun.decide.goal import goal_reached, reached_target
@@ -73,8 +73,8 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     which chain left it, and keeps that chain's seed (a sweep's chain keeps its configuration's).
     With ``fresh`` each checkpoint
     directory is first moved aside (never deleted), so the chain starts from nothing; a
-    directory an active chain trains into is never moved. Returns every chain the job
-    files name, in order.
+    directory an active chain trains into is never moved. A service running for the store's
+    home is asked to tick now (``doorbell``). Returns every chain the job files name, in order.
     """
     holds = _Holds(store.unended())
     left: _Near[_Left] = _Near()
@@ -153,6 +153,8 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     for chain_id, snap in zip(ids, pins):
         if snap is not None:
             snapshot.pin(snap, chain_id)
+    if ids:
+        doorbell.ring(store.home)  # a running service queues their first segments now
     stored = iter(Submitted(chain_id, one, "submitted") for chain_id, (one, _) in zip(ids, new))
     return [item or next(stored) for item in out]
 

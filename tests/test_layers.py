@@ -53,6 +53,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.service",
         "chainrun.lock",
         "chainrun.heartbeat",
+        "chainrun.doorbell",  # `chainrun submit` asks the running service to tick now
         "chainrun.systemd",
         "chainrun.sdnotify",
         "chainrun.config",

@@ -29,7 +29,7 @@ import structlog
 from conftest import REPO, cli_env, have, need, wait_for
 
 from chainrun import config as service_config
-from chainrun import heartbeat, jobfile, logsetup, sdnotify, systemd
+from chainrun import doorbell, heartbeat, jobfile, logsetup, sdnotify, systemd
 from chainrun import service as service_module
 from chainrun.engine import TickSummary
 from chainrun.errors import JobFileError, StoreUnavailable
@@ -914,6 +914,36 @@ def test_a_reload_with_a_shorter_interval_brings_the_next_tick_forward(
         wait_for(lambda: len(engine.ticks) >= 4, 60, "ticks at the new interval")
 
 
+class GatedEngine(FakeEngine):
+    """A FakeEngine whose first tick waits for ``gate``."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.gate = threading.Event()
+
+    def tick(self, only: Optional[str] = None) -> TickSummary:
+        summary = super().tick(only)
+        if len(self.ticks) == 1:
+            assert self.gate.wait(60)
+        return summary
+
+
+def test_a_ring_during_a_tick_brings_the_next_tick_right_after_it(
+    home: Path, in_process: Callable[..., InProcess]
+) -> None:
+    """A tick that was running when the doorbell rang may have read the store before the chain
+    the ring is for was stored: the next tick follows it at once, not an interval (here an
+    hour) later."""
+    engine = GatedEngine()
+    with in_process(engine, interval=3600) as running:
+        wait_for(lambda: len(engine.ticks) == 1, 60, "the first tick to start")
+        assert doorbell.ring(home)
+        wait_for(lambda: running.service._soon, 60, "the service to answer the ring")
+        engine.gate.set()
+        wait_for(lambda: len(engine.ticks) >= 2, 60, "the tick after the one the ring came during")
+    assert not (home / doorbell.WAKE_FILE).exists()  # the socket's file goes with the service
+
+
 # -- one service per home -------------------------------------------------------------
 
 
@@ -972,6 +1002,31 @@ def test_two_services_started_at_once_never_both_tick(
     running.terminate()
     assert running.wait(30) == 0
     chainrun("cancel", chain_id, check=True)
+
+
+def test_a_chain_submitted_to_a_running_service_is_queued_at_once_not_at_its_next_tick(
+    tmp_path: Path,
+    home: Path,
+    chainrun: Callable[..., subprocess.CompletedProcess[str]],
+    daemon: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    """`chainrun submit` rings the running service's doorbell: a service that ticks once an
+    hour, its first tick done, queues a new chain's first segment now, not an hour later."""
+    running = daemon(3600)
+    wait_for(lambda: heartbeat.read(home) is not None, 60, "the service's first tick")
+    chain_id = chainrun("submit", str(write_job(tmp_path, "sleep 60")), check=True).stdout.strip()
+    wait_for(lambda: any(job for _, job, _ in segments(home)), 60, "segment 1 queued")
+    assert [job["name"] for job in local_jobs(home)] == [f"cr.{chain_id}.1"]
+    assert running.poll() is None
+    chainrun("cancel", chain_id, check=True)
+
+
+def test_a_ring_with_no_service_listening_is_lost_and_says_nothing(tmp_path: Path, home: Path) -> None:
+    """No service (or one that could not listen): the ring finds no one, and nothing fails."""
+    assert doorbell.ring(home) is False
+    home.mkdir(parents=True, exist_ok=True)
+    (home / doorbell.WAKE_FILE).write_text("a file left behind, not a socket")
+    assert doorbell.ring(home) is False
 
 
 @pytest.mark.parametrize("how", ["deleted", "replaced"])

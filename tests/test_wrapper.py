@@ -502,6 +502,30 @@ def test_the_wrappers_own_timer_signals_at_the_grace_the_service_made_at_most_th
     assert end.stop_seconds is not None and end.stop_seconds < grace
 
 
+def test_a_grace_the_service_learns_while_the_segment_runs_is_taken_before_its_signal(work: Path) -> None:
+    """A successor queued ahead starts as the segment before it ends, before the service has
+    written the grace it learned from that segment's stop (up to a tick later): the runner
+    takes the grace written while its command runs, until the signal is due, as a segment
+    started a tick later would have. The command's CHAINRUN_GRACE stays what it was told."""
+    spec = replace(
+        wrapper_spec(work),
+        grace=12,
+        adaptive_grace=True,
+        command="echo $CHAINRUN_DEADLINE $CHAINRUN_GRACE > seen; trap 'date +%s > got; exit 0' USR1; "
+        "while :; do sleep 0.1; done",
+    )
+    job = SegmentJob("hostile-1a2b3c", 2, spec, 24)
+    proc = start_logged(job)
+    wait_for(lambda: (work / "seen").exists(), 30, "the command to start")
+    Path(job.run_dir, "grace").write_text("grace=4\n")  # the service's tick after segment 1 ended
+    assert proc.wait(timeout=60) == 0, Path(job.log_path).read_text()
+    deadline, told = map(int, (work / "seen").read_text().split())
+    assert told == 12
+    assert deadline - 4 - 1 <= int((work / "got").read_text()) <= deadline - 4 + 2
+    assert marker(job).grace == 4
+    assert "grace 4s from now on (was 12s)" in Path(job.log_path).read_text()
+
+
 TRAINER_THAT_IMPORTS_LATE = """\
 import os, sys, time
 time.sleep(float(sys.argv[1]))  # importing torch on a loaded node, say

@@ -178,10 +178,7 @@ class Segment:
         now = int(time.time())
         self.walltime = granted(self._shell(s["granted"], env), s["walltime"])  # backfill's
         self.deadline = rules.walltime_start(self._started(env), now, self.walltime) + self.walltime
-        learned = read_regular(os.path.join(self.run_dir, "grace"), 4096) if s["adaptive"] else None
-        self.grace = rules.grace(
-            s["grace"], s["adaptive"], learned.decode(errors="replace") if learned else None
-        )
+        self.grace = self.grace_in_force()
         self.signal_at = self.deadline - self.grace
         env["CHAINRUN_DEADLINE"] = str(self.deadline)
         env["CHAINRUN_GRACE"] = str(self.grace)
@@ -212,6 +209,13 @@ class Segment:
         self.token = fence.Token(s["chain"], self.n, int(restart), self.job)
         env[fence.FENCE_VAR] = self.token.text().strip()
         return env
+
+    def grace_in_force(self) -> int:
+        """The grace the service last wrote for the chain's segments (``grace`` in the run
+        directory), or the job file's."""
+        s = self.s
+        learned = read_regular(os.path.join(self.run_dir, "grace"), 4096) if s["adaptive"] else None
+        return rules.grace(s["grace"], s["adaptive"], learned.decode(errors="replace") if learned else None)
 
     def _shell(self, command: str, env: dict[str, str]) -> Optional[subprocess.CompletedProcess[bytes]]:
         """One of the backend's questions to its scheduler, asked in the job."""
@@ -539,6 +543,18 @@ class Segment:
         owner = fence.read(directory)
         return owner.describe() if owner is not None else "another run"
 
+    def watch_grace(self) -> None:
+        """A grace the service learned after this segment started (from the stop of the one
+        before, which ended as this one, queued ahead, began) is this segment's too, until its
+        signal is due: a successor gets what it would have got a tick later. (The command's
+        ``CHAINRUN_GRACE`` stays as it was told.)"""
+        if not self.s["adaptive"] or self.timer != "wait":
+            return
+        grace = self.grace_in_force()
+        if grace != self.grace:
+            say(f"segment {self.n}: grace {grace}s from now on (was {self.grace}s), as the service learned")
+            self.grace, self.signal_at = grace, self.deadline - grace
+
     def watch_end(self) -> None:
         """The chain ended (a cancel) while the command runs: the signal now, to save, and the
         kill once its grace is over."""
@@ -586,6 +602,7 @@ class Segment:
                 fence_at = time.monotonic() + FENCE_EVERY
                 self.watch_fence()
                 self.watch_end()
+                self.watch_grace()
             if self.fenced is None:
                 carrier.poll(time.time(), "running")
             self.nap(WAKE_EVERY)
