@@ -15,7 +15,15 @@ over ``MAX_SIDECAR_BYTES``.
 The service keeps one ``ProgressReader`` across ticks. It stats the sidecar
 (without following a symlink) every tick and reads it again only when its
 size or mtime changed, and it logs a problem with a sidecar once, not on
-every tick, until the sidecar reads well again. The module-level
+every tick, until the sidecar reads well again. A checkpoint directory
+without a sidecar is listed every tick only while something happens to the
+chain; while its segment just runs, that listing feeds only what ``status``
+shows, and it is listed again only when due (``listing_due``: once every
+``PROGRESS_EVERY`` seconds, each directory in its own slot of that window).
+Its directory's mtime cannot stand in for it: a script that saves over its
+checkpoint in place (``torch.save`` to the same name) changes the file, not
+the directory. Once none is there, a sidecar that comes is seen in that
+listing, so such a chain costs one call per listing. The module-level
 ``read`` is a fresh reader for one-off reads, such as at submission.
 """
 
@@ -25,8 +33,9 @@ import json
 import math
 import posixpath
 import time
+import zlib
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 from chainrun.checkpoint import SIDECAR_NAME, read_progress
 from chainrun.logsetup import get_logger
@@ -46,6 +55,21 @@ _IGNORED_SUFFIXES = (".tmp", ".partial", ".lock", "~")
 # also absorbs some clock skew between this machine and the cluster.
 _SETTLE_S = 5.0
 
+# Seconds between two listings of a checkpoint directory without a sidecar while its
+# chain's segment just runs: what ``status`` shows of it may be this old.
+PROGRESS_EVERY = 60.0
+
+
+def listing_due(path: str, last: Optional[float], now: float, every: float = PROGRESS_EVERY) -> bool:
+    """Whether the checkpoint directory whose progress is read at ``path``, last listed at
+    ``last`` (None: never), is due to be listed again at ``now``: once in each window of
+    ``every`` seconds, the windows of each path shifted by an offset drawn from it, so that
+    directories first listed on one tick come due on different ticks after."""
+    if last is None:
+        return True
+    offset = zlib.crc32(path.encode()) / 2**32 * every
+    return math.floor((now - offset) / every) != math.floor((last - offset) / every)
+
 
 @dataclass(frozen=True)
 class _Seen:
@@ -57,6 +81,15 @@ class _Seen:
     result: Optional[Progress]
 
 
+@dataclass(frozen=True)
+class _Listed:
+    """No sidecar: the checkpoint directory as last listed, when (None: not known), and
+    what its newest file said."""
+
+    at: Optional[float]
+    result: Progress
+
+
 class ProgressReader:
     """Reads progress tick after tick, re-reading a sidecar only when it changed.
 
@@ -65,19 +98,30 @@ class ProgressReader:
     """
 
     def __init__(self) -> None:
-        self._seen: dict[tuple[Optional[str], str], _Seen] = {}
+        self._seen: dict[tuple[Optional[str], str], Union[_Seen, _Listed]] = {}
         self._reported: dict[tuple[Optional[str], str], set[str]] = {}
 
-    def progress(self, transport: Transport, spec: JobSpec) -> Optional[Progress]:
-        """The chain's progress now; None when the sidecar exists but is unreadable."""
+    def progress(
+        self, transport: Transport, spec: JobSpec, now: Optional[float] = None, running: bool = False
+    ) -> Optional[Progress]:
+        """The chain's progress at ``now`` (None: not known); None when the sidecar exists but
+        is unreadable. ``running``: the chain's segment just runs (nothing of it ended, nothing
+        asked of it), so a checkpoint directory without a sidecar is listed again only when
+        due (``listing_due``); until then its last listing stands."""
         path = spec.progress_file or posixpath.join(spec.checkpoint_dir, SIDECAR_NAME)
         key = (transport.host, path)
+        seen = self._seen.get(key)
+        if isinstance(seen, _Listed):
+            if running and now is not None and not listing_due(path, seen.at, now):
+                return seen.result
+            if not spec.progress_file:  # the listing shows whether a sidecar has come
+                files = transport.listdir(spec.checkpoint_dir)
+                if not any(f.name == SIDECAR_NAME for f in files or ()):
+                    return self._listed(key, files, now)
         info = transport.stat(path)
         if info is None:
-            self._seen.pop(key, None)
-            return _newest_checkpoint(transport, spec.checkpoint_dir)
-        seen = self._seen.get(key)
-        if seen is not None and seen.settled and (seen.size, seen.mtime) == (info.size, info.mtime):
+            return self._listed(key, transport.listdir(spec.checkpoint_dir), now)
+        if isinstance(seen, _Seen) and seen.settled and (seen.size, seen.mtime) == (info.size, info.mtime):
             return seen.result
         try:
             data = transport.read_file(path, limit=MAX_SIDECAR_BYTES)
@@ -86,8 +130,7 @@ class ProgressReader:
             self._report(key, exc.reason, "progress sidecar refused, counting no new progress", str(exc))
             return None
         if data is None:  # removed since the stat
-            self._seen.pop(key, None)
-            return _newest_checkpoint(transport, spec.checkpoint_dir)
+            return self._listed(key, transport.listdir(spec.checkpoint_dir), now)
         try:
             result = _own(data, spec, info) if spec.progress_file else _parse(data)
         except ValueError as exc:
@@ -96,6 +139,15 @@ class ProgressReader:
             return None
         self._remember(key, info, result)
         self._reported.pop(key, None)
+        return result
+
+    def _listed(
+        self, key: tuple[Optional[str], str], files: Optional[list[FileInfo]], now: Optional[float]
+    ) -> Progress:
+        """The newest checkpoint in ``files`` (the directory's listing, None: no directory),
+        kept as listed at ``now``."""
+        result = _newest_checkpoint(files or [])
+        self._seen[key] = _Listed(now, result)
         return result
 
     def _remember(self, key: tuple[Optional[str], str], info: FileInfo, result: Optional[Progress]) -> None:
@@ -148,9 +200,9 @@ def _own(data: bytes, spec: JobSpec, info: FileInfo) -> Progress:
     return Progress(epoch=value, file=posixpath.basename(spec.progress_file or ""), saved_at=info.mtime)
 
 
-def _newest_checkpoint(transport: Transport, directory: str) -> Progress:
-    """Progress by the newest regular file's mtime, for scripts that write no sidecar."""
-    files = transport.listdir(directory) or []
+def _newest_checkpoint(files: list[FileInfo]) -> Progress:
+    """Progress by the newest regular file's mtime in a checkpoint directory's listing, for
+    scripts that write no sidecar."""
     candidates = [
         f
         for f in files

@@ -237,7 +237,7 @@ class Engine:
                 if chain.id in away:  # its host is gone, or holds its checkpoint and is away
                     facts = self._guarded(chain, summary, self.observer.away, polled, chain, away[chain.id])
                 else:
-                    facts = self._guarded(chain, summary, self.observer.facts, polled, chain)
+                    facts = self._guarded(chain, summary, self.observer.facts, polled, chain, now)
                 if facts is not None:
                     gathered[chain.id] = replace(facts, may_start=False) if chain.id in held else facts
             gathered = self.observer.account(polled, chains, gathered, now)

@@ -2,7 +2,9 @@
 
 Per cluster, one batched poll of the scheduler serves every chain on it (``poll``). For
 each chain the observer reads what it needs (the wrapper's markers of jobs that left the
-listing or ended, each kept once read; the checkpoint; why a stuck job is stuck) into
+listing or ended, each kept once read; the checkpoint, whose directory, when it holds no
+sidecar, is listed while the chain's segment just runs only when due, as that listing
+then only feeds what ``status`` shows; why a stuck job is stuck) into
 the plain ``Facts`` that ``decide`` takes, and asks accounting in one command for the jobs
 gone without a marker that are due (``retry.accounting_due``) and for those whose marker
 says a signal killed the command (an OOM kill, which accounting names).
@@ -95,8 +97,8 @@ class Observer:
         # did not know: when to ask again, and the interval after that.
         self.unaccounted: dict[ClusterKey, dict[str, tuple[float, float]]] = {}
 
-    def facts(self, polled: Polled, chain: Chain) -> Facts:
-        """What ``decide`` needs to know of ``chain`` now (accounting aside: ``account``)."""
+    def facts(self, polled: Polled, chain: Chain, now: float) -> Facts:
+        """What ``decide`` needs to know of ``chain`` at ``now`` (accounting aside: ``account``)."""
         transport = polled.cluster.transport
         jobs: dict[str, JobFacts] = {}
         tagged = polled.tagged.get(chain.id, {})
@@ -107,17 +109,23 @@ class Observer:
             if found_tasks:
                 tagged = {**tagged, first.n: (*tagged.get(first.n, ()), *found_tasks)}
         found = {}
+        # Whether its segments just run or wait, as this tick's listing shows them: then no
+        # segment is judged on the checkpoint this tick, and a directory without a sidecar
+        # is listed only when due (its listing only feeds what ``status`` shows).
+        running = bool(chain.live) and chain.cancel_requested_at is None
         for seg in chain.live:
             if seg.phase is Phase.SUBMITTING and seg.n not in tagged:
                 start = self.markers.start(transport, chain, seg.n)
                 if start is not None and start.job_id:
                     found[seg.n] = start.job_id
             if seg.job_id is None:
+                running = False
                 continue
             listed = polled.jobs.get(seg.job_id)
             if listed is not None and listed.phase is Phase.PENDING and not listed.stuck:
                 end = None
                 if seg.started_at is not None:
+                    running = False
                     # Requeued: its markers are of the run before, and it runs again.
                     self.markers.forget(chain.id, seg.n)
                     end = self.markers.end(transport, chain, seg.n, keep=False)
@@ -127,6 +135,7 @@ class Observer:
             if listed is not None and listed.phase is Phase.RUNNING and not listed.stuck:
                 jobs[seg.job_id] = JobFacts(listed=listed, start=start)
                 continue
+            running = False  # ended, gone or held: judged now, on the checkpoint as it is now
             end = self.markers.end(transport, chain, seg.n)
             why = polled.cluster.explain(listed.job_id) if listed is not None and listed.stuck else ""
             jobs[seg.job_id] = JobFacts(listed=listed, end=end, start=start, why_stuck=why)
@@ -135,7 +144,7 @@ class Observer:
             tagged=tagged,
             found=found,
             carried=_carried(polled, chain),
-            progress=self.progress.progress(transport, chain.spec),
+            progress=self.progress.progress(transport, chain.spec, now, running),
             arrays=polled.cluster.arrays is not None,
         )
 
