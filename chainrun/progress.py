@@ -60,15 +60,26 @@ _SETTLE_S = 5.0
 PROGRESS_EVERY = 60.0
 
 
+Window = tuple[float, float]  # from, until (not included)
+
+
+def listing_window(path: str, at: float, every: float = PROGRESS_EVERY) -> Window:
+    """The window of ``every`` seconds that holds ``at``, for the checkpoint directory whose
+    progress is read at ``path``: a listing made at ``at`` stands while the clock is in it.
+    Each path's windows are shifted by an offset drawn from it, so that directories first
+    listed on one tick come due on different ticks after."""
+    offset = zlib.crc32(path.encode()) / 2**32 * every
+    start = offset + math.floor((at - offset) / every) * every
+    return start, start + every
+
+
 def listing_due(path: str, last: Optional[float], now: float, every: float = PROGRESS_EVERY) -> bool:
-    """Whether the checkpoint directory whose progress is read at ``path``, last listed at
-    ``last`` (None: never), is due to be listed again at ``now``: once in each window of
-    ``every`` seconds, the windows of each path shifted by an offset drawn from it, so that
-    directories first listed on one tick come due on different ticks after."""
+    """Whether that directory, last listed at ``last`` (None: never), is due to be listed
+    again at ``now``: once the clock has left the window of that listing (``listing_window``)."""
     if last is None:
         return True
-    offset = zlib.crc32(path.encode()) / 2**32 * every
-    return math.floor((now - offset) / every) != math.floor((last - offset) / every)
+    start, until = listing_window(path, last, every)
+    return not start <= now < until
 
 
 @dataclass(frozen=True)
@@ -81,13 +92,17 @@ class _Seen:
     result: Optional[Progress]
 
 
-@dataclass(frozen=True)
 class _Listed:
-    """No sidecar: the checkpoint directory as last listed, when (None: not known), and
-    what its newest file said."""
+    """No sidecar: what the checkpoint directory's newest file said when it was last listed,
+    and the window in which that listing stands (``listing_window``; None: not known).
+    Updated in place (a service lists thousands a minute, and keeps each): memory it holds
+    for long is not made anew every minute."""
 
-    at: Optional[float]
-    result: Progress
+    __slots__ = ("result", "window")
+
+    def __init__(self, window: Optional[Window], result: Progress) -> None:
+        self.window = window
+        self.result = result
 
 
 class ProgressReader:
@@ -108,11 +123,11 @@ class ProgressReader:
         is unreadable. ``running``: the chain's segment just runs (nothing of it ended, nothing
         asked of it), so a checkpoint directory without a sidecar is listed again only when
         due (``listing_due``); until then its last listing stands."""
-        path = spec.progress_file or posixpath.join(spec.checkpoint_dir, SIDECAR_NAME)
+        path = _path(spec)
         key = (transport.host, path)
         seen = self._seen.get(key)
         if isinstance(seen, _Listed):
-            if running and now is not None and not listing_due(path, seen.at, now):
+            if running and now is not None and seen.window and seen.window[0] <= now < seen.window[1]:
                 return seen.result
             if not spec.progress_file:  # the listing shows whether a sidecar has come
                 files = transport.listdir(spec.checkpoint_dir)
@@ -141,14 +156,28 @@ class ProgressReader:
         self._reported.pop(key, None)
         return result
 
+    def standing(self, transport: Transport, spec: JobSpec) -> Optional[Window]:
+        """While the clock is in the window returned, ``progress(transport, spec, now,
+        running=True)`` gives what it gave last, reading nothing: no sidecar was there at
+        the directory's last listing. None: it reads."""
+        seen = self._seen.get((transport.host, _path(spec)))
+        return seen.window if isinstance(seen, _Listed) else None
+
     def _listed(
         self, key: tuple[Optional[str], str], files: Optional[list[FileInfo]], now: Optional[float]
     ) -> Progress:
         """The newest checkpoint in ``files`` (the directory's listing, None: no directory),
         kept as listed at ``now``."""
         result = _newest_checkpoint(files or [])
-        self._seen[key] = _Listed(now, result)
-        return result
+        window = None if now is None else listing_window(key[1], now)
+        seen = self._seen.get(key)
+        if not isinstance(seen, _Listed):
+            self._seen[key] = _Listed(window, result)
+            return result
+        if seen.result != result:
+            seen.result = result
+        seen.window = window
+        return seen.result
 
     def _remember(self, key: tuple[Optional[str], str], info: FileInfo, result: Optional[Progress]) -> None:
         settled = time.time() - info.mtime >= _SETTLE_S
@@ -160,6 +189,11 @@ class ProgressReader:
             reported.add(reason)
             host, path = key
             log.warning(event, host=host or "localhost", path=path, error=error)
+
+
+def _path(spec: JobSpec) -> str:
+    """Where the chain's progress is read: the sidecar, or its own file (``progress``)."""
+    return spec.progress_file or posixpath.join(spec.checkpoint_dir, SIDECAR_NAME)
 
 
 def read(transport: Transport, spec: JobSpec) -> Optional[Progress]:

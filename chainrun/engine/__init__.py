@@ -203,9 +203,10 @@ class Engine:
         for chain in loaded:
             if (only is None or chain.id in only) and now >= self.stuck_until.get(chain.id, 0.0):
                 (pooled if chain.spec.scheduler.hosts else groups[chain.cluster_key]).append(chain)
-        if len(self.quiet) > len(loaded):  # chains that ended, or were removed, since
-            ids = {c.id for c in loaded}
+        if len(self.quiet) > len(loaded) or len(self.observer.settled) > len(loaded):
+            ids = {c.id for c in loaded}  # chains ended, or removed, since: forgotten
             self.quiet = {k: v for k, v in self.quiet.items() if k in ids}
+            self.observer.keep_only(ids)
         # One poll per cluster: every cluster a chain lives on, and every host of a pool
         # (free slots are counted from its poll; one that stops answering is noticed).
         pools = [(c.spec.scheduler.kind, h) for c in loaded for h in c.spec.scheduler.hosts]
@@ -377,6 +378,9 @@ class Engine:
         actions = decide(chain, facts, now)
         if actions:
             self.quiet.pop(chain.id, None)
+            # Its rows change: the store loads it anew, and its settled facts (which hold
+            # this chain object) are of no use; let both go now.
+            self.observer.settled.pop(chain.id, None)
         else:
             self.quiet[chain.id] = (chain, facts, quiet_until(chain, now))
         self.executor.execute(polled, chain, actions, step, tick, arrays)
@@ -419,7 +423,9 @@ class Engine:
         it answered nothing for this very chain (the store loads a chain anew when its rows
         change) and equal facts, and the first clock rule (``quiet_until``) is not due yet."""
         kept = self.quiet.get(chain.id)
-        return kept is not None and kept[0] is chain and now < kept[2] and kept[1] == facts
+        return (
+            kept is not None and kept[0] is chain and now < kept[2] and (kept[1] is facts or kept[1] == facts)
+        )
 
 
 def _log(chain_id: str, action: Action) -> None:
