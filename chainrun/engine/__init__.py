@@ -245,10 +245,9 @@ class Engine:
             steps: list[ChainTick] = []
             arrays: list[tuple[ChainTick, Submit]] = []  # first segments to submit as array tasks
             for chain in chains:
-                if chain.id in gathered:
-                    step = self._guarded(
-                        chain, summary, self._act, polled, chain, gathered[chain.id], tick, arrays
-                    )
+                facts = gathered.get(chain.id)
+                if facts is not None and not self._asleep(chain, facts, now):
+                    step = self._guarded(chain, summary, self._act, polled, chain, facts, tick, arrays)
                     if step is not None:
                         steps.append(step)
             self.executor.submit_arrays(polled, arrays, summary.errors)
@@ -417,6 +416,21 @@ class Engine:
             for s in chain.live
             if s.phase is Phase.SUBMITTING and s.retry_at is not None and s.retry_at > step.now
         ]
+
+    def _asleep(self, chain: Chain, facts: Facts, now: float) -> bool:
+        """Whether the chain's tick would do and record nothing, seen at a glance: its facts
+        are the very ones ``decide`` last had nothing for, for this very chain (the observer
+        gives them again while nothing of the chain changes), the first clock rule is not due,
+        and nothing is owed it (a grace to write, failing ticks to clear). The act step
+        would find it ``_quiet``."""
+        kept = self.quiet.get(chain.id)
+        return (
+            kept is not None
+            and kept[1] is facts
+            and chain.id not in self.executor.owed_grace
+            and chain.id not in self.failing
+            and self._quiet(chain, facts, now)
+        )
 
     def _quiet(self, chain: Chain, facts: Facts, now: float) -> bool:
         """Whether ``decide(chain, facts, now)`` would answer nothing, known without calling it:
