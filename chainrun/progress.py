@@ -60,10 +60,7 @@ _SETTLE_S = 5.0
 PROGRESS_EVERY = 60.0
 
 
-Window = tuple[float, float]  # from, until (not included)
-
-
-def listing_window(path: str, at: float, every: float = PROGRESS_EVERY) -> Window:
+def listing_window(path: str, at: float, every: float = PROGRESS_EVERY) -> tuple[float, float]:
     """The window of ``every`` seconds that holds ``at``, for the checkpoint directory whose
     progress is read at ``path``: a listing made at ``at`` stands while the clock is in it.
     Each path's windows are shifted by an offset drawn from it, so that directories first
@@ -100,7 +97,7 @@ class _Listed:
 
     __slots__ = ("result", "window")
 
-    def __init__(self, window: Optional[Window], result: Progress) -> None:
+    def __init__(self, window: Optional[tuple[float, float]], result: Progress) -> None:
         self.window = window
         self.result = result
 
@@ -156,7 +153,7 @@ class ProgressReader:
         self._reported.pop(key, None)
         return result
 
-    def standing(self, transport: Transport, spec: JobSpec) -> Optional[Window]:
+    def standing(self, transport: Transport, spec: JobSpec) -> Optional[tuple[float, float]]:
         """While the clock is in the window returned, ``progress(transport, spec, now,
         running=True)`` gives what it gave last, reading nothing: no sidecar was there at
         the directory's last listing. None: it reads."""

@@ -25,7 +25,7 @@ from chainrun.errors import SchedulerError, TransportError
 from chainrun.logsetup import get_logger
 from chainrun.markers import MarkerReader
 from chainrun.model import Carried, Chain, ListedJob, Phase
-from chainrun.progress import ProgressReader, Window
+from chainrun.progress import ProgressReader
 from chainrun.schedulers.segment import ARRAY_PREFIX, SegmentJob, parse_claim, parse_tag
 
 log = get_logger(__name__)
@@ -105,7 +105,9 @@ class _Settled:
     listed: tuple[Optional[ListedJob], ...]  # its live segments' jobs, as the poll listed them
     tagged: Mapping[int, tuple[ListedJob, ...]]
     facts: Facts
-    window: Window  # while its checkpoint's last listing stands (``ProgressReader.standing``)
+    window: tuple[
+        float, float
+    ]  # from, until: while its checkpoint's last listing stands (``ProgressReader.standing``)
 
 
 class Observer:
