@@ -162,32 +162,6 @@ def _exit_code(text: str, outcome: Optional[Outcome]) -> Optional[int]:
     return int(code)
 
 
-# The lines of the last listing, each with the job it says: a line the same since (most
-# are, tick after tick) is not parsed again, and gives the same object, which the engine
-# compares at a glance. A line says all there is of its job, so this only saves work.
-_POLLED: dict[str, ListedJob] = {}
-
-
-def _listed(line: str) -> Optional[ListedJob]:
-    """One line of ``squeue --format=SQUEUE_FORMAT``; None for one that is not a job's."""
-    fields = _fields(line, 6)
-    if fields is None:
-        return None
-    job_id, name, state, reason, start, end = fields
-    if reason == "DependencyNeverSatisfied":  # a user option's dependency failed: never runs
-        return ListedJob(job_id, name, Phase.ENDED, Outcome.FAILED, reason=reason, stuck=True)
-    phase, outcome = _state(state)
-    return ListedJob(
-        job_id=job_id,
-        name=name,
-        phase=phase,
-        outcome=outcome,
-        started_at=_stamp(start) if phase is not Phase.PENDING else None,
-        ended_at=_stamp(end) if phase is Phase.ENDED else None,
-        reason=state if phase is Phase.ENDED else ("" if reason == "None" else reason),
-    )
-
-
 class SlurmScheduler:
     kind: ClassVar[str] = "slurm"
     wrapper_signals: ClassVar[bool] = False
@@ -322,13 +296,25 @@ class SlurmScheduler:
     def parse_poll(self, result: CommandResult) -> dict[str, ListedJob]:
         if not result.ok:
             raise _error("squeue", result)
-        jobs, parsed = {}, {}
+        jobs = {}
         for line in result.stdout.splitlines():
-            job = _POLLED.get(line) or _listed(line)
-            if job is not None:
-                jobs[job.job_id] = parsed[line] = job
-        _POLLED.clear()
-        _POLLED.update(parsed)
+            fields = _fields(line, 6)
+            if fields is None:
+                continue
+            job_id, name, state, reason, start, end = fields
+            if reason == "DependencyNeverSatisfied":  # a user option's dependency failed: never runs
+                jobs[job_id] = ListedJob(job_id, name, Phase.ENDED, Outcome.FAILED, reason=reason, stuck=True)
+                continue
+            phase, outcome = _state(state)
+            jobs[job_id] = ListedJob(
+                job_id=job_id,
+                name=name,
+                phase=phase,
+                outcome=outcome,
+                started_at=_stamp(start) if phase is not Phase.PENDING else None,
+                ended_at=_stamp(end) if phase is Phase.ENDED else None,
+                reason=state if phase is Phase.ENDED else ("" if reason == "None" else reason),
+            )
         return jobs
 
     def cancel_argv(self, job_ids: list[str]) -> list[str]:
