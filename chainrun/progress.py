@@ -15,7 +15,15 @@ over ``MAX_SIDECAR_BYTES``.
 The service keeps one ``ProgressReader`` across ticks. It stats the sidecar
 (without following a symlink) every tick and reads it again only when its
 size or mtime changed, and it logs a problem with a sidecar once, not on
-every tick, until the sidecar reads well again. The module-level
+every tick, until the sidecar reads well again. A checkpoint directory
+without a sidecar is listed every tick only while something happens to the
+chain; while its segment just runs, that listing feeds only what ``status``
+shows, and it is listed again only when due (``listing_due``: once every
+``PROGRESS_EVERY`` seconds, each directory in its own slot of that window).
+Its directory's mtime cannot stand in for it: a script that saves over its
+checkpoint in place (``torch.save`` to the same name) changes the file, not
+the directory. Once none is there, a sidecar that comes is seen in that
+listing, so such a chain costs one call per listing. The module-level
 ``read`` is a fresh reader for one-off reads, such as at submission.
 """
 
@@ -25,8 +33,9 @@ import json
 import math
 import posixpath
 import time
+import zlib
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 from chainrun.checkpoint import SIDECAR_NAME, read_progress
 from chainrun.logsetup import get_logger
@@ -46,6 +55,29 @@ _IGNORED_SUFFIXES = (".tmp", ".partial", ".lock", "~")
 # also absorbs some clock skew between this machine and the cluster.
 _SETTLE_S = 5.0
 
+# Seconds between two listings of a checkpoint directory without a sidecar while its
+# chain's segment just runs: what ``status`` shows of it may be this old.
+PROGRESS_EVERY = 60.0
+
+
+def listing_window(path: str, at: float, every: float = PROGRESS_EVERY) -> tuple[float, float]:
+    """The window of ``every`` seconds that holds ``at``, for the checkpoint directory whose
+    progress is read at ``path``: a listing made at ``at`` stands while the clock is in it.
+    Each path's windows are shifted by an offset drawn from it, so that directories first
+    listed on one tick come due on different ticks after."""
+    offset = zlib.crc32(path.encode()) / 2**32 * every
+    start = offset + math.floor((at - offset) / every) * every
+    return start, start + every
+
+
+def listing_due(path: str, last: Optional[float], now: float, every: float = PROGRESS_EVERY) -> bool:
+    """Whether that directory, last listed at ``last`` (None: never), is due to be listed
+    again at ``now``: once the clock has left the window of that listing (``listing_window``)."""
+    if last is None:
+        return True
+    start, until = listing_window(path, last, every)
+    return not start <= now < until
+
 
 @dataclass(frozen=True)
 class _Seen:
@@ -57,6 +89,19 @@ class _Seen:
     result: Optional[Progress]
 
 
+class _Listed:
+    """No sidecar: what the checkpoint directory's newest file said when it was last listed,
+    and the window in which that listing stands (``listing_window``; None: not known).
+    Updated in place (a service lists thousands a minute, and keeps each): memory it holds
+    for long is not made anew every minute."""
+
+    __slots__ = ("result", "window")
+
+    def __init__(self, window: Optional[tuple[float, float]], result: Progress) -> None:
+        self.window = window
+        self.result = result
+
+
 class ProgressReader:
     """Reads progress tick after tick, re-reading a sidecar only when it changed.
 
@@ -65,19 +110,30 @@ class ProgressReader:
     """
 
     def __init__(self) -> None:
-        self._seen: dict[tuple[Optional[str], str], _Seen] = {}
+        self._seen: dict[tuple[Optional[str], str], Union[_Seen, _Listed]] = {}
         self._reported: dict[tuple[Optional[str], str], set[str]] = {}
 
-    def progress(self, transport: Transport, spec: JobSpec) -> Optional[Progress]:
-        """The chain's progress now; None when the sidecar exists but is unreadable."""
-        path = spec.progress_file or posixpath.join(spec.checkpoint_dir, SIDECAR_NAME)
+    def progress(
+        self, transport: Transport, spec: JobSpec, now: Optional[float] = None, running: bool = False
+    ) -> Optional[Progress]:
+        """The chain's progress at ``now`` (None: not known); None when the sidecar exists but
+        is unreadable. ``running``: the chain's segment just runs (nothing of it ended, nothing
+        asked of it), so a checkpoint directory without a sidecar is listed again only when
+        due (``listing_due``); until then its last listing stands."""
+        path = _path(spec)
         key = (transport.host, path)
+        seen = self._seen.get(key)
+        if isinstance(seen, _Listed):
+            if running and now is not None and seen.window and seen.window[0] <= now < seen.window[1]:
+                return seen.result
+            if not spec.progress_file:  # the listing shows whether a sidecar has come
+                files = transport.listdir(spec.checkpoint_dir)
+                if not any(f.name == SIDECAR_NAME for f in files or ()):
+                    return self._listed(key, files, now)
         info = transport.stat(path)
         if info is None:
-            self._seen.pop(key, None)
-            return _newest_checkpoint(transport, spec.checkpoint_dir)
-        seen = self._seen.get(key)
-        if seen is not None and seen.settled and (seen.size, seen.mtime) == (info.size, info.mtime):
+            return self._listed(key, transport.listdir(spec.checkpoint_dir), now)
+        if isinstance(seen, _Seen) and seen.settled and (seen.size, seen.mtime) == (info.size, info.mtime):
             return seen.result
         try:
             data = transport.read_file(path, limit=MAX_SIDECAR_BYTES)
@@ -86,8 +142,7 @@ class ProgressReader:
             self._report(key, exc.reason, "progress sidecar refused, counting no new progress", str(exc))
             return None
         if data is None:  # removed since the stat
-            self._seen.pop(key, None)
-            return _newest_checkpoint(transport, spec.checkpoint_dir)
+            return self._listed(key, transport.listdir(spec.checkpoint_dir), now)
         try:
             result = _own(data, spec, info) if spec.progress_file else _parse(data)
         except ValueError as exc:
@@ -97,6 +152,29 @@ class ProgressReader:
         self._remember(key, info, result)
         self._reported.pop(key, None)
         return result
+
+    def standing(self, transport: Transport, spec: JobSpec) -> Optional[tuple[float, float]]:
+        """While the clock is in the window returned, ``progress(transport, spec, now,
+        running=True)`` gives what it gave last, reading nothing: no sidecar was there at
+        the directory's last listing. None: it reads."""
+        seen = self._seen.get((transport.host, _path(spec)))
+        return seen.window if isinstance(seen, _Listed) else None
+
+    def _listed(
+        self, key: tuple[Optional[str], str], files: Optional[list[FileInfo]], now: Optional[float]
+    ) -> Progress:
+        """The newest checkpoint in ``files`` (the directory's listing, None: no directory),
+        kept as listed at ``now``."""
+        result = _newest_checkpoint(files or [])
+        window = None if now is None else listing_window(key[1], now)
+        seen = self._seen.get(key)
+        if not isinstance(seen, _Listed):
+            self._seen[key] = _Listed(window, result)
+            return result
+        if seen.result != result:
+            seen.result = result
+        seen.window = window
+        return seen.result
 
     def _remember(self, key: tuple[Optional[str], str], info: FileInfo, result: Optional[Progress]) -> None:
         settled = time.time() - info.mtime >= _SETTLE_S
@@ -108,6 +186,11 @@ class ProgressReader:
             reported.add(reason)
             host, path = key
             log.warning(event, host=host or "localhost", path=path, error=error)
+
+
+def _path(spec: JobSpec) -> str:
+    """Where the chain's progress is read: the sidecar, or its own file (``progress``)."""
+    return spec.progress_file or posixpath.join(spec.checkpoint_dir, SIDECAR_NAME)
 
 
 def read(transport: Transport, spec: JobSpec) -> Optional[Progress]:
@@ -148,9 +231,9 @@ def _own(data: bytes, spec: JobSpec, info: FileInfo) -> Progress:
     return Progress(epoch=value, file=posixpath.basename(spec.progress_file or ""), saved_at=info.mtime)
 
 
-def _newest_checkpoint(transport: Transport, directory: str) -> Progress:
-    """Progress by the newest regular file's mtime, for scripts that write no sidecar."""
-    files = transport.listdir(directory) or []
+def _newest_checkpoint(files: list[FileInfo]) -> Progress:
+    """Progress by the newest regular file's mtime in a checkpoint directory's listing, for
+    scripts that write no sidecar."""
     candidates = [
         f
         for f in files

@@ -362,7 +362,12 @@ class FakeTransport:
             if p.startswith(prefix) and "/" not in p[len(prefix) :]
         ]
         return [
-            FileInfo(n, len(self.cluster.files[prefix + n]), self.cluster.clock(), True)
+            FileInfo(
+                n,
+                len(self.cluster.files[prefix + n]),
+                self.cluster.mtimes.get(prefix + n, self.cluster.clock()),
+                True,
+            )
             for n in sorted(names)
         ]
 

@@ -315,3 +315,51 @@ def test_metrics_are_an_object_in_json_and_the_stored_list_of_pairs_still_reads(
     assert Progress.from_json(p.to_json()) == p
     assert Progress.from_json({**p.to_json(), "metrics": [["loss", 0.5], ["acc", 0.9]]}) == p
     assert Progress.from_json({"epoch": 1}) == Progress(epoch=1)
+
+
+# -- no sidecar: the checkpoint directory's listing ----------------------------------
+
+
+def count_calls(transport: Transport, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the file-system calls made through ``transport`` from now on."""
+    made: list[str] = []
+    for name in ("stat", "listdir", "read_file"):
+        method = getattr(transport, name)
+
+        def counting(*args: Any, _m: Any = method, _n: str = name, **kw: Any) -> Any:
+            made.append(_n)
+            return _m(*args, **kw)
+
+        monkeypatch.setattr(transport, name, counting)
+    return made
+
+
+def test_without_a_sidecar_a_running_chain_s_directory_is_listed_only_when_due(
+    transport: Transport, ckdir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One listing per due time while the chain just runs (each one call: the listing shows
+    a sidecar that comes), a listing at every read that is not ``running``, and a sidecar
+    that comes is read from then on."""
+    reader, spec = reading.ProgressReader(), spec_for(ckdir)
+    transport.write_file(f"{ckdir}/model.pt", b"x")
+    set_mtime(transport, f"{ckdir}/model.pt", LONG_AGO)
+    calls = count_calls(transport, monkeypatch)
+    first = reader.progress(transport, spec, 0.0, running=True)
+    assert first == Progress(file="model.pt", saved_at=float(LONG_AGO))
+    assert calls == ["stat", "listdir"]
+    transport.write_file(f"{ckdir}/model.pt", b"y")  # saved over in place
+    set_mtime(transport, f"{ckdir}/model.pt", LONG_AGO + 100)
+    calls.clear()
+    seen = [reader.progress(transport, spec, float(t), running=True) for t in range(10, 130, 10)]
+    assert calls == ["listdir", "listdir"], "one listing in each of the two windows of 60 s"
+    assert seen[-1] == Progress(file="model.pt", saved_at=float(LONG_AGO + 100))
+    calls.clear()
+    assert reader.progress(transport, spec, 130.0) == seen[-1]  # judged: read now
+    assert calls == ["listdir"]
+    put_sidecar(transport, ckdir, tmp_path, epoch=5, mtime=LONG_AGO)
+    calls.clear()
+    assert epoch(reader.progress(transport, spec, 131.0)) == 5
+    assert calls == ["listdir", "stat", "read_file"]
+    calls.clear()
+    assert epoch(reader.progress(transport, spec, 132.0, running=True)) == 5
+    assert calls == ["stat"], "a sidecar is looked at every tick, as before"

@@ -203,9 +203,10 @@ class Engine:
         for chain in loaded:
             if (only is None or chain.id in only) and now >= self.stuck_until.get(chain.id, 0.0):
                 (pooled if chain.spec.scheduler.hosts else groups[chain.cluster_key]).append(chain)
-        if len(self.quiet) > len(loaded):  # chains that ended, or were removed, since
-            ids = {c.id for c in loaded}
+        if len(self.quiet) > len(loaded) or len(self.observer.settled) > len(loaded):
+            ids = {c.id for c in loaded}  # chains ended, or removed, since: forgotten
             self.quiet = {k: v for k, v in self.quiet.items() if k in ids}
+            self.observer.keep_only(ids)
         # One poll per cluster: every cluster a chain lives on, and every host of a pool
         # (free slots are counted from its poll; one that stops answering is noticed).
         pools = [(c.spec.scheduler.kind, h) for c in loaded for h in c.spec.scheduler.hosts]
@@ -237,17 +238,16 @@ class Engine:
                 if chain.id in away:  # its host is gone, or holds its checkpoint and is away
                     facts = self._guarded(chain, summary, self.observer.away, polled, chain, away[chain.id])
                 else:
-                    facts = self._guarded(chain, summary, self.observer.facts, polled, chain)
+                    facts = self._guarded(chain, summary, self.observer.facts, polled, chain, now)
                 if facts is not None:
                     gathered[chain.id] = replace(facts, may_start=False) if chain.id in held else facts
             gathered = self.observer.account(polled, chains, gathered, now)
             steps: list[ChainTick] = []
             arrays: list[tuple[ChainTick, Submit]] = []  # first segments to submit as array tasks
             for chain in chains:
-                if chain.id in gathered:
-                    step = self._guarded(
-                        chain, summary, self._act, polled, chain, gathered[chain.id], tick, arrays
-                    )
+                facts = gathered.get(chain.id)
+                if facts is not None and not self._asleep(chain, facts, now):
+                    step = self._guarded(chain, summary, self._act, polled, chain, facts, tick, arrays)
                     if step is not None:
                         steps.append(step)
             self.executor.submit_arrays(polled, arrays, summary.errors)
@@ -377,6 +377,9 @@ class Engine:
         actions = decide(chain, facts, now)
         if actions:
             self.quiet.pop(chain.id, None)
+            # Its rows change: the store loads it anew, and its settled facts (which hold
+            # this chain object) are of no use; let both go now.
+            self.observer.settled.pop(chain.id, None)
         else:
             self.quiet[chain.id] = (chain, facts, quiet_until(chain, now))
         self.executor.execute(polled, chain, actions, step, tick, arrays)
@@ -414,12 +417,29 @@ class Engine:
             if s.phase is Phase.SUBMITTING and s.retry_at is not None and s.retry_at > step.now
         ]
 
+    def _asleep(self, chain: Chain, facts: Facts, now: float) -> bool:
+        """Whether the chain's tick would do and record nothing, seen at a glance: its facts
+        are the very ones ``decide`` last had nothing for, for this very chain (the observer
+        gives them again while nothing of the chain changes), the first clock rule is not due,
+        and nothing is owed it (a grace to write, failing ticks to clear). The act step
+        would find it ``_quiet``."""
+        kept = self.quiet.get(chain.id)
+        return (
+            kept is not None
+            and kept[1] is facts
+            and chain.id not in self.executor.owed_grace
+            and chain.id not in self.failing
+            and self._quiet(chain, facts, now)
+        )
+
     def _quiet(self, chain: Chain, facts: Facts, now: float) -> bool:
         """Whether ``decide(chain, facts, now)`` would answer nothing, known without calling it:
         it answered nothing for this very chain (the store loads a chain anew when its rows
         change) and equal facts, and the first clock rule (``quiet_until``) is not due yet."""
         kept = self.quiet.get(chain.id)
-        return kept is not None and kept[0] is chain and now < kept[2] and kept[1] == facts
+        return (
+            kept is not None and kept[0] is chain and now < kept[2] and (kept[1] is facts or kept[1] == facts)
+        )
 
 
 def _log(chain_id: str, action: Action) -> None:

@@ -2,7 +2,9 @@
 
 Per cluster, one batched poll of the scheduler serves every chain on it (``poll``). For
 each chain the observer reads what it needs (the wrapper's markers of jobs that left the
-listing or ended, each kept once read; the checkpoint; why a stuck job is stuck) into
+listing or ended, each kept once read; the checkpoint, whose directory, when it holds no
+sidecar, is listed while the chain's segment just runs only when due, as that listing
+then only feeds what ``status`` shows; why a stuck job is stuck) into
 the plain ``Facts`` that ``decide`` takes, and asks accounting in one command for the jobs
 gone without a marker that are due (``retry.accounting_due``) and for those whose marker
 says a signal killed the command (an OOM kill, which accounting names).
@@ -11,7 +13,9 @@ says a signal killed the command (an OOM kill, which accounting names).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
+from typing import Optional
 
 from chainrun.cluster import Cluster
 from chainrun.decide import Facts, JobFacts, placement
@@ -61,42 +65,66 @@ def poll(key: ClusterKey, cluster: Cluster) -> Polled:
     return Polled(key, cluster, jobs, tagged, tasks)
 
 
-def _carried(polled: Polled, chain: Chain) -> dict[int, Carried]:
-    """The successors that segments queued themselves while the service was away, by their
-    claims, from the chain's newest segment on (itself, when it was never submitted). Looked
-    for unless that segment waits in the queue, which is the usual case (a successor
-    queued ahead): no segment after it can have run yet."""
+def _first_claim(polled: Polled, chain: Chain) -> Optional[int]:
+    """The segment whose claim to look for first: the chain's newest (itself, when it was
+    never submitted, else the one after it); None, no claim looked for, when its segments
+    may not queue their successors or that segment waits in the queue, which is the usual
+    case (a successor queued ahead): no segment after it can have run yet."""
     last = max(chain.segments, key=lambda s: s.n, default=None)
     if last is None or not applies(chain.spec):
-        return {}
-    if last.job_id is not None:
-        listed = polled.jobs.get(last.job_id)
-        if listed is not None and listed.phase is Phase.PENDING:
-            return {}
+        return None
+    if last.job_id is None:
+        return last.n
+    listed = polled.jobs.get(last.job_id)
+    return None if listed is not None and listed.phase is Phase.PENDING else last.n + 1
+
+
+def _carried(polled: Polled, chain: Chain) -> dict[int, Carried]:
+    """The successors that segments queued themselves while the service was away, by their
+    claims, from ``_first_claim`` on."""
+    n = _first_claim(polled, chain)
     found: dict[int, Carried] = {}
-    n = last.n if last.job_id is None else last.n + 1
-    while True:
+    while n is not None:
         data = polled.cluster.transport.read_file(SegmentJob(chain.id, n, chain.spec, 0).claim_path)
         claim = parse_claim(data) if data is not None else None
         if claim is None:
             return found
         found[n] = claim
         n += 1
+    return found
+
+
+@dataclass(frozen=True)
+class _Settled:
+    """A chain's facts, gathered while its segments just ran or waited, with every marker
+    they need kept, no claim to look for and its checkpoint listed: the same facts again
+    for as long as the chain as stored, the listing of its jobs and its checkpoint's
+    reading stay the same."""
+
+    chain: Chain
+    listed: tuple[Optional[ListedJob], ...]  # its live segments' jobs, as the poll listed them
+    tagged: Mapping[int, tuple[ListedJob, ...]]
+    facts: Facts
+    window: tuple[
+        float, float
+    ]  # from, until: while its checkpoint's last listing stands (``ProgressReader.standing``)
 
 
 class Observer:
-    """What observing keeps from tick to tick: markers read, sidecars' last reads, and when
-    to ask accounting again of each job it did not know."""
+    """What observing keeps from tick to tick: markers read, sidecars' last reads, the
+    facts of chains that just run (``_Settled``), and when to ask accounting again of each
+    job it did not know."""
 
     def __init__(self) -> None:
         self.markers = MarkerReader()
         self.progress = ProgressReader()  # re-reads a sidecar only when it changed
+        self.settled: dict[str, _Settled] = {}  # by chain id
         # Per cluster, jobs gone from the listing without an end marker that accounting
         # did not know: when to ask again, and the interval after that.
         self.unaccounted: dict[ClusterKey, dict[str, tuple[float, float]]] = {}
 
-    def facts(self, polled: Polled, chain: Chain) -> Facts:
-        """What ``decide`` needs to know of ``chain`` now (accounting aside: ``account``)."""
+    def facts(self, polled: Polled, chain: Chain, now: float) -> Facts:
+        """What ``decide`` needs to know of ``chain`` at ``now`` (accounting aside: ``account``)."""
         transport = polled.cluster.transport
         jobs: dict[str, JobFacts] = {}
         tagged = polled.tagged.get(chain.id, {})
@@ -106,18 +134,35 @@ class Observer:
             found_tasks = polled.tasks.get((first.array, first.task), ())
             if found_tasks:
                 tagged = {**tagged, first.n: (*tagged.get(first.n, ()), *found_tasks)}
+        listed_now = tuple(polled.jobs.get(s.job_id) if s.job_id is not None else None for s in chain.live)
+        settled = self.settled.get(chain.id)
+        if (
+            settled is not None
+            and settled.window[0] <= now < settled.window[1]
+            and settled.chain is chain
+            and settled.listed == listed_now
+            and settled.tagged == tagged
+        ):
+            return settled.facts  # a chain that just runs sleeps until one of these changes
         found = {}
+        # Whether its segments just run or wait, as this tick's listing shows them: then no
+        # segment is judged on the checkpoint this tick, and a directory without a sidecar
+        # is listed only when due (its listing only feeds what ``status`` shows).
+        running = bool(chain.live) and chain.cancel_requested_at is None
+        markers_kept = True  # every marker its segments need is read and kept
         for seg in chain.live:
             if seg.phase is Phase.SUBMITTING and seg.n not in tagged:
                 start = self.markers.start(transport, chain, seg.n)
                 if start is not None and start.job_id:
                     found[seg.n] = start.job_id
             if seg.job_id is None:
+                running = False
                 continue
             listed = polled.jobs.get(seg.job_id)
             if listed is not None and listed.phase is Phase.PENDING and not listed.stuck:
                 end = None
                 if seg.started_at is not None:
+                    running = False
                     # Requeued: its markers are of the run before, and it runs again.
                     self.markers.forget(chain.id, seg.n)
                     end = self.markers.end(transport, chain, seg.n, keep=False)
@@ -126,18 +171,35 @@ class Observer:
             start = self.markers.start(transport, chain, seg.n)
             if listed is not None and listed.phase is Phase.RUNNING and not listed.stuck:
                 jobs[seg.job_id] = JobFacts(listed=listed, start=start)
+                markers_kept = markers_kept and start is not None
                 continue
+            running = False  # ended, gone or held: judged now, on the checkpoint as it is now
             end = self.markers.end(transport, chain, seg.n)
             why = polled.cluster.explain(listed.job_id) if listed is not None and listed.stuck else ""
             jobs[seg.job_id] = JobFacts(listed=listed, end=end, start=start, why_stuck=why)
-        return Facts(
+        facts = Facts(
             jobs=jobs,
             tagged=tagged,
             found=found,
             carried=_carried(polled, chain),
-            progress=self.progress.progress(transport, chain.spec),
+            progress=self.progress.progress(transport, chain.spec, now, running),
             arrays=polled.cluster.arrays is not None,
         )
+        window = self.progress.standing(transport, chain.spec) if running and markers_kept else None
+        if window is not None and _first_claim(polled, chain) is None:
+            if settled is not None and settled.chain is chain and settled.facts == facts:
+                # The same facts (a listing that found the same checkpoint): the ones kept,
+                # which the engine's quiet answer holds too, so that one copy is kept.
+                self.settled[chain.id] = replace(settled, window=window)
+                return settled.facts
+            self.settled[chain.id] = _Settled(chain, listed_now, tagged, facts, window)
+        else:
+            self.settled.pop(chain.id, None)
+        return facts
+
+    def keep_only(self, chain_ids: Collection[str]) -> None:
+        """Forget the settled facts of chains other than these (ended, or removed)."""
+        self.settled = {k: v for k, v in self.settled.items() if k in chain_ids}
 
     def away(self, polled: Polled, chain: Chain, lost: str) -> Facts:
         """Facts of a pool chain looked at from another host than its own, which did not

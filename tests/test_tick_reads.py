@@ -1,0 +1,251 @@
+"""A tick reads what changed: a checkpoint directory without a progress sidecar is listed
+while its chain's segment just runs only when due (``progress.listing_due``), and always when
+a segment is judged, so a script that saves over its checkpoint in place is credited what it
+saved. Through the real engine and store on the scripted cluster, and one real chain on the
+local runner."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytest
+from test_engine import SPEC, World
+
+from chainrun.model import Outcome
+from chainrun.progress import PROGRESS_EVERY, listing_due
+from chainrun.testing import FakeTransport
+
+CLI = Callable[..., "subprocess.CompletedProcess[str]"]
+CKPT = SPEC.checkpoint_dir
+SIDECAR_PATH = f"{CKPT}/chainrun-progress.json"
+
+
+# -- the due-time rule --------------------------------------------------------------
+
+
+def offset_of(path: str) -> float:
+    """Where ``path``'s windows start, found from the rule itself: the first moment after 0
+    at which a listing made at 0 is due again."""
+    t = 0.0
+    while not listing_due(path, 0.0, t + 0.001):
+        t += 0.001
+    return round(t + 0.001, 3) % PROGRESS_EVERY
+
+
+@pytest.mark.parametrize(
+    ("last", "now", "due"),
+    [
+        (None, 0.0, True),  # never listed: now
+        (0.0, 0.0, False),  # listed this very moment
+        (1.0, 59.0, False),  # in the same window
+        (0.0, 60.0, True),  # the next window
+        (59.0, 61.0, True),  # across the window's edge, however short the wait
+        (10.0, 500.0, True),  # long after
+        (70.0, 55.0, True),  # the clock went back into the window before: listed again
+        (70.0, 65.0, False),  # back, but within the same window
+    ],
+)
+def test_a_listing_is_due_once_in_each_window_of_its_path(
+    last: Optional[float], now: float, due: bool
+) -> None:
+    """The rule in the windows of one path (times given from the start of its window)."""
+    path = SIDECAR_PATH
+    shift = offset_of(path)
+    moved = None if last is None else last + shift
+    assert listing_due(path, moved, now + shift) is due
+
+
+def test_each_directory_is_listed_once_a_window_and_many_are_spread_over_the_ticks() -> None:
+    """1,000 chains first listed on one tick, then ticked every 10 s for 10 minutes: each is
+    listed again once in every PROGRESS_EVERY (never twice within a tick of it), and the
+    listings spread over the ticks rather than all coming due on one."""
+    tick = 10.0
+    paths = [f"/home/u/run{i}/checkpoints/chainrun-progress.json" for i in range(1000)]
+    last = dict.fromkeys(paths, 0.0)
+    listings: dict[str, list[float]] = {p: [0.0] for p in paths}
+    per_tick = []
+    for k in range(1, 61):
+        now = k * tick
+        due = [p for p in paths if listing_due(p, last[p], now)]
+        for p in due:
+            last[p] = now
+            listings[p].append(now)
+        per_tick.append(len(due))
+    for times in listings.values():
+        gaps = [b - a for a, b in zip(times[1:], times[2:])]  # after the first window
+        assert all(PROGRESS_EVERY - tick <= g <= PROGRESS_EVERY + tick for g in gaps), gaps
+        assert len(times) == 11  # the first listing, then one in each of 10 windows
+    expected = len(paths) * tick / PROGRESS_EVERY
+    assert max(per_tick) < 1.5 * expected, per_tick  # not all on one tick
+    assert min(per_tick[6:]) > 0.5 * expected, per_tick
+
+
+# -- the engine on the scripted cluster ---------------------------------------------
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path / "home")
+    yield w
+    w.store.close()
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Every file-system call the engine makes through the scripted cluster's transport."""
+    made: list[tuple[str, str]] = []
+    for name in ("read_file", "stat", "listdir", "write_file", "create_file"):
+        method = getattr(FakeTransport, name)
+
+        def counting(
+            self: FakeTransport, path: str, *args: object, _m: Any = method, _n: str = name, **kw: object
+        ) -> object:
+            made.append((_n, path))
+            return _m(self, path, *args, **kw)
+
+        monkeypatch.setattr(FakeTransport, name, counting)
+    return made
+
+
+def save_in_place(world: World, name: str = "model.pt") -> float:
+    """The script saves its checkpoint over the old one, under the same name: the file
+    changes, the directory does not. Returns the save's time."""
+    world.engine.transports(None).write_file(f"{CKPT}/{name}", b"weights")
+    return world.clock()
+
+
+def running_chain(world: World) -> tuple[str, float]:
+    """A chain whose segment 1 runs, with segment 2 queued behind it, and a checkpoint saved
+    before segment 1 started (which its start marker records); when that was saved."""
+    chain_id = world.add(replace(SPEC, target_epoch=None))
+    saved = save_in_place(world)
+    world.tick()
+    world.tick()
+    world.cluster.start("1", mtime=saved)
+    world.tick()  # records that it runs: the chain is loaded anew
+    world.tick()  # decided once on that, then quiet
+    return chain_id, saved
+
+
+def test_a_running_chain_without_a_sidecar_is_listed_only_when_due_and_not_decided_again(
+    world: World, calls: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steady ticks make no file-system call for the chain but the due listing of its
+    checkpoint directory (one call: the listing would show a sidecar that came), and its
+    facts stay equal, so decide() is not asked again; a save in place shows at the next
+    due listing."""
+    running_chain(world)
+    decided: list[str] = []
+    import chainrun.engine as engine_module
+
+    decide = engine_module.decide
+
+    def counting(chain: object, facts: object, now: float) -> object:
+        decided.append("decide")
+        return decide(chain, facts, now)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_module, "decide", counting)
+    calls.clear()
+    ticks = 30  # 300 s of 10 s ticks
+    for _ in range(ticks):
+        world.tick()
+    assert set(calls) == {("listdir", CKPT)}, calls
+    assert 4 <= len(calls) <= 6, calls  # one per 60 s window, not one per tick
+    assert decided == [], "facts unchanged: decide() is not asked again"
+    saved = save_in_place(world)
+    for _ in range(int(PROGRESS_EVERY // 10) + 1):
+        world.tick()
+    assert world.store.chains()[-1].latest.saved_at == saved
+
+
+@pytest.mark.parametrize("marker", [True, False], ids=["end marker", "no end marker"])
+def test_a_segment_that_saved_in_place_after_the_last_listing_is_credited(
+    world: World, calls: list[tuple[str, str]], marker: bool
+) -> None:
+    """The segment saves over its checkpoint in place after the service last listed the
+    directory, and ends before the next listing is due: the tick that sees it end lists the
+    directory then, so the segment is judged on the checkpoint it left, never charged "no
+    progress". Without an end marker (its node lost), that listing is all there is."""
+    chain_id, before = running_chain(world)
+    # Tick until a tick that listed the directory is followed by one where no listing is due.
+    while True:
+        calls.clear()
+        world.tick()
+        now = world.clock()
+        if ("listdir", CKPT) in calls and not listing_due(SIDECAR_PATH, now, now + 10):
+            break
+    world.clock.advance(3)
+    saved = save_in_place(world)
+    assert saved > before
+    mark = {"mtime": saved} if marker else {}
+    world.cluster.end("1", "timeout", marker=marker, **mark)
+    chain = world.tick(7)
+    first = chain.segments[0]
+    assert first.outcome is Outcome.TIMEOUT
+    assert not first.charged, first.reason
+    assert chain.failures == 0
+    assert chain.progress.saved_at == saved, chain.progress
+    assert "no progress" not in world.history(chain_id)
+
+
+# -- a real chain on the local runner -----------------------------------------------
+
+IN_PLACE = """
+import os, signal, sys, time
+path = os.path.join("checkpoints", "model.pt")
+os.makedirs("checkpoints", exist_ok=True)
+segments = int(open(path, "rb").read().split()[0]) if os.path.exists(path) else 0
+if segments >= 3:
+    sys.exit(0)  # trained enough: ends the chain
+signal.signal(signal.SIGUSR1, lambda *_: sys.exit(0))
+def save(step):
+    data = f"{segments + 1} {step}".encode()
+    if HOW == "torch.save":
+        import io, torch
+        buffer = io.BytesIO()
+        torch.save({"step": step}, buffer)
+        data = data + b" " + buffer.getvalue()
+    with open(path, "wb") as f:  # over the old file: the directory does not change
+        f.write(data)
+step = 0
+while True:
+    time.sleep(0.5)
+    step += 1
+    save(step)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["torch.save", "plain write"])
+def test_a_script_that_saves_over_its_checkpoint_in_place_is_never_charged(
+    tmp_path: Path, chainrun: CLI, how: str
+) -> None:
+    """A script that saves to the same file name over and over (no sidecar, no new file: its
+    checkpoint directory's mtime never moves after the first save) runs three segments to
+    their walltime, each credited the progress it saved, then exits 0 on its own."""
+    if how == "torch.save":
+        pytest.importorskip("torch")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text(f"HOW = {how!r}\n" + IN_PLACE)
+    command = f"{shlex.quote(sys.executable)} train.py"
+    (work / "job.toml").write_text(
+        f'name = "inplace"\ncommand = {json.dumps(command)}\n'
+        'total_time = "2m"\nwalltime = "6s"\ngrace = "2s"\nmax_failures = 0\n'
+    )
+    result = chainrun("run", str(work / "job.toml"), "--interval", "0.3")
+    out = chainrun("status", "inplace", "--json", check=True).stdout
+    st = json.loads(out)[0]
+    assert result.returncode == 0, (result.stderr[-2000:], st["reason"])
+    assert st["state"] == "completed", st["reason"]
+    segments = st["segments"]
+    assert [s["outcome"] for s in segments[:3]] == ["timeout"] * 3, segments
+    assert not any(s["charged"] for s in segments), segments
+    assert st["failures"] == 0
