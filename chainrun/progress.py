@@ -22,8 +22,10 @@ shows, and it is listed again only when due (``listing_due``: once every
 ``PROGRESS_EVERY`` seconds, each directory in its own slot of that window).
 Its directory's mtime cannot stand in for it: a script that saves over its
 checkpoint in place (``torch.save`` to the same name) changes the file, not
-the directory. Once none is there, a sidecar that comes is seen in that
-listing, so such a chain costs one call per listing. The module-level
+the directory. While none is there, the sidecar's path is still stat'ed at
+every tick (``present``), so a sidecar that comes (the first save of a script
+that uses the helper) is read at once: such a chain costs one ``stat`` a tick
+and a listing a minute. The module-level
 ``read`` is a fresh reader for one-off reads, such as at submission.
 """
 
@@ -125,8 +127,9 @@ class ProgressReader:
         seen = self._seen.get(key)
         if isinstance(seen, _Listed):
             if running and now is not None and seen.window and seen.window[0] <= now < seen.window[1]:
-                return seen.result
-            if not spec.progress_file:  # the listing shows whether a sidecar has come
+                if not self.present(transport, spec):  # one stat: a sidecar that comes is read at once
+                    return seen.result
+            elif not spec.progress_file:  # the listing shows whether a sidecar has come
                 files = transport.listdir(spec.checkpoint_dir)
                 if not any(f.name == SIDECAR_NAME for f in files or ()):
                     return self._listed(key, files, now)
@@ -152,6 +155,13 @@ class ProgressReader:
         self._remember(key, info, result)
         self._reported.pop(key, None)
         return result
+
+    def present(self, transport: Transport, spec: JobSpec) -> bool:
+        """Whether the chain's sidecar (or its own progress file) is there now: one ``stat``.
+        A chain whose directory had none looks for it at every tick, so that the first
+        segment of a script that uses the helper is followed from its first save, not from
+        its directory's next listing up to ``PROGRESS_EVERY`` later."""
+        return transport.stat(_path(spec)) is not None
 
     def standing(self, transport: Transport, spec: JobSpec) -> Optional[tuple[float, float]]:
         """While the clock is in the window returned, ``progress(transport, spec, now,

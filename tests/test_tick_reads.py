@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 import pytest
 from test_engine import SPEC, World
 
+from chainrun.checkpoint import SIDECAR_NAME
 from chainrun.model import Outcome
 from chainrun.progress import PROGRESS_EVERY, listing_due
 from chainrun.testing import FakeTransport
@@ -137,10 +138,10 @@ def running_chain(world: World) -> tuple[str, float]:
 def test_a_running_chain_without_a_sidecar_is_listed_only_when_due_and_not_decided_again(
     world: World, calls: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Steady ticks make no file-system call for the chain but the due listing of its
-    checkpoint directory (one call: the listing would show a sidecar that came), and its
-    facts stay equal, so decide() is not asked again; a save in place shows at the next
-    due listing."""
+    """Steady ticks make no file-system call for the chain but one stat of its sidecar's path
+    (a sidecar that comes is read at once) and the due listing of its checkpoint directory,
+    and its facts stay equal, so decide() is not asked again; a save in place shows at the
+    next due listing."""
     running_chain(world)
     decided: list[str] = []
     import chainrun.engine as engine_module
@@ -156,8 +157,9 @@ def test_a_running_chain_without_a_sidecar_is_listed_only_when_due_and_not_decid
     ticks = 30  # 300 s of 10 s ticks
     for _ in range(ticks):
         world.tick()
-    assert set(calls) == {("listdir", CKPT)}, calls
-    assert 4 <= len(calls) <= 6, calls  # one per 60 s window, not one per tick
+    assert set(calls) == {("listdir", CKPT), ("stat", f"{CKPT}/{SIDECAR_NAME}")}, calls
+    assert calls.count(("stat", f"{CKPT}/{SIDECAR_NAME}")) <= ticks, calls  # one a tick at most
+    assert 4 <= calls.count(("listdir", CKPT)) <= 6, calls  # one per 60 s window, not one per tick
     assert decided == [], "facts unchanged: decide() is not asked again"
     saved = save_in_place(world)
     for _ in range(int(PROGRESS_EVERY // 10) + 1):

@@ -142,6 +142,7 @@ class Observer:
             and settled.chain is chain
             and settled.listed == listed_now
             and settled.tagged == tagged
+            and not self.progress.present(transport, chain.spec)
         ):
             return settled.facts  # a chain that just runs sleeps until one of these changes
         found = {}
