@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 import posixpath
+import signal
 import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +25,10 @@ from chainrun.checkpoint import SIDECAR_NAME, SegmentClock, _store, read_progres
 from chainrun.checkpoint._digest import StreamDigest
 from chainrun.checkpoint._fence import FENCE_NAME
 from chainrun.checkpoint.torch import Checkpointer
+from chainrun.errors import TransportError
 from chainrun.progress import _newest_checkpoint
 from chainrun.transfer import MOVE_SUFFIX, TransferError, move_checkpoint
-from chainrun.transport import LocalTransport, SSHTransport, Transport
+from chainrun.transport import FileRefused, LocalTransport, SSHTransport, Transport
 
 SSH_CONFIG = "/var/lib/chainrun-test/ssh/config"
 LOCAL = LocalTransport()
@@ -209,8 +213,9 @@ def test_without_a_sidecar_the_scripts_files_move_with_their_mtimes(
 
 
 def test_a_corrupt_source_is_refused_and_the_destination_keeps_its_checkpoint(tmp_path: Path) -> None:
-    """One flipped byte: TransferError, nothing put in place, no temp file left, and the
-    destination's previous checkpoint and sidecar as they were."""
+    """One flipped byte: TransferError that blames the source (checked as the bytes pass, so
+    it is told apart from a fault where they are written), nothing put in place, no temp file
+    left, and the destination's previous checkpoint and sidecar as they were."""
     src, dst = tmp_path / "src", tmp_path / "dst"
     net = model()
     helper_save(src, net, 1)
@@ -226,7 +231,8 @@ def test_a_corrupt_source_is_refused_and_the_destination_keeps_its_checkpoint(tm
         move_checkpoint(LOCAL, str(src), LOCAL, str(dst))
 
     message = str(raised.value)
-    assert "\n" not in message and newest in message and str(src) in message and "corrupt" in message
+    assert "\n" not in message and str(src) in message
+    assert f"{newest} at the source does not match its recorded sha256: it is corrupt" in message
     assert {name: (dst / name).read_bytes() for name in os.listdir(dst)} == before
     assert_committed(LOCAL, str(dst))
 
@@ -237,8 +243,7 @@ def test_c_a_copy_cut_mid_transfer_is_never_used_and_a_retry_succeeds(
 ) -> None:
     """Issue 39 (c): the SSH connection is cut (its socket shut down) after 1 MiB of a
     checkpoint's bytes: TransferError; no partial file under a real name; the destination's
-    old sidecar still names a file that matches it; a retry removes what the cut attempt (or
-    an earlier killed one) left and succeeds."""
+    old sidecar still names a file that matches it; a retry succeeds and leaves no temp file."""
     src_t: Transport = LOCAL if side == "destination" else ssh
     dst_t: Transport = ssh if side == "destination" else LOCAL
     local = tmp_path / "local"
@@ -271,9 +276,138 @@ def test_c_a_copy_cut_mid_transfer_is_never_used_and_a_retry_succeeds(
         assert dst_t.read_file(posixpath.join(dst, name)) == data
     assert_committed(dst_t, dst)
 
-    dst_t.write_file(posixpath.join(dst, f".{newest['file']}.0123456789ab{MOVE_SUFFIX}"), b"killed")
     moved = move_checkpoint(src_t, src, dst_t, dst)
 
     assert moved.digest == newest["sha256"]
     assert not {n for n in names(dst_t, dst) if n.endswith(MOVE_SUFFIX)}
     assert assert_committed(dst_t, dst)["file"] == newest["file"]
+
+
+def test_a_file_damaged_where_it_was_written_is_never_put_in_place(tmp_path: Path) -> None:
+    """The bytes arrive intact but the destination's copy changes before it is put in place
+    (a disk or file system fault, made here by flipping its first byte mid-copy): the hash
+    taken there catches it, and the destination keeps its previous checkpoint."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    net = model()
+    helper_save(src, net, 1)
+    move_checkpoint(LOCAL, str(src), LOCAL, str(dst))
+    before = {name: (dst / name).read_bytes() for name in os.listdir(dst)}
+    helper_save(src, net, 2)
+
+    def damage(copied: int) -> None:
+        if copied >= 2 * 4096:
+            (temp,) = [name for name in os.listdir(dst) if name.endswith(MOVE_SUFFIX)]
+            fd = os.open(dst / temp, os.O_RDWR)
+            try:
+                os.pwrite(fd, bytes([os.pread(fd, 1, 0)[0] ^ 0xFF]), 0)
+            finally:
+                os.close(fd)
+
+    with pytest.raises(TransferError, match="as written at the destination does not match"):
+        move_checkpoint(LOCAL, str(src), LOCAL, str(dst), piece=4096, on_piece=damage)
+
+    assert {name: (dst / name).read_bytes() for name in os.listdir(dst)} == before
+
+
+def test_a_hugging_face_checkpoint_directory_moves_with_every_file_its_manifest_lists(
+    tmp_path: Path, ssh: SSHTransport, remote_dir: str
+) -> None:
+    """The Hugging Face helper commits a ``checkpoint-N`` directory through a manifest (here
+    its own commit, on files standing in for the Trainer's): every file listed, in its
+    subdirectory, then the manifest, then the sidecar; to SSH and back, byte-equal."""
+    transformers = pytest.importorskip("transformers")
+    from chainrun.checkpoint import hf
+
+    out, back = tmp_path / "out", tmp_path / "back"
+    files = {"model.safetensors": os.urandom(200000), "optimizer.pt": os.urandom(90000), "sub/rng.pth": b"r"}
+    for name, data in files.items():
+        (out / "checkpoint-7" / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / "checkpoint-7" / name).write_bytes(data)
+    args = transformers.TrainingArguments(output_dir=str(out), report_to=[])
+    state = transformers.TrainerState(global_step=7, epoch=1.0, max_steps=14, num_train_epochs=2)
+    saved = hf._commit(args, state, keep=2)
+
+    move_checkpoint(LOCAL, str(out), ssh, remote_dir)
+    moved = move_checkpoint(ssh, remote_dir, LOCAL, str(back))
+
+    listed = [f.name for f in moved.files]
+    assert sorted(listed[:3]) == sorted(f"checkpoint-7/{name}" for name in files)
+    assert listed[3:] == [saved.file, SIDECAR_NAME]
+    for name, data in files.items():
+        assert (back / "checkpoint-7" / name).read_bytes() == data
+    assert hf.newest_checkpoint(str(back)) == str(back / "checkpoint-7")
+
+
+@pytest.mark.parametrize("kind", ["local", "ssh"])
+def test_the_streams_refuse_what_is_there_and_rename_replaces_only_when_asked(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``open_new`` never writes over a file, ``open_read`` opens regular files only (a FIFO
+    would block), and ``rename`` replaces a file only with ``replace=True``."""
+    t: Transport = LOCAL
+    d = str(tmp_path)
+    if kind == "ssh":
+        t, d = request.getfixturevalue("ssh"), request.getfixturevalue("remote_dir")
+        t.makedirs(d)
+    a, b = posixpath.join(d, "a"), posixpath.join(d, "b")
+    writer = t.open_new(a)
+    writer.write(b"new bytes")
+    writer.commit(1_600_000_000)
+    assert t.read_file(a) == b"new bytes"
+    with pytest.raises(TransportError, match="cannot create"):
+        t.open_new(a)
+    t.write_file(b, b"old")
+    with pytest.raises(TransportError, match="cannot rename"):
+        t.rename(a, b)
+    t.rename(a, b, replace=True)
+    assert (t.read_file(b), t.stat(a)) == (b"new bytes", None)
+    reader = t.open_read(b)
+    assert reader.read(3) + reader.read(100) + reader.read(100) == b"new bytes"
+    reader.close()
+    assert t.run(["mkfifo", posixpath.join(d, "fifo")]).ok
+    with pytest.raises(FileRefused, match="a FIFO"):
+        t.open_read(posixpath.join(d, "fifo"))
+
+
+KILLED_MOVER = """
+import os, signal, sys
+from chainrun.transfer import move_checkpoint
+from chainrun.transport import transport_for
+
+def die(copied):
+    if copied >= 1024 * 1024:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+move_checkpoint(transport_for(""), sys.argv[1], transport_for(sys.argv[2]), sys.argv[3], on_piece=die)
+"""
+
+
+def test_a_mover_killed_mid_copy_leaves_nothing_in_use_and_the_next_move_cleans_up(
+    tmp_path: Path, ssh: SSHTransport, remote_dir: str
+) -> None:
+    """The process doing the move is killed (SIGKILL) after 1 MiB: no cleanup runs, yet the
+    destination shows no partial file under a real name and its old sidecar stands; the next
+    move removes the temp file left behind and succeeds."""
+    src = tmp_path / "src"
+    net = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.Linear(1024, 512))
+    helper_save(src, net, 1)
+    move_checkpoint(LOCAL, str(src), ssh, remote_dir)
+    old = {name: ssh.read_file(posixpath.join(remote_dir, name)) for name in names(ssh, remote_dir)}
+    helper_save(src, net, 2)
+    env = dict(os.environ, CHAINRUN_SSH_CONFIG=SSH_CONFIG, PYTHONPATH=str(Path(__file__).parent.parent))
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_MOVER, str(src), "crtest-local", remote_dir], env=env, timeout=120
+    )
+    assert killed.returncode == -signal.SIGKILL
+
+    now = names(ssh, remote_dir)
+    left = {n for n in now if n.endswith(MOVE_SUFFIX)}
+    assert len(left) == 1 and now - left == set(old)
+    for name, data in old.items():
+        assert ssh.read_file(posixpath.join(remote_dir, name)) == data
+    assert_committed(ssh, remote_dir)
+
+    moved = move_checkpoint(LOCAL, str(src), ssh, remote_dir)
+
+    assert not {n for n in names(ssh, remote_dir) if n.endswith(MOVE_SUFFIX)}
+    assert assert_committed(ssh, remote_dir)["sha256"] == moved.digest
