@@ -19,7 +19,10 @@ destination needs to resume, and nothing else:
   hashed on the source host before the copy and checked against that as it passes.
   Their mtimes are kept, so progress by mtime neither goes back nor jumps (SFTP
   carries whole seconds: a remote side's mtime may lose its fraction); they are put
-  in place oldest first, so the newest, the one progress reads, lands last.
+  in place oldest first, so the newest, the one progress reads, lands last. Such a
+  directory has no commit point: a move cut short among its renames (after every
+  file was copied and verified) leaves some files new and some old, each whole, until
+  the retry completes it.
 
 No file is used half-written: each is written to a temporary name in ``dst_dir``
 (``.<name>.<random>.chainrun-move``, hidden, so progress never counts it), made
@@ -30,8 +33,9 @@ replaced only after every file it names is in place and verified, so until then 
 previous checkpoint and sidecar stay valid. A move that fails raises
 ``TransferError`` (what, where, why) and removes the temp files it can; a move
 begins by removing the temp files an interrupted one left, so a retry starts clean.
-One move at a time per destination directory (the service moves a chain's
-checkpoint once, between two segments).
+One move at a time per destination directory, from a source no segment writes to
+any more (the service moves a chain's checkpoint between two segments): the sidecar
+is read once, at the start, and a file retention deletes under the copy fails it.
 
 The bytes flow through this machine (source -> here -> destination), in pieces of
 ``piece`` bytes over each transport's streams (``Transport.open_read``,
