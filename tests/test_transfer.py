@@ -411,3 +411,38 @@ def test_a_mover_killed_mid_copy_leaves_nothing_in_use_and_the_next_move_cleans_
 
     assert not {n for n in names(ssh, remote_dir) if n.endswith(MOVE_SUFFIX)}
     assert assert_committed(ssh, remote_dir)["sha256"] == moved.digest
+
+
+@pytest.mark.parametrize(
+    ("setup", "says"),
+    [
+        ("missing", "the directory is missing"),
+        ("empty", "it holds no checkpoint"),
+        ("bad sidecar", "progress sidecar chainrun-progress.json is not valid JSON"),
+        ("file gone", "cannot read"),
+        ("truncated", "has 5 bytes where 6 were recorded"),
+    ],
+)
+def test_what_cannot_be_moved_is_said_in_one_line_and_nothing_lands(
+    setup: str, says: str, tmp_path: Path
+) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    if setup != "missing":
+        src.mkdir()
+    if setup in ("file gone", "truncated"):
+        (src / "model.bin").write_bytes(b"weight")
+        write_progress(src, epoch=1, step=0, file="model.bin")
+        if setup == "file gone":
+            (src / "model.bin").unlink()
+        else:
+            (src / "model.bin").write_bytes(b"weigh")
+    if setup == "bad sidecar":
+        (src / SIDECAR_NAME).write_text("{not json\n")
+
+    with pytest.raises(TransferError) as raised:
+        move_checkpoint(LOCAL, str(src), LOCAL, str(dst))
+
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"cannot move the checkpoint from localhost:{src}")
+    assert says in message
+    assert os.listdir(dst) == []
