@@ -446,3 +446,21 @@ def test_what_cannot_be_moved_is_said_in_one_line_and_nothing_lands(
     assert "\n" not in message and message.startswith(f"cannot move the checkpoint from localhost:{src}")
     assert says in message
     assert os.listdir(dst) == []
+
+
+def test_between_two_directories_of_one_ssh_host_the_one_connection_serves_both_ends(
+    tmp_path: Path, ssh: SSHTransport, remote_dir: str
+) -> None:
+    """Source and destination on the same SSHTransport: the streams use its SFTP session
+    outside its lock, so reading one file while writing another does not wait on itself."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w.bin").write_bytes(os.urandom(3 * 1024 * 1024))
+    write_progress(src, epoch=2, step=5, file="w.bin")
+    move_checkpoint(LOCAL, str(src), ssh, f"{remote_dir}/a")
+
+    moved = move_checkpoint(ssh, f"{remote_dir}/a", ssh, f"{remote_dir}/b", piece=65536)
+
+    assert [f.name for f in moved.files] == ["w.bin", SIDECAR_NAME]
+    assert ssh.read_file(f"{remote_dir}/b/w.bin") == (src / "w.bin").read_bytes()
+    assert_committed(ssh, f"{remote_dir}/b")
