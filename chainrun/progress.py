@@ -241,14 +241,16 @@ def _own(data: bytes, spec: JobSpec, info: FileInfo) -> Progress:
     return Progress(epoch=value, file=posixpath.basename(spec.progress_file or ""), saved_at=info.mtime)
 
 
+def is_checkpoint_file(info: FileInfo) -> bool:
+    """Whether a directory entry counts as a script's own checkpoint: a regular file, neither
+    hidden nor a file a saving script leaves only for a moment."""
+    return info.is_file and not info.name.startswith(".") and not info.name.endswith(_IGNORED_SUFFIXES)
+
+
 def _newest_checkpoint(files: list[FileInfo]) -> Progress:
     """Progress by the newest regular file's mtime in a checkpoint directory's listing, for
     scripts that write no sidecar."""
-    candidates = [
-        f
-        for f in files
-        if f.is_file and not f.name.startswith(".") and not f.name.endswith(_IGNORED_SUFFIXES)
-    ]
+    candidates = [f for f in files if is_checkpoint_file(f)]
     if not candidates:
         return NO_PROGRESS
     newest = max(candidates, key=lambda f: f.mtime)

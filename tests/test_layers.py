@@ -42,6 +42,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.markers",
         "chainrun.progress",
         "chainrun.snapshot",
+        "chainrun.transfer",  # a checkpoint copied, verified, from one place to another
         "chainrun.jobfile",
         "chainrun.testing",
         "chainrun.hostserver",

@@ -75,6 +75,34 @@ def file_digest(path: Union[str, os.PathLike[str]], chunk: int) -> FileDigest:
             hasher.close()
 
 
+class StreamDigest:
+    """The digest of bytes seen once, in order (``update``), as ``file_digest`` hashes a file:
+    whole when ``chunk`` is 0, else a tree of ``chunk``-byte pieces. For bytes passing through
+    (a copy between hosts), where no file is there to map."""
+
+    def __init__(self, chunk: int) -> None:
+        self._chunk = chunk
+        self._hash = hashlib.sha256()  # the whole file, or the piece being filled
+        self._filled = 0
+        self._chunks: list[str] = []
+
+    def update(self, data: bytes) -> None:
+        view = memoryview(data)
+        while self._chunk and len(view) >= self._chunk - self._filled:
+            take = self._chunk - self._filled
+            self._hash.update(view[:take])
+            self._chunks.append(self._hash.hexdigest())
+            self._hash, self._filled, view = hashlib.sha256(), 0, view[take:]
+        self._hash.update(view)
+        self._filled += len(view)
+
+    def digest(self) -> FileDigest:
+        if not self._chunk:
+            return FileDigest(self._hash.hexdigest())
+        chunks = (*self._chunks, self._hash.hexdigest()) if self._filled else tuple(self._chunks)
+        return FileDigest(root_of(chunks), self._chunk, chunks)
+
+
 def hash_range(fd: int, h: Any, offset: int, end: int) -> None:
     """Add bytes ``offset`` to ``end`` of a file (which holds at least ``end`` bytes) to ``h``.
 

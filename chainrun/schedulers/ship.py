@@ -109,6 +109,7 @@ CARRIER = Shipped(
         "transport/local.py",
         "transport/ssh.py",
         "transport/sshconfig.py",
+        "transport/sshstream.py",
     ),
 )
 # The local runner, copied to each remote workstation of a local scheduler or pool.

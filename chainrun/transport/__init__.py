@@ -22,9 +22,9 @@ This package exports the ``Transport`` protocol (``base.py``, with what its
 implementations share: argument checks, the regular-file checks, error wording)
 and the factory ``transport_for``, and ``canonical_host``: the machine an alias reaches.
 ``local.py`` is this machine (``subprocess`` and ``os``); ``ssh.py`` is one host over
-paramiko, with ``sshconfig.py`` reading the OpenSSH config. paramiko is imported only when
-a chain has a host: ``SSHTransport`` is loaded on first use, by ``transport_for(host)`` or
-by importing the name.
+paramiko, with ``sshconfig.py`` reading the OpenSSH config and ``sshstream.py`` the SFTP
+files written aside or in pieces. paramiko is imported only when a chain has a host:
+``SSHTransport`` is loaded on first use, by ``transport_for(host)`` or by importing the name.
 """
 
 from __future__ import annotations

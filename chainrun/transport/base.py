@@ -48,6 +48,30 @@ class FileInfo:
         return stat.S_ISDIR(self.mode)
 
 
+class ReadStream(Protocol):
+    """A file being read in pieces (``Transport.open_read``); a lost link is a TransportError."""
+
+    def read(self, size: int) -> bytes:
+        """Up to ``size`` bytes; b"" at the end of the file."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class WriteStream(Protocol):
+    """A new file being written in pieces (``Transport.open_new``); a lost link is a
+    TransportError. Nothing is durable until ``commit``; ``close`` alone abandons it as it is
+    (the caller removes it)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def commit(self, mtime: float | None = None) -> None:
+        """Flush, set the modification time (when given), fsync and close."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class Transport(Protocol):
     """Where commands run and files live: this machine or one SSH host."""
 
@@ -83,8 +107,19 @@ class Transport(Protocol):
 
     def remove(self, path: str) -> None: ...
 
-    def rename(self, path: str, new_path: str) -> None:
-        """Move a file or directory to ``new_path``, which must not exist (never replaced)."""
+    def rename(self, path: str, new_path: str, *, replace: bool = False) -> None:
+        """Move a file or directory to ``new_path``, which must not exist (never replaced);
+        with ``replace``, a file at ``new_path`` is replaced atomically (POSIX rename)."""
+        ...
+
+    def open_read(self, path: str) -> ReadStream:
+        """A regular file opened to be read in pieces (FileRefused for anything else);
+        TransportError when it is missing or cannot be read."""
+        ...
+
+    def open_new(self, path: str, mode: int = 0o600) -> WriteStream:
+        """A new file created exclusively at ``path`` (TransportError when something is
+        there), to be written in pieces and made durable by ``WriteStream.commit``."""
         ...
 
     def user_id(self) -> int:

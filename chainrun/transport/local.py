@@ -16,6 +16,7 @@ import stat
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
+from typing import BinaryIO
 
 from chainrun.errors import TransportError
 from chainrun.model import CommandResult
@@ -183,21 +184,84 @@ class LocalTransport:
         except OSError as e:
             raise file_error("remove", path, "localhost", e) from None
 
-    def rename(self, path: str, new_path: str) -> None:
+    def rename(self, path: str, new_path: str, *, replace: bool = False) -> None:
         target = os.path.expanduser(new_path)
         try:
             # os.rename would replace an empty directory or a file at the target.
-            if os.path.lexists(target):
+            if not replace and os.path.lexists(target):
                 raise FileExistsError(errno.EEXIST, f"{new_path} exists")
             os.rename(os.path.expanduser(path), target)
         except OSError as e:
             raise file_error("rename", path, "localhost", e) from None
+        if replace:
+            _fsync_dir(os.path.dirname(target) or ".")
+
+    def open_read(self, path: str) -> _Reader:
+        full = os.path.expanduser(path)
+        try:
+            check_file(path, "localhost", os.lstat(full), None)
+            fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            raise file_error("read", path, "localhost", e) from None
+        return _Reader(os.fdopen(fd, "rb"), path)
+
+    def open_new(self, path: str, mode: int = 0o600) -> _Writer:
+        full = os.path.expanduser(path)
+        try:
+            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            os.fchmod(fd, mode)
+        except OSError as e:
+            raise file_error("create", path, "localhost", e) from None
+        return _Writer(os.fdopen(fd, "wb"), path)
 
     def close(self) -> None:
         pass
 
 
 LOCAL = LocalTransport()
+
+
+class _Reader:
+    """A local file read in pieces (``open_read``)."""
+
+    def __init__(self, f: BinaryIO, path: str) -> None:
+        self._file, self._path = f, path
+
+    def read(self, size: int) -> bytes:
+        try:
+            return self._file.read(size)
+        except OSError as e:
+            raise file_error("read", self._path, "localhost", e) from None
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class _Writer:
+    """A new local file written in pieces (``open_new``)."""
+
+    def __init__(self, f: BinaryIO, path: str) -> None:
+        self._file, self._path = f, path
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._file.write(data)
+        except OSError as e:
+            raise file_error("write", self._path, "localhost", e) from None
+
+    def commit(self, mtime: float | None = None) -> None:
+        try:
+            self._file.flush()
+            if mtime is not None:
+                os.utime(self._file.fileno(), (mtime, mtime))
+            os.fsync(self._file.fileno())
+            self._file.close()
+        except OSError as e:
+            raise file_error("write", self._path, "localhost", e) from None
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # abandoned: the caller removes what is there
+            self._file.close()
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

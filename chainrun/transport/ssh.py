@@ -7,9 +7,9 @@ way an interactive login does: that is where clusters put Slurm and SGE. Every
 argument is quoted with ``shlex``; ``env`` becomes ``K=V`` assignments in
 front of the command. Where to connect and how comes from the OpenSSH config
 (``sshconfig.py``). ``forward`` carries a local port to an address on the
-host (``direct-tcpip``, as ``ssh -L``), across reconnects. This module and
-``sshconfig.py`` are the only ones that import paramiko; ``chainrun.transport``
-loads them when a chain has a host.
+host (``direct-tcpip``, as ``ssh -L``), across reconnects. This module,
+``sshconfig.py`` and ``sshstream.py`` (files written aside, or in pieces) are the only
+ones that import paramiko; ``chainrun.transport`` loads them when a chain has a host.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
-import secrets
 import select
 import shlex
 import socket
@@ -31,7 +30,6 @@ from typing import Any, Callable, TypeVar
 import paramiko
 from paramiko.common import cMSG_CHANNEL_REQUEST
 from paramiko.message import Message
-from paramiko.sftp import CMD_EXTENDED
 
 from chainrun.errors import TransportError
 from chainrun.model import CommandResult
@@ -55,6 +53,7 @@ from chainrun.transport.sshconfig import (
     load_config,
     resolve,
 )
+from chainrun.transport.sshstream import SFTPReader, SFTPWriter, sftp_aside
 
 __all__ = ["PortForward", "SSHTransport"]
 
@@ -249,7 +248,7 @@ class SSHTransport:
 
     def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
         def write(sftp: paramiko.SFTPClient, p: str) -> None:
-            tmp = _sftp_aside(sftp, p, data, mode)
+            tmp = sftp_aside(sftp, p, data, mode)
             try:
                 sftp.posix_rename(tmp, p)
             except BaseException:
@@ -261,7 +260,7 @@ class SSHTransport:
 
     def create_file(self, path: str, data: bytes, mode: int = 0o600) -> bool:
         def create(sftp: paramiko.SFTPClient, p: str) -> bool:
-            tmp = _sftp_aside(sftp, p, data, mode)
+            tmp = sftp_aside(sftp, p, data, mode)
             try:
                 # SFTP's own rename (not posix-rename) refuses a target that exists: the file
                 # appears whole, and only where nothing was.
@@ -347,14 +346,30 @@ class SSHTransport:
 
         self._sftp_call("remove", path, remove)
 
-    def rename(self, path: str, new_path: str) -> None:
+    def rename(self, path: str, new_path: str, *, replace: bool = False) -> None:
         remote_new = new_path[2:] if new_path.startswith("~/") else new_path
 
         def rename(sftp: paramiko.SFTPClient, p: str) -> None:
             # SFTP's own rename (not posix-rename) refuses a target that exists.
-            sftp.rename(p, remote_new)
+            (sftp.posix_rename if replace else sftp.rename)(p, remote_new)
 
         self._sftp_call("rename", path, rename)
+
+    def open_read(self, path: str) -> SFTPReader:
+        def open_(sftp: paramiko.SFTPClient, p: str) -> SFTPReader:
+            check_file(path, self._alias, sftp.lstat(p), None)  # never open a FIFO: see read_file
+            f = sftp.open(p, "rb")
+            return SFTPReader(sftp, f, f.stat().st_size or 0, self._alias, path)
+
+        return self._sftp_call("read", path, open_)
+
+    def open_new(self, path: str, mode: int = 0o600) -> SFTPWriter:
+        def create(sftp: paramiko.SFTPClient, p: str) -> SFTPWriter:
+            f = sftp.open(p, "wxb")
+            f.chmod(mode)
+            return SFTPWriter(sftp, f, self._alias, path)
+
+        return self._sftp_call("create", path, create)
 
     def _sftp_call(self, what: str, path: str, op: Callable[[paramiko.SFTPClient, str], T]) -> T:
         # SFTP resolves relative paths against the login directory, so "~/x" is "x".
@@ -571,31 +586,6 @@ def _kill_remote(chan: paramiko.Channel) -> None:
 def _with_name(attrs: paramiko.SFTPAttributes, name: str) -> paramiko.SFTPAttributes:
     attrs.filename = name
     return attrs
-
-
-def _sftp_aside(sftp: paramiko.SFTPClient, p: str, data: bytes, mode: int) -> str:
-    """``data`` written whole and durable to a private temp file beside ``p`` (created
-    exclusively, ``mode`` set before any data lands), to be put into place; its path."""
-    directory, base = posixpath.split(p)
-    tmp = posixpath.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
-    try:
-        with sftp.open(tmp, "wxb") as f:
-            f.chmod(mode)
-            f.set_pipelined(True)
-            f.write(data)
-            f.flush()
-            _sftp_fsync(sftp, f)
-    except BaseException:
-        with contextlib.suppress(Exception):  # best effort: the original error matters
-            sftp.remove(tmp)
-        raise
-    return tmp
-
-
-def _sftp_fsync(sftp: paramiko.SFTPClient, f: paramiko.SFTPFile) -> None:
-    """Ask the server to fsync (OpenSSH's fsync@openssh.com); skip where unsupported."""
-    with contextlib.suppress(OSError):  # no extension: the rename is still atomic
-        sftp._request(CMD_EXTENDED, "fsync@openssh.com", f.handle)
 
 
 class _RejectUnknown:
