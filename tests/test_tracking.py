@@ -114,6 +114,22 @@ def wandb_records(path: Path) -> list[Any]:
 BLOCK, FULL, FIRST, LAST = 32768, 1, 2, 4
 
 
+def wandb_offline_runs(directory: Path) -> tuple[set[str], list[tuple[int, dict[str, Any]]]]:
+    """What offline W&B wrote under ``directory`` (one ``offline-run-*`` per segment, read in
+    time order): the run ids its records name, and each history record as (its step, its row
+    by key: a nested key joined by '/', the value parsed from JSON)."""
+    ids, history = set(), []
+    for run in sorted(directory.glob("offline-run-*")):
+        for record in wandb_records(next(run.glob("*.wandb"))):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                ids.add(record.run.run_id)
+            elif kind == "history":
+                row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                history.append((record.history.step.num, row))
+    return ids, history
+
+
 @pytest.mark.slow
 def test_a_chain_of_three_segments_is_one_wandb_run_with_every_segments_steps(
     tmp_path: Path, chainrun: CLI
@@ -135,16 +151,9 @@ def test_a_chain_of_three_segments_is_one_wandb_run_with_every_segments_steps(
     chain_id = json.loads(chainrun("status", "--json", check=True).stdout)[0]["id"]
     runs = sorted((home / "wandb").glob("offline-run-*"))
     assert len(runs) == 3, runs  # one directory per segment ...
-    ids, steps = set(), []
-    for run in runs:
-        for record in wandb_records(next(run.glob("*.wandb"))):
-            kind = record.WhichOneof("record_type")
-            if kind == "run":
-                ids.add(record.run.run_id)
-            elif kind == "history":
-                steps.append(record.history.step.num)
+    ids, history = wandb_offline_runs(home / "wandb")
     assert ids == {tracker_run_id(chain_id)}  # ... and all of them the one run
-    assert steps == list(range(12))
+    assert [step for step, _ in history] == list(range(12))
 
 
 BASE = {"name": "t", "command": "python train.py", "total_time": "1h", "walltime": "10m"}

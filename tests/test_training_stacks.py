@@ -23,7 +23,7 @@ import pytest
 import test_contract
 from conftest import REPO, need
 from test_contract import CLI, Cluster, outline, ran, same_state, status, write_job
-from test_tracking import mlflow_env, mlflow_runs, wandb_records
+from test_tracking import mlflow_env, mlflow_runs, wandb_offline_runs
 
 from chainrun.schedulers.segment import tracker_run_id
 
@@ -218,17 +218,8 @@ def test_a_chain_logging_to_wandb_writes_one_run_each_step_once(
         tracking=("wandb",),
     )
     rid = tracker_run_id(status(chainrun, "t")["id"])
-    runs = sorted((work / "wandb").glob("offline-run-*"))  # one directory per segment, by time
-    assert len(runs) == len(segs), runs
-    ids, logged = set(), []
-    for run in runs:
-        for record in wandb_records(next(run.glob("*.wandb"))):
-            kind = record.WhichOneof("record_type")
-            if kind == "run":
-                ids.add(record.run.run_id)
-            elif kind == "history":
-                row = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
-                if metric in row:
-                    logged.append(json.loads(row[x]))
+    assert len(list((work / "wandb").glob("offline-run-*"))) == len(segs)  # one directory per segment
+    ids, history = wandb_offline_runs(work / "wandb")
+    logged = [row[x] for _, row in history if metric in row]
     assert ids == {rid}
     assert logged == list(range(first, first + steps))
