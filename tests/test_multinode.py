@@ -243,6 +243,11 @@ def node_of(job_id: str, which: int) -> str:
     return hostnames(out.stdout.strip())[which]
 
 
+def running(st: dict[str, Any]) -> bool:
+    """Whether the chain's first segment runs."""
+    return bool(st["segments"]) and st["segments"][0]["phase"] == "running"
+
+
 def power(action: str, node: str) -> None:
     subprocess.run([str(SLURM_NODES), action, node], check=True, timeout=120, capture_output=True)
 
@@ -260,6 +265,7 @@ def test_a_node_lost_under_a_segment_is_a_free_node_failure_and_the_chain_goes_o
     it runs on the nodes that are up and the chain ends bit-equal to one uninterrupted run."""
     import torch
 
+    wait_for(lambda: all(usable(s) for s in sinfo_nodes().values()), 300, "all three nodes up")
     epochs = 3
     expected = torch.load(reference(tmp_path, epochs))
     (work / "ddp_train.py").write_text(DDP_TRAINER.read_text())
@@ -282,18 +288,23 @@ def test_a_node_lost_under_a_segment_is_a_free_node_failure_and_the_chain_goes_o
     service(interval=1)
     killed: list[str] = []
     try:
-        # Segment 1 running, with a checkpoint saved (an epoch's end) in it.
+        wait_for(lambda: running(status(chainrun, chain)), 400, "segment 1 to run")
+        first = status(chainrun, chain)["segments"][0]
+        lost = node_of(first["job_id"], 1)
+        # Another node down too, first, and seen down by Slurm before `lost` dies: one node left,
+        # the next segment (two nodes) must wait. (Killed at once, Slurm may see `lost` dead
+        # first, and start the next segment on `other` before it has seen that one dead.)
+        other = next(n for n in sinfo_nodes() if n not in (lost, node_of(first["job_id"], 0)))
+        power("kill", other)
+        killed.append(other)
+        wait_for(lambda: not usable(sinfo_nodes()[other]), 120, f"Slurm to see {other} not responding")
+        # Segment 1 still running, with a checkpoint saved (an epoch's end) in it.
         wait_for(
             lambda: (status(chainrun, chain)["progress"]["epoch"] or 0) >= 1, 400, "a checkpoint in segment 1"
         )
-        first = status(chainrun, chain)["segments"][0]
-        assert first["phase"] == "running", first
-        lost = node_of(first["job_id"], 1)
-        # Another node down too: one node left, the next segment (two nodes) must wait.
-        other = next(n for n in sinfo_nodes() if n not in (lost, node_of(first["job_id"], 0)))
-        for node in (lost, other):
-            power("kill", node)
-            killed.append(node)
+        assert status(chainrun, chain)["segments"][0]["phase"] == "running", status(chainrun, chain)
+        power("kill", lost)
+        killed.append(lost)
         wait_for(
             lambda: status(chainrun, chain)["segments"][0]["outcome"] is not None, 300, "segment 1 to end"
         )
