@@ -22,6 +22,7 @@ from chainrun.model import CommandResult, JobSpec, ListedJob
 from chainrun.schedulers.base import (
     ArrayScheduler,
     HelperFile,
+    NodeStateProbe,
     NodeSubmitProbe,
     Scheduler,
     ShapeProbe,
@@ -152,6 +153,13 @@ class Cluster:
         if not isinstance(self.scheduler, ShapeProbe):
             return ""
         return self.call(self.scheduler.shape_argv(job), self.scheduler.parse_shape, POLL_TIMEOUT)
+
+    def down(self, nodes: str) -> tuple[str, ...]:
+        """Which of ``nodes`` (an ended job's, ``ListedJob.nodes``) the scheduler holds down
+        now; none when the backend cannot tell."""
+        if not nodes or not isinstance(self.scheduler, NodeStateProbe):
+            return ()
+        return tuple(self.call(self.scheduler.down_argv(nodes), self.scheduler.parse_down, POLL_TIMEOUT))
 
     def explain(self, job_id: str) -> str:
         """The scheduler's own words for why a job is held in an error state; "" if none."""

@@ -510,6 +510,7 @@ class ListedJob:
     # Held by the scheduler in an error state (SGE's Eqw, Slurm's DependencyNeverSatisfied): never runs.
     stuck: bool = False
     slot: Optional[int] = None  # the local runner's slot it holds (a pool: its GPUs follow)
+    nodes: str = ""  # the nodes an ended job had, as the scheduler names them (a Slurm hostlist)
 
 
 # Actions returned by decide(); the engine carries them out in order and

@@ -380,8 +380,11 @@ class FakeTransport:
     def remove(self, path: str) -> None:
         self.cluster.files.pop(path, None)
 
-    def rename(self, path: str, new_path: str) -> None:
-        """Move the file at ``path``, or every file under it as a directory."""
+    def rename(self, path: str, new_path: str, *, replace: bool = False) -> None:
+        """Move the file at ``path``, or every file under it as a directory; onto a file
+        there only with ``replace``, as the real transports."""
+        if not replace and (self.stat(new_path) is not None or self.listdir(new_path)):
+            raise TransportError(f"cannot rename {path} on the fake cluster: {new_path} exists")
         prefix = path.rstrip("/")
         for name in [p for p in self.cluster.files if p == prefix or p.startswith(prefix + "/")]:
             self.cluster.files[new_path.rstrip("/") + name[len(prefix) :]] = self.cluster.files.pop(name)
@@ -389,8 +392,37 @@ class FakeTransport:
             self.cluster.dirs.remove(name)
             self.cluster.dirs.add(new_path.rstrip("/") + name[len(prefix) :])
 
+    def open_read(self, path: str) -> io.BytesIO:
+        """The file's bytes as they are now, read in pieces (``BytesIO.read(size)``)."""
+        data = self.cluster.files.get(path)
+        if data is None:
+            raise TransportError(f"cannot read {path} on the fake cluster: no such file")
+        return io.BytesIO(data)
+
+    def open_new(self, path: str, mode: int = 0o600) -> FakeWriter:
+        if self.stat(path) is not None:
+            raise TransportError(f"cannot create {path} on the fake cluster: it exists")
+        self.write_file(path, b"", mode)  # there at once, as an exclusive create makes it
+        return FakeWriter(self.cluster, path)
+
     def user_id(self) -> int:
         return USER
+
+    def close(self) -> None:
+        pass
+
+
+class FakeWriter:
+    """A new file of the fake cluster written in pieces: each lands at once, as on a disk."""
+
+    def __init__(self, cluster: FakeCluster, path: str) -> None:
+        self.cluster, self.path = cluster, path
+
+    def write(self, data: bytes) -> None:
+        self.cluster.files[self.path] = self.cluster.files.get(self.path, b"") + data
+
+    def commit(self, mtime: Optional[float] = None) -> None:
+        self.cluster.mtimes[self.path] = self.cluster.clock() if mtime is None else mtime
 
     def close(self) -> None:
         pass

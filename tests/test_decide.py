@@ -171,6 +171,27 @@ def test_a_node_failure_is_free_while_the_checkpoint_is_intact(
     assert kinds(actions) == (["EndSegment", "Cancel", "Finish"] if charged else ["EndSegment"])
 
 
+@pytest.mark.parametrize(
+    ("down", "outcome", "charged"),
+    [
+        (("node3",), Outcome.NODE_FAIL, False),  # its node died unnoticed: the machine's fault
+        ((), Outcome.FAILED, True),  # every node up: the command's own failure
+    ],
+)
+def test_a_failed_job_whose_node_is_down_now_is_a_node_failure(
+    down: tuple[str, ...], outcome: Outcome, charged: bool
+) -> None:
+    """A job that ended on its own, failed, while a node of its allocation was dying (a step
+    that could not start there, before the scheduler noticed the node was gone) is a node
+    failure when the scheduler holds that node down now: free while the checkpoint is intact."""
+    marker = EndMarker(233, 233, "", False, NOW - 1, BEFORE, tail=("srun: error: Task launch failed",))
+    job = replace(ended("j1", Outcome.FAILED, 233), end=marker, down=down)
+    actions = run(chain(seg(1), seg(2, Phase.PENDING), failures=2), {"j1": job}, BEFORE, NOW)
+    end = actions[0]
+    assert isinstance(end, EndSegment) and (end.outcome, end.charged) == (outcome, charged), end.reason
+    assert ("node node3 is down now" in end.reason) is bool(down), end.reason
+
+
 def test_no_progress_reason_names_it() -> None:
     """A run that never advances its checkpoint fails with reason 'no progress'."""
     c = chain(seg(1), failures=2)

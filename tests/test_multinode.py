@@ -243,6 +243,11 @@ def node_of(job_id: str, which: int) -> str:
     return hostnames(out.stdout.strip())[which]
 
 
+def running(st: dict[str, Any]) -> bool:
+    """Whether the chain's first segment runs."""
+    return bool(st["segments"]) and st["segments"][0]["phase"] == "running"
+
+
 def power(action: str, node: str) -> None:
     subprocess.run([str(SLURM_NODES), action, node], check=True, timeout=120, capture_output=True)
 
@@ -260,6 +265,7 @@ def test_a_node_lost_under_a_segment_is_a_free_node_failure_and_the_chain_goes_o
     it runs on the nodes that are up and the chain ends bit-equal to one uninterrupted run."""
     import torch
 
+    wait_for(lambda: all(usable(s) for s in sinfo_nodes().values()), 300, "all three nodes up")
     epochs = 3
     expected = torch.load(reference(tmp_path, epochs))
     (work / "ddp_train.py").write_text(DDP_TRAINER.read_text())
@@ -282,18 +288,23 @@ def test_a_node_lost_under_a_segment_is_a_free_node_failure_and_the_chain_goes_o
     service(interval=1)
     killed: list[str] = []
     try:
-        # Segment 1 running, with a checkpoint saved (an epoch's end) in it.
+        wait_for(lambda: running(status(chainrun, chain)), 400, "segment 1 to run")
+        first = status(chainrun, chain)["segments"][0]
+        lost = node_of(first["job_id"], 1)
+        # Another node down too, first, and seen down by Slurm before `lost` dies: one node left,
+        # the next segment (two nodes) must wait. (Killed at once, Slurm may see `lost` dead
+        # first, and start the next segment on `other` before it has seen that one dead.)
+        other = next(n for n in sinfo_nodes() if n not in (lost, node_of(first["job_id"], 0)))
+        power("kill", other)
+        killed.append(other)
+        wait_for(lambda: not usable(sinfo_nodes()[other]), 120, f"Slurm to see {other} not responding")
+        # Segment 1 still running, with a checkpoint saved (an epoch's end) in it.
         wait_for(
             lambda: (status(chainrun, chain)["progress"]["epoch"] or 0) >= 1, 400, "a checkpoint in segment 1"
         )
-        first = status(chainrun, chain)["segments"][0]
-        assert first["phase"] == "running", first
-        lost = node_of(first["job_id"], 1)
-        # Another node down too: one node left, the next segment (two nodes) must wait.
-        other = next(n for n in sinfo_nodes() if n not in (lost, node_of(first["job_id"], 0)))
-        for node in (lost, other):
-            power("kill", node)
-            killed.append(node)
+        assert status(chainrun, chain)["segments"][0]["phase"] == "running", status(chainrun, chain)
+        power("kill", lost)
+        killed.append(lost)
         wait_for(
             lambda: status(chainrun, chain)["segments"][0]["outcome"] is not None, 300, "segment 1 to end"
         )
@@ -321,6 +332,70 @@ def test_a_node_lost_under_a_segment_is_a_free_node_failure_and_the_chain_goes_o
     later = [s["job_id"] for s in ran(st)[1:]]
     assert later and all(lost not in nodes for nodes in job_nodes(later).values()), (lost, job_nodes(later))
     same_state(expected, torch.load(work / "final.pt"))
+
+
+# Segment 1 starts on two nodes and waits for the test's word before its srun (the test kills
+# the allocation's second node meanwhile); every segment's srun starts a task on each node;
+# a segment whose srun succeeded reached epoch 2.
+UNNOTICED = """set -e
+if [ "$CHAINRUN_SEGMENT" = 1 ]; then
+    touch started
+    while [ ! -e go ]; do sleep 0.2; done
+fi
+srun hostname
+echo '{"epoch": 2}' > progress.json
+"""
+
+
+@pytest.mark.takes_down_a_node
+@pytest.mark.parametrize("cluster", ["slurm"], indirect=True)
+def test_a_step_that_cannot_start_on_a_node_dead_before_slurm_noticed_is_a_free_node_failure(
+    cluster: Cluster, multinode: None, work: Path, chainrun: CLI, service: Any
+) -> None:
+    """A node of a running segment's allocation dies silently before the segment's srun starts
+    its tasks (a power loss the controller has not noticed yet): srun cannot launch there, the
+    batch script fails and Slurm records the job FAILED, not NODE_FAIL, since it ended before
+    the node was declared down. The node is down by the time the job has ended, and the
+    segment is a node failure, free as its checkpoint is intact (max_failures = 0 would end
+    the chain on a charge); the chain goes on on the nodes that are up."""
+    wait_for(lambda: all(usable(s) for s in sinfo_nodes().values()), 300, "all three nodes up")
+    (work / "seg.sh").write_text(UNNOTICED)
+    (work / "progress.json").write_text('{"epoch": 1}')  # the checkpoint segment 1 starts from
+    path = write_job(
+        work,
+        cluster,
+        "bash seg.sh",
+        target_epoch=2,
+        walltime=WALLTIME,
+        grace=30,
+        max_failures=0,
+        queue=PARTITION,
+        progress="progress.json:epoch",
+    )
+    options = OPTIONS.replace("]", ', "--no-requeue"]')
+    path.write_text(path.read_text().replace("[scheduler]", f"[scheduler]\noptions = {options}", 1))
+    chain = chainrun("submit", str(path), check=True).stdout.strip()
+    service(interval=1)
+    killed: list[str] = []
+    try:
+        wait_for((work / "started").exists, 300, "segment 1 to start")
+        first = status(chainrun, chain)["segments"][0]
+        dead = node_of(first["job_id"], 1)
+        power("kill", dead)
+        killed.append(dead)
+        (work / "go").touch()
+        wait_for(lambda: status(chainrun, chain)["state"] != "active", 600, "the chain to end")
+    finally:
+        for node in killed:
+            power("start", node)
+    st = status(chainrun, chain)
+    seg = st["segments"][0]
+    assert (seg["outcome"], seg["charged"]) == ("node_fail", False), outline(st["segments"])
+    assert dead in seg["reason"] and "checkpoint is intact" in seg["reason"], seg
+    assert st["state"] == "completed" and st["failures"] == 0, (st["reason"], outline(st["segments"]))
+    # (A segment that started and ended between two ticks has no start recorded: not ``ran``.)
+    later = [s["job_id"] for s in st["segments"][1:] if s["outcome"] == "completed"]
+    assert later and all(dead not in nodes for nodes in job_nodes(later).values()), (dead, job_nodes(later))
 
 
 RAY_EXAMPLE = REPO / "examples" / "ray-tune"

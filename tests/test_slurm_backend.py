@@ -119,22 +119,24 @@ def test_submit_errors_are_split_into_transient_and_permanent(rc: int, err: str,
     assert err.splitlines()[-1].split(": ")[-1] in str(caught.value)
 
 
-# Lines copied from `SLURM_TIME_FORMAT=%s squeue --me -t all -h -o '%i|%j|%T|%r|%S|%e'` on the test
-# cluster (jobs 13-15 in the same form: this cluster cannot OOM, fail a node or preempt).
+# Lines copied from `SLURM_TIME_FORMAT=%s squeue --me -t all -h -o '%i|%j|%T|%r|%S|%e|%N'` on the test
+# cluster (jobs 13-15 in the same form: this cluster cannot OOM, fail a node or preempt; 16 ran on
+# two nodes of the multi-node partition). A job never started has no nodes.
 POLL = """\
-2|cr.a-1.2|PENDING|Dependency|N/A|N/A
-8|ignterm|PENDING|Resources|N/A|N/A
-12|afterok-on-failed|PENDING|DependencyNeverSatisfied|N/A|N/A
-4|tmo|RUNNING|None|1795644629|1795644689
-7|runcancel|RUNNING|None|1795644638|NONE
-9|ignterm|COMPLETING|None|1795644651|1795644652
-1|envjob.sh|COMPLETED|None|1795644629|1795644644
-5|tmo|TIMEOUT|TimeLimit|1795644629|1795644716
-6|pendcancel|CANCELLED|Dependency|1795644637|1795644637
-3|name|with|bars|FAILED|NonZeroExitCode|1795644629|1795644629
-13|oom|OUT_OF_MEMORY|OutOfMemory|1795644629|1795644631
-14|nf|NODE_FAIL|NodeDown|1795644629|1795644631
-15|pre|PREEMPTED|None|1795644629|1795644631
+2|cr.a-1.2|PENDING|Dependency|N/A|N/A|
+8|ignterm|PENDING|Resources|N/A|N/A|
+12|afterok-on-failed|PENDING|DependencyNeverSatisfied|N/A|N/A|
+4|tmo|RUNNING|None|1795644629|1795644689|vm
+7|runcancel|RUNNING|None|1795644638|NONE|vm
+9|ignterm|COMPLETING|None|1795644651|1795644652|vm
+1|envjob.sh|COMPLETED|None|1795644629|1795644644|vm
+5|tmo|TIMEOUT|TimeLimit|1795644629|1795644716|vm
+6|pendcancel|CANCELLED|Dependency|1795644637|1795644637|
+3|name|with|bars|FAILED|NonZeroExitCode|1795644629|1795644629|vm
+13|oom|OUT_OF_MEMORY|OutOfMemory|1795644629|1795644631|vm
+14|nf|NODE_FAIL|NodeDown|1795644629|1795644631|vm
+15|pre|PREEMPTED|None|1795644629|1795644631|vm
+16|cr.t-026ddb.1|FAILED|NonZeroExitCode|1795947321|1795947328|node[1-2]
 """
 
 
@@ -155,13 +157,38 @@ def test_poll_maps_every_line_through_the_state_table() -> None:
         "13": (Phase.ENDED, Outcome.OOM),
         "14": (Phase.ENDED, Outcome.NODE_FAIL),
         "15": (Phase.ENDED, Outcome.PREEMPTED),
+        "16": (Phase.ENDED, Outcome.FAILED),
     }
+    assert (jobs["16"].nodes, jobs["1"].nodes) == ("node[1-2]", "vm")
+    assert jobs["4"].nodes == "" and jobs["6"].nodes == ""  # running: asked only of an ended job
     assert jobs["2"].name == "cr.a-1.2" and jobs["2"].reason == "Dependency"
     assert jobs["3"].name == "name|with|bars"
     assert jobs["12"].stuck and "DependencyNeverSatisfied" in jobs["12"].reason
     assert jobs["4"].started_at is not None and jobs["4"].ended_at is None
     assert (jobs["1"].started_at, jobs["1"].ended_at) == (1795644629.0, 1795644644.0)
     assert jobs["7"].started_at is not None
+
+
+# In the form of `sinfo --noheader --Node --nodes=... --format='%N|%t'`: node2 killed a moment before
+# (not responding: "*"), node3 in two partitions (a line for each), node4 down since, node5 drained
+# (a drain ends no job), node6 failed.
+SINFO = """\
+node1|idle
+node2|idle*
+node3|mix
+node3|mix
+node4|down*
+node5|drain
+node6|fail
+"""
+
+
+def test_the_nodes_down_are_those_not_responding_down_or_failed() -> None:
+    slurm = SlurmScheduler()
+    argv = slurm.down_argv("node[1-6]")
+    assert argv[0] == "sinfo" and "--nodes=node[1-6]" in argv
+    assert slurm.parse_down(CommandResult(("sinfo",), 0, SINFO, "")) == ["node2", "node4", "node6"]
+    assert slurm.parse_down(CommandResult(("sinfo",), 1, "", "sinfo: error: Invalid node name\n")) == []
 
 
 def test_every_job_state_slurm_documents_is_in_the_table() -> None:

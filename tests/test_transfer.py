@@ -6,6 +6,7 @@ test sshd (``scripts/start-sshd``) as the remote place, its SSH connection cut m
 
 from __future__ import annotations
 
+import inspect
 import os
 import posixpath
 import signal
@@ -18,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import need
-from test_transport import sshd_problem
+from conftest import need, wait_for
+from test_transport import _session_sshd, sshd_problem
 
 from chainrun.checkpoint import SIDECAR_NAME, SegmentClock, _store, read_progress, write_progress
 from chainrun.checkpoint._digest import StreamDigest
@@ -27,6 +28,7 @@ from chainrun.checkpoint._fence import FENCE_NAME
 from chainrun.checkpoint.torch import Checkpointer
 from chainrun.errors import TransportError
 from chainrun.progress import _newest_checkpoint
+from chainrun.testing import FakeCluster, FakeTransport
 from chainrun.transfer import MOVE_SUFFIX, TransferError, move_checkpoint
 from chainrun.transport import FileRefused, LocalTransport, SSHTransport, Transport
 
@@ -283,6 +285,67 @@ def test_c_a_copy_cut_mid_transfer_is_never_used_and_a_retry_succeeds(
     assert assert_committed(dst_t, dst)["file"] == newest["file"]
 
 
+def gone(pid: int) -> bool:
+    """The process has ended (a zombie's sockets are closed already)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].startswith(("Z", "X"))
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("side", ["destination", "source"])
+def test_c_the_sshd_serving_a_copy_killed_mid_transfer_leaves_the_old_checkpoint_and_a_new_connection_moves_it(
+    side: str, tmp_path: Path, ssh: SSHTransport, remote_dir: str
+) -> None:
+    """Issue 39 (c), the connection cut for real: the sshd process serving this connection is
+    killed (SIGKILL) after 1 MiB of a checkpoint's bytes. The streams do not retry: the move
+    fails in one line, and its cleanup removes its temp file, over a new connection where the
+    SSH side is the destination (the transport reconnects for a file operation that finds its
+    link dead). The destination's previous checkpoint stands, every file as it was, its
+    sidecar verified; nothing is left beside it. The next move, on a new connection, completes
+    and verifies."""
+    src_t: Transport = LOCAL if side == "destination" else ssh
+    dst_t: Transport = ssh if side == "destination" else LOCAL
+    local = tmp_path / "local"
+    src, dst = (str(local), remote_dir) if side == "destination" else (remote_dir, str(local))
+    staging = tmp_path / "staging"
+    net = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.Linear(1024, 512))  # 4 MiB, x3 with Adam
+    helper_save(staging, net, 1)
+    move_checkpoint(LOCAL, str(staging), src_t, src)
+    move_checkpoint(src_t, src, dst_t, dst)  # the destination's previous checkpoint
+    old = {name: dst_t.read_file(posixpath.join(dst, name)) for name in names(dst_t, dst)}
+    helper_save(staging, net, 2)
+    move_checkpoint(LOCAL, str(staging), src_t, src)
+    newest = read_progress((staging / SIDECAR_NAME).read_bytes())
+    assert newest["size"] > 4 * 1024 * 1024
+    server = _session_sshd(ssh)
+    cut_at: list[int] = []
+
+    def cut(copied: int) -> None:
+        if copied >= 1024 * 1024 and not cut_at:
+            cut_at.append(copied)
+            os.kill(server, signal.SIGKILL)
+            wait_for(lambda: gone(server), 30, f"sshd {server} to end")
+
+    with pytest.raises(TransferError) as raised:
+        move_checkpoint(src_t, src, dst_t, dst, on_piece=cut)
+
+    message = str(raised.value)
+    assert "\n" not in message and "cannot move the checkpoint" in message and "crtest-local" in message
+    assert cut_at and cut_at[0] < newest["size"], cut_at  # cut mid-file
+    assert _session_sshd(ssh) != server  # the transport is on a new connection
+    assert names(dst_t, dst) == set(old)  # no temp file left, nothing new under a real name
+    for name, data in old.items():
+        assert dst_t.read_file(posixpath.join(dst, name)) == data
+    assert_committed(dst_t, dst)
+
+    moved = move_checkpoint(src_t, src, dst_t, dst)
+
+    assert moved.digest == newest["sha256"]
+    assert not {n for n in names(dst_t, dst) if n.endswith(MOVE_SUFFIX)}
+    assert assert_committed(dst_t, dst)["file"] == newest["file"]
+
+
 def test_a_file_damaged_where_it_was_written_is_never_put_in_place(tmp_path: Path) -> None:
     """The bytes arrive intact but the destination's copy changes before it is put in place
     (a disk or file system fault, made here by flipping its first byte mid-copy): the hash
@@ -338,17 +401,20 @@ def test_a_hugging_face_checkpoint_directory_moves_with_every_file_its_manifest_
     assert hf.newest_checkpoint(str(back)) == str(back / "checkpoint-7")
 
 
-@pytest.mark.parametrize("kind", ["local", "ssh"])
+@pytest.mark.parametrize("kind", ["local", "ssh", "fake"])
 def test_the_streams_refuse_what_is_there_and_rename_replaces_only_when_asked(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """``open_new`` never writes over a file, ``open_read`` opens regular files only (a FIFO
-    would block), and ``rename`` replaces a file only with ``replace=True``."""
+    would block), and ``rename`` replaces a file only with ``replace=True``; the engine tests'
+    ``FakeTransport`` alike (it has no FIFO)."""
     t: Transport = LOCAL
     d = str(tmp_path)
     if kind == "ssh":
         t, d = request.getfixturevalue("ssh"), request.getfixturevalue("remote_dir")
         t.makedirs(d)
+    elif kind == "fake":
+        t, d = FakeCluster().transport(), "/fake/ckpt"
     a, b = posixpath.join(d, "a"), posixpath.join(d, "b")
     writer = t.open_new(a)
     writer.write(b"new bytes")
@@ -364,9 +430,32 @@ def test_the_streams_refuse_what_is_there_and_rename_replaces_only_when_asked(
     reader = t.open_read(b)
     assert reader.read(3) + reader.read(100) + reader.read(100) == b"new bytes"
     reader.close()
+    if kind == "fake":
+        return
     assert t.run(["mkfifo", posixpath.join(d, "fifo")]).ok
     with pytest.raises(FileRefused, match="a FIFO"):
         t.open_read(posixpath.join(d, "fifo"))
+
+
+def test_the_fake_transport_has_every_method_of_a_transport_and_a_checkpoint_moves_from_it(
+    tmp_path: Path,
+) -> None:
+    """``chainrun.testing.FakeTransport`` stands in for a transport in the engine's tests: each
+    method of the ``Transport`` protocol, with the same parameters; a checkpoint held in its
+    files moves out of it by its streams, verified."""
+    for name, member in vars(Transport).items():
+        if callable(member) and not name.startswith("_"):
+            fake = getattr(FakeTransport, name, None)
+            assert fake is not None, f"FakeTransport has no {name}"
+            assert list(inspect.signature(fake).parameters) == list(inspect.signature(member).parameters), (
+                name
+            )
+    helper_save(tmp_path / "src", model(), 1)
+    cluster = FakeCluster()
+    for path in (tmp_path / "src").iterdir():
+        cluster.files[f"/fake/ckpt/{path.name}"] = path.read_bytes()
+    moved = move_checkpoint(cluster.transport(), "/fake/ckpt", LOCAL, str(tmp_path / "dst"))
+    assert assert_committed(LOCAL, str(tmp_path / "dst"))["sha256"] == moved.digest
 
 
 KILLED_MOVER = """

@@ -275,7 +275,8 @@ def _ending(job: JobFacts) -> Optional[Ending]:
 
     Evidence in order: the scheduler's listing (it knows timeouts, OOM and node
     failures), the wrapper's end marker (the real exit code and whether the
-    walltime signal came first), accounting."""
+    walltime signal came first), accounting; a failed job whose node the scheduler
+    holds down now is a node failure."""
     listed = job.listed
     if listed is not None and listed.stuck:
         return Ending(
@@ -309,6 +310,13 @@ def _ending(job: JobFacts) -> Optional[Ending]:
     ):
         outcome = marker.outcome()
     reasons = [r for r in (view.reason if view else "", marker.describe() if marker else "") if r]
+    if outcome is Outcome.FAILED and job.down:
+        # A node of its allocation died before the scheduler noticed, and the job ended on its
+        # own with it (a step that could not start there, a rank that lost its peer): the
+        # machine's fault, as a node failure the scheduler saw in time is.
+        outcome = Outcome.NODE_FAIL
+        nodes = f"node {job.down[0]} is" if len(job.down) == 1 else f"nodes {', '.join(job.down)} are"
+        reasons.append(f"{nodes} down now, a node failure the scheduler had not noticed yet")
     return Ending(
         outcome=outcome or Outcome.LOST,
         exit_code=exit_code,

@@ -20,6 +20,8 @@ class JobFacts:
     # sacct/qacct, asked only for jobs gone from the view without a marker, or killed by a signal
     accounting: Optional[ListedJob] = None
     why_stuck: str = ""  # the scheduler's own words for a job held in an error state
+    # Of a failed job's nodes, those the scheduler holds down now (``NodeStateProbe``).
+    down: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from chainrun.decide.retry import accounting_again, accounting_due
 from chainrun.errors import SchedulerError, TransportError
 from chainrun.logsetup import get_logger
 from chainrun.markers import MarkerReader
-from chainrun.model import Carried, Chain, ListedJob, Phase
+from chainrun.model import Carried, Chain, ListedJob, Outcome, Phase
 from chainrun.progress import ProgressReader
 from chainrun.schedulers.segment import ARRAY_PREFIX, SegmentJob, parse_claim, parse_tag
 
@@ -177,7 +177,10 @@ class Observer:
             running = False  # ended, gone or held: judged now, on the checkpoint as it is now
             end = self.markers.end(transport, chain, seg.n)
             why = polled.cluster.explain(listed.job_id) if listed is not None and listed.stuck else ""
-            jobs[seg.job_id] = JobFacts(listed=listed, end=end, start=start, why_stuck=why)
+            # A job that failed on its own: its nodes, in case one died under it unnoticed.
+            failed = listed is not None and listed.outcome is Outcome.FAILED
+            down = polled.cluster.down(listed.nodes) if listed is not None and failed else ()
+            jobs[seg.job_id] = JobFacts(listed=listed, end=end, start=start, why_stuck=why, down=down)
         facts = Facts(
             jobs=jobs,
             tagged=tagged,

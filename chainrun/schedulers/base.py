@@ -113,6 +113,21 @@ class ArrayScheduler(Scheduler, Protocol):
 
 
 @runtime_checkable
+class NodeStateProbe(Protocol):
+    """An optional capability: a backend that can say which nodes the scheduler now holds
+    down (Slurm's ``sinfo``). A node that dies before the scheduler notices may take a job
+    with it that ends on its own, failed (a step that could not start there, a rank that
+    lost its peer), not as a node failure: its nodes' state tells. The listing names an ended
+    job's nodes (``ListedJob.nodes``)."""
+
+    def down_argv(self, nodes: str) -> list[str]:
+        """The command that shows the state of ``nodes`` (as ``ListedJob.nodes`` names them)."""
+
+    def parse_down(self, result: CommandResult) -> list[str]:
+        """The nodes down, failed or not responding; none when it cannot tell."""
+
+
+@runtime_checkable
 class NodeSubmitProbe(Protocol):
     """An optional capability: a backend that can tell from its configuration whether its
     compute nodes may submit jobs (which a segment needs to queue its own successor while the

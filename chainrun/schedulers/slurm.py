@@ -34,7 +34,7 @@ from chainrun.schedulers.segment import SegmentJob
 EPOCH_ENV = ["env", "SLURM_TIME_FORMAT=%s"]
 
 # squeue and sacct fields; "|" cannot occur in any of them but the name, which is our tag.
-SQUEUE_FORMAT = "%i|%j|%T|%r|%S|%e"
+SQUEUE_FORMAT = "%i|%j|%T|%r|%S|%e|%N"
 SACCT_FORMAT = "JobID,JobName,State,ExitCode,Start,End"
 
 # One table from Slurm's job states to ours: (phase, outcome when ended).
@@ -73,6 +73,9 @@ TRANSIENT = re.compile(
     r"resource temporarily|try again|job submit/allocate failed: .*time",
     re.IGNORECASE,
 )
+
+# sinfo's short states (%t) of a node that is down or failed; a trailing "*": not responding.
+DOWN_STATES = frozenset({"down", "fail", "failg"})
 
 # What sbatch puts before the reason it refuses a job for ("sbatch: error: ...",
 # "allocation failure: Requested node configuration is not available").
@@ -298,10 +301,10 @@ class SlurmScheduler:
             raise _error("squeue", result)
         jobs = {}
         for line in result.stdout.splitlines():
-            fields = _fields(line, 6)
+            fields = _fields(line, 7)
             if fields is None:
                 continue
-            job_id, name, state, reason, start, end = fields
+            job_id, name, state, reason, start, end, nodes = fields
             if reason == "DependencyNeverSatisfied":  # a user option's dependency failed: never runs
                 jobs[job_id] = ListedJob(job_id, name, Phase.ENDED, Outcome.FAILED, reason=reason, stuck=True)
                 continue
@@ -314,6 +317,7 @@ class SlurmScheduler:
                 started_at=_stamp(start) if phase is not Phase.PENDING else None,
                 ended_at=_stamp(end) if phase is Phase.ENDED else None,
                 reason=state if phase is Phase.ENDED else ("" if reason == "None" else reason),
+                nodes=nodes.strip() if phase is Phase.ENDED else "",
             )
         return jobs
 
@@ -359,6 +363,22 @@ class SlurmScheduler:
 
     def explain_argv(self, job_id: str) -> Optional[list[str]]:
         return None  # no state here holds a job forever
+
+    def down_argv(self, nodes: str) -> list[str]:
+        return ["sinfo", "--noheader", "--Node", f"--nodes={nodes}", "--format=%N|%t"]
+
+    def parse_down(self, result: CommandResult) -> list[str]:
+        """Nodes down, failed or not responding (``down*``, ``idle*``: a node that died
+        unnoticed is ``*`` first, then ``down*``); listed once each (a node of two partitions
+        is on two lines). Drained nodes are not: a drain does not end a job."""
+        if not result.ok:
+            return []  # "Invalid node name", or no controller: nothing is known to be down
+        down = []
+        for line in result.stdout.splitlines():
+            node, _, state = line.strip().partition("|")
+            if (state.endswith("*") or state in DOWN_STATES) and node not in down:
+                down.append(node)
+        return down
 
     def parse_explain(self, result: CommandResult) -> str:
         return ""
