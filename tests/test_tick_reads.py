@@ -122,27 +122,29 @@ def save_in_place(world: World, name: str = "model.pt") -> float:
     return world.clock()
 
 
-def running_chain(world: World) -> tuple[str, float]:
+def running_chain(world: World) -> tuple[str, float, float]:
     """A chain whose segment 1 runs, with segment 2 queued behind it, and a checkpoint saved
-    before segment 1 started (which its start marker records); when that was saved."""
+    before segment 1 started (which its start marker records); when that was saved, and when
+    segment 1 started."""
     chain_id = world.add(replace(SPEC, target_epoch=None))
     saved = save_in_place(world)
     world.tick()
     world.tick()
+    started = world.clock()
     world.cluster.start("1", mtime=saved)
     world.tick()  # records that it runs: the chain is loaded anew
     world.tick()  # decided once on that, then quiet
-    return chain_id, saved
+    return chain_id, saved, started
 
 
 def test_a_running_chain_without_a_sidecar_is_listed_only_when_due_and_not_decided_again(
     world: World, calls: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Steady ticks make no file-system call for the chain but one stat of its sidecar's path
-    (a sidecar that comes is read at once) and the due listing of its checkpoint directory,
-    and its facts stay equal, so decide() is not asked again; a save in place shows at the
-    next due listing."""
-    running_chain(world)
+    """Steady ticks make no file-system call for the chain but the due listing of its
+    checkpoint directory, and one stat of its sidecar's path a tick in its segment's first
+    minute only (a sidecar that comes then is read at once), and its facts stay equal, so
+    decide() is not asked again; a save in place shows at the next due listing."""
+    started = running_chain(world)[2]
     decided: list[str] = []
     import chainrun.engine as engine_module
 
@@ -154,11 +156,17 @@ def test_a_running_chain_without_a_sidecar_is_listed_only_when_due_and_not_decid
 
     monkeypatch.setattr(engine_module, "decide", counting)
     calls.clear()
+    first_minute = 0
+    while world.clock() + 10 < started + PROGRESS_EVERY:
+        world.tick()
+        first_minute += 1
+    assert ("stat", f"{CKPT}/{SIDECAR_NAME}") in calls, "looked for in the first minute"
+    assert calls.count(("stat", f"{CKPT}/{SIDECAR_NAME}")) <= first_minute, calls  # one a tick at most
+    calls.clear()
     ticks = 30  # 300 s of 10 s ticks
     for _ in range(ticks):
         world.tick()
-    assert set(calls) == {("listdir", CKPT), ("stat", f"{CKPT}/{SIDECAR_NAME}")}, calls
-    assert calls.count(("stat", f"{CKPT}/{SIDECAR_NAME}")) <= ticks, calls  # one a tick at most
+    assert set(calls) == {("listdir", CKPT)}, calls  # past the first minute: no stat between listings
     assert 4 <= calls.count(("listdir", CKPT)) <= 6, calls  # one per 60 s window, not one per tick
     assert decided == [], "facts unchanged: decide() is not asked again"
     saved = save_in_place(world)
@@ -175,7 +183,7 @@ def test_a_segment_that_saved_in_place_after_the_last_listing_is_credited(
     directory, and ends before the next listing is due: the tick that sees it end lists the
     directory then, so the segment is judged on the checkpoint it left, never charged "no
     progress". Without an end marker (its node lost), that listing is all there is."""
-    chain_id, before = running_chain(world)
+    chain_id, before, _ = running_chain(world)
     # Tick until a tick that listed the directory is followed by one where no listing is due.
     while True:
         calls.clear()
@@ -251,3 +259,35 @@ def test_a_script_that_saves_over_its_checkpoint_in_place_is_never_charged(
     assert [s["outcome"] for s in segments[:3]] == ["timeout"] * 3, segments
     assert not any(s["charged"] for s in segments), segments
     assert st["failures"] == 0
+
+
+def test_a_sidecar_that_comes_after_the_segment_s_first_minute_is_read_at_the_next_listing(
+    world: World, calls: list[tuple[str, str]]
+) -> None:
+    """Past its segment's first minute a chain whose directory had no sidecar is not looked
+    at between listings; a sidecar that comes then (a script that uses the helper saving
+    first after a long start) is read, and its epoch recorded, at the directory's next
+    listing, at most PROGRESS_EVERY later, and from then on at every tick."""
+    started = running_chain(world)[2]
+    while world.clock() < started + PROGRESS_EVERY:
+        world.tick()
+    world.cluster.checkpoint(CKPT, epoch=3)
+    came = world.clock()
+    calls.clear()
+    while world.store.chains()[-1].latest.epoch != 3:
+        assert world.clock() < came + PROGRESS_EVERY + 10, "found by the next listing"
+        world.tick()
+    assert ("listdir", CKPT) in calls
+    calls.clear()
+    world.cluster.checkpoint(CKPT, epoch=4)
+    assert world.tick().latest.epoch == 4, "a sidecar once found is read at every tick"
+
+
+def test_a_sidecar_that_comes_in_the_segment_s_first_minute_is_read_at_the_next_tick(world: World) -> None:
+    """In its segment's first minute the chain looks for a sidecar at every tick: a script
+    that uses the helper is followed from its first save (the web page's curves keep every
+    epoch), not from the directory's next listing."""
+    started = running_chain(world)[2]
+    assert world.clock() + 10 < started + PROGRESS_EVERY
+    world.cluster.checkpoint(CKPT, epoch=1)
+    assert world.tick().latest.epoch == 1

@@ -12,6 +12,7 @@ says a signal killed the command (an OOM kill, which accounting names).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
@@ -25,7 +26,7 @@ from chainrun.errors import SchedulerError, TransportError
 from chainrun.logsetup import get_logger
 from chainrun.markers import MarkerReader
 from chainrun.model import Carried, Chain, ListedJob, Phase
-from chainrun.progress import ProgressReader
+from chainrun.progress import ProgressReader, sidecar_watched
 from chainrun.schedulers.segment import ARRAY_PREFIX, SegmentJob, parse_claim, parse_tag
 
 log = get_logger(__name__)
@@ -108,6 +109,7 @@ class _Settled:
     window: tuple[
         float, float
     ]  # from, until: while its checkpoint's last listing stands (``ProgressReader.standing``)
+    started: Optional[float]  # when its newest running segment started (``sidecar_watched``)
 
 
 class Observer:
@@ -142,7 +144,7 @@ class Observer:
             and settled.chain is chain
             and settled.listed == listed_now
             and settled.tagged == tagged
-            and not self.progress.present(transport, chain.spec)
+            and not (sidecar_watched(settled.started, now) and self.progress.present(transport, chain.spec))
         ):
             return settled.facts  # a chain that just runs sleeps until one of these changes
         found = {}
@@ -151,6 +153,7 @@ class Observer:
         # is listed only when due (its listing only feeds what ``status`` shows).
         running = bool(chain.live) and chain.cancel_requested_at is None
         markers_kept = True  # every marker its segments need is read and kept
+        started: Optional[float] = -math.inf  # its newest running segment's start (None: unknown)
         for seg in chain.live:
             if seg.phase is Phase.SUBMITTING and seg.n not in tagged:
                 start = self.markers.start(transport, chain, seg.n)
@@ -173,6 +176,8 @@ class Observer:
             if listed is not None and listed.phase is Phase.RUNNING and not listed.stuck:
                 jobs[seg.job_id] = JobFacts(listed=listed, start=start)
                 markers_kept = markers_kept and start is not None
+                at = start.at if start is not None else None
+                started = None if started is None or at is None else max(started, at)
                 continue
             running = False  # ended, gone or held: judged now, on the checkpoint as it is now
             end = self.markers.end(transport, chain, seg.n)
@@ -183,7 +188,9 @@ class Observer:
             tagged=tagged,
             found=found,
             carried=_carried(polled, chain),
-            progress=self.progress.progress(transport, chain.spec, now, running),
+            progress=self.progress.progress(
+                transport, chain.spec, now, running, sidecar_watched(started, now)
+            ),
             arrays=polled.cluster.arrays is not None,
         )
         window = self.progress.standing(transport, chain.spec) if running and markers_kept else None
@@ -191,9 +198,9 @@ class Observer:
             if settled is not None and settled.chain is chain and settled.facts == facts:
                 # The same facts (a listing that found the same checkpoint): the ones kept,
                 # which the engine's quiet answer holds too, so that one copy is kept.
-                self.settled[chain.id] = replace(settled, window=window)
+                self.settled[chain.id] = replace(settled, window=window, started=started)
                 return settled.facts
-            self.settled[chain.id] = _Settled(chain, listed_now, tagged, facts, window)
+            self.settled[chain.id] = _Settled(chain, listed_now, tagged, facts, window, started)
         else:
             self.settled.pop(chain.id, None)
         return facts
