@@ -7,6 +7,7 @@ local runner."""
 from __future__ import annotations
 
 import json
+import random
 import shlex
 import subprocess
 import sys
@@ -19,9 +20,12 @@ import pytest
 from test_engine import SPEC, World
 
 from chainrun.checkpoint import SIDECAR_NAME
-from chainrun.model import Outcome
+from chainrun.cluster import Cluster
+from chainrun.engine.observe import Polled, poll
+from chainrun.model import Outcome, Phase
 from chainrun.progress import PROGRESS_EVERY, listing_due
-from chainrun.testing import FakeTransport
+from chainrun.schedulers.segment import ARRAY_PREFIX
+from chainrun.testing import FakeCluster, FakeTransport
 
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
 CKPT = SPEC.checkpoint_dir
@@ -291,3 +295,73 @@ def test_a_sidecar_that_comes_in_the_segment_s_first_minute_is_read_at_the_next_
     assert world.clock() + 10 < started + PROGRESS_EVERY
     world.cluster.checkpoint(CKPT, epoch=1)
     assert world.tick().latest.epoch == 1
+
+
+# -- the poll: what changed since the poll before ----------------------------------
+
+
+def test_a_poll_indexes_anew_only_what_changed_and_says_what_did() -> None:
+    """Chains' jobs and array tasks start, end, leave the listing, come twice under one tag
+    (an interrupted submission), first in a few set steps, then at random, on the fake
+    cluster (whose backend keeps its last listing's lines, as Slurm's does): each poll made
+    with the poll before it indexes them as a whole index of its listing does (the jobs of
+    one place in the listing's order), and its ``moved`` and ``touched`` name every job
+    that changed and the chains and tasks they are of; a chain none of whose jobs changed
+    keeps its very entry."""
+    fake = FakeCluster(arrays=True)
+    cluster = Cluster(fake.scheduler(), fake.transport())
+    key = ("fake", "")
+    first = [fake.add_job(f"cr.c{i}.1", f"/w/c{i}/seg-1") for i in range(12)]
+    base = fake.add_job(f"{ARRAY_PREFIX}sweep", "/w/a/seg-1", task=0).split("_")[0]
+    for index in range(1, 4):
+        fake.add_task(base, index, f"{ARRAY_PREFIX}sweep", f"/w/a{index}/seg-1")
+    polls = [poll(key, cluster)]
+
+    def check() -> Polled:
+        before = polls[-1]
+        polled = poll(key, cluster, before)
+        whole = poll(key, cluster)  # the same listing, indexed whole
+        assert (polled.jobs, polled.tagged, polled.tasks) == (whole.jobs, whole.tagged, whole.tasks)
+        if polled.since is not None:
+            assert polled.since == before.serial
+            changed = {
+                i for i in {*before.jobs, *polled.jobs} if before.jobs.get(i) is not polled.jobs.get(i)
+            }
+            assert polled.moved == changed
+            for chain_id, entry in polled.tagged.items():
+                if chain_id not in polled.touched:
+                    assert entry is before.tagged[chain_id], "untouched: its very entry"
+            for job_id in changed:
+                job = polled.jobs.get(job_id) or before.jobs[job_id]
+                if job.name.startswith("cr."):
+                    assert job.name.split(".")[1] in polled.touched
+        polls.append(polled)
+        return polled
+
+    fake.vanish(first[0])  # c0's one job leaves the listing
+    assert "c0" not in check().tagged
+    second = fake.add_job("cr.c1.1", "/w/twice")  # c1's segment 1 twice
+    assert [j.job_id for j in check().tagged["c1"][1]] == [first[1], second]
+    fake.start(first[1])  # the first of the two changes: still first
+    assert [j.job_id for j in check().tagged["c1"][1]] == [first[1], second]
+    fake.end(f"{base}_2", "timeout")  # an array task
+    assert check().tasks[(f"{ARRAY_PREFIX}sweep", 2)][0].phase is Phase.ENDED
+    rng = random.Random(38)
+    for _ in range(150):
+        for _ in range(rng.choice([0, 0, 1, 1, 2, 5])):
+            job_id = rng.choice(sorted(fake.jobs))
+            change = rng.choice(["start", "end", "vanish", "next", "twice"])
+            name = fake.jobs[job_id].live.name
+            if change == "start" and fake.jobs[job_id].live.phase is Phase.PENDING:
+                fake.start(job_id)
+            elif change == "end":
+                fake.end(job_id, "timeout")
+            elif change == "vanish":
+                fake.vanish(job_id)
+            elif change == "next" and not name.startswith(ARRAY_PREFIX):
+                chain, n = name.split(".")[1:]
+                fake.add_job(f"cr.{chain}.{int(n) + 1}", f"/w/{chain}/seg-{int(n) + 1}", after=job_id)
+            elif change == "twice":
+                fake.add_job(name, "/w/twice")
+        check()
+    assert sum(p.since is not None for p in polls) > 60  # many polls were counted from the one before

@@ -173,10 +173,11 @@ class Store:
         reads only the active chains and their segments that have not ended; ended
         segments, which never change, are kept from earlier loads, and so is each chain
         whose rows have not changed since; when nothing was written to the database since
-        the last such load, nothing is read."""
+        the last such load, nothing is read, and the very list of that load is given again
+        (the caller does not change it), by which the caller sees that nothing changed."""
         stamp = self._database.stamp() if active_only else None
         if stamp is not None and self._loaded is not None and self._loaded[0] == stamp:
-            return list(self._loaded[1])
+            return self._loaded[1]
         chains: list[Chain] = []
         for item in self._load_live() if active_only else self._load("1"):
             if isinstance(item, Chain):
@@ -187,7 +188,7 @@ class Store:
                     "chain skipped: its row in the database cannot be read", chain=item.id, why=item.problem
                 )
         if stamp is not None:
-            self._loaded = (stamp, list(chains))
+            self._loaded = (stamp, chains)
         return chains
 
     def sweep(self, name: str) -> list[Chain]:
