@@ -16,7 +16,7 @@ import itertools
 import math
 from collections import defaultdict
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Optional, Union
 
 from chainrun.cluster import Cluster
@@ -57,7 +57,7 @@ class Polled:
     # The jobs listed anew, listed differently (a new object: the backend gives the same one
     # for a job listed the same) or no longer, by id; and the chains and array tasks they are of.
     moved: frozenset[str] = frozenset()
-    touched: frozenset[Union[str, tuple[str, int]]] = field(default=frozenset())
+    touched: frozenset[Union[str, tuple[str, int]]] = frozenset()
 
 
 def poll(key: ClusterKey, cluster: Cluster, before: Optional[Polled] = None) -> Polled:
