@@ -6,10 +6,11 @@ through the real local transport and the real Slurm backend, so a tick here
 takes the path a tick on a cluster takes. The chains are created directly
 through ``Store`` methods (submitting 10,000 chains one ``sbatch`` at a time
 would take longer than the rest of the benchmark): each has segment 1 running
-(its start marker written as the wrapper writes it) and segment 2 queued behind
-it, which is a service's steady state. Its script saved a checkpoint a minute
-ago, without a progress sidecar (a script that saves its own checkpoints, the
-common case); at 1,000 chains also with one, as the helper writes it.
+(its start marker written as the wrapper writes it), started an hour before the
+first tick, and segment 2 queued behind it, which is a service's steady state.
+Its script saved a checkpoint a minute ago, without a progress sidecar (a script
+that saves its own checkpoints, the common case); at 1,000 chains also with one,
+as the helper writes it.
 
 Each case creates its chains in one interpreter and ticks them in a fresh one
 (so its RSS is the service's own, as a service's is: the chains were
@@ -47,6 +48,7 @@ TICK = 10.0  # simulated seconds between ticks
 VANISHED = 100
 ENDED = 10_000
 WALLTIME = 4 * 3600
+RAN = 3600  # segment 1 started this long before the first tick: past its first minute
 
 FAKE = {
     "squeue": 'cat "$FAKE_SLURM/squeue.txt"',
@@ -54,7 +56,7 @@ FAKE = {
     "sacct": "true",
     "sbatch": (
         'id=$(( $(cat "$FAKE_SLURM/next") + 0 )); echo $(( id + 1 )) > "$FAKE_SLURM/next"\n'
-        'printf "%s|bench|PENDING|Priority|N/A|N/A\\n" "$id" >> "$FAKE_SLURM/squeue.txt"\n'
+        'printf "%s|bench|PENDING|Priority|N/A|N/A|\\n" "$id" >> "$FAKE_SLURM/squeue.txt"\n'
         'echo "$id"'
     ),
     "scancel": "true",
@@ -175,15 +177,16 @@ def create(root: Path, n: int, ended: int, sidecar: bool) -> dict[str, Any]:
         ckpt = root / "ckpt" / str(i)
         ckpt.mkdir(parents=True)
         chain_spec = replace(spec, checkpoint_dir=str(ckpt))
-        chain = store.add_chain(chain_spec, NO_PROGRESS, start)
+        began = start - RAN
+        chain = store.add_chain(chain_spec, NO_PROGRESS, began)
         first, second = str(100_000 + 2 * i), str(100_001 + 2 * i)
-        store.journal_submit(chain.id, Submit(1, WALLTIME), start)
-        store.record(chain.id, [Adopt(1, first, "submitted")], None, [], start)
-        store.journal_submit(chain.id, Submit(2, WALLTIME, after=first), start)
-        store.record(chain.id, [Adopt(2, second, f"submitted after job {first}")], None, [], start)
+        store.journal_submit(chain.id, Submit(1, WALLTIME), began)
+        store.record(chain.id, [Adopt(1, first, "submitted")], None, [], began)
+        store.journal_submit(chain.id, Submit(2, WALLTIME, after=first), began)
+        store.record(chain.id, [Adopt(2, second, f"submitted after job {first}")], None, [], began)
         job = SegmentJob(chain.id, 1, chain_spec, WALLTIME)
         Path(job.run_dir).mkdir(parents=True)
-        Path(job.stem + ".start").write_text(f"job={first}\nat={start}\n")
+        Path(job.stem + ".start").write_text(f"job={first}\nat={began}\n")
         (ckpt / "model.pt").write_bytes(b"weights")
         os.utime(ckpt / "model.pt", (start - 60, start - 60))  # saved a minute ago
         if sidecar:
@@ -193,8 +196,8 @@ def create(root: Path, n: int, ended: int, sidecar: bool) -> dict[str, Any]:
             )
             (ckpt / "chainrun-progress.json").write_bytes(encode_progress(written))
             os.utime(ckpt / "chainrun-progress.json", (start - 60, start - 60))
-        lines[first] = f"{first}|cr.{chain.id}.1|RUNNING|None|{int(start)}|{int(start) + WALLTIME}"
-        lines[second] = f"{second}|cr.{chain.id}.2|PENDING|Dependency|N/A|N/A"
+        lines[first] = f"{first}|cr.{chain.id}.1|RUNNING|None|{int(began)}|{int(began) + WALLTIME}|node1"
+        lines[second] = f"{second}|cr.{chain.id}.2|PENDING|Dependency|N/A|N/A|"
         running.append(first)
     (root / "squeue.txt").write_text("".join(line + "\n" for line in lines.values()))
     store.close()

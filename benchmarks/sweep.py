@@ -47,11 +47,11 @@ if [ -n "$array" ]; then
     range=${array%%\%*}
     for part in ${range//,/ }; do
         for ((i = ${part%-*}; i <= ${part#*-}; i++)); do
-            printf '%s_%s|%s|PENDING|JobArrayTaskLimit|N/A|N/A\n' "$id" "$i" "$name"
+            printf '%s_%s|%s|PENDING|JobArrayTaskLimit|N/A|N/A|\n' "$id" "$i" "$name"
         done
     done >> "$FAKE_SLURM/squeue.txt"
 else
-    printf '%s|bench|PENDING|Priority|N/A|N/A\n' "$id" >> "$FAKE_SLURM/squeue.txt"
+    printf '%s|bench|PENDING|Priority|N/A|N/A|\n' "$id" >> "$FAKE_SLURM/squeue.txt"
 fi
 echo "$id"
 """,

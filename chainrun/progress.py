@@ -23,9 +23,10 @@ shows, and it is listed again only when due (``listing_due``: once every
 Its directory's mtime cannot stand in for it: a script that saves over its
 checkpoint in place (``torch.save`` to the same name) changes the file, not
 the directory. While none is there, the sidecar's path is still stat'ed at
-every tick (``present``), so a sidecar that comes (the first save of a script
-that uses the helper) is read at once: such a chain costs one ``stat`` a tick
-and a listing a minute. The module-level
+each tick of a segment's first ``PROGRESS_EVERY`` seconds (``sidecar_watched``), so a
+sidecar that comes then (the first save of a script that uses the helper) is read at once;
+one that comes later is found by the directory's next listing. A running chain whose script
+saves on its own costs one listing a minute and nothing between. The module-level
 ``read`` is a fresh reader for one-off reads, such as at submission.
 """
 
@@ -81,6 +82,16 @@ def listing_due(path: str, last: Optional[float], now: float, every: float = PRO
     return not start <= now < until
 
 
+def sidecar_watched(started_at: Optional[float], now: float, every: float = PROGRESS_EVERY) -> bool:
+    """Whether a chain whose checkpoint directory held no sidecar at its last listing looks
+    for one (a ``stat`` of its path) at ``now``, between listings: only in the first ``every``
+    seconds of the segment that runs, which started at ``started_at`` (None: not known, so
+    yes). A script that uses the helper most often saves first then; a sidecar that comes
+    later is found by the directory's next listing, at most ``every`` after it came, and a
+    script that saves on its own is not looked at between its listings at all."""
+    return started_at is None or now < started_at + every
+
+
 @dataclass(frozen=True)
 class _Seen:
     """The sidecar as last read: its stat and what it said."""
@@ -116,18 +127,24 @@ class ProgressReader:
         self._reported: dict[tuple[Optional[str], str], set[str]] = {}
 
     def progress(
-        self, transport: Transport, spec: JobSpec, now: Optional[float] = None, running: bool = False
+        self,
+        transport: Transport,
+        spec: JobSpec,
+        now: Optional[float] = None,
+        running: bool = False,
+        watched: bool = True,
     ) -> Optional[Progress]:
         """The chain's progress at ``now`` (None: not known); None when the sidecar exists but
         is unreadable. ``running``: the chain's segment just runs (nothing of it ended, nothing
         asked of it), so a checkpoint directory without a sidecar is listed again only when
-        due (``listing_due``); until then its last listing stands."""
+        due (``listing_due``); until then its last listing stands, and a sidecar is looked
+        for between listings only when ``watched`` (``sidecar_watched``)."""
         path = _path(spec)
         key = (transport.host, path)
         seen = self._seen.get(key)
         if isinstance(seen, _Listed):
             if running and now is not None and seen.window and seen.window[0] <= now < seen.window[1]:
-                if not self.present(transport, spec):  # one stat: a sidecar that comes is read at once
+                if not watched or not self.present(transport, spec):  # a sidecar that comes: read now
                     return seen.result
             elif not spec.progress_file:  # the listing shows whether a sidecar has come
                 files = transport.listdir(spec.checkpoint_dir)
@@ -158,9 +175,9 @@ class ProgressReader:
 
     def present(self, transport: Transport, spec: JobSpec) -> bool:
         """Whether the chain's sidecar (or its own progress file) is there now: one ``stat``.
-        A chain whose directory had none looks for it at every tick, so that the first
-        segment of a script that uses the helper is followed from its first save, not from
-        its directory's next listing up to ``PROGRESS_EVERY`` later."""
+        A chain whose directory had none looks for it at every tick while ``sidecar_watched``,
+        so that the first segment of a script that uses the helper is followed from its first
+        save, not from its directory's next listing up to ``PROGRESS_EVERY`` later."""
         return transport.stat(_path(spec)) is not None
 
     def standing(self, transport: Transport, spec: JobSpec) -> Optional[tuple[float, float]]:

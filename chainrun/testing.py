@@ -33,7 +33,7 @@ from chainrun.checkpoint import SIDECAR_NAME
 from chainrun.checkpoint._progress import encode_progress
 from chainrun.errors import SchedulerError, TransportError
 from chainrun.model import CommandResult, ListedJob, Outcome, Phase
-from chainrun.schedulers.base import HelperFile
+from chainrun.schedulers.base import HelperFile, ListingMemo
 from chainrun.schedulers.segment import SegmentJob
 from chainrun.transport import FileInfo
 
@@ -272,7 +272,7 @@ class FakeScheduler:
     def parse_poll(self, result: CommandResult) -> dict[str, ListedJob]:
         if not result.ok:
             raise SchedulerError(result.stderr.strip(), transient=True)
-        return _parse(result.stdout)
+        return _POLLED.jobs(result.stdout)
 
     def cancel_argv(self, job_ids: list[str]) -> list[str]:
         return ["fake-cancel", *job_ids]
@@ -457,19 +457,23 @@ def _line(job: ListedJob) -> str:
     return json.dumps(data) + "\n"
 
 
+def _job(line: str) -> ListedJob:
+    d = json.loads(line)
+    return ListedJob(
+        job_id=d["id"],
+        name=d["name"],
+        phase=Phase(d["phase"]),
+        outcome=Outcome(d["outcome"]) if d["outcome"] else None,
+        exit_code=d["exit_code"],
+        started_at=d["started_at"],
+        ended_at=d["ended_at"],
+        reason=d["reason"],
+        stuck=d["stuck"],
+    )
+
+
+_POLLED = ListingMemo(_job)  # the fake poll's last listing, kept as a backend's (Slurm's) is
+
+
 def _parse(text: str) -> dict[str, ListedJob]:
-    jobs = {}
-    for line in text.splitlines():
-        d = json.loads(line)
-        jobs[d["id"]] = ListedJob(
-            job_id=d["id"],
-            name=d["name"],
-            phase=Phase(d["phase"]),
-            outcome=Outcome(d["outcome"]) if d["outcome"] else None,
-            exit_code=d["exit_code"],
-            started_at=d["started_at"],
-            ended_at=d["ended_at"],
-            reason=d["reason"],
-            stuck=d["stuck"],
-        )
-    return jobs
+    return {job.job_id: job for job in map(_job, text.splitlines())}

@@ -376,3 +376,41 @@ def test_a_sidecar_that_comes_while_the_first_segment_runs_is_read_at_the_next_t
     assert reader.progress(transport, spec, 0.0, running=True) == NO_PROGRESS
     put_sidecar(transport, ckdir, tmp_path, epoch=1, mtime=LONG_AGO)
     assert epoch(reader.progress(transport, spec, 1.0, running=True)) == 1
+
+
+@pytest.mark.parametrize(
+    ("started", "now", "watched"),
+    [
+        (None, 5000.0, True),  # its start not known: looked for
+        (1000.0, 1000.0, True),  # the segment just started
+        (1000.0, 1000.0 + reading.PROGRESS_EVERY - 1, True),  # still in its first minute
+        (1000.0, 1000.0 + reading.PROGRESS_EVERY, False),  # past it: the next listing finds it
+        (1000.0, 1000.0 + 3600, False),  # an hour in
+        (-float("inf"), 1000.0, False),  # nothing of it runs: nothing can write one
+    ],
+)
+def test_a_sidecar_is_looked_for_between_listings_only_in_a_segment_s_first_minute(
+    started: Optional[float], now: float, watched: bool
+) -> None:
+    """The rule: a chain whose directory had no sidecar stats the sidecar's path between its
+    directory's listings only while the segment that runs is in its first PROGRESS_EVERY."""
+    assert reading.sidecar_watched(started, now) is watched
+
+
+def test_a_running_chain_not_watched_reads_nothing_between_listings(
+    transport: Transport, ckdir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past its segment's first minute (``watched=False``), a running chain whose directory
+    had no sidecar makes no call until its next listing is due, and that listing finds a
+    sidecar that came in between."""
+    reader, spec = reading.ProgressReader(), spec_for(ckdir)
+    assert reader.progress(transport, spec, 0.0, running=True, watched=False) == NO_PROGRESS
+    window = reader.standing(transport, spec)
+    assert window is not None
+    calls = count_calls(transport, monkeypatch)
+    put_sidecar(transport, ckdir, tmp_path, epoch=4, mtime=LONG_AGO)
+    calls.clear()
+    assert reader.progress(transport, spec, window[1] - 1, running=True, watched=False) == NO_PROGRESS
+    assert calls == [], "nothing read between listings"
+    assert epoch(reader.progress(transport, spec, window[1], running=True, watched=False)) == 4
+    assert calls[0] == "listdir", calls

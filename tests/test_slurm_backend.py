@@ -140,6 +140,25 @@ POLL = """\
 """
 
 
+def test_a_line_the_same_as_at_the_last_poll_gives_the_very_same_job() -> None:
+    """A line unchanged since the last listing is not parsed again: its job is the very
+    object of that listing (by which the engine sees at a glance what did not change); a
+    changed line gives a new job, as a fresh parse of it does, and a line that left the
+    listing is forgotten."""
+    first = SlurmScheduler().parse_poll(CommandResult(("squeue",), 0, POLL, ""))
+    changed = POLL.replace(
+        "4|tmo|RUNNING|None|1795644629|1795644689|vm", "4|tmo|COMPLETED|None|1795644629|1795644689|vm"
+    )
+    changed = changed.replace("8|ignterm|PENDING|Resources|N/A|N/A|\n", "")
+    again = SlurmScheduler().parse_poll(CommandResult(("squeue",), 0, changed, ""))
+    assert again["2"] is first["2"] and again["12"] is first["12"]
+    assert again["4"] is not first["4"] and again["4"].outcome is Outcome.COMPLETED
+    assert "8" not in again
+    back = SlurmScheduler().parse_poll(CommandResult(("squeue",), 0, POLL, ""))
+    assert back == first
+    assert back["2"] is first["2"] and back["8"] is not first["8"], "forgotten when it left the listing"
+
+
 def test_poll_maps_every_line_through_the_state_table() -> None:
     jobs = SlurmScheduler().parse_poll(CommandResult(("squeue",), 0, POLL, ""))
     view = {i: (j.phase, j.outcome) for i, j in jobs.items()}

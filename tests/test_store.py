@@ -156,6 +156,30 @@ def test_the_ticks_load_reads_again_a_chain_changed_since_even_by_hand(world: Wo
     assert again.segments[0].phase is Phase.RUNNING
     world.store.request_cancel(second, 6.0)
     assert [c.cancel_requested for c in world.store.chains(active_only=True)] == [False, True]
+    world.store.db.execute("UPDATE chains SET reason = 'through its own connection' WHERE id = ?", (second,))
+    by_id = {c.id: c for c in world.store.chains(active_only=True)}
+    assert by_id[second].reason == "through its own connection"
+
+
+def test_the_ticks_load_reads_nothing_when_nothing_was_written(world: World) -> None:
+    """Nothing written since the last load, by any connection: the load runs one statement
+    (SQLite's data_version) and gives the very chains of that load; a write by another
+    program is seen at the next load."""
+    first = world.add()
+    world.tick()
+    statements: list[str] = []
+    world.store.db.set_trace_callback(statements.append)  # (handing out the connection: load anew)
+    try:
+        kept = world.store.chains(active_only=True)
+        statements.clear()
+        again = world.store.chains(active_only=True)
+        assert [c is k for c, k in zip(again, kept)] == [True]
+        assert statements == ["PRAGMA data_version"], statements
+        with raw(world.store.home) as db:
+            db.execute("UPDATE chains SET reason = 'by hand' WHERE id = ?", (first,))
+        assert world.store.chains(active_only=True)[0].reason == "by hand"
+    finally:
+        world.store.db.set_trace_callback(None)
 
 
 def test_status_reads_only_the_chains_it_shows(world: World) -> None:

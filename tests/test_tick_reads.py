@@ -7,6 +7,7 @@ local runner."""
 from __future__ import annotations
 
 import json
+import random
 import shlex
 import subprocess
 import sys
@@ -19,9 +20,12 @@ import pytest
 from test_engine import SPEC, World
 
 from chainrun.checkpoint import SIDECAR_NAME
-from chainrun.model import Outcome
+from chainrun.cluster import Cluster
+from chainrun.engine.observe import Polled, poll
+from chainrun.model import Outcome, Phase
 from chainrun.progress import PROGRESS_EVERY, listing_due
-from chainrun.testing import FakeTransport
+from chainrun.schedulers.segment import ARRAY_PREFIX
+from chainrun.testing import FakeCluster, FakeTransport
 
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
 CKPT = SPEC.checkpoint_dir
@@ -122,27 +126,29 @@ def save_in_place(world: World, name: str = "model.pt") -> float:
     return world.clock()
 
 
-def running_chain(world: World) -> tuple[str, float]:
+def running_chain(world: World) -> tuple[str, float, float]:
     """A chain whose segment 1 runs, with segment 2 queued behind it, and a checkpoint saved
-    before segment 1 started (which its start marker records); when that was saved."""
+    before segment 1 started (which its start marker records); when that was saved, and when
+    segment 1 started."""
     chain_id = world.add(replace(SPEC, target_epoch=None))
     saved = save_in_place(world)
     world.tick()
     world.tick()
+    started = world.clock()
     world.cluster.start("1", mtime=saved)
     world.tick()  # records that it runs: the chain is loaded anew
     world.tick()  # decided once on that, then quiet
-    return chain_id, saved
+    return chain_id, saved, started
 
 
 def test_a_running_chain_without_a_sidecar_is_listed_only_when_due_and_not_decided_again(
     world: World, calls: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Steady ticks make no file-system call for the chain but one stat of its sidecar's path
-    (a sidecar that comes is read at once) and the due listing of its checkpoint directory,
-    and its facts stay equal, so decide() is not asked again; a save in place shows at the
-    next due listing."""
-    running_chain(world)
+    """Steady ticks make no file-system call for the chain but the due listing of its
+    checkpoint directory, and one stat of its sidecar's path a tick in its segment's first
+    minute only (a sidecar that comes then is read at once), and its facts stay equal, so
+    decide() is not asked again; a save in place shows at the next due listing."""
+    started = running_chain(world)[2]
     decided: list[str] = []
     import chainrun.engine as engine_module
 
@@ -154,11 +160,17 @@ def test_a_running_chain_without_a_sidecar_is_listed_only_when_due_and_not_decid
 
     monkeypatch.setattr(engine_module, "decide", counting)
     calls.clear()
+    first_minute = 0
+    while world.clock() + 10 < started + PROGRESS_EVERY:
+        world.tick()
+        first_minute += 1
+    assert ("stat", f"{CKPT}/{SIDECAR_NAME}") in calls, "looked for in the first minute"
+    assert calls.count(("stat", f"{CKPT}/{SIDECAR_NAME}")) <= first_minute, calls  # one a tick at most
+    calls.clear()
     ticks = 30  # 300 s of 10 s ticks
     for _ in range(ticks):
         world.tick()
-    assert set(calls) == {("listdir", CKPT), ("stat", f"{CKPT}/{SIDECAR_NAME}")}, calls
-    assert calls.count(("stat", f"{CKPT}/{SIDECAR_NAME}")) <= ticks, calls  # one a tick at most
+    assert set(calls) == {("listdir", CKPT)}, calls  # past the first minute: no stat between listings
     assert 4 <= calls.count(("listdir", CKPT)) <= 6, calls  # one per 60 s window, not one per tick
     assert decided == [], "facts unchanged: decide() is not asked again"
     saved = save_in_place(world)
@@ -175,7 +187,7 @@ def test_a_segment_that_saved_in_place_after_the_last_listing_is_credited(
     directory, and ends before the next listing is due: the tick that sees it end lists the
     directory then, so the segment is judged on the checkpoint it left, never charged "no
     progress". Without an end marker (its node lost), that listing is all there is."""
-    chain_id, before = running_chain(world)
+    chain_id, before, _ = running_chain(world)
     # Tick until a tick that listed the directory is followed by one where no listing is due.
     while True:
         calls.clear()
@@ -252,3 +264,105 @@ def test_a_script_that_saves_over_its_checkpoint_in_place_is_never_charged(
     assert [s["outcome"] for s in segments[:3]] == ["timeout"] * 3, segments
     assert not any(s["charged"] for s in segments), segments
     assert st["failures"] == 0
+
+
+def test_a_sidecar_that_comes_after_the_segment_s_first_minute_is_read_at_the_next_listing(
+    world: World, calls: list[tuple[str, str]]
+) -> None:
+    """Past its segment's first minute a chain whose directory had no sidecar is not looked
+    at between listings; a sidecar that comes then (a script that uses the helper saving
+    first after a long start) is read, and its epoch recorded, at the directory's next
+    listing, at most PROGRESS_EVERY later, and from then on at every tick."""
+    started = running_chain(world)[2]
+    while world.clock() < started + PROGRESS_EVERY:
+        world.tick()
+    world.cluster.checkpoint(CKPT, epoch=3)
+    came = world.clock()
+    calls.clear()
+    while world.store.chains()[-1].latest.epoch != 3:
+        assert world.clock() < came + PROGRESS_EVERY + 10, "found by the next listing"
+        world.tick()
+    assert ("listdir", CKPT) in calls
+    calls.clear()
+    world.cluster.checkpoint(CKPT, epoch=4)
+    assert world.tick().latest.epoch == 4, "a sidecar once found is read at every tick"
+
+
+def test_a_sidecar_that_comes_in_the_segment_s_first_minute_is_read_at_the_next_tick(world: World) -> None:
+    """In its segment's first minute the chain looks for a sidecar at every tick: a script
+    that uses the helper is followed from its first save (the web page's curves keep every
+    epoch), not from the directory's next listing."""
+    started = running_chain(world)[2]
+    assert world.clock() + 10 < started + PROGRESS_EVERY
+    world.cluster.checkpoint(CKPT, epoch=1)
+    assert world.tick().latest.epoch == 1
+
+
+# -- the poll: what changed since the poll before ----------------------------------
+
+
+def test_a_poll_indexes_anew_only_what_changed_and_says_what_did() -> None:
+    """Chains' jobs and array tasks start, end, leave the listing, come twice under one tag
+    (an interrupted submission), first in a few set steps, then at random, on the fake
+    cluster (whose backend keeps its last listing's lines, as Slurm's does): each poll made
+    with the poll before it indexes them as a whole index of its listing does (the jobs of
+    one place in the listing's order), and its ``moved`` and ``touched`` name every job
+    that changed and the chains and tasks they are of; a chain none of whose jobs changed
+    keeps its very entry."""
+    fake = FakeCluster(arrays=True)
+    cluster = Cluster(fake.scheduler(), fake.transport())
+    key = ("fake", "")
+    first = [fake.add_job(f"cr.c{i}.1", f"/w/c{i}/seg-1") for i in range(12)]
+    base = fake.add_job(f"{ARRAY_PREFIX}sweep", "/w/a/seg-1", task=0).split("_")[0]
+    for index in range(1, 4):
+        fake.add_task(base, index, f"{ARRAY_PREFIX}sweep", f"/w/a{index}/seg-1")
+    polls = [poll(key, cluster)]
+
+    def check() -> Polled:
+        before = polls[-1]
+        polled = poll(key, cluster, before)
+        whole = poll(key, cluster)  # the same listing, indexed whole
+        assert (polled.jobs, polled.tagged, polled.tasks) == (whole.jobs, whole.tagged, whole.tasks)
+        if polled.since is not None:
+            assert polled.since == before.serial
+            changed = {
+                i for i in {*before.jobs, *polled.jobs} if before.jobs.get(i) is not polled.jobs.get(i)
+            }
+            assert polled.moved == changed
+            for chain_id, entry in polled.tagged.items():
+                if chain_id not in polled.touched:
+                    assert entry is before.tagged[chain_id], "untouched: its very entry"
+            for job_id in changed:
+                job = polled.jobs.get(job_id) or before.jobs[job_id]
+                if job.name.startswith("cr."):
+                    assert job.name.split(".")[1] in polled.touched
+        polls.append(polled)
+        return polled
+
+    fake.vanish(first[0])  # c0's one job leaves the listing
+    assert "c0" not in check().tagged
+    second = fake.add_job("cr.c1.1", "/w/twice")  # c1's segment 1 twice
+    assert [j.job_id for j in check().tagged["c1"][1]] == [first[1], second]
+    fake.start(first[1])  # the first of the two changes: still first
+    assert [j.job_id for j in check().tagged["c1"][1]] == [first[1], second]
+    fake.end(f"{base}_2", "timeout")  # an array task
+    assert check().tasks[(f"{ARRAY_PREFIX}sweep", 2)][0].phase is Phase.ENDED
+    rng = random.Random(38)
+    for _ in range(150):
+        for _ in range(rng.choice([0, 0, 1, 1, 2, 5])):
+            job_id = rng.choice(sorted(fake.jobs))
+            change = rng.choice(["start", "end", "vanish", "next", "twice"])
+            name = fake.jobs[job_id].live.name
+            if change == "start" and fake.jobs[job_id].live.phase is Phase.PENDING:
+                fake.start(job_id)
+            elif change == "end":
+                fake.end(job_id, "timeout")
+            elif change == "vanish":
+                fake.vanish(job_id)
+            elif change == "next" and not name.startswith(ARRAY_PREFIX):
+                chain, n = name.split(".")[1:]
+                fake.add_job(f"cr.{chain}.{int(n) + 1}", f"/w/{chain}/seg-{int(n) + 1}", after=job_id)
+            elif change == "twice":
+                fake.add_job(name, "/w/twice")
+        check()
+    assert sum(p.since is not None for p in polls) > 60  # many polls were counted from the one before

@@ -12,10 +12,12 @@ says a signal killed the command (an OOM kill, which accounting names).
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import defaultdict
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Optional, Union
 
 from chainrun.cluster import Cluster
 from chainrun.decide import Facts, JobFacts, placement
@@ -25,7 +27,7 @@ from chainrun.errors import SchedulerError, TransportError
 from chainrun.logsetup import get_logger
 from chainrun.markers import MarkerReader
 from chainrun.model import Carried, Chain, ListedJob, Outcome, Phase
-from chainrun.progress import ProgressReader
+from chainrun.progress import ProgressReader, sidecar_watched
 from chainrun.schedulers.segment import ARRAY_PREFIX, SegmentJob, parse_claim, parse_tag
 
 log = get_logger(__name__)
@@ -33,36 +35,116 @@ log = get_logger(__name__)
 ClusterKey = tuple[str, str]  # a cluster: (scheduler kind, host; "" for this machine)
 
 
+Tagged = dict[str, dict[int, tuple[ListedJob, ...]]]  # listed jobs tagged cr.CHAIN.N, by chain and N
+Tasks = dict[tuple[str, int], tuple[ListedJob, ...]]  # listed array tasks, by array name and index
+
+_SERIALS = itertools.count(1)  # each poll's number
+
+
 @dataclass(frozen=True)
 class Polled:
-    """One cluster as this tick's poll found it."""
+    """One cluster as this tick's poll found it, and what changed since the poll before."""
 
     key: ClusterKey
     cluster: Cluster
     jobs: dict[str, ListedJob]  # every job the poll listed, by id
-    tagged: dict[str, dict[int, tuple[ListedJob, ...]]]  # listed jobs tagged cr.CHAIN.N, by chain and N
-    tasks: dict[tuple[str, int], tuple[ListedJob, ...]]  # listed array tasks, by array name and index
+    tagged: Tagged
+    tasks: Tasks
+    serial: int = 0  # this poll's number
+    # The number of the poll before, which ``moved`` and ``touched`` are counted from (None:
+    # not counted; every chain compares its jobs with those it saw).
+    since: Optional[int] = None
+    # The jobs listed anew, listed differently (a new object: the backend gives the same one
+    # for a job listed the same) or no longer, by id; and the chains and array tasks they are of.
+    moved: frozenset[str] = frozenset()
+    touched: frozenset[Union[str, tuple[str, int]]] = frozenset()
 
 
-def poll(key: ClusterKey, cluster: Cluster) -> Polled:
-    """Poll ``cluster`` once, its jobs indexed by the chain and segment their tags name.
-    Raises TransportError or SchedulerError when the poll fails."""
+def poll(key: ClusterKey, cluster: Cluster, before: Optional[Polled] = None) -> Polled:
+    """Poll ``cluster`` once, its jobs indexed by the chain and segment their tags name; with
+    the poll ``before`` it, what changed since, and when little did, its index with only
+    the chains that changed indexed anew. Raises TransportError or SchedulerError when the
+    poll fails."""
     cluster.prepare()
     jobs = cluster.poll()
-    tagged: dict[str, dict[int, tuple[ListedJob, ...]]] = defaultdict(dict)
-    tasks: dict[tuple[str, int], tuple[ListedJob, ...]] = {}
-    for job in jobs.values():
-        if cluster.arrays is not None and job.name.startswith(ARRAY_PREFIX):
-            index = cluster.arrays.task_index(job.job_id)
+    serial = next(_SERIALS)
+    if before is not None:
+        old = before.jobs
+        moved = [j for i, j in jobs.items() if old.get(i) is not j]
+        moved += [j for i, j in old.items() if jobs.get(i) is not j]
+        if len(moved) * 4 <= len(jobs):
+            index = _reindex(cluster, before, jobs, moved)
             if index is not None:
-                tasks[(job.name, index)] = (*tasks.get((job.name, index), ()), job)
+                tagged, tasks, touched = index
+                ids = frozenset(j.job_id for j in moved)
+                return Polled(key, cluster, jobs, tagged, tasks, serial, before.serial, ids, touched)
+    tagged, tasks = _index(cluster, jobs.values())
+    return Polled(key, cluster, jobs, tagged, tasks, serial)
+
+
+def _place(cluster: Cluster, job: ListedJob) -> Optional[tuple[bool, tuple[str, int]]]:
+    """Where ``job`` is indexed: (True, (array name, index)) for an array task, (False,
+    (chain id, N)) for a job tagged cr.CHAIN.N; None: neither."""
+    if cluster.arrays is not None and job.name.startswith(ARRAY_PREFIX):
+        index = cluster.arrays.task_index(job.job_id)
+        return None if index is None else (True, (job.name, index))
+    tag = parse_tag(job.name)
+    return None if tag is None else (False, tag)
+
+
+def _index(cluster: Cluster, jobs: Iterable[ListedJob]) -> tuple[Tagged, Tasks]:
+    """``jobs`` indexed by the chain and segment their tags name, and array tasks by their
+    array's name and index, each place's jobs in the listing's order."""
+    tagged: Tagged = defaultdict(dict)
+    tasks: Tasks = {}
+    for job in jobs:
+        place = _place(cluster, job)
+        if place is None:
             continue
-        tag = parse_tag(job.name)
-        if tag is not None:
-            chain_id, n = tag
-            found = tagged[chain_id]
+        is_task, (name, n) = place
+        if is_task:
+            tasks[(name, n)] = (*tasks.get((name, n), ()), job)
+        else:
+            found = tagged[name]
             found[n] = (*found.get(n, ()), job)
-    return Polled(key, cluster, jobs, tagged, tasks)
+    return tagged, tasks
+
+
+def _reindex(
+    cluster: Cluster, before: Polled, jobs: dict[str, ListedJob], moved: list[ListedJob]
+) -> Optional[tuple[Tagged, Tasks, frozenset[Union[str, tuple[str, int]]]]]:
+    """The index of the poll ``before``, with the chains and array tasks of the ``moved``
+    jobs indexed anew from ``jobs`` (the others keep their very entries), and those chains
+    and tasks; None when one of them has two jobs in one place (their order is the
+    listing's, which only a whole index keeps)."""
+    touched: set[Union[str, tuple[str, int]]] = set()
+    for job in moved:
+        place = _place(cluster, job)
+        if place is not None:
+            touched.add(place[1] if place[0] else place[1][0])
+    chains = [t for t in touched if isinstance(t, str)]
+    keys = [t for t in touched if not isinstance(t, str)]
+    members = [j for c in chains for found in before.tagged.get(c, {}).values() for j in found]
+    members += [j for k in keys for j in before.tasks.get(k, ())]
+    current = {j.job_id: j for j in [*members, *moved] if jobs.get(j.job_id) is j}
+    new_tagged, new_tasks = _index(cluster, current.values())
+    if any(len(f) > 1 for entry in new_tagged.values() for f in entry.values()) or any(
+        len(f) > 1 for f in new_tasks.values()
+    ):
+        return None
+    tagged: Tagged = dict(before.tagged)
+    for c in chains:
+        if c in new_tagged:
+            tagged[c] = new_tagged[c]
+        else:
+            tagged.pop(c, None)
+    tasks: Tasks = dict(before.tasks)
+    for k in keys:
+        if k in new_tasks:
+            tasks[k] = new_tasks[k]
+        else:
+            tasks.pop(k, None)
+    return tagged, tasks, frozenset(touched)
 
 
 def _first_claim(polled: Polled, chain: Chain) -> Optional[int]:
@@ -94,20 +176,28 @@ def _carried(polled: Polled, chain: Chain) -> dict[int, Carried]:
     return found
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Settled:
     """A chain's facts, gathered while its segments just ran or waited, with every marker
     they need kept, no claim to look for and its checkpoint listed: the same facts again
-    for as long as the chain as stored, the listing of its jobs and its checkpoint's
-    reading stay the same."""
+    for as long as the chain as stored, the listing of its jobs (``facts.jobs``, each
+    live segment's, and ``facts.tagged``) and its checkpoint's reading stay the same. One
+    is kept for each such chain, so it has slots."""
 
+    __slots__ = ("chain", "facts", "serial", "started", "task", "window")
     chain: Chain
-    listed: tuple[Optional[ListedJob], ...]  # its live segments' jobs, as the poll listed them
-    tagged: Mapping[int, tuple[ListedJob, ...]]
     facts: Facts
     window: tuple[
         float, float
     ]  # from, until: while its checkpoint's last listing stands (``ProgressReader.standing``)
+    started: Optional[float]  # when its newest running segment started (``sidecar_watched``)
+    serial: int  # the last poll whose listing of its jobs was found the same (``Polled.serial``)
+    task: Optional[tuple[str, int]]  # its first segment's array task (array name, index), if one
+
+
+def _listed(facts: Facts, chain: Chain) -> tuple[Optional[ListedJob], ...]:
+    """The listing of the chain's live segments' jobs that ``facts`` (settled) were of."""
+    return tuple(facts.jobs[s.job_id].listed for s in chain.live if s.job_id is not None)
 
 
 class Observer:
@@ -125,25 +215,55 @@ class Observer:
 
     def facts(self, polled: Polled, chain: Chain, now: float) -> Facts:
         """What ``decide`` needs to know of ``chain`` at ``now`` (accounting aside: ``account``)."""
+        settled = self.settled.get(chain.id)
         transport = polled.cluster.transport
+        if (
+            settled is not None
+            and settled.chain is chain
+            and settled.serial == polled.since
+            and chain.id not in polled.touched
+            and polled.moved.isdisjoint(settled.facts.jobs)
+            and (settled.task is None or settled.task not in polled.touched)
+            and not sidecar_watched(settled.started, now)
+        ):
+            # Seen at a glance: none of its jobs changed in the listing since the poll before,
+            # whose listing was found the same as the one its facts were of.
+            settled.serial = polled.serial
+            if settled.window[0] <= now < settled.window[1]:
+                return settled.facts  # asleep
+            # Its checkpoint's listing came due, the one thing that may have changed.
+            progress = self.progress.progress(transport, chain.spec, now, running=True, watched=False)
+            window = self.progress.standing(transport, chain.spec)
+            facts = (
+                settled.facts
+                if progress == settled.facts.progress
+                else replace(settled.facts, progress=progress)
+            )
+            if window is None:  # a sidecar came: read from now on at every tick
+                self.settled.pop(chain.id)
+            else:
+                settled.window, settled.facts = window, facts
+            return facts
         jobs: dict[str, JobFacts] = {}
         tagged = polled.tagged.get(chain.id, {})
         first = chain.segments[0] if chain.segments else None
+        task = None
         if first is not None and first.array is not None and first.task is not None:
             # A first segment sent as an array task is found under the array's name and its index.
-            found_tasks = polled.tasks.get((first.array, first.task), ())
+            task = (first.array, first.task)
+            found_tasks = polled.tasks.get(task, ())
             if found_tasks:
                 tagged = {**tagged, first.n: (*tagged.get(first.n, ()), *found_tasks)}
         listed_now = tuple(polled.jobs.get(s.job_id) if s.job_id is not None else None for s in chain.live)
-        settled = self.settled.get(chain.id)
         if (
             settled is not None
             and settled.window[0] <= now < settled.window[1]
             and settled.chain is chain
-            and settled.listed == listed_now
-            and settled.tagged == tagged
-            and not self.progress.present(transport, chain.spec)
+            and _listed(settled.facts, chain) == listed_now
+            and settled.facts.tagged == tagged
+            and not (sidecar_watched(settled.started, now) and self.progress.present(transport, chain.spec))
         ):
+            settled.serial = polled.serial
             return settled.facts  # a chain that just runs sleeps until one of these changes
         found = {}
         # Whether its segments just run or wait, as this tick's listing shows them: then no
@@ -151,6 +271,7 @@ class Observer:
         # is listed only when due (its listing only feeds what ``status`` shows).
         running = bool(chain.live) and chain.cancel_requested_at is None
         markers_kept = True  # every marker its segments need is read and kept
+        started: Optional[float] = -math.inf  # its newest running segment's start (None: unknown)
         for seg in chain.live:
             if seg.phase is Phase.SUBMITTING and seg.n not in tagged:
                 start = self.markers.start(transport, chain, seg.n)
@@ -173,6 +294,8 @@ class Observer:
             if listed is not None and listed.phase is Phase.RUNNING and not listed.stuck:
                 jobs[seg.job_id] = JobFacts(listed=listed, start=start)
                 markers_kept = markers_kept and start is not None
+                at = start.at if start is not None else None
+                started = None if started is None or at is None else max(started, at)
                 continue
             running = False  # ended, gone or held: judged now, on the checkpoint as it is now
             end = self.markers.end(transport, chain, seg.n)
@@ -186,7 +309,9 @@ class Observer:
             tagged=tagged,
             found=found,
             carried=_carried(polled, chain),
-            progress=self.progress.progress(transport, chain.spec, now, running),
+            progress=self.progress.progress(
+                transport, chain.spec, now, running, sidecar_watched(started, now)
+            ),
             arrays=polled.cluster.arrays is not None,
         )
         window = self.progress.standing(transport, chain.spec) if running and markers_kept else None
@@ -194,9 +319,11 @@ class Observer:
             if settled is not None and settled.chain is chain and settled.facts == facts:
                 # The same facts (a listing that found the same checkpoint): the ones kept,
                 # which the engine's quiet answer holds too, so that one copy is kept.
-                self.settled[chain.id] = replace(settled, window=window)
+                self.settled[chain.id] = replace(
+                    settled, window=window, started=started, serial=polled.serial
+                )
                 return settled.facts
-            self.settled[chain.id] = _Settled(chain, listed_now, tagged, facts, window)
+            self.settled[chain.id] = _Settled(chain, facts, window, started, polled.serial, task)
         else:
             self.settled.pop(chain.id, None)
         return facts

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Optional, Protocol, runtime_checkable
 
@@ -27,6 +27,30 @@ class HelperFile:
 
     path: str  # "~/..." for the login directory
     data: bytes
+
+
+class ListingMemo:
+    """The lines of the last listing a backend parsed (one job a line), each with the job it
+    says: a line the same since (most are, tick after tick) is not parsed again and gives the
+    very same object, by which the engine sees at a glance which jobs changed
+    (``engine.observe.poll``). A line says all there is of its job, so this only saves work.
+    It holds one listing: with two clusters of one backend, each poll's listing replaces the
+    other's, and every line is parsed."""
+
+    def __init__(self, parse: Callable[[str], Optional[ListedJob]]) -> None:
+        self._parse = parse  # one line; None for one that is not a job's
+        self._lines: dict[str, ListedJob] = {}
+
+    def jobs(self, text: str) -> dict[str, ListedJob]:
+        """The jobs of the listing ``text``, by id."""
+        jobs: dict[str, ListedJob] = {}
+        parsed: dict[str, ListedJob] = {}
+        for line in text.splitlines():
+            job = self._lines.get(line) or self._parse(line)
+            if job is not None:
+                jobs[job.job_id] = parsed[line] = job
+        self._lines = parsed
+        return jobs
 
 
 class Scheduler(Protocol):

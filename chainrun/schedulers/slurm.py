@@ -20,6 +20,7 @@ from chainrun.errors import SchedulerError
 from chainrun.model import CommandResult, ListedJob, Outcome, Phase
 from chainrun.schedulers.base import (
     HelperFile,
+    ListingMemo,
     command_error,
     count_of,
     directive_words,
@@ -165,6 +166,30 @@ def _exit_code(text: str, outcome: Optional[Outcome]) -> Optional[int]:
     return int(code)
 
 
+def _listed(line: str) -> Optional[ListedJob]:
+    """One line of ``squeue --format=SQUEUE_FORMAT``; None for one that is not a job's."""
+    fields = _fields(line, 7)
+    if fields is None:
+        return None
+    job_id, name, state, reason, start, end, nodes = fields
+    if reason == "DependencyNeverSatisfied":  # a user option's dependency failed: never runs
+        return ListedJob(job_id, name, Phase.ENDED, Outcome.FAILED, reason=reason, stuck=True)
+    phase, outcome = _state(state)
+    return ListedJob(
+        job_id=job_id,
+        name=name,
+        phase=phase,
+        outcome=outcome,
+        started_at=_stamp(start) if phase is not Phase.PENDING else None,
+        ended_at=_stamp(end) if phase is Phase.ENDED else None,
+        reason=state if phase is Phase.ENDED else ("" if reason == "None" else reason),
+        nodes=nodes.strip() if phase is Phase.ENDED else "",
+    )
+
+
+_POLLED = ListingMemo(_listed)  # squeue's last listing
+
+
 class SlurmScheduler:
     kind: ClassVar[str] = "slurm"
     wrapper_signals: ClassVar[bool] = False
@@ -299,27 +324,7 @@ class SlurmScheduler:
     def parse_poll(self, result: CommandResult) -> dict[str, ListedJob]:
         if not result.ok:
             raise _error("squeue", result)
-        jobs = {}
-        for line in result.stdout.splitlines():
-            fields = _fields(line, 7)
-            if fields is None:
-                continue
-            job_id, name, state, reason, start, end, nodes = fields
-            if reason == "DependencyNeverSatisfied":  # a user option's dependency failed: never runs
-                jobs[job_id] = ListedJob(job_id, name, Phase.ENDED, Outcome.FAILED, reason=reason, stuck=True)
-                continue
-            phase, outcome = _state(state)
-            jobs[job_id] = ListedJob(
-                job_id=job_id,
-                name=name,
-                phase=phase,
-                outcome=outcome,
-                started_at=_stamp(start) if phase is not Phase.PENDING else None,
-                ended_at=_stamp(end) if phase is Phase.ENDED else None,
-                reason=state if phase is Phase.ENDED else ("" if reason == "None" else reason),
-                nodes=nodes.strip() if phase is Phase.ENDED else "",
-            )
-        return jobs
+        return _POLLED.jobs(result.stdout)
 
     def cancel_argv(self, job_ids: list[str]) -> list[str]:
         return ["scancel", *job_ids]

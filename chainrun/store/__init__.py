@@ -15,8 +15,11 @@ remove it, for ``chainrun status``.
 The tick's load (``chains(active_only=True)``) reads the active chains only,
 and of those decodes again only the ones whose ``version`` moved: triggers
 count every change to a chain's row or its segments, made by chainrun or by
-hand. ``status`` selects in SQL what it shows (``shown``); the indexes on
-state and name keep ended chains out of both. Its table reads only the few
+hand. When nothing was written since the last load (``Database.stamp``: no
+other connection committed, this one began no write and its connection was not
+handed out), it reads nothing and gives the chains of that load again.
+``status`` selects in SQL what it shows (``shown``); the indexes on state and
+name keep ended chains out of both. Its table reads only the few
 columns it uses (``glance``), and decodes in full only a row that is not as
 chainrun writes it, to say what is wrong with it.
 
@@ -92,10 +95,14 @@ class Store:
         # The tick's load, kept for the next: each active chain by rowid, as read at
         # (its rowid, id, version).
         self._kept: dict[int, tuple[tuple[Any, ...], Union[Chain, DamagedChain]]] = {}
+        # The database's stamp when that load began, and its chains (None: load anew).
+        self._loaded: Optional[tuple[tuple[int, int], list[Chain]]] = None
 
     @property
     def db(self) -> sqlite3.Connection:
-        """The connection itself, for a look behind the store (tests)."""
+        """The connection itself, for a look behind the store (tests). What is done with
+        it is not seen by ``Database.stamp``: the next tick's load reads anew."""
+        self._loaded = None
         return self._database.db
 
     def close(self) -> None:
@@ -165,7 +172,12 @@ class Store:
         read stops neither the ticks nor the other chains. The tick's load (``active_only``)
         reads only the active chains and their segments that have not ended; ended
         segments, which never change, are kept from earlier loads, and so is each chain
-        whose rows have not changed since."""
+        whose rows have not changed since; when nothing was written to the database since
+        the last such load, nothing is read, and the very list of that load is given again
+        (the caller does not change it), by which the caller sees that nothing changed."""
+        stamp = self._database.stamp() if active_only else None
+        if stamp is not None and self._loaded is not None and self._loaded[0] == stamp:
+            return self._loaded[1]
         chains: list[Chain] = []
         for item in self._load_live() if active_only else self._load("1"):
             if isinstance(item, Chain):
@@ -175,6 +187,8 @@ class Store:
                 log.warning(
                     "chain skipped: its row in the database cannot be read", chain=item.id, why=item.problem
                 )
+        if stamp is not None:
+            self._loaded = (stamp, chains)
         return chains
 
     def sweep(self, name: str) -> list[Chain]:

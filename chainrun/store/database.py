@@ -61,6 +61,7 @@ class Database:
         self.home = Path(home)
         self.path = self.home / DB_FILE
         self.readonly = readonly
+        self.written = 0  # write transactions begun through this connection (``tx``)
         self.db = self._open_reader() if readonly else self._open_writer()
 
     def _open_writer(self) -> sqlite3.Connection:
@@ -209,8 +210,15 @@ class Database:
     def close(self) -> None:
         self.db.close()
 
+    def stamp(self) -> tuple[int, int]:
+        """A pair that changes whenever the database may have changed: SQLite's
+        ``data_version`` (another connection committed) and ``written`` (this one began a
+        write transaction)."""
+        return int(self.rows("PRAGMA data_version")[0][0]), self.written
+
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
+        self.written += 1
         with self.sql():
             self.db.execute("BEGIN IMMEDIATE")
             try:
