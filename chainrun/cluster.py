@@ -11,14 +11,15 @@ in the scheduler's own words). Nothing else in chainrun runs a scheduler command
 from __future__ import annotations
 
 import posixpath
+import re
 import time
 from collections.abc import Sequence
 from typing import Callable, Optional, TypeVar
 
 from chainrun import rundir
 from chainrun.decide.carry import abandoned
-from chainrun.errors import ClaimedError, SchedulerError
-from chainrun.model import CommandResult, JobSpec, ListedJob
+from chainrun.errors import ClaimedError, SchedulerError, TransportError
+from chainrun.model import CommandResult, JobSpec, ListedJob, Start
 from chainrun.schedulers.base import (
     ArrayScheduler,
     HelperFile,
@@ -33,6 +34,7 @@ from chainrun.schedulers.ship import SEGMENT_RUNNER
 from chainrun.transport import Transport
 
 POLL_TIMEOUT = 60.0
+_FORECAST = re.compile(r"to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)")  # sbatch --test-only
 SUBMIT_TIMEOUT = 120.0
 
 _T = TypeVar("_T")
@@ -152,6 +154,28 @@ class Cluster:
         if not isinstance(self.scheduler, ShapeProbe):
             return ""
         return self.call(self.scheduler.shape_argv(job), self.scheduler.parse_shape, POLL_TIMEOUT)
+
+    def expected_start(self, job: SegmentJob) -> Start:
+        """When ``job`` would start here, asked without queueing it: Slurm's own forecast
+        (``sbatch --test-only``), else now for a job the scheduler would take; at None, with
+        the reason, where the scheduler refuses it or does not answer.
+
+        A stand-in for the estimates of branch ``estimates`` (SGE's free slots and pending
+        jobs, a pool's free slots), with the same signature."""
+        try:
+            if not isinstance(self.scheduler, ShapeProbe):
+                return Start(time.time())
+            result = self.call(self.scheduler.shape_argv(job), lambda r: r, POLL_TIMEOUT)
+            refused = self.scheduler.parse_shape(result)
+        except (TransportError, SchedulerError) as exc:
+            return Start(None, str(exc))
+        if refused:
+            return Start(None, refused)
+        found = _FORECAST.search(f"{result.stderr}\n{result.stdout}")
+        if found is None:
+            return Start(time.time())
+        at = time.mktime(time.strptime(found.group(1), "%Y-%m-%dT%H:%M:%S"))
+        return Start(at, f"the scheduler's forecast: {found.group(1)}")
 
     def explain(self, job_id: str) -> str:
         """The scheduler's own words for why a job is held in an error state; "" if none."""

@@ -97,6 +97,10 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
         transport = transport_for(spec.scheduler.first_host)
         with _reaching(spec):
             jobfile.where_it_runs(spec)
+        for place in spec.places[1:]:  # what a segment needs is there at every place
+            with _reaching(spec.at(place.name)):
+                jobfile.where_it_runs(spec.at(place.name))
+        with _reaching(spec):
             # The code is captured once per job file: a sweep's chains all run the same commit.
             spec, snap = snapshot.prepare(transport, spec)
         chains.extend((one, len(files), snap) for one in sweep.expand(spec))

@@ -25,6 +25,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.constants",
         "chainrun.errors",
         "chainrun.logsetup",
+        "chainrun.places",  # where a chain runs: a scheduler table, a place of several, a start
+        "chainrun.result",  # what a finished command returned
         "chainrun.model",
         "chainrun.fields",
         "chainrun.text",
@@ -326,6 +328,9 @@ ENGINE_MAY_CALL = {
     "placement.observe_on",
     "placement.free_slots",
     "placement.shared",
+    "places.asks",  # a chain with several places about to queue: its places are asked
+    "places.copy_from",  # a segment at another place: its checkpoint copied there first
+    "places.ASK_EVERY",
     "retry.after_fault",
     "retry.after_submit",
     "retry.array_refused",
