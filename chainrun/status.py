@@ -532,6 +532,7 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
         "scheduler": c.spec.scheduler.kind,
         "self_queue_off": off_because(c.spec) or None,  # why segments never queue their successors
         "host": c.host,
+        "place": c.spec.place_name or None,  # where a chain with several places is now
         "created_at": c.created_at,
         "ended_at": c.ended_at,
         "next": None
@@ -561,6 +562,11 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
                 "ended_at": s.ended_at,
                 "tail": list(s.tail),
                 "host": s.host,
+                # A chain with several places: where it ran, and the checkpoint copied there first.
+                "place": (s.place or c.spec.places[0].name) if c.spec.places else None,
+                "copy": None
+                if s.copy_seconds is None
+                else {"seconds": s.copy_seconds, "bytes": s.copy_bytes, "sha256": s.copy_digest},
             }
             for s in c.segments
         ],

@@ -168,3 +168,13 @@ def test_the_store_gives_a_chain_its_spec_at_the_place_it_is_at(tmp_path: Path) 
     assert [e.kind for e in store.events(made.id)][-1:] == ["copy"] or "copy" in [
         e.kind for e in store.events(made.id)
     ]
+
+
+def test_the_places_are_asked_for_a_chain_that_may_queue_a_segment_this_tick() -> None:
+    assert rules.asks(chain())
+    # A segment running with its successor queued: the next is queued in the tick that sees
+    # the running one end, and that tick must know where it goes.
+    assert rules.asks(chain(seg(1, Phase.RUNNING), seg(2, Phase.PENDING)))
+    assert not rules.asks(chain(seg(1, Phase.ENDED), seg(2, Phase.SUBMITTING, job_id=None)))
+    one = Chain(id="c", spec=replace(SPEC, places=()), state=ChainState.ACTIVE, created_at=0.0)
+    assert not rules.asks(one)

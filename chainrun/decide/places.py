@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Optional
 
 from chainrun.fields import format_duration
-from chainrun.model import Chain, Phase, PlaceSpec, Segment, Start
+from chainrun.model import Chain, JobSpec, Phase, PlaceSpec, Segment, Start
 
 SLACK = 60.0  # seconds within which two places' starts count as the same: preference decides
 SOON = 600.0  # a queued successor's place that starts it later than this, while another starts now, is left
@@ -46,17 +46,27 @@ def copy_from(chain: Chain, seg: Segment) -> Optional[str]:
     before = [s for s in chain.segments if s.n < seg.n and s.job_id is not None]
     source = current(before, chain.spec.places)
     here = seg.place or chain.spec.places[0].name
-    return source if source != here else None
+    if source is None or source == here:
+        return None
+    return None if shared(chain.spec.at(source), chain.spec.at(here)) else source
+
+
+def shared(a: JobSpec, b: JobSpec) -> bool:
+    """Whether two places' checkpoint directories are one directory (a file system both
+    reach, as found at submit: the same real path, seen from a machine of both; else the
+    same path on the same host): nothing to copy between them."""
+    if a.checkpoint_real and b.checkpoint_real:
+        seen = set(a.checkpoint_machines) & set(b.checkpoint_machines)
+        return a.checkpoint_real == b.checkpoint_real and bool(seen)
+    return (a.scheduler.host, a.checkpoint_dir) == (b.scheduler.host, b.checkpoint_dir)
 
 
 def asks(chain: Chain) -> bool:
-    """Whether a chain with several places is about to queue a segment, so that its places
-    are asked when they would start one: none is under way, or one is and has no successor
-    queued, or its only one waits in the queue (it may be left for a place that starts it)."""
-    if not chain.spec.places:
-        return False
-    live = chain.live
-    return len(live) <= 1 and all(s.phase is not Phase.SUBMITTING for s in live)
+    """Whether a chain with several places may queue a segment this tick, so that its places
+    are asked when they would start one: any such chain but one whose submission is under
+    way. (One with a segment running and its successor queued queues the next in the tick
+    that sees the running one end; a queued one may be left for a place that starts it.)"""
+    return bool(chain.spec.places) and all(s.phase is not Phase.SUBMITTING for s in chain.live)
 
 
 def choose(places: Sequence[PlaceSpec], starts: Mapping[str, Start]) -> Optional[str]:

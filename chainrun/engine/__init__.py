@@ -416,6 +416,11 @@ class Engine:
             walltime = max(1, min(there.walltime, int(left)))
             starts[place.name] = cluster.expected_start(SegmentJob(chain.id, chain.next_n, there, walltime))
         self.starts[chain.id] = (now, starts)
+        log.info(
+            "places asked",
+            chain=chain.id,
+            starts={k: (None if v.at is None else round(v.at - now), v.reason) for k, v in starts.items()},
+        )
         return starts
 
     def _record(self, step: ChainTick) -> list[float]:

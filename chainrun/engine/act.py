@@ -233,6 +233,8 @@ class Executor:
             return
         there = chain.spec.at(source)
         src = self._polled(tick, there.scheduler.cluster_key).cluster.transport
+        if src.stat(there.checkpoint_dir) is None:
+            return  # no checkpoint yet: the segment starts from nothing there too
         try:
             moved = move_checkpoint(
                 src, there.checkpoint_dir, polled.cluster.transport, chain.spec.checkpoint_dir
