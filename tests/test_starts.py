@@ -2,8 +2,8 @@
 Slurm (``sbatch --test-only``), the real SGE (its queues' slots and pending jobs) and the local
 runner (its slots), queueing nothing; a place that is full answers a later start, one that is
 down or refuses the segment answers None with its reason. The parse tests read outputs copied
-from the real schedulers here (tests/cluster/slurm_facts.md, sge_facts.md, "Asking when a job
-would start")."""
+from the real schedulers here (tests/cluster/slurm_facts.md and sge_facts.md, "When a job would
+start")."""
 
 from __future__ import annotations
 
@@ -220,6 +220,19 @@ def test_sge_a_full_queue_of_jobs_without_h_rt_starts_later_not_known_when() -> 
 def test_sge_a_queue_whose_slots_are_all_disabled_or_suspended_cannot_start_it() -> None:
     answer = SgeScheduler().parse_start(job("sge", "all.q"), [VERIFIED, summary(0, 0, c=4), jobs("")], NOW)
     assert answer == Start(None, "queue all.q is disabled, suspended, in alarm or unknown (qstat -g c)")
+
+
+def test_sge_queues_it_cannot_read_or_without_slots_cannot_start_it() -> None:
+    sge, a_job = SgeScheduler(), job("sge", "all.q")
+    failed = sge.parse_start(a_job, [VERIFIED, out(rc=1), jobs("")], NOW)
+    assert failed == Start(None, "qstat -g c: x exited 1")
+    other = out(SUMMARY.format(load="0.58", used=0, avail=4, a=0, c=0).replace("all.q", "gpu.q"))
+    assert sge.parse_start(a_job, [VERIFIED, other, jobs("")], NOW) == Start(
+        None, "queue all.q has no slots (qstat -g c)"
+    )
+    assert sge.parse_start(job("sge"), [VERIFIED, other, jobs("")], NOW).reason == (
+        "starts now (4 of 4 slots free on queue gpu.q)"  # no queue asked: any queue
+    )
 
 
 def test_sge_a_refusal_and_a_qmaster_that_does_not_answer_cannot_start_it() -> None:

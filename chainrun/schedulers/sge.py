@@ -188,12 +188,13 @@ class SgeScheduler:
         else when enough running jobs reach their ``h_rt`` to free a slot for it and for each
         job pending ahead (an upper bound for them, and pending jobs of higher priority may
         come first: "about"); "not known when" if the jobs there have no ``h_rt``. A queue
-        all of whose slots are disabled, suspended, in alarm or unknown cannot start it."""
+        all of whose slots are disabled, suspended, in alarm or unknown cannot start it. The
+        segment is taken to need one slot (a parallel environment's count is not read)."""
         failed = refused_start("qsub -w v", results[0], TRANSIENT, _REFUSAL_NOISE, "qmaster")
         if failed is not None:
             return failed
-        if len(results) < 3 or not results[1].ok:
-            return cannot(f"qstat -g c: {results[-1].describe()}")
+        if not results[1].ok:
+            return cannot(f"qstat -g c: {results[1].describe()}")
         words = directive_words(self.directives(job), "#$ ")
         asked = [q.split("@")[0] for w, v in zip(words, words[1:]) if w == "-q" for q in v.split(",")]
 
