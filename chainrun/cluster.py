@@ -165,6 +165,7 @@ class Cluster:
             return cannot(f"{self.scheduler.kind} cannot tell when a job would start")
         results: list[CommandResult] = []
         try:
+            self.prepare()  # a pool host asked before any tick polled it: the runner's copy first
             for argv in self.scheduler.start_argvs(job):
                 results.append(self.call(argv, lambda r: r, POLL_TIMEOUT))
                 if not results[0].ok:

@@ -553,3 +553,17 @@ def test_slurm_over_ssh_is_asked_through_the_clusters_transport(
     assert answer.at is None and "invalid partition specified: no-such-partition" in answer.reason
     answer = cluster.expected_start(job("slurm", "debug"))
     assert answer.at is not None and "in partition debug, sbatch --test-only" in answer.reason, answer
+
+
+@pytest.mark.ssh
+def test_a_pool_host_over_ssh_is_asked_through_its_runners_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool host (the local runner over SSH) asked before anything else ran there: the
+    runner's copy is placed first, then its poll answers with the slots free."""
+    need("the test sshd", Path(SSH_CONFIG).exists(), "sudo scripts/start-sshd")
+    monkeypatch.setenv("CHAINRUN_SSH_CONFIG", SSH_CONFIG)
+    cluster = Cluster(scheduler_for("local", "root-local"), transport_for("root-local"))
+    answer = cluster.expected_start(job("local", slots=50))
+    assert answer.at is not None and re.fullmatch(r"starts now \(\d+ of 50 slots free.*\)", answer.reason), (
+        answer
+    )
+    assert cluster.placed  # the runner's copy, found or written
