@@ -387,7 +387,8 @@ def test_slurm_node_free_starts_now_and_behind_a_blocker_about_when_it_ends(node
         wait_for(lambda: squeue(blocker, "%T") == "RUNNING", 300, "the blocker to run")
         end = float(squeue(blocker, "%e"))
         answer = cluster.expected_start(a_job)
-        assert answer.at is not None and abs(answer.at - end) <= 60, (answer, end)
+        # The blocker's EndTime; a minute more when another test's job pends for node3 (measured).
+        assert answer.at is not None and end - 5 <= answer.at <= end + 120, (answer, end)
         assert answer.at > time.time() + NOW_SLACK and answer.reason.startswith("about "), answer
         assert "on node3 in partition multi, sbatch --test-only" in answer.reason
     finally:
