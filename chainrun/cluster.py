@@ -11,7 +11,6 @@ in the scheduler's own words). Nothing else in chainrun runs a scheduler command
 from __future__ import annotations
 
 import posixpath
-import re
 import time
 from collections.abc import Sequence
 from typing import Callable, Optional, TypeVar
@@ -19,22 +18,23 @@ from typing import Callable, Optional, TypeVar
 from chainrun import rundir
 from chainrun.decide.carry import abandoned
 from chainrun.errors import ClaimedError, SchedulerError, TransportError
-from chainrun.model import CommandResult, JobSpec, ListedJob, Start
+from chainrun.model import CommandResult, JobSpec, ListedJob
 from chainrun.schedulers.base import (
     ArrayScheduler,
     HelperFile,
     NodeSubmitProbe,
     Scheduler,
     ShapeProbe,
+    StartProbe,
     parse_cancel,
 )
 from chainrun.schedulers.script import render_script, runner_path
 from chainrun.schedulers.segment import SegmentJob, claim_job, claim_text, parse_claim
 from chainrun.schedulers.ship import SEGMENT_RUNNER
+from chainrun.starts import Start, cannot
 from chainrun.transport import Transport
 
 POLL_TIMEOUT = 60.0
-_FORECAST = re.compile(r"to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)")  # sbatch --test-only
 SUBMIT_TIMEOUT = 120.0
 
 _T = TypeVar("_T")
@@ -155,27 +155,26 @@ class Cluster:
             return ""
         return self.call(self.scheduler.shape_argv(job), self.scheduler.parse_shape, POLL_TIMEOUT)
 
-    def expected_start(self, job: SegmentJob) -> Start:
-        """When ``job`` would start here, asked without queueing it: Slurm's own forecast
-        (``sbatch --test-only``), else now for a job the scheduler would take; at None, with
-        the reason, where the scheduler refuses it or does not answer.
-
-        A stand-in for the estimates of branch ``estimates`` (SGE's free slots and pending
-        jobs, a pool's free slots), with the same signature."""
+    def expected_start(self, job: SegmentJob, now: Optional[float] = None) -> Start:
+        """When ``job`` would start here if it were queued now, asked without queueing it (the
+        backend's ``StartProbe``: Slurm's ``sbatch --test-only``, SGE's slots and pending jobs,
+        the local runner's slots), and why. Never raises: a place that cannot be asked (its
+        controller or its host does not answer) cannot start it now (``at`` None). ``now``:
+        the caller's clock (the service's), else this machine's."""
+        if not isinstance(self.scheduler, StartProbe):
+            return cannot(f"{self.scheduler.kind} cannot tell when a job would start")
+        results: list[CommandResult] = []
         try:
-            if not isinstance(self.scheduler, ShapeProbe):
-                return Start(time.time())
-            result = self.call(self.scheduler.shape_argv(job), lambda r: r, POLL_TIMEOUT)
-            refused = self.scheduler.parse_shape(result)
-        except (TransportError, SchedulerError) as exc:
-            return Start(None, str(exc))
-        if refused:
-            return Start(None, refused)
-        found = _FORECAST.search(f"{result.stderr}\n{result.stdout}")
-        if found is None:
-            return Start(time.time())
-        at = time.mktime(time.strptime(found.group(1), "%Y-%m-%dT%H:%M:%S"))
-        return Start(at, f"the scheduler's forecast: {found.group(1)}")
+            self.prepare()  # a pool host asked before any tick polled it: the runner's copy first
+            for argv in self.scheduler.start_argvs(job):
+                results.append(self.call(argv, lambda r: r, POLL_TIMEOUT))
+                if not results[0].ok:
+                    break  # the question failed: the rest only refine an answer
+            return self.scheduler.parse_start(job, results, time.time() if now is None else now)
+        except TransportError as exc:
+            return cannot(f"does not answer: {exc}")
+        except SchedulerError as exc:
+            return cannot(str(exc))
 
     def explain(self, job_id: str) -> str:
         """The scheduler's own words for why a job is held in an error state; "" if none."""

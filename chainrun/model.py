@@ -1,5 +1,6 @@
 """The words of chainrun as data: job spec, chain, segment, progress, the wrapper's markers,
-actions (a command's result: ``chainrun.result``; where a chain runs: ``chainrun.places``).
+actions (a command's result: ``chainrun.result``; where a chain runs: ``chainrun.places``;
+when a place would start a segment: ``chainrun.starts``).
 
 Everything here is a plain value: frozen dataclasses and Enums with no I/O,
 so the decision logic can be tested exhaustively and the store can round-trip
@@ -19,8 +20,8 @@ from typing import Any, Optional, Union
 from chainrun.places import HOST_TIMEOUT as HOST_TIMEOUT
 from chainrun.places import PlaceSpec as PlaceSpec
 from chainrun.places import SchedulerSpec as SchedulerSpec
-from chainrun.places import Start as Start
 from chainrun.result import CommandResult as CommandResult
+from chainrun.starts import Start as Start
 
 
 class Outcome(enum.Enum):

@@ -1,6 +1,6 @@
 """Where a chain runs: a scheduler table (``SchedulerSpec``), a place of several a job file
-lists (``PlaceSpec``, its ``[[cluster]]`` table), and when a place could start a segment
-(``Start``). Plain values, no I/O, below ``model`` (whose ``JobSpec`` holds them).
+lists (``PlaceSpec``, its ``[[cluster]]`` table). Plain values, no I/O, below ``model``
+(whose ``JobSpec`` holds them).
 """
 
 from __future__ import annotations
@@ -103,12 +103,3 @@ class PlaceSpec:
             scheduler=SchedulerSpec.from_json(data["scheduler"]),
             checkpoint_machines=tuple(data.get("checkpoint_machines", ())),
         )
-
-
-@dataclass(frozen=True)
-class Start:
-    """When a place expects a segment of this shape to start (``at``, epoch seconds), or
-    None when it cannot start one now (its controller down, a partition refusing), and why."""
-
-    at: Optional[float]
-    reason: str = ""

@@ -47,7 +47,7 @@ SPEC = JobSpec(
     scheduler=SLURM.scheduler,
     places=(SLURM, SGE),
 )
-NOW_ = Start(NOW)
+NOW_ = Start(NOW, "starts now")
 LATER = Start(NOW + 3600, "the scheduler's forecast")
 NEVER = Start(None, "sbatch: error: Invalid partition name specified")
 
@@ -76,9 +76,9 @@ def facts(starts: dict[str, Start], **jobs: Phase) -> Facts:
     [
         ({}, None),  # not asked: the chain stays where it is
         ({"slurm": NOW_, "sge": NOW_}, "slurm"),  # a tie: the first listed
-        ({"slurm": Start(NOW + 59), "sge": NOW_}, "slurm"),  # within the slack: still a tie
-        ({"slurm": Start(NOW + 61), "sge": NOW_}, "sge"),
-        ({"slurm": LATER, "sge": Start(NOW + 600)}, "sge"),
+        ({"slurm": Start(NOW + 59, ""), "sge": NOW_}, "slurm"),  # within the slack: still a tie
+        ({"slurm": Start(NOW + 61, ""), "sge": NOW_}, "sge"),
+        ({"slurm": LATER, "sge": Start(NOW + 600, "")}, "sge"),
         ({"slurm": NEVER, "sge": LATER}, "sge"),  # a place that cannot start it is skipped
         ({"slurm": NEVER, "sge": Start(None, "qsub: no answer")}, None),
         ({"sge": NOW_}, "sge"),  # a place not asked is not chosen
@@ -113,7 +113,7 @@ def test_the_checkpoint_is_copied_from_where_the_chain_ran_last_once() -> None:
 def test_a_chain_with_no_segment_moves_its_first_to_the_place_that_starts_it() -> None:
     actions = decide(chain(), facts({"slurm": NEVER, "sge": NOW_}), NOW)
     assert actions == [Move(1, 90, "sge", actions[0].reason)]  # type: ignore[union-attr]
-    assert "sge starts it now; slurm cannot start it (sbatch: error: Invalid partition" in (
+    assert "sge starts now; slurm cannot start it (sbatch: error: Invalid partition" in (
         actions[0].reason  # type: ignore[union-attr]
     )
 
@@ -138,7 +138,7 @@ def test_a_queued_successor_is_left_for_a_place_that_starts_it_now() -> None:
     assert "left for sge" in actions[0].reason  # type: ignore[union-attr]
     # A place that starts it soon keeps it (and the one after it goes to the sooner place once
     # it has ended: none is queued behind it); a chain whose places were not asked keeps it too.
-    soon = {"slurm": Start(NOW + rules.SOON - 1), "sge": NOW_}
+    soon = {"slurm": Start(NOW + rules.SOON - 1, ""), "sge": NOW_}
     assert decide(chain(queued), facts(soon, j1=Phase.PENDING), NOW) == []
     assert decide(chain(queued), facts({}, j1=Phase.PENDING), NOW) == [Submit(2, 120, after="j1")]
 

@@ -31,6 +31,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.fields",
         "chainrun.text",
         "chainrun.home",  # where the state lives: the store's, the CLI's, the local runner's
+        "chainrun.starts",  # when a segment would start at one place (Cluster.expected_start)
         "chainrun.checkpoint",  # the helper: inside training jobs, the standard library alone
     ),
     "rules": ("chainrun.schema", "chainrun.sweep", "chainrun.container", "chainrun.decide"),

@@ -85,6 +85,8 @@ def when(start: Optional[Start], now: float) -> str:
         return "was not asked"
     if start.at is None:
         return f"cannot start it ({start.reason or 'no reason given'})"
+    if start.reason:  # the place's own words: "starts now (...)", "about 14:05, in 2h (...)"
+        return start.reason
     if start.at <= now + SLACK:
         return "starts it now"
     return f"would start it in {format_duration(int(start.at - now))}"

@@ -414,7 +414,9 @@ class Engine:
                 continue
             cluster = tick.polled[key].cluster if key in tick.polled else self._cluster(key)
             walltime = max(1, min(there.walltime, int(left)))
-            starts[place.name] = cluster.expected_start(SegmentJob(chain.id, chain.next_n, there, walltime))
+            starts[place.name] = cluster.expected_start(
+                SegmentJob(chain.id, chain.next_n, there, walltime), now
+            )
         self.starts[chain.id] = (now, starts)
         log.info(
             "places asked",

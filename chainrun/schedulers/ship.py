@@ -105,6 +105,7 @@ CARRIER = Shipped(
         "schedulers/ship.py",
         "schedulers/slurm.py",
         "schema.py",
+        "starts.py",
         "sweep.py",
         "text.py",
         "transport/__init__.py",
