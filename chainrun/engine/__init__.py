@@ -211,9 +211,14 @@ class Engine:
         for chain in loaded:
             if (only is None or chain.id in only) and now >= self.stuck_until.get(chain.id, 0.0):
                 (pooled if chain.spec.scheduler.hosts else groups[chain.cluster_key]).append(chain)
-        if len(self.quiet) > len(loaded) or len(self.observer.settled) > len(loaded):
+        if (
+            len(self.quiet) > len(loaded)
+            or len(self.observer.settled) > len(loaded)
+            or len(self.starts) > len(loaded)
+        ):
             ids = {c.id for c in loaded}  # chains ended, or removed, since: forgotten
             self.quiet = {k: v for k, v in self.quiet.items() if k in ids}
+            self.starts = {k: v for k, v in self.starts.items() if k in ids}
             self.observer.keep_only(ids)
         # One poll per cluster: every cluster a chain lives on, and every host of a pool
         # (free slots are counted from its poll; one that stops answering is noticed).

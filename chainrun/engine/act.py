@@ -208,7 +208,8 @@ class Executor:
             if (host is not None and not chain.ran_on(host)) or new_place:  # a host or place new to the chain
                 snapshot.deliver_to(polled.cluster.transport, chain.spec)
             self._copy(tick, polled, chain, sub)
-            rundir.trust_run_dir(polled.cluster.transport, chain.spec, chain.id, ran_there=chain.ran_on(host))
+            ran_there = chain.ran_on(host) and not new_place
+            rundir.trust_run_dir(polled.cluster.transport, chain.spec, chain.id, ran_there=ran_there)
             carry.leave_record(polled.cluster, chain, self.store.home)
             job_id = polled.cluster.submit(job, by="service")
         except (
