@@ -13,6 +13,7 @@ import pytest
 from chainrun.decide import Facts, JobFacts, decide
 from chainrun.decide import places as rules
 from chainrun.model import (
+    Adopt,
     Cancel,
     Chain,
     ChainState,
@@ -178,3 +179,15 @@ def test_the_places_are_asked_for_a_chain_that_may_queue_a_segment_this_tick() -
     assert not rules.asks(chain(seg(1, Phase.ENDED), seg(2, Phase.SUBMITTING, job_id=None)))
     one = Chain(id="c", spec=replace(SPEC, places=()), state=ChainState.ACTIVE, created_at=0.0)
     assert not rules.asks(one)
+
+
+def test_a_segment_queued_by_the_one_before_it_is_at_that_ones_place(tmp_path: Path) -> None:
+    """A successor a segment queued itself while the service was away (``Carried``) runs
+    where that segment ran: adopted, it is recorded at that place, and the chain stays there."""
+    store = Store(tmp_path / "home")
+    made = store.add_chain(SPEC, Progress(), NOW)
+    store.journal_submit(made.id, Submit(1, 90), NOW, place="sge")
+    store.record(made.id, [Adopt(1, "j1", "submitted")], None, [], NOW)
+    store.record(made.id, [Adopt(2, "j2", "queued by segment 1", walltime=90, after="j1")], None, [], NOW)
+    chain = store.chain(made.id)
+    assert [s.place for s in chain.segments] == ["sge", "sge"] and chain.spec.place_name == "sge"

@@ -213,3 +213,4 @@ def test_segments_go_where_they_start_soonest_and_the_checkpoint_follows(
     assert made[0][1] in at["sge"] and made[-1][1] in at["slurm"], (made[0], made[-1], timeline(st))
     shown = chainrun("history", chain_id, check=True).stdout
     assert "PLACE" in shown and "COPY" in shown
+    assert "; now at slurm (of slurm, sge)" in chainrun("status", chain_id, "-v", check=True).stdout

@@ -194,11 +194,19 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
         if action.walltime is not None:
             _granted(db, chain_id, action.n, action.walltime, now)
     elif isinstance(action, Adopt):
-        if action.walltime is not None:  # queued by the segment before it: not journaled here
+        if action.walltime is not None:  # queued by the segment before it, at its place: not journaled here
             db.execute(
-                "INSERT OR IGNORE INTO segments (chain_id, n, walltime, phase, after, submitted_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (*seg, action.walltime, Phase.PENDING.value, action.after, _then(action.submitted_at, now)),
+                "INSERT OR IGNORE INTO segments (chain_id, n, walltime, phase, after, submitted_at, place) "
+                "VALUES (?, ?, ?, ?, ?, ?, (SELECT place FROM segments WHERE chain_id = ? AND n = ?))",
+                (
+                    *seg,
+                    action.walltime,
+                    Phase.PENDING.value,
+                    action.after,
+                    _then(action.submitted_at, now),
+                    chain_id,
+                    action.n - 1,
+                ),
             )
         db.execute(
             "UPDATE segments SET job_id = ?, phase = CASE WHEN phase = ? THEN ? ELSE phase END, "
