@@ -214,3 +214,61 @@ def test_segments_go_where_they_start_soonest_and_the_checkpoint_follows(
     shown = chainrun("history", chain_id, check=True).stdout
     assert "PLACE" in shown and "COPY" in shown
     assert "; now at slurm (of slurm, sge)" in chainrun("status", chain_id, "-v", check=True).stdout
+
+
+def test_a_copy_that_fails_is_retried_and_the_segment_waits_for_it(
+    both: None, work: Path, tmp_path: Path, chainrun: CLI, service: Service
+) -> None:
+    """(c) The chain's checkpoint is at its first place, SGE, whose queue refuses it; the next
+    place, the local runner, has something in the way of its checkpoint directory. The copy
+    fails, is retried after the submission's backoff, charged nothing, and the segment is
+    submitted only once the copy is whole: it resumes from the copied checkpoint."""
+    first = work / "ckpt-sge"
+    env = dict(os.environ, CHAINRUN_CHECKPOINT_DIR=str(first), CHAINRUN_SEGMENT="0")
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent) + os.pathsep + env.get("PYTHONPATH", "")
+    argv = [sys.executable, str(work / "trainer.py"), "--lineage", "--epochs", "3", "--epoch-time", "0.01"]
+    subprocess.run(argv, check=True, env=env, capture_output=True, timeout=120)
+    blocked = work / "ckpt-local"
+    blocked.write_text("not a directory")
+    path = work / "job.toml"
+    path.write_text(
+        f"""
+name = "copy"
+command = "python3 trainer.py --lineage --epochs 6 --epoch-time 1"
+workdir = {json.dumps(str(work))}
+total_time = "10m"
+walltime = "12s"
+grace = "3s"
+target_epoch = 6
+
+[[cluster]]
+name = "sge"
+kind = "sge"
+queue = "chainrun-absent.q"
+checkpoint_dir = "ckpt-sge"
+
+[[cluster]]
+name = "here"
+kind = "local"
+checkpoint_dir = "ckpt-local"
+"""
+    )
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip().splitlines()[-1]
+    service(interval=1)
+
+    def retried() -> bool:
+        return any(e["kind"] == "retry" for e in history(chainrun, chain_id)["events"])
+
+    wait_for(retried, 120, "the failed copy to be retried")
+    st = status(chainrun, chain_id)
+    seg = st["segments"][0]
+    assert (seg["place"], seg["job_id"], seg["phase"], seg["copy"]) == ("here", None, "submitting", None)
+    assert "checkpoint" in seg["reason"] and str(blocked) in seg["reason"], seg["reason"]
+    blocked.unlink()
+    wait_for(lambda: status(chainrun, chain_id)["state"] != "active", 300, "the chain to end")
+    st = status(chainrun, chain_id)
+    assert st["state"] == "completed" and st["failures"] == 0, (st["reason"], timeline(st))
+    assert st["segments"][0]["copy"] is not None and st["segments"][0]["job_id"] is not None
+    made = lineage(blocked)
+    assert [e[0] for e in made] == [1, 2, 3, 4, 5, 6]
+    assert [e[1] for e in made[:3]] == [0, 0, 0]  # trained before the chain, at its first place
