@@ -191,3 +191,14 @@ def test_a_segment_queued_by_the_one_before_it_is_at_that_ones_place(tmp_path: P
     store.record(made.id, [Adopt(2, "j2", "queued by segment 1", walltime=90, after="j1")], None, [], NOW)
     chain = store.chain(made.id)
     assert [s.place for s in chain.segments] == ["sge", "sge"] and chain.spec.place_name == "sge"
+
+
+def test_the_web_pages_timeline_says_where_each_segment_ran_and_the_copy_there() -> None:
+    from chainrun.accounting import account
+    from chainrun.ui.pages import _tip
+
+    first = seg(1, Phase.ENDED, started_at=NOW - 300, ended_at=NOW - 200)
+    moved = seg(2, Phase.RUNNING, place="sge", started_at=NOW - 100, copy_seconds=12.0, copy_bytes=9)
+    c = chain(first, moved)
+    tips = [_tip(s, c) for s in account(c, NOW).segments]
+    assert "\nat slurm\n" in tips[0] + "\n" and "\nat sge; checkpoint copied there in 12s" in tips[1]
