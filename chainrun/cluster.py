@@ -17,7 +17,7 @@ from typing import Callable, Optional, TypeVar
 
 from chainrun import rundir
 from chainrun.decide.carry import abandoned
-from chainrun.errors import ClaimedError, SchedulerError
+from chainrun.errors import ClaimedError, SchedulerError, TransportError
 from chainrun.model import CommandResult, JobSpec, ListedJob
 from chainrun.schedulers.base import (
     ArrayScheduler,
@@ -26,11 +26,13 @@ from chainrun.schedulers.base import (
     NodeSubmitProbe,
     Scheduler,
     ShapeProbe,
+    StartProbe,
     parse_cancel,
 )
 from chainrun.schedulers.script import render_script, runner_path
 from chainrun.schedulers.segment import SegmentJob, claim_job, claim_text, parse_claim
 from chainrun.schedulers.ship import SEGMENT_RUNNER
+from chainrun.starts import Start, cannot
 from chainrun.transport import Transport
 
 POLL_TIMEOUT = 60.0
@@ -160,6 +162,27 @@ class Cluster:
         if not nodes or not isinstance(self.scheduler, NodeStateProbe):
             return ()
         return tuple(self.call(self.scheduler.down_argv(nodes), self.scheduler.parse_down, POLL_TIMEOUT))
+
+    def expected_start(self, job: SegmentJob, now: Optional[float] = None) -> Start:
+        """When ``job`` would start here if it were queued now, asked without queueing it (the
+        backend's ``StartProbe``: Slurm's ``sbatch --test-only``, SGE's slots and pending jobs,
+        the local runner's slots), and why. Never raises: a place that cannot be asked (its
+        controller or its host does not answer) cannot start it now (``at`` None). ``now``:
+        the caller's clock (the service's), else this machine's."""
+        if not isinstance(self.scheduler, StartProbe):
+            return cannot(f"{self.scheduler.kind} cannot tell when a job would start")
+        results: list[CommandResult] = []
+        try:
+            self.prepare()  # a pool host asked before any tick polled it: the runner's copy first
+            for argv in self.scheduler.start_argvs(job):
+                results.append(self.call(argv, lambda r: r, POLL_TIMEOUT))
+                if not results[0].ok:
+                    break  # the question failed: the rest only refine an answer
+            return self.scheduler.parse_start(job, results, time.time() if now is None else now)
+        except TransportError as exc:
+            return cannot(f"does not answer: {exc}")
+        except SchedulerError as exc:
+            return cannot(str(exc))
 
     def explain(self, job_id: str) -> str:
         """The scheduler's own words for why a job is held in an error state; "" if none."""

@@ -22,6 +22,7 @@ from chainrun.store import Event
 from chainrun.text import duration
 
 HEADER = ("SEGMENT", "JOB", "OUTCOME", "QUEUED", "TRAINING", "SAVING", "GAP", "TRAINED")
+PLACES = ("PLACE", "COPY")  # for a chain with several places: where it ran, the checkpoint's copy there
 
 
 def clock(at: float, date: bool = False) -> str:
@@ -53,23 +54,27 @@ def segment_lines(chain: Chain, now: float, events: Sequence[Event] = ()) -> lis
     """The table of the chain's segments and their times, then the totals and the
     preemptions."""
     acc = account(chain, now)
-    rows = [HEADER]
+    several = bool(chain.spec.places)  # a chain with several places: where each ran, and the copy there
+    rows: list[tuple[str, ...]] = [HEADER + (PLACES if several else ())]
     trained = 0.0
+    by_n = {s.n: s for s in chain.segments}
     for seg in acc.segments:
         trained += seg.training or 0.0
-        rows.append(
-            (
-                str(seg.n),
-                seg.job_id or "-",
-                _outcome(seg),
-                _cell(seg.queued),
-                _cell(seg.training),
-                _cell(seg.saving),
-                _cell(seg.gap),
-                duration(trained) if seg.training is not None else "-",
-            )
+        row: tuple[str, ...] = (
+            str(seg.n),
+            seg.job_id or "-",
+            _outcome(seg),
+            _cell(seg.queued),
+            _cell(seg.training),
+            _cell(seg.saving),
+            _cell(seg.gap),
+            duration(trained) if seg.training is not None else "-",
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
+        if several:
+            own = by_n[seg.n]
+            row += (own.place or chain.spec.places[0].name, _cell(own.copy_seconds))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     count = sum(1 for s in acc.segments if s.training is not None)
     total, requeued = preemptions(chain, events)

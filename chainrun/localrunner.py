@@ -556,6 +556,7 @@ def poll(args: argparse.Namespace) -> int:
             line.update(state="ended", outcome="node_fail", reason="the local supervisor died")
         elif start is not None:
             line.update(state="running", started_at=start["started_at"], slot=start.get("slot"))
+            line.update(walltime=job.get("walltime"))  # when its slot frees at the latest
         elif job["after"] and not _ended(root, job["after"]):
             line.update(state="pending", reason="Dependency")
         else:  # ready to run: starting, or waiting for one of the machine's slots

@@ -48,7 +48,28 @@ _TIMEOUT = 60.0
 
 def locate(specs: Sequence[JobSpec]) -> list[JobSpec]:
     """``specs``, each with where its checkpoint directory really is: the path resolved on its
-    host (a pool's first; this machine's resolved here), seen from the machines its hosts are."""
+    host (a pool's first; this machine's resolved here), seen from the machines its hosts are;
+    a chain with several places, each place's (``PlaceSpec``)."""
+    views = [spec.at(p.name) for spec in specs for p in spec.places]
+    found = iter(_locate([*specs, *views]))
+    out = [next(found) for _ in specs]
+    return [
+        replace(
+            spec,
+            places=tuple(
+                replace(
+                    p,
+                    checkpoint_real=(there := next(found)).checkpoint_real,
+                    checkpoint_machines=there.checkpoint_machines,
+                )
+                for p in spec.places
+            ),
+        )
+        for spec in out
+    ]
+
+
+def _locate(specs: Sequence[JobSpec]) -> list[JobSpec]:
     here = machine_id()
     asked: dict[str, list[str]] = {}
     for spec in specs:

@@ -1,5 +1,6 @@
 """The words of chainrun as data: job spec, chain, segment, progress, the wrapper's markers,
-actions, a command's result.
+actions (a command's result: ``chainrun.result``; where a chain runs: ``chainrun.places``;
+when a place would start a segment: ``chainrun.starts``).
 
 Everything here is a plain value: frozen dataclasses and Enums with no I/O,
 so the decision logic can be tested exhaustively and the store can round-trip
@@ -10,12 +11,17 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import posixpath
 import signal as signals
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from typing import Any, Optional, Union
+
+from chainrun.places import HOST_TIMEOUT as HOST_TIMEOUT
+from chainrun.places import PlaceSpec as PlaceSpec
+from chainrun.places import SchedulerSpec as SchedulerSpec
+from chainrun.result import CommandResult as CommandResult
+from chainrun.starts import Start as Start
 
 
 class Outcome(enum.Enum):
@@ -78,64 +84,8 @@ def new_chain_id(name: str) -> str:
     return f"{name}-{secrets.token_hex(3)}"
 
 
-HOST_TIMEOUT = 600  # a pool host's default host_timeout: 10 minutes without an answer
-
 # How the reason of a pool's chain begins while it waits, unsubmitted, for a free slot.
 WAITING_FOR_A_SLOT = "waiting for a "
-
-
-@dataclass(frozen=True)
-class SchedulerSpec:
-    """The `[scheduler]` table: which backend, where, and its pass-through options."""
-
-    kind: str = "local"
-    host: Optional[str] = None
-    queue: Optional[str] = None
-    options: tuple[str, ...] = ()
-    # A pool (kind "local" only): the hosts a chain's segments may be placed on, the
-    # runs each host takes at once, and the GPUs each of those runs gets.
-    hosts: tuple[str, ...] = ()
-    slots: Optional[int] = None  # None: no limit (the local runner on one machine)
-    gpus_per_slot: Optional[int] = None
-    # Seconds a pool's host may not answer before its running segments count as lost.
-    host_timeout: int = HOST_TIMEOUT
-    # Whether the workdir is one directory on every host of the pool, as found at submit by
-    # a probe file (None: not found out; a chain then keeps to the host it ran on).
-    workdir_shared: Optional[bool] = None
-    # A pool chain whose workdir is not shared: the host whose disk held its checkpoint at
-    # submit (None: none did), where it starts and is looked at before any segment ran.
-    checkpoint_host: Optional[str] = None
-
-    @property
-    def cluster_key(self) -> tuple[str, str]:
-        """Chains with the same key are polled together, once per tick (a pool's chains:
-        by the host of their segment, ``Chain.cluster_key``)."""
-        return (self.kind, self.host or "")
-
-    @property
-    def remote(self) -> bool:
-        """Whether the chain runs on other machines, over SSH: paths there are absolute."""
-        return self.host is not None or bool(self.hosts)
-
-    @property
-    def where(self) -> str:
-        """Where the chain runs, in words: ``this machine``, the host, or the pool."""
-        if not self.hosts:
-            text = self.host or "this machine"
-        else:
-            runs = "1 run" if self.slots == 1 else f"{self.slots} runs"
-            text = f"a pool of {', '.join(self.hosts)}; {runs} at a time on each"
-        if self.gpus_per_slot:
-            text += f", {self.gpus_per_slot} GPU{'s' if self.gpus_per_slot > 1 else ''} per run"
-        elif self.slots and not self.hosts:
-            text += f", {self.slots} run{'s' if self.slots > 1 else ''} at a time"
-        return text
-
-    @property
-    def first_host(self) -> Optional[str]:
-        """Where the checkpoint is looked at before any segment ran: the host, or for a pool the
-        one that held the checkpoint at submit, else its first."""
-        return self.host or self.checkpoint_host or (self.hosts[0] if self.hosts else None)
 
 
 SEED_LIMIT = 2**32  # seeds are below it: NumPy's legacy seed must be; torch, random and TF take them
@@ -164,6 +114,16 @@ _SPEC_TUPLES = (
     "container_options",
     "sweep",
     "params",
+    "checkpoint_machines",
+    "places",
+)
+# The fields of a JobSpec that differ between places (``PlaceSpec``), besides the scheduler.
+_PLACE_FIELDS = (
+    "workdir",
+    "checkpoint_dir",
+    "walltime",
+    "container",
+    "checkpoint_real",
     "checkpoint_machines",
 )
 
@@ -227,6 +187,45 @@ class JobSpec:
     # it is seen from. "": a chain stored before holds were settled at submit.
     checkpoint_real: str = ""
     checkpoint_machines: tuple[str, ...] = ()
+    # [[cluster]]: the places a chain may run at, in order of preference (each in full; the
+    # first is this spec's own fields); () for a chain with one. ``place``: the one this
+    # spec is seen at (``at``), "" for the first.
+    places: tuple[PlaceSpec, ...] = ()
+    place: str = ""
+
+    @property
+    def place_name(self) -> str:
+        """The name of the place this spec is seen at ("" for a chain with one place)."""
+        return self.place or (self.places[0].name if self.places else "")
+
+    def at(self, name: Optional[str]) -> JobSpec:
+        """The spec as a segment at place ``name`` sees it (None, or a chain with one place:
+        the spec as it is): that place's scheduler, workdir, checkpoint directory, walltime,
+        container, and the hold settled for it; a progress file or TensorBoard directory
+        under the first place's workdir is under that place's. Raises KeyError for a name
+        the job file has no place of."""
+        if name is None or not self.places or name == self.place_name:
+            return self
+        there = next((p for p in self.places if p.name == name), None)
+        if there is None:
+            raise KeyError(name)
+        first = self.places[0]
+
+        def moved(path: Optional[str]) -> Optional[str]:
+            if path is None or not (
+                path == first.workdir or path.startswith(first.workdir.rstrip("/") + "/")
+            ):
+                return path
+            return there.workdir + path[len(first.workdir) :]
+
+        return replace(
+            self,
+            scheduler=there.scheduler,
+            place=name if name != first.name else "",
+            progress_file=moved(self.progress_file),
+            tensorboard_dir=moved(self.tensorboard_dir) or "",
+            **{f: getattr(there, f) for f in _PLACE_FIELDS},
+        )
 
     @property
     def max_segments(self) -> int:
@@ -234,25 +233,16 @@ class JobSpec:
         return -(-self.total_time // self.walltime)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """As JSON: the spec as the job file gave it, seen at its first place (the store
+        keeps that one, whatever place its chain is at)."""
+        return asdict(self.at(self.places[0].name) if self.place else self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobSpec:
-        sched = data["scheduler"]
         return cls(
             **{k: v for k, v in data.items() if k not in _SPEC_TUPLES},
-            scheduler=SchedulerSpec(
-                kind=sched["kind"],
-                host=sched["host"],
-                queue=sched["queue"],
-                options=tuple(sched["options"]),
-                hosts=tuple(sched.get("hosts", ())),
-                slots=sched.get("slots"),
-                gpus_per_slot=sched.get("gpus_per_slot"),
-                host_timeout=sched.get("host_timeout", HOST_TIMEOUT),
-                workdir_shared=sched.get("workdir_shared"),
-                checkpoint_host=sched.get("checkpoint_host"),
-            ),
+            scheduler=SchedulerSpec.from_json(data["scheduler"]),
+            places=tuple(PlaceSpec.from_json(p) for p in data.get("places", ())),
             env=tuple((k, v) for k, v in data["env"]),
             inherit_env=tuple(data.get("inherit_env", ())),
             inherited=tuple((k, v) for k, v in data.get("inherited", ())),
@@ -426,6 +416,12 @@ class Segment:
     signalled_at: Optional[float] = None  # when the walltime (or another) signal reached its command
     stop: Optional[float] = None  # seconds it needed to stop (decide/grace.py); None: not seen
     ready_at: Optional[float] = None  # when its command was ready for the signal (end marker)
+    place: Optional[str] = None  # the place it runs at (None: the first, or the only one)
+    # The checkpoint copied to its place before it was submitted there (``Move``): seconds,
+    # bytes and the checkpoint's digest; None: no copy was made.
+    copy_seconds: Optional[float] = None
+    copy_bytes: Optional[int] = None
+    copy_digest: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -527,6 +523,17 @@ class Submit:
     after: Optional[str] = None
     host: Optional[str] = None
     task: bool = False
+
+
+@dataclass(frozen=True)
+class Move:
+    """Queue segment ``n`` at another place (``place``): journaled there, the checkpoint
+    copied there from the place the chain was at and verified, then submitted."""
+
+    n: int
+    walltime: int
+    place: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -663,6 +670,7 @@ class Unstick:
 
 Action = Union[
     Submit,
+    Move,
     Adopt,
     RetryLater,
     Reject,
@@ -676,25 +684,3 @@ Action = Union[
     MarkStuck,
     Unstick,
 ]
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    """What a finished command returned; a non-zero exit is a result, not an error."""
-
-    argv: tuple[str, ...]
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0
-
-    def describe(self) -> str:
-        """One line for messages: ``sbatch exited 1: <first line of stderr>``."""
-        name = posixpath.basename(self.argv[0]) if self.argv else "command"
-        lines = (line.strip() for line in f"{self.stderr}\n{self.stdout}".splitlines())
-        detail = next((line for line in lines if line), "")  # stderr's first, else stdout's
-        summary = f"{name} exited {self.returncode}"
-        return f"{summary}: {detail}" if detail else summary

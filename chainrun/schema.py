@@ -16,12 +16,14 @@ import math
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
 from chainrun import container, sweep
-from chainrun.fields import Fields, format_duration, kib, show, size, web_url
-from chainrun.model import HOST_TIMEOUT, JobSpec, SchedulerSpec
+from chainrun.errors import JobFileError
+from chainrun.fields import Fields, format_duration, kib, path_shown, show, size, web_url
+from chainrun.model import HOST_TIMEOUT, JobSpec, PlaceSpec, SchedulerSpec
 
 SCHEDULER_KINDS = ("local", "slurm", "sge")
 # INT is left out: bash starts background commands with SIGINT ignored.
@@ -76,6 +78,7 @@ TOP_KEYS = (
     "on_end",
     "webhook",
     "scheduler",
+    "cluster",
     "env",
     "inherit_env",
     "progress",
@@ -90,6 +93,10 @@ TOP_KEYS = (
     "tracking",
 )
 SCHEDULER_KEYS = ("kind", "host", "queue", "options", "hosts", "slots", "gpus_per_slot", "host_timeout")
+# A [[cluster]] table: a scheduler table, its name, and what differs at that place.
+PLACE_KEYS = ("name", "workdir", "checkpoint_dir", "walltime", "container")
+MAX_PLACES = 16
+PLACE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")  # a place's name: by default kind@host
 # What other tools (sbatch, submitit, Hydra, Lightning) call a key of chainrun's: the error
 # for one of these says what to write instead.
 _PER_SEGMENT = 'walltime = "24h" (each segment; total_time: the whole run)'
@@ -170,6 +177,8 @@ def parse(
     as given; a container runtime not given is left "" for ``jobfile`` to find."""
     f = Fields(path, data)
     f.check_keys(TOP_KEYS, TOP_ALIASES)
+    if "cluster" in data:
+        return _places(f, base, environ)
 
     name = f.get("name", str, "a name of letters, digits, . _ -", required=True)
     f.checked(
@@ -297,6 +306,88 @@ def parse(
     )
     sweep.check(spec)
     return spec
+
+
+def _places(f: Fields, base: Path, environ: Optional[Mapping[str, str]]) -> JobSpec:
+    """A job file with ``[[cluster]]`` tables: each place is read as the job file with that
+    table for its ``[scheduler]`` and the table's workdir, checkpoint_dir, container and
+    walltime limit for the job file's, so that every rule holds at every place; an error
+    names the table (``cluster[N].KEY``). One table is exactly a ``[scheduler]``."""
+    data = f.table
+    if "scheduler" in data:
+        raise JobFileError(
+            f"{path_shown(f.path)}: both [scheduler] and [[cluster]]; give either [scheduler] (one place) "
+            "or [[cluster]] tables (several places), not both"
+        )
+    tables = data["cluster"]
+    if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
+        raise f.error("cluster", "expected [[cluster]] tables, each a scheduler table as [scheduler] is")
+    if len(tables) > MAX_PLACES:
+        raise f.error("cluster", f"{len(tables)} places; at most {MAX_PLACES}")
+    if len(tables) > 1 and "sweep" in data:
+        raise f.error(
+            "sweep", "a sweep cannot yet run at several places; give one [[cluster]] or [scheduler]"
+        )
+    shortest, longest = f.duration_range("walltime")
+    grace = {"grace": f.table["grace"]} if "grace" in f.table else {"grace": f"{default_grace(shortest)}s"}
+    specs: list[JobSpec] = []
+    names: dict[str, int] = {}
+    for i, table in enumerate(tables, 1):
+        fc = Fields(f.path, table, f"cluster[{i}].")
+        fc.check_keys(SCHEDULER_KEYS + PLACE_KEYS, SCHEDULER_ALIASES)
+        if len(tables) > 1 and "hosts" in table:
+            raise fc.error(
+                "hosts", "a pool cannot yet be one of several places; give it as the only [[cluster]]"
+            )
+        view = {k: v for k, v in data.items() if k != "cluster"}
+        view["scheduler"] = {k: v for k, v in table.items() if k in SCHEDULER_KEYS}
+        view.update({k: table[k] for k in ("workdir", "checkpoint_dir", "container") if k in table})
+        limit = fc.duration("walltime")
+        if limit is not None and limit < longest:
+            low = min(shortest, limit)
+            view["walltime"] = f"{low}s..{limit}s" if low < limit else f"{limit}s"
+        view.update(grace if len(tables) > 1 else {})
+        try:
+            spec = parse(view, f.path, base, environ)
+        except JobFileError as exc:
+            raise JobFileError(_at_place(str(exc), f.path, i, table)) from None
+        kind, host = spec.scheduler.kind, spec.scheduler.host
+        name = fc.get(
+            "name", str, "a name for this place", default=f"{kind}@{host}" if host else kind, max_bytes=64
+        )
+        fc.checked("name", name, PLACE_RE.fullmatch, "use 1-64 letters, digits, '.', '_', '@' or '-'")
+        if name in names:
+            raise fc.error(
+                "name", f'cluster[{names[name]}] is named {name} too; give each place a name = "..."'
+            )
+        names[name] = i
+        specs.append(replace(spec, place=name))
+    if len(specs) == 1:
+        return replace(specs[0], place="")
+    first = specs[0]
+    places = tuple(
+        PlaceSpec(s.place, s.scheduler, s.workdir, s.checkpoint_dir, s.walltime, s.container) for s in specs
+    )
+    return replace(
+        first, places=places, place="", adaptive_grace="grace" not in f.table and first.signal != "TERM"
+    )
+
+
+def _at_place(message: str, path: str, i: int, table: dict[str, Any]) -> str:
+    """An error of the job file as read at place ``i`` (``_places``), naming that place's table:
+    ``scheduler.KEY`` is ``cluster[i].KEY``, and so is a key the table gave."""
+    head = f"{path_shown(path)}: "
+    if not message.startswith(head):
+        return message
+    rest = message[len(head) :]
+    unknown = "unknown key "
+    lead = unknown if rest.startswith(unknown) else ""
+    rest = rest[len(lead) :]
+    if rest.startswith("scheduler."):
+        rest = f"cluster[{i}]." + rest[len("scheduler.") :]
+    elif rest.split(" ", 1)[0].split(":", 1)[0] in table:
+        rest = f"cluster[{i}]." + rest
+    return head + lead + rest.replace("scheduler.host", f"cluster[{i}].host")
 
 
 def default_grace(walltime: int) -> int:

@@ -317,9 +317,14 @@ def details(chain: Chain, now: float, seen: Optional[float] = None) -> list[str]
 
     if carry_line(chain.spec) and not chain.state.final:
         lines.append(carry_line(chain.spec))
-    placed = _placed(chain)
+    placed = _placed(chain, lambda s: s.host)
     if placed:
         lines.append(f"hosts: {placed}")
+    places = chain.spec.places
+    if places:  # several places: where each segment ran, and where the chain is now
+        ran = _placed(chain, lambda s: (s.place or places[0].name) if s.job_id is not None else None)
+        names = ", ".join(p.name for p in places)
+        lines.append(f"places: {ran or 'none ran yet'}; now at {chain.spec.place_name} (of {names})")
     queue = f", queue {chain.spec.scheduler.queue}" if chain.spec.scheduler.queue else ""
     lines.append(f"scheduler: {chain.spec.scheduler.kind} on {chain.spec.scheduler.where}{queue}")
     started = f"submitted {when(chain.created_at, now)}"
@@ -329,17 +334,18 @@ def details(chain: Chain, now: float, seen: Optional[float] = None) -> list[str]
     return lines
 
 
-def _placed(chain: Chain) -> str:
-    """Where a pool placed the chain's segments, a run of segments on one host at a time:
-    ``segments 1-2 on gpu1, 3 on gpu2``; "" when it placed none."""
+def _placed(chain: Chain, where: Callable[[Segment], Optional[str]]) -> str:
+    """Where the chain's segments ran (``where``: a pool's host, or a chain's place), a run of
+    segments at one at a time: ``segments 1-2 on gpu1, 3 on gpu2``; "" when none says."""
     runs: list[tuple[int, int, str]] = []
     for seg in chain.segments:
-        if seg.host is None:
+        at = where(seg)
+        if at is None:
             continue
-        if runs and runs[-1][2] == seg.host and runs[-1][1] == seg.n - 1:
-            runs[-1] = (runs[-1][0], seg.n, seg.host)
+        if runs and runs[-1][2] == at and runs[-1][1] == seg.n - 1:
+            runs[-1] = (runs[-1][0], seg.n, at)
         else:
-            runs.append((seg.n, seg.n, seg.host))
+            runs.append((seg.n, seg.n, at))
     parts = [f"{a} on {h}" if a == b else f"{a}-{b} on {h}" for a, b, h in runs]
     return (
         ("segment " if len(runs) == 1 and runs[0][0] == runs[0][1] else "segments ") + ", ".join(parts)
@@ -532,6 +538,7 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
         "scheduler": c.spec.scheduler.kind,
         "self_queue_off": off_because(c.spec) or None,  # why segments never queue their successors
         "host": c.host,
+        "place": c.spec.place_name or None,  # where a chain with several places is now
         "created_at": c.created_at,
         "ended_at": c.ended_at,
         "next": None
@@ -561,6 +568,11 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
                 "ended_at": s.ended_at,
                 "tail": list(s.tail),
                 "host": s.host,
+                # A chain with several places: where it ran, and the checkpoint copied there first.
+                "place": (s.place or c.spec.places[0].name) if c.spec.places else None,
+                "copy": None
+                if s.copy_seconds is None
+                else {"seconds": s.copy_seconds, "bytes": s.copy_bytes, "sha256": s.copy_digest},
             }
             for s in c.segments
         ],

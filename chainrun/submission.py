@@ -25,7 +25,7 @@ from chainrun.check import preflight, probe_nodes
 from chainrun.decide.carry import applies, carry_line
 from chainrun.decide.goal import goal_reached, reached_target
 from chainrun.decide.holds import Hold, Holder, ancestors, hold, holder, inside, same_job, written
-from chainrun.errors import ChainrunError, TransportError, UsageError
+from chainrun.errors import ChainrunError, JobFileError, TransportError, UsageError
 from chainrun.model import NO_PROGRESS, ChainState, JobSpec, Progress, chain_seed
 from chainrun.store import Store
 from chainrun.transport import Transport, transport_for
@@ -97,6 +97,12 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
         transport = transport_for(spec.scheduler.first_host)
         with _reaching(spec):
             jobfile.where_it_runs(spec)
+        for place in spec.places[1:]:  # what a segment needs is there at every place that answers
+            try:
+                jobfile.where_it_runs(spec.at(place.name))
+            except TransportError as exc:
+                _note(f"{spec.name}: place {place.name} not reached now ({exc}); its segments go elsewhere")
+        with _reaching(spec):
             # The code is captured once per job file: a sweep's chains all run the same commit.
             spec, snap = snapshot.prepare(transport, spec)
         chains.extend((one, len(files), snap) for one in sweep.expand(spec))
@@ -176,7 +182,14 @@ def _probed(
     """The new ``chains`` of one job file (each with its starting point) as the probes
     from where they run find them (``plan.probe_nodes``); said when they may not carry
     themselves."""
-    found = probe_nodes(spec, transport)
+    try:
+        found = probe_nodes(spec, transport)
+    except JobFileError as exc:
+        if not spec.places:
+            raise
+        # One of several places refusing is skipped while it does (``decide.places``).
+        _note(f"{spec.name}: its first place, {spec.place_name}, refuses it now ({exc}); it runs elsewhere")
+        found = spec
     if found.self_queue and not applies(found):
         _note(f"{spec.name}: {carry_line(found)}")
     return [

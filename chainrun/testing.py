@@ -35,6 +35,7 @@ from chainrun.errors import SchedulerError, TransportError
 from chainrun.model import CommandResult, ListedJob, Outcome, Phase
 from chainrun.schedulers.base import HelperFile, ListingMemo
 from chainrun.schedulers.segment import SegmentJob
+from chainrun.starts import Start, cannot, expected
 from chainrun.transport import FileInfo
 
 _STEM = re.compile(r"\.sh\Z")
@@ -82,6 +83,9 @@ class FakeCluster:
         self.next_id = 1
         self.submit_failures: list[SchedulerError | TransportError] = []
         self.down = False  # polls and submissions fail as an unreachable controller's would
+        # When a job asked about now would start (``Cluster.expected_start``): this many seconds
+        # from the clock's now; None: the cluster refuses it (a partition down, say).
+        self.start_in: Optional[float] = 0.0
 
     # -- the engine's side ---------------------------------------------------------
 
@@ -189,7 +193,7 @@ class FakeCluster:
     def _run(self, argv: Sequence[str]) -> CommandResult:
         self.commands.append(list(argv))
         verb, args = argv[0], list(argv[1:])
-        if self.down and verb in ("fake-poll", "fake-submit", "fake-array"):
+        if self.down and verb in ("fake-poll", "fake-submit", "fake-array", "fake-start"):
             return CommandResult(tuple(argv), 1, "", "fake: controller not responding\n")
         if verb in ("fake-submit", "fake-array") and self.submit_failures:
             error = self.submit_failures.pop(0)
@@ -224,6 +228,9 @@ class FakeCluster:
                         job.live, phase=Phase.ENDED, outcome=Outcome.CANCELLED, ended_at=now, stuck=False
                     )
             return CommandResult(tuple(argv), 0, "", "")
+        if verb == "fake-start":
+            at = "none" if self.start_in is None else str(self.clock() + self.start_in)
+            return CommandResult(tuple(argv), 0, at + "\n", "")
         if verb == "fake-explain":
             return CommandResult(tuple(argv), 0, f"job {args[0]}: cannot enter the working directory\n", "")
         if verb == "tar":  # tar -x -f ARCHIVE -C DIR: a code snapshot unpacked where a chain runs
@@ -282,6 +289,15 @@ class FakeScheduler:
 
     def parse_accounting(self, result: CommandResult) -> dict[str, ListedJob]:
         return _parse(result.stdout)
+
+    def start_argvs(self, job: SegmentJob) -> list[list[str]]:
+        return [["fake-start"]]
+
+    def parse_start(self, job: SegmentJob, results: Sequence[CommandResult], now: float) -> Start:
+        if not results[0].ok:
+            return cannot(f"fake controller does not answer: {results[0].stderr.strip()}")
+        at = results[0].stdout.strip()
+        return cannot("the fake cluster refuses it") if at == "none" else expected(float(at), now, "fake")
 
     def explain_argv(self, job_id: str) -> Optional[list[str]]:
         return ["fake-explain", job_id]

@@ -25,10 +25,13 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.constants",
         "chainrun.errors",
         "chainrun.logsetup",
+        "chainrun.places",  # where a chain runs: a scheduler table, a place of several, a start
+        "chainrun.result",  # what a finished command returned
         "chainrun.model",
         "chainrun.fields",
         "chainrun.text",
         "chainrun.home",  # where the state lives: the store's, the CLI's, the local runner's
+        "chainrun.starts",  # when a segment would start at one place (Cluster.expected_start)
         "chainrun.checkpoint",  # the helper: inside training jobs, the standard library alone
     ),
     "rules": ("chainrun.schema", "chainrun.sweep", "chainrun.container", "chainrun.decide"),
@@ -326,6 +329,9 @@ ENGINE_MAY_CALL = {
     "placement.observe_on",
     "placement.free_slots",
     "placement.shared",
+    "places.asks",  # a chain with several places about to queue: its places are asked
+    "places.copy_from",  # a segment at another place: its checkpoint copied there first
+    "places.ASK_EVERY",
     "retry.after_fault",
     "retry.after_submit",
     "retry.array_refused",

@@ -17,7 +17,7 @@ import math
 from typing import Optional
 
 from chainrun.decide import charge as costs
-from chainrun.decide import placement
+from chainrun.decide import placement, places
 from chainrun.decide.charge import Ending
 from chainrun.decide.facts import Facts, JobFacts
 from chainrun.decide.goal import finished_on_its_own, goal_reached
@@ -35,6 +35,7 @@ from chainrun.model import (
     Finish,
     JobSpec,
     ListedJob,
+    Move,
     Outcome,
     Phase,
     Progress,
@@ -224,8 +225,9 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
     left = spec.total_time - used
     if not chain.segments and not facts.may_start:
         return actions  # it starts when one of its sweep's chains ends
+    moving = _moving(chain, facts)
     if not still:
-        walltime = next_walltime(spec, left)
+        walltime = next_walltime(spec.at(moving), left)
         if walltime is None:
             short = ""
             if left >= 1:
@@ -238,16 +240,30 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
                 f"{format_duration(spec.total_time)} used{short}; {best.describe()}"
             )
             return [*actions, Finish(ChainState.EXHAUSTED, reason)]
+        if moving is not None:
+            why = places.move_reason(chain, moving, facts.starts, now)
+            return [*actions, Move(n=chain.next_n, walltime=walltime, place=moving, reason=why)]
         return [*actions, Submit(n=chain.next_n, walltime=walltime)]
+
+    leaving = places.leave(chain, facts.starts, now)
+    queued = [s for s in still if s.phase is Phase.PENDING and s.started_at is None and s.job_id is not None]
+    if leaving is not None and queued:
+        why = f"left for {leaving}: {places.move_reason(chain, leaving, facts.starts, now)}"
+        return actions + [_stopped(s, facts, current, mark, now, why) for s in queued]
 
     for seg in still:
         if seg.phase is Phase.SUBMITTING:
             found = _job_of(seg, facts)
             if found is not None:
                 actions.append(Adopt(n=seg.n, job_id=found, how="adopted after a restart"))
-            elif seg.retry_at is None or now >= seg.retry_at:
+            elif seg.retry_at is not None and now < seg.retry_at:
+                continue
+            elif seg.attempts >= places.MOVE_TRIES and places.copy_from(chain, seg) is not None:
+                # Its checkpoint could not be copied there: the chain chooses again.
+                actions.append(Cancel(n=seg.n, job_id=None, reason=f"not moved; {seg.reason}"))
+            else:
                 actions.append(Submit(n=seg.n, walltime=seg.walltime, after=seg.after))
-    if len(still) == 1:
+    if len(still) == 1 and moving is None:
         may_repeat = crashes.get(still[0].n - 1) is not None and not mark.advanced_from(chain.baseline)
         actions.extend(_queue_ahead(chain, still[0], left, failures, may_repeat))
     return actions
@@ -574,6 +590,12 @@ def _removals(seg: Segment, facts: Facts) -> list[Action]:
         )
         for j in _extras(seg, facts)
     ]
+
+
+def _moving(chain: Chain, facts: Facts) -> Optional[str]:
+    """The place a chain with several goes to for its next segment, when not where it is."""
+    chosen = places.choose(chain.spec.places, facts.starts)
+    return chosen if chosen is not None and chosen != chain.spec.place_name else None
 
 
 def _queue_ahead(

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
-from chainrun.model import NO_PROGRESS, Carried, EndMarker, ListedJob, Progress, StartMarker
+from chainrun.model import NO_PROGRESS, Carried, EndMarker, ListedJob, Progress, Start, StartMarker
 
 
 @dataclass(frozen=True)
@@ -49,3 +49,6 @@ class Facts:
     free: Mapping[str, int] = field(default_factory=dict)
     pool_jobs: Mapping[str, Mapping[int, tuple[ListedJob, ...]]] = field(default_factory=dict)
     arrays: bool = False  # the chain's cluster queues job arrays
+    # A chain with several places about to queue a segment: when each would start one, by
+    # place name (empty: not asked this tick; the chain stays where it is).
+    starts: Mapping[str, Start] = field(default_factory=dict)

@@ -24,8 +24,12 @@ observe and what a carried-out action came to: ``placement.held_back`` and
 ``placement.observe_on`` (which chains may start, where each is looked at),
 ``quiet_until`` (when ``decide`` may answer anew), ``retry.after_fault``,
 ``retry.after_submit``, ``retry.array_refused``, ``retry.accounting_due``,
-``retry.accounting_again``, ``carry.applies``, ``placement.free_slots`` and
-``placement.shared`` (``tests/test_layers.py`` holds it to this list).
+``retry.accounting_again``, ``carry.applies``, ``placement.free_slots``,
+``placement.shared``, and for a chain with several places ``places.asks`` (when to ask
+each place when it would start the next segment, at most every ``places.ASK_EVERY``: the
+answers are ``Facts.starts``, from which ``decide`` chooses) and ``places.copy_from``
+(the checkpoint copied before a segment is submitted at another place)
+(``tests/test_layers.py`` holds it to this list).
 
 A fault in one chain's tick is that chain's: it is logged, counted, retried
 next tick, and after ``retry.STUCK_AFTER`` failing ticks the chain is marked
@@ -47,7 +51,7 @@ from typing import Any, Optional, TypeVar
 
 from chainrun import carry
 from chainrun.cluster import Cluster
-from chainrun.decide import Facts, decide, placement, quiet_until
+from chainrun.decide import Facts, decide, placement, places, quiet_until
 from chainrun.decide.carry import applies
 from chainrun.decide.retry import after_fault
 from chainrun.decide.startup import slow_start
@@ -70,12 +74,14 @@ from chainrun.model import (
     Remove,
     RetryLater,
     SetGrace,
+    Start,
     Submit,
     Track,
 )
 from chainrun.schedulers import scheduler_for
 from chainrun.schedulers.base import Scheduler
 from chainrun.schedulers.pending import will_not_start
+from chainrun.schedulers.segment import SegmentJob
 from chainrun.store import Store
 from chainrun.transport import Transport, transport_for
 
@@ -194,7 +200,9 @@ class Engine:
         self.on_warning = on_warning
         self.warned: set[str] = set()
         self.observer = Observer()
-        self.executor = Executor(store, clock)
+        self.executor = Executor(store, clock, self._cluster)
+        # By chain with several places: when its places were last asked, and their answers.
+        self.starts: dict[str, tuple[float, dict[str, Start]]] = {}
         self.failing: dict[str, int] = {}  # chain id -> failing ticks in a row
         self.stuck_until: dict[str, float] = {}  # chain id -> when a stuck chain is tried again
         # Chains decide() last had nothing for: the chain as loaded, its facts, and until when
@@ -245,9 +253,14 @@ class Engine:
             for chain in loaded:
                 if (only is None or chain.id in only) and now >= self.stuck_until.get(chain.id, 0.0):
                     (pooled if chain.spec.scheduler.hosts else groups[chain.cluster_key]).append(chain)
-        if len(self.quiet) > len(loaded) or len(self.observer.settled) > len(loaded):
+        if (
+            len(self.quiet) > len(loaded)
+            or len(self.observer.settled) > len(loaded)
+            or len(self.starts) > len(loaded)
+        ):
             ids = {c.id for c in loaded}  # chains ended, or removed, since: forgotten
             self.quiet = {k: v for k, v in self.quiet.items() if k in ids}
+            self.starts = {k: v for k, v in self.starts.items() if k in ids}
             self.observer.keep_only(ids)
         # One poll per cluster: every cluster a chain lives on, and every host of a pool
         # (free slots are counted from its poll; one that stops answering is noticed).
@@ -263,7 +276,7 @@ class Engine:
             except (TransportError, SchedulerError) as exc:
                 log.warning("poll failed; retrying next tick", scheduler=kind, host=host, error=str(exc))
                 summary.errors.append(str(exc))
-                summary.unreachable[key] = exc
+                summary.unreachable[key] = tick.unreachable[key] = exc
             answers = key in tick.polled
             if key not in self.answers or self.answers[key][0] is not answers:
                 self.answers[key] = (answers, now)  # since when it answers, or does not
@@ -411,6 +424,8 @@ class Engine:
         if chain.spec.scheduler.hosts:
             free, jobs = tick.pool(chain)
             facts = replace(facts, free=free, pool_jobs=jobs)
+        if places.asks(chain):
+            facts = replace(facts, starts=self._starts(chain, tick, now))
         if self._quiet(chain, facts, now):
             # decide() would answer nothing again, and the tick that asked it last wrote
             # nothing (a write makes the store load the chain anew): nothing to do or record.
@@ -427,6 +442,34 @@ class Engine:
         if facts.progress is not None and facts.progress != chain.latest:
             step.latest = facts.progress
         return step
+
+    def _starts(self, chain: Chain, tick: TickClusters, now: float) -> dict[str, Start]:
+        """When each place of a chain with several would start its next segment: asked at
+        most every ``places.ASK_EVERY`` per chain, a place whose poll failed this tick
+        answering that it cannot."""
+        kept = self.starts.get(chain.id)
+        if kept is not None and now - kept[0] < places.ASK_EVERY:
+            return kept[1]
+        left = chain.spec.total_time - chain.used
+        starts: dict[str, Start] = {}
+        for place in chain.spec.places:
+            there = chain.spec.at(place.name)
+            key = there.scheduler.cluster_key
+            if key in tick.unreachable:
+                starts[place.name] = Start(None, f"its scheduler did not answer: {tick.unreachable[key]}")
+                continue
+            cluster = tick.polled[key].cluster if key in tick.polled else self._cluster(key)
+            walltime = max(1, min(there.walltime, int(left)))
+            starts[place.name] = cluster.expected_start(
+                SegmentJob(chain.id, chain.next_n, there, walltime), now
+            )
+        self.starts[chain.id] = (now, starts)
+        log.info(
+            "places asked",
+            chain=chain.id,
+            starts={k: (None if v.at is None else round(v.at - now), v.reason) for k, v in starts.items()},
+        )
+        return starts
 
     def _record(self, step: ChainTick) -> list[float]:
         """Write what the chain's tick learned and did, in one transaction (nothing, when

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from chainrun import carry, rundir, snapshot
-from chainrun.decide import placement
+from chainrun.cluster import Cluster
+from chainrun.decide import placement, places
 from chainrun.decide.retry import after_submit, array_refused
 from chainrun.engine.observe import ClusterKey, Polled
 from chainrun.errors import ClaimedError, SchedulerError, StoreUnavailable, TransportError, UnsafePathError
@@ -30,8 +31,11 @@ from chainrun.model import (
     Chain,
     Finish,
     ListedJob,
+    Move,
+    Phase,
     Progress,
     Remove,
+    Segment,
     SetGrace,
     Submit,
 )
@@ -39,6 +43,7 @@ from chainrun.schedulers.base import ArrayScheduler
 from chainrun.schedulers.script import render_array_script
 from chainrun.schedulers.segment import SegmentJob, array_stem, array_tag
 from chainrun.store import Store
+from chainrun.transfer import TransferError, move_checkpoint
 
 log = get_logger(__name__)
 
@@ -61,6 +66,7 @@ class TickClusters:
 
     polled: dict[ClusterKey, Polled]
     placed: dict[ClusterKey, int] = field(default_factory=lambda: defaultdict(int))
+    unreachable: dict[ClusterKey, Exception] = field(default_factory=dict)  # whose poll failed: why
 
     def free(self, key: ClusterKey, slots: int) -> int:
         """A pool host's slots not in use by its jobs (running or ready) nor taken this tick."""
@@ -85,9 +91,12 @@ class TickClusters:
 class Executor:
     """Carries actions out through the clusters; journals submissions in the store."""
 
-    def __init__(self, store: Store, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, store: Store, clock: Callable[[], float], clusters: Callable[[ClusterKey], Cluster]
+    ) -> None:
         self.store = store
         self.clock = clock
+        self.clusters = clusters  # a cluster this tick did not poll: another place of a chain
         # By chain, a grace decided on that could not be written yet: written again each tick.
         self.owed_grace: dict[str, int] = {}
 
@@ -132,13 +141,19 @@ class Executor:
         for action in actions:
             if isinstance(action, Submit) and action.task:
                 arrays.append((step, action))
+            elif isinstance(action, Move):
+                there = chain.spec.at(action.place)
+                moved = replace(chain, spec=there)
+                target = self._polled(tick, there.scheduler.cluster_key)
+                step.done.append(action)
+                step.done.append(self.submit(target, moved, Submit(action.n, action.walltime), tick))
             elif isinstance(action, Submit):
                 target = polled
                 if action.host is not None:
                     key = (chain.spec.scheduler.kind, action.host)
                     tick.placed[key] += 1
                     target = tick.polled[key]
-                step.done.append(self.submit(target, chain, action))
+                step.done.append(self.submit(target, chain, action, tick))
             else:
                 step.done.append(action)
 
@@ -168,24 +183,74 @@ class Executor:
                     f"could not cancel jobs {', '.join(ids)} ({exc}); they exit at once if they start"
                 )
 
-    def submit(self, polled: Polled, chain: Chain, sub: Submit) -> Action:
-        """Journal, then submit: the job's id, or what its failure means."""
+    def _polled(self, tick: Optional[TickClusters], key: ClusterKey) -> Polled:
+        """Cluster ``key`` as this tick polled it, or, not polled, reached now (unpolled)."""
+        if tick is not None and key in tick.polled:
+            return tick.polled[key]
+        return Polled(key, self.clusters(key), {}, {}, {})
+
+    def submit(
+        self, polled: Polled, chain: Chain, sub: Submit, tick: Optional[TickClusters] = None
+    ) -> Action:
+        """Journal, then submit: the job's id, or what its failure means. A segment of a chain
+        with several places is journaled at the place ``chain.spec`` is at, and the checkpoint
+        is copied there first when the chain ran elsewhere last (``places.copy_from``)."""
         now = self.clock()
         host = polled.key[1] if chain.spec.scheduler.hosts else None
-        attempts = self.store.journal_submit(chain.id, sub, now, host)
+        place = chain.spec.place_name or None
+        attempts = self.store.journal_submit(chain.id, sub, now, host, place=place)
         job = SegmentJob(chain.id, sub.n, chain.spec, sub.walltime, sub.after)
         try:
-            if host is not None and not chain.ran_on(host):  # a pool host new to the chain
+            new_place = place is not None and not any(
+                s.job_id is not None and (s.place or chain.spec.places[0].name) == place
+                for s in chain.segments
+            )
+            if (host is not None and not chain.ran_on(host)) or new_place:  # a host or place new to the chain
                 snapshot.deliver_to(polled.cluster.transport, chain.spec)
-            rundir.trust_run_dir(polled.cluster.transport, chain.spec, chain.id, ran_there=chain.ran_on(host))
+            self._copy(tick, polled, chain, sub)
+            ran_there = chain.ran_on(host) and not new_place
+            rundir.trust_run_dir(polled.cluster.transport, chain.spec, chain.id, ran_there=ran_there)
             carry.leave_record(polled.cluster, chain, self.store.home)
             job_id = polled.cluster.submit(job, by="service")
-        except snapshot.SnapshotError as exc:  # tried again later, as a host that did not answer
+        except (
+            snapshot.SnapshotError,
+            TransferError,
+        ) as exc:  # tried again later, as a host that did not answer
             return after_submit(sub.n, attempts, TransportError(str(exc)), now)
         except (TransportError, SchedulerError, UnsafePathError, ClaimedError) as exc:
             return after_submit(sub.n, attempts, exc, now)  # claimed: the segment before it queues it
         return Adopt(
             n=sub.n, job_id=job_id, how="submitted" + (f" after job {sub.after}" if sub.after else "")
+        )
+
+    def _copy(self, tick: Optional[TickClusters], polled: Polled, chain: Chain, sub: Submit) -> None:
+        """Copy the chain's checkpoint to the place segment ``sub.n`` is submitted at, from the
+        place it ran at last, when those differ and no copy was recorded (``places.copy_from``);
+        the copy is recorded before the submission. Raises TransferError."""
+        seg = next((s for s in chain.segments if s.n == sub.n), None)
+        seg = seg or Segment(chain.id, sub.n, sub.walltime, Phase.SUBMITTING, place=chain.spec.place_name)
+        source = places.copy_from(chain, seg)
+        if source is None:
+            return
+        there = chain.spec.at(source)
+        src = self._polled(tick, there.scheduler.cluster_key).cluster.transport
+        if src.stat(there.checkpoint_dir) is None:
+            return  # no checkpoint yet: the segment starts from nothing there too
+        try:
+            moved = move_checkpoint(
+                src, there.checkpoint_dir, polled.cluster.transport, chain.spec.checkpoint_dir
+            )
+        except TransportError as exc:
+            raise TransferError(f"checkpoint not copied from {source}: {exc}") from None
+        what = f"{len(moved.files)} files, {moved.bytes} bytes" + (
+            f", sha256 {moved.digest}" if moved.digest else ""
+        )
+        message = (
+            f"checkpoint copied from {source} ({there.checkpoint_dir}) to {chain.spec.place_name} "
+            f"({chain.spec.checkpoint_dir}) in {moved.seconds:.1f}s: {what}, verified"
+        )
+        self.store.record_copy(
+            chain.id, sub.n, moved.seconds, moved.bytes, moved.digest, message, self.clock()
         )
 
     def submit_arrays(

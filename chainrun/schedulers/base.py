@@ -18,6 +18,7 @@ from typing import ClassVar, Optional, Protocol, runtime_checkable
 from chainrun.errors import SchedulerError
 from chainrun.model import CommandResult, ListedJob
 from chainrun.schedulers.segment import SegmentJob
+from chainrun.starts import Start, cannot
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,22 @@ class ShapeProbe(Protocol):
         would. Raises SchedulerError (transient) when the scheduler did not answer."""
 
 
+@runtime_checkable
+class StartProbe(Protocol):
+    """An optional capability: a backend that can say when a job of a segment's shape would
+    start if it were queued now (``Cluster.expected_start``), without queueing anything.
+
+    The first command is the question; the others, if any, refine its answer and are run only
+    when it answered (exit 0): a controller that does not answer is asked once, not thrice."""
+
+    def start_argvs(self, job: SegmentJob) -> list[list[str]]:
+        """The commands, the question first."""
+
+    def parse_start(self, job: SegmentJob, results: Sequence[CommandResult], now: float) -> Start:
+        """When ``job`` would start, from the answers (one per command run, in order: only the
+        first when it failed), ``now`` being when they were asked."""
+
+
 # A count, maybe with a type before it: --gpus=a100:3 (Slurm), gpu=2 in SGE's -l list.
 _COUNT = re.compile(r"^(?:[A-Za-z0-9_.-]+:)?(\d+)$")
 
@@ -260,3 +277,16 @@ def refusal(tool: str, result: CommandResult, transient: re.Pattern[str], noise:
         raise SchedulerError(f"{tool}: {text or f'exit {result.returncode}'}", transient=True)
     lines = [noise.sub("", line).strip() for line in text.splitlines()]
     return "; ".join(dict.fromkeys(line for line in lines if line and line != "Exiting."))
+
+
+def refused_start(
+    tool: str, result: CommandResult, transient: re.Pattern[str], noise: re.Pattern[str], controller: str
+) -> Optional[Start]:
+    """A ``StartProbe``'s question that failed, as the place's answer: it cannot start the job,
+    because the scheduler refused its shape (in its words) or ``controller`` did not answer;
+    None when the question was answered."""
+    try:
+        reason = refusal(tool, result, transient, noise)
+    except SchedulerError as exc:
+        return cannot(f"{controller} does not answer: {exc}")
+    return cannot(f"{tool} refuses it: {reason}") if reason else None

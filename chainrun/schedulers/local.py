@@ -22,6 +22,7 @@ from chainrun.model import CommandResult, ListedJob, Outcome, Phase
 from chainrun.schedulers.base import HelperFile
 from chainrun.schedulers.segment import SegmentJob
 from chainrun.schedulers.ship import LOCAL_RUNNER
+from chainrun.starts import Start, cannot, expected, starts_now, unknown
 
 RUNNER_DIR = ".chainrun/runner"  # on a remote host, relative to the login directory
 
@@ -107,6 +108,35 @@ class LocalScheduler:
                 slot=d.get("slot"),
             )
         return jobs
+
+    def start_argvs(self, job: SegmentJob) -> list[list[str]]:
+        return [self.poll_argv()]
+
+    def parse_start(self, job: SegmentJob, results: Sequence[CommandResult], now: float) -> Start:
+        """Now when one of the machine's ``slots`` is free for it and every job waiting for one
+        ahead of it; else when enough running jobs reach their walltime to free one (at the
+        latest: they may end sooner). Without ``slots`` every job starts at once."""
+        if not results[0].ok:
+            return cannot(f"local runner does not answer: {results[0].describe()}")
+        slots = job.spec.scheduler.slots
+        if slots is None:
+            return starts_now(now, "no slot limit on this machine")
+        ends, waiting = [], 0
+        for line in results[0].stdout.splitlines():
+            d = json.loads(line)
+            if d["state"] == "running" and d.get("slot") is not None:
+                ends.append(d["started_at"] + d["walltime"] if d.get("walltime") else None)
+            waiting += d["state"] == "pending" and d.get("reason") == "Resources"
+        free = max(0, slots - len(ends))
+        told = f"{free} of {slots} slot{'s' * (slots > 1)} free"
+        told += f", {waiting} job{'s' * (waiting > 1)} waiting for one" if waiting else ""
+        if free > waiting:
+            return starts_now(now, told)
+        known = sorted(end for end in ends if end is not None)
+        needed = waiting - free  # the running jobs that must end first: this one's slot is the next
+        if needed < len(known) and len(known) == len(ends):
+            return expected(max(now, known[needed]), now, f"when running jobs reach their walltime; {told}")
+        return unknown(now, told)
 
     def cancel_argv(self, job_ids: list[str]) -> list[str]:
         return self._argv("cancel", *job_ids)

@@ -10,11 +10,13 @@ the times chainrun charges.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import ClassVar, Optional
+from typing import Callable, ClassVar, Optional
 
 from chainrun.errors import SchedulerError
 from chainrun.model import CommandResult, ListedJob, Outcome, Phase
@@ -25,9 +27,11 @@ from chainrun.schedulers.base import (
     directive_words,
     option_words,
     refusal,
+    refused_start,
     submitted_id,
 )
 from chainrun.schedulers.segment import SegmentJob
+from chainrun.starts import Start, cannot, expected, starts_now, unknown
 
 UTC_ENV = ["env", "TZ=UTC"]
 QSTAT_TIME = "%Y-%m-%dT%H:%M:%S"  # 2026-11-25T22:15:05
@@ -174,6 +178,49 @@ class SgeScheduler:
     def parse_shape(self, result: CommandResult) -> str:
         return refusal("qsub -w v", result, TRANSIENT, _REFUSAL_NOISE)
 
+    def start_argvs(self, job: SegmentJob) -> list[list[str]]:
+        # SGE reckons no start: the shape question first (a queue it does not have, a PE),
+        # then the queues' slots and states, then every user's jobs with their limits.
+        return [self.shape_argv(job), ["qstat", "-g", "c"], [*UTC_ENV, "qstat", "-xml", "-r", "-u", "*"]]
+
+    def parse_start(self, job: SegmentJob, results: Sequence[CommandResult], now: float) -> Start:
+        """Now when the job's queues have a free slot and no job waits for one ahead of it;
+        else when enough running jobs reach their ``h_rt`` to free a slot for it and for each
+        job pending ahead (an upper bound for them, and pending jobs of higher priority may
+        come first: "about"); "not known when" if the jobs there have no ``h_rt``. A queue
+        all of whose slots are disabled, suspended, in alarm or unknown cannot start it. The
+        segment is taken to need one slot (a parallel environment's count is not read)."""
+        failed = refused_start("qsub -w v", results[0], TRANSIENT, _REFUSAL_NOISE, "qmaster")
+        if failed is not None:
+            return failed
+        if not results[1].ok:
+            return cannot(f"qstat -g c: {results[1].describe()}")
+        words = directive_words(self.directives(job), "#$ ")
+        asked = [q.split("@")[0] for w, v in zip(words, words[1:]) if w == "-q" for q in v.split(",")]
+
+        def ours(queue: str) -> bool:
+            return not asked or any(fnmatch.fnmatchcase(queue.split("@")[0], q) for q in asked)
+
+        rows = [r for r in _queue_summary(results[1].stdout) if ours(r.name)]
+        names = ", ".join(r.name for r in rows) or ", ".join(asked)
+        total, free = sum(r.total for r in rows), sum(r.avail for r in rows)
+        if not total:
+            return cannot(f"queue {names} has no slots (qstat -g c)")
+        if free == 0 and sum(r.blocked for r in rows) >= total:
+            return cannot(f"queue {names} is disabled, suspended, in alarm or unknown (qstat -g c)")
+        ends, ahead = _running_ends_and_ahead(results[2], ours)
+        slots = f"{free} of {total} slot{'s' * (total > 1)} free on queue {names}"
+        if ahead:
+            slots += f", {ahead} job{'s' * (ahead > 1)} pending"
+        if free > ahead:
+            return starts_now(now, slots)
+        needed = ahead - free  # the running jobs that must end first: this one's slot is the next
+        if needed < len(ends):
+            return expected(
+                max(now, sorted(ends)[needed]), now, f"when running jobs reach their h_rt; {slots}"
+            )
+        return unknown(now, slots)
+
     def parse_submit(self, result: CommandResult) -> str:
         if not result.ok:
             raise _error("qsub", result)
@@ -261,3 +308,71 @@ class SgeScheduler:
         # "error reason    1:      11/25/2026 22:15:11 [0:2863]: error: can't chdir to ..."
         found = re.findall(r"^error reason\s+\d+:\s*(?:\S+ \S+ \[[^\]]*\]:\s*)?(.*)$", result.stdout, re.M)
         return "; ".join(dict.fromkeys(r.strip() for r in found if r.strip()))
+
+
+@dataclass(frozen=True)
+class _Queue:
+    """One row of ``qstat -g c``: a cluster queue's slots, and those in queue instances that
+    are disabled, suspended, in alarm, unknown or in error (its aoACDS and cdsuE columns)."""
+
+    name: str
+    avail: int
+    total: int
+    blocked: int
+
+
+def _queue_summary(text: str) -> list[_Queue]:
+    """``qstat -g c``'s rows, read by its header's names."""
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("---")]
+    if not lines:
+        return []
+    names = lines[0].split()[2:]  # after "CLUSTER QUEUE", the one name with a space in it
+    rows = []
+    for line in lines[1:]:
+        name, *cells = line.split()
+        if len(cells) != len(names):
+            continue
+        n = {k: int(v) if v.isdigit() else 0 for k, v in zip(names, cells)}
+        rows.append(
+            _Queue(name, n.get("AVAIL", 0), n.get("TOTAL", 0), n.get("aoACDS", 0) + n.get("cdsuE", 0))
+        )
+    return rows
+
+
+def _seconds(text: str) -> Optional[int]:
+    """A time limit as qstat -r shows it: ``300``, or ``0:5:0`` / ``00:05:00``."""
+    parts = text.strip().split(":")
+    if not all(p.isdigit() for p in parts) or len(parts) > 3:
+        return None
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + int(part)
+    return seconds
+
+
+def _running_ends_and_ahead(result: CommandResult, ours: Callable[[str], bool]) -> tuple[list[float], int]:
+    """From ``qstat -xml -r -u '*'``: when each slot of the running jobs in ``ours`` queues
+    frees at the latest (start + ``h_rt``; none for a job without one), and how many jobs
+    pend for a slot there (waiting for nothing else: no hold, no error)."""
+    if not result.ok:
+        return [], 0
+    try:
+        root = ET.fromstring(result.stdout) if result.stdout.strip() else None
+    except ET.ParseError:
+        return [], 0
+    ends: list[float] = []
+    ahead = 0
+    for item in root.iter("job_list") if root is not None else ():
+        state, queue = item.findtext("state", ""), item.findtext("queue_name", "")
+        if "r" in state and queue and ours(queue):
+            start = _utc(item.findtext("JAT_start_time", ""), QSTAT_TIME)
+            limit = next(
+                (_seconds(r.text or "") for r in item.iter("hard_request") if r.get("name") == "h_rt"), None
+            )
+            slots = item.findtext("slots", "1")
+            if start is not None and limit is not None:
+                ends += [start + limit] * (int(slots) if slots.isdigit() else 1)
+        elif state.endswith("qw") and not set(state) & {"h", "E"}:
+            wanted = [q.text or "" for q in item.iter("hard_req_queue")]
+            ahead += not wanted or any(ours(q) for q in wanted)
+    return ends, ahead

@@ -26,9 +26,11 @@ from chainrun.schedulers.base import (
     directive_words,
     option_words,
     refusal,
+    refused_start,
     submitted_id,
 )
 from chainrun.schedulers.segment import SegmentJob
+from chainrun.starts import Start, cannot, expected
 
 # Times as epoch seconds: Slurm prints local time without a zone otherwise, and
 # the service may run in another zone than the cluster (over SSH).
@@ -81,6 +83,12 @@ DOWN_STATES = frozenset({"down", "fail", "failg"})
 # What sbatch puts before the reason it refuses a job for ("sbatch: error: ...",
 # "allocation failure: Requested node configuration is not available").
 _REFUSAL_NOISE = re.compile(r"^(?:sbatch: (?:error: )?|allocation failure: )+", re.IGNORECASE)
+
+# sbatch --test-only's answer (on stderr): "sbatch: Job 5429 to start at 1795946616 using 1
+# processors on nodes node3 in partition multi" (SLURM_TIME_FORMAT=%s).
+_WILL_START = re.compile(r"to start at (\d+) using \d+ processors on nodes (\S+) in partition (\S+)")
+# Pending jobs that wait for nothing but their turn (not a dependency, a hold or a begin time).
+_NOT_AHEAD = ("Dependency", "DependencyNeverSatisfied", "JobHeldUser", "JobHeldAdmin", "BeginTime")
 
 # --gres=gpu:2, --gres=gpu:a100:2, --gres=gpu (one), in a comma list of resources.
 _GRES_GPU = re.compile(r"^gpu(?::[A-Za-z][\w.-]*)?(?::(\d+))?$")
@@ -281,6 +289,45 @@ class SlurmScheduler:
 
     def parse_shape(self, result: CommandResult) -> str:
         return refusal("sbatch --test-only", result, TRANSIENT, _REFUSAL_NOISE)
+
+    def start_argvs(self, job: SegmentJob) -> list[list[str]]:
+        # The shape question answers with the start too; sinfo then says whether its partition
+        # is up, squeue how many jobs pend there for their turn (all users').
+        return [
+            [*EPOCH_ENV, *self.shape_argv(job)],
+            ["sinfo", "--noheader", "--format=%R|%a"],
+            ["squeue", "--noheader", "--states=PENDING", "--format=%P|%r"],
+        ]
+
+    def parse_start(self, job: SegmentJob, results: Sequence[CommandResult], now: float) -> Start:
+        """``sbatch --test-only``'s start, which on Slurm 22.05 does not see the backfill
+        scheduler's plan for pending jobs (slurm_facts.md, "Asking without submitting"): it
+        answers as if nothing pended, so the jobs pending in the partition are counted beside
+        it (an estimate that may be early), and a partition sinfo does not show ``up`` cannot
+        start it, whatever the estimate."""
+        failed = refused_start("sbatch --test-only", results[0], TRANSIENT, _REFUSAL_NOISE, "slurmctld")
+        if failed is not None:
+            return failed
+        found = _WILL_START.search(results[0].stderr + results[0].stdout)
+        if found is None:
+            return cannot(f"sbatch --test-only: unexpected answer {results[0].stderr.strip()[:200]!r}")
+        at, nodes, partition = float(found.group(1)), found.group(2), found.group(3)
+        if len(results) > 1 and results[1].ok:
+            for line in results[1].stdout.splitlines():
+                name, _, avail = line.strip().partition("|")
+                if name == partition and avail != "up":
+                    return cannot(f"partition {partition} is {avail} (sinfo)")
+        how = f"on {nodes} in partition {partition}, sbatch --test-only"
+        if len(results) > 2 and results[2].ok:
+            ahead = sum(
+                partition in parts.split(",") and reason not in _NOT_AHEAD
+                for parts, _, reason in (
+                    line.strip().partition("|") for line in results[2].stdout.splitlines()
+                )
+            )
+            if ahead:
+                how += f"; {ahead} job{'s' * (ahead > 1)} pending there, which it does not count"
+        return expected(at, now, how)
 
     def array_submit_argv(
         self, script_path: str, log_path: str, workdir: str, indices: Sequence[int], limit: Optional[int]

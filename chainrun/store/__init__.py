@@ -413,11 +413,26 @@ class Store:
         now: float,
         host: Optional[str] = None,
         task: Optional[tuple[str, int]] = None,
+        place: Optional[str] = None,
     ) -> int:
         """Write 'submitting segment n' before the scheduler is asked (``writes.journal_submit``);
         returns the attempt's number."""
         with self._database.tx() as db:
-            return writes.journal_submit(db, chain_id, sub, now, host, task)
+            return writes.journal_submit(db, chain_id, sub, now, host, task, place)
+
+    def record_copy(
+        self,
+        chain_id: str,
+        n: int,
+        seconds: float,
+        size: int,
+        digest: Optional[str],
+        message: str,
+        now: float,
+    ) -> None:
+        """Record the checkpoint copied to segment ``n``'s place (``writes.record_copy``)."""
+        with self._database.tx() as db:
+            writes.record_copy(db, chain_id, n, seconds, size, digest, message, now)
 
     # -- one tick's record ------------------------------------------------------
 

@@ -107,6 +107,14 @@ MIGRATIONS: list[str] = [
     # 10: when a segment's command was ready for the walltime signal (its end marker): how
     # long its start took, which status warns of when it eats the segments (decide/startup.py).
     "ALTER TABLE segments ADD COLUMN ready_at REAL",
+    # 11: a chain with several places ([[cluster]]): the place each segment runs at (NULL:
+    # the first), and the checkpoint copied there before it was submitted (seconds, bytes, digest).
+    """
+    ALTER TABLE segments ADD COLUMN place TEXT;
+    ALTER TABLE segments ADD COLUMN copy_seconds REAL;
+    ALTER TABLE segments ADD COLUMN copy_bytes INTEGER;
+    ALTER TABLE segments ADD COLUMN copy_digest TEXT
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -11,6 +11,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
+from chainrun.decide.places import current
 from chainrun.model import Chain, ChainState, JobSpec, Outcome, Phase, Progress, Segment
 from chainrun.store.checked import Unfit, check, fits, kind_of
 from chainrun.text import clip
@@ -122,9 +123,16 @@ def decode_spec(value: Any) -> JobSpec:
 
 
 def decode_chain(row: sqlite3.Row, segments: tuple[Segment, ...]) -> Chain:
+    """A chain as stored; one with several places has its spec as seen at the place it is at
+    (``decide.places.current``)."""
+    spec = decode_spec(row["spec"])
+    try:
+        spec = spec.at(current(segments, spec.places))
+    except KeyError as exc:
+        raise Unreadable(f"a segment's place {exc} is not one of the job file's") from None
     chain = Chain(
         id=row["id"],
-        spec=decode_spec(row["spec"]),
+        spec=spec,
         state=_enum(ChainState, row["state"], "state"),
         created_at=row["created_at"],
         segments=segments,
@@ -179,6 +187,10 @@ def decode_segment(row: sqlite3.Row) -> Segment:
             signalled_at=data["signalled_at"],
             stop=data["stop"],
             ready_at=data["ready_at"],
+            place=data["place"],
+            copy_seconds=data["copy_seconds"],
+            copy_bytes=data["copy_bytes"],
+            copy_digest=data["copy_digest"],
         )
         checked(segment)
     except Unreadable as exc:

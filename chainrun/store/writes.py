@@ -24,6 +24,7 @@ from chainrun.model import (
     Finish,
     JobSpec,
     MarkStuck,
+    Move,
     Outcome,
     Phase,
     Progress,
@@ -88,8 +89,10 @@ def journal_submit(
     now: float,
     host: Optional[str] = None,
     task: Optional[tuple[str, int]] = None,
+    place: Optional[str] = None,
 ) -> int:
-    """Write 'submitting segment n' (on ``host``, for a pool) before the scheduler is asked;
+    """Write 'submitting segment n' (on ``host``, for a pool; at ``place``, for a chain
+    with several) before the scheduler is asked;
     returns the attempt's number. A crash after this is resolved by adoption (decide),
     never a second job. ``task``: the array job (name) and task the segment goes out as;
     kept from the first attempt on, as every later one submits that task again."""
@@ -100,7 +103,7 @@ def journal_submit(
     if row is None:
         db.execute(
             "INSERT INTO segments (chain_id, n, walltime, phase, after, attempts, "
-            "submitted_at, host, array, task) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?)",
+            "submitted_at, host, array, task, place) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?)",
             (
                 chain_id,
                 sub.n,
@@ -111,6 +114,7 @@ def journal_submit(
                 host,
                 array,
                 index,
+                place,
             ),
         )
         return 1
@@ -120,6 +124,24 @@ def journal_submit(
         (now, array, index, chain_id, sub.n),
     )
     return int(row["attempts"]) + 1
+
+
+def record_copy(
+    db: sqlite3.Connection,
+    chain_id: str,
+    n: int,
+    seconds: float,
+    size: int,
+    digest: Optional[str],
+    message: str,
+    now: float,
+) -> None:
+    """Record the checkpoint copied to segment ``n``'s place before it is submitted there."""
+    db.execute(
+        "UPDATE segments SET copy_seconds = ?, copy_bytes = ?, copy_digest = ? WHERE chain_id = ? AND n = ?",
+        (seconds, size, digest, chain_id, n),
+    )
+    event(db, chain_id, n, now, "copy", message)
 
 
 def record(
@@ -172,11 +194,19 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
         if action.walltime is not None:
             _granted(db, chain_id, action.n, action.walltime, now)
     elif isinstance(action, Adopt):
-        if action.walltime is not None:  # queued by the segment before it: not journaled here
+        if action.walltime is not None:  # queued by the segment before it, at its place: not journaled here
             db.execute(
-                "INSERT OR IGNORE INTO segments (chain_id, n, walltime, phase, after, submitted_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (*seg, action.walltime, Phase.PENDING.value, action.after, _then(action.submitted_at, now)),
+                "INSERT OR IGNORE INTO segments (chain_id, n, walltime, phase, after, submitted_at, place) "
+                "VALUES (?, ?, ?, ?, ?, ?, (SELECT place FROM segments WHERE chain_id = ? AND n = ?))",
+                (
+                    *seg,
+                    action.walltime,
+                    Phase.PENDING.value,
+                    action.after,
+                    _then(action.submitted_at, now),
+                    chain_id,
+                    action.n - 1,
+                ),
             )
         db.execute(
             "UPDATE segments SET job_id = ?, phase = CASE WHEN phase = ? THEN ? ELSE phase END, "
@@ -185,6 +215,10 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
         )
         at = _then(action.submitted_at, now)
         event(db, chain_id, action.n, at, "job", f"segment {action.n} {action.how} as job {action.job_id}")
+    elif isinstance(action, Move):
+        event(
+            db, chain_id, action.n, now, "move", f"segment {action.n} goes to {action.place}: {action.reason}"
+        )
     elif isinstance(action, RetryLater):
         db.execute(
             "UPDATE segments SET retry_at = ?, reason = ? WHERE chain_id = ? AND n = ?",

@@ -136,6 +136,11 @@ def _tip(seg: SegmentAccount, chain: Chain) -> str:
     lines = [
         f"segment {seg.n}: job {seg.job_id or '-'}, {seg.outcome}" + (" (charged)" if seg.charged else "")
     ]
+    if chain.spec.places:  # several places: where it ran, and the checkpoint copied there first
+        copied = (
+            f"; checkpoint copied there in {duration(stored.copy_seconds)}" if stored.copy_seconds else ""
+        )
+        lines.append(f"at {stored.place or chain.spec.places[0].name}{copied}")
     for label, value in (
         ("queued", seg.queued),
         ("training", seg.training),
