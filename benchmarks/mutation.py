@@ -47,6 +47,7 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "chainrun/decide/placement.py",
             "chainrun/decide/grace.py",
             "chainrun/decide/startup.py",
+            "chainrun/decide/places.py",
         ),
         (
             "tests/test_decide.py",
@@ -57,6 +58,7 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "tests/test_engine.py",
             "tests/test_arrays.py",
             "tests/test_pool.py",
+            "tests/test_decide_places.py",
         ),
     ),
     "rules": (  # what a segment may queue while the service is away, and who holds a directory
