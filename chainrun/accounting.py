@@ -71,11 +71,48 @@ class SegmentAccount:
 
 
 @dataclass(frozen=True)
+class PlaceAccount:
+    """What a chain with several places spent at one of them: its allocation there is
+    charged to that place's account (its own GPUs per job)."""
+
+    place: str
+    segments: int  # that ran there
+    allocated: float
+    trained: float
+    copying: float  # seconds of the checkpoint's copies to there
+    gpus: int  # per job there; 0: none asked for
+
+    @property
+    def gpu_hours(self) -> Optional[float]:
+        return self.allocated * self.gpus / 3600 if self.gpus else None
+
+    def describe(self) -> str:
+        """``at uni: 3 segments, allocated 11h58m, trained 11h40m; copies 2m; 12.0 GPU-hours``."""
+        runs = f"{self.segments} segment{'' if self.segments == 1 else 's'}"
+        text = f"at {self.place}: {runs}, allocated {duration(self.allocated)}"
+        text += f", trained {duration(self.trained)}"
+        text += f"; copies {duration(self.copying)}" if self.copying else ""
+        return text + (f"; {self.gpu_hours:.1f} GPU-hours" if self.gpu_hours is not None else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "place": self.place,
+            "segments": self.segments,
+            "allocated_seconds": self.allocated,
+            "trained_seconds": self.trained,
+            "copy_seconds": self.copying,
+            "gpus": self.gpus,
+            "gpu_hours": self.gpu_hours,
+        }
+
+
+@dataclass(frozen=True)
 class ChainAccount:
-    """A chain's segments' accounts and their totals."""
+    """A chain's segments' accounts and their totals (and, with several places, each place's)."""
 
     segments: tuple[SegmentAccount, ...]
-    gpus: int  # per segment's job; 0: none asked for
+    gpus: int  # per segment's job (at the place the chain is now); 0: none asked for
+    places: tuple[PlaceAccount, ...] = ()
 
     @property
     def allocated(self) -> float:
@@ -104,11 +141,15 @@ class ChainAccount:
 
     @property
     def gpu_hours(self) -> Optional[float]:
-        """GPU-hours allocated; None when the job asks for no GPUs."""
+        """GPU-hours allocated (with several places: the sum of theirs); None when no job asks for GPUs."""
+        if self.places:
+            hours = [p.gpu_hours for p in self.places if p.gpu_hours is not None]
+            return sum(hours) if hours else None
         return self.allocated * self.gpus / 3600 if self.gpus else None
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "places": [p.to_json() for p in self.places] or None,
             "allocated_seconds": self.allocated,
             "trained_seconds": self.trained,
             "trained_share": self.share,
@@ -171,7 +212,32 @@ def account(chain: Chain, now: float) -> ChainAccount:
     for i, seg in enumerate(segs):
         after = next((s for s in segs[i + 1 :] if s.started_at is not None), None)
         accounts.append(_segment(seg, segs[i - 1] if i else None, after, now))
-    return ChainAccount(tuple(accounts), gpus(chain.spec.scheduler))
+    return ChainAccount(tuple(accounts), gpus(chain.spec.scheduler), _places(chain, accounts))
+
+
+def _places(chain: Chain, accounts: list[SegmentAccount]) -> tuple[PlaceAccount, ...]:
+    """Each place's part, in the job file's order, for a chain with several (a segment with no
+    place recorded ran at the first); a place where nothing ran is left out."""
+    if not chain.spec.places:
+        return ()
+    first = chain.spec.places[0].name
+    at = {seg.n: (seg.place or first, seg.copy_seconds or 0.0) for seg in chain.segments}
+    parts = []
+    for place in chain.spec.places:
+        mine = [a for a in accounts if at[a.n][0] == place.name and a.started_at is not None]
+        copying = sum(copy for place_name, copy in at.values() if place_name == place.name)
+        if mine or copying:
+            parts.append(
+                PlaceAccount(
+                    place=place.name,
+                    segments=len(mine),
+                    allocated=sum(a.allocated for a in mine),
+                    trained=sum(a.training or 0.0 for a in mine),
+                    copying=copying,
+                    gpus=gpus(chain.spec.at(place.name).scheduler),
+                )
+            )
+    return tuple(parts)
 
 
 def describe(acc: ChainAccount) -> str:
@@ -182,6 +248,8 @@ def describe(acc: ChainAccount) -> str:
         f"allocated {duration(acc.allocated)}, trained {duration(acc.trained)}{share}; "
         f"queued {duration(acc.queued)}, saving {duration(acc.saving)}, gaps {duration(acc.gaps)}"
     )
-    if acc.gpu_hours is not None:
+    if acc.gpu_hours is not None and acc.places:
+        text += f"; {acc.gpu_hours:.1f} GPU-hours"
+    elif acc.gpu_hours is not None:
         text += f"; {acc.gpu_hours:.1f} GPU-hours ({acc.gpus} GPU{'s' if acc.gpus > 1 else ''} a job)"
     return text

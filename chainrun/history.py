@@ -84,6 +84,7 @@ def segment_lines(chain: Chain, now: float, events: Sequence[Event] = ()) -> lis
         f" in {count} segment{'' if count == 1 else 's'}; {describe(acc)};"
         f" preempted {total} time{'' if total == 1 else 's'}{again}"
     )
+    lines += [place.describe() for place in acc.places]
     return lines
 
 

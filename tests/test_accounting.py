@@ -19,7 +19,7 @@ from conftest import have, need, wait_for
 
 from chainrun.accounting import account, describe, gpus
 from chainrun.history import segment_lines
-from chainrun.model import Chain, ChainState, JobSpec, Outcome, Phase, SchedulerSpec, Segment
+from chainrun.model import Chain, ChainState, JobSpec, Outcome, Phase, PlaceSpec, SchedulerSpec, Segment
 from chainrun.store import Store
 
 DATA = Path(__file__).parent / "data"
@@ -102,6 +102,42 @@ def test_a_segment_splits_into_queue_training_save_and_gap() -> None:
     assert acc.gpu_hours == pytest.approx(4360 * 2 / 3600)
     assert account(_chain(), now=0.0).share is None
     assert account(_chain(s1), now=0.0).gpu_hours is None
+
+
+def test_a_chain_with_several_places_is_accounted_per_place_with_each_places_gpus() -> None:
+    """Segment 1 ran at the first place (2 GPUs a job, no place recorded: the first), segment
+    2 at the second (1 GPU a job) after a 30 s copy there: each place is charged its own
+    allocation and GPU-hours, the copy counted where it went, and the chain's GPU-hours are
+    their sum; a place where nothing ran is left out, and history says each place's line."""
+    uni = PlaceSpec("uni", SchedulerSpec(kind="slurm", options=("--gres=gpu:2",)), "/w", "/w/ck", 3600)
+    national = PlaceSpec("national", SchedulerSpec(kind="sge", options=("-l gpu=1",)), "/n", "/n/ck", 3600)
+    idle = PlaceSpec("idle", SchedulerSpec(kind="local"), "/i", "/i/ck", 3600)
+    s1 = Segment(
+        "acc-1", 1, 3600, Phase.ENDED, job_id="11", submitted_at=0.0, started_at=0.0,
+        signalled_at=3500.0, ended_at=3600.0, outcome=Outcome.TIMEOUT,
+    )  # fmt: skip
+    s2 = Segment(
+        "acc-1", 2, 3600, Phase.ENDED, job_id="7", submitted_at=3700.0, started_at=3700.0,
+        signalled_at=5500.0, ended_at=5500.0, outcome=Outcome.COMPLETED, place="national", copy_seconds=30.0,
+    )  # fmt: skip
+    chain = _chain(s1, s2, options=("--gres=gpu:2",))
+    chain = replace(chain, spec=replace(chain.spec, places=(uni, national, idle)))
+    acc = account(chain, now=6000.0)
+    assert [p.to_json() for p in acc.places] == [
+        {"place": "uni", "segments": 1, "allocated_seconds": 3600.0, "trained_seconds": 3500.0,
+         "copy_seconds": 0.0, "gpus": 2, "gpu_hours": 2.0},
+        {"place": "national", "segments": 1, "allocated_seconds": 1800.0, "trained_seconds": 1800.0,
+         "copy_seconds": 30.0, "gpus": 1, "gpu_hours": 0.5},
+    ]  # fmt: skip
+    assert acc.gpu_hours == 2.5
+    assert acc.to_json()["places"][1]["place"] == "national"
+    assert account(_chain(s1), now=0.0).to_json()["places"] is None  # one place: no list
+    lines = segment_lines(chain, 6000.0)
+    assert lines[-2:] == [
+        "at uni: 1 segment, allocated 1h, trained 58m; 2.0 GPU-hours",
+        "at national: 1 segment, allocated 30m, trained 30m; copies 30s; 0.5 GPU-hours",
+    ]
+    assert lines[-3].endswith("; 2.5 GPU-hours; preempted 0 times"), lines[-3]
 
 
 def test_the_totals_round_every_duration_never_cut_it() -> None:
