@@ -624,6 +624,33 @@ def test_each_outcome_has_a_colour_of_its_own_and_a_crash_while_saving_keeps_it(
     assert fills["stripes"] == "url(#stripes)"
 
 
+def test_a_chain_with_several_places_marks_each_segments_place_in_its_colour_and_names_it() -> None:
+    """Each row of a chain with several places begins with its place's mark, a colour per
+    place by the job file's order, none an outcome's; the legend names the places that ran."""
+    from chainrun.accounting import ChainAccount, SegmentAccount
+
+    assert not set(charts.PLACE_COLOURS) & set(charts.OUTCOME_COLOURS.values())
+    assert len(set(charts.PLACE_COLOURS)) == len(charts.PLACE_COLOURS)
+    segs = tuple(
+        SegmentAccount(n, str(n), "timeout", False, 0.0, 10.0 * n, None, 10.0 * n + 5, 0.0, 5.0, 0.0, None)
+        for n in (1, 2, 3)
+    )
+    svg = _svg(
+        charts.timeline(
+            ChainAccount(segs, 0), ["a", "b", "c"], 0.0, 40.0, ["uni", "hpc", "uni"], ["uni", "hpc"]
+        )
+    )
+    rows = [g for g in svg.iter() if g.get("class") == "segment"]
+    assert [g.get("data-place") for g in rows] == ["uni", "hpc", "uni"]
+    marks = [next(r.get("fill") for r in g.iter() if r.get("class") == "place") for g in rows]
+    assert marks == [charts.PLACE_COLOURS[0], charts.PLACE_COLOURS[1], charts.PLACE_COLOURS[0]]
+    key = charts.legend({"timeout"}, ["uni", "hpc"])
+    assert "at uni" in key and "at hpc" in key and charts.PLACE_COLOURS[1] in key
+    one = _svg(charts.timeline(ChainAccount(segs, 0), ["a", "b", "c"], 0.0, 40.0))  # one place: no mark
+    assert not [r for r in one.iter() if r.get("class") == "place"]
+    assert "at " not in charts.legend({"timeout"})
+
+
 def test_the_url_is_kept_across_restarts_unless_told_otherwise(home: Path) -> None:
     """`chainrun ui` started again serves at the same URL (port and token, kept in the state
     directory in a file only the user can read), so a bookmark still opens the page;

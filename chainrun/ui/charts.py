@@ -39,6 +39,9 @@ OUTCOME_COLOURS = {
     "lost": "#393b79",
     "rejected": "#bd9e39",
 }
+# A chain with several places: each segment's row begins with its place's mark, in the order
+# the job file lists the places (Okabe and Ito's colour-blind-safe hues, none an outcome's).
+PLACE_COLOURS = ("#e69f00", "#56b4e9", "#009e73", "#f0e442", "#0072b2", "#d55e00", "#cc79a7", "#000000")
 FAILURE = OUTCOME_COLOURS["failed"]
 OTHER = "#c49c94"  # a phase that has no colour of its own (a segment not started)
 QUEUE, GAP = "#c7c7c7", "#f2e6c9"
@@ -57,11 +60,17 @@ def colour(outcome: str) -> str:
     return OUTCOME_COLOURS.get(outcome, OTHER)
 
 
-def legend(outcomes: Collection[str]) -> str:
-    """The timeline's key: the queue wait, the save (striped), the gap, and each of
-    ``outcomes`` in its colour."""
+def place_colour(places: Sequence[str], place: str) -> str:
+    """The mark of ``place``, by its order among the chain's ``places``."""
+    return PLACE_COLOURS[places.index(place) % len(PLACE_COLOURS)] if place in places else OTHER
+
+
+def legend(outcomes: Collection[str], places: Sequence[str] = ()) -> str:
+    """The timeline's key: the queue wait, the save (striped), the gap, each of ``outcomes``
+    in its colour, and each of a chain's several ``places`` in its mark's."""
     shown = [("queued", QUEUE, ""), ("saving", "#8c8c8c", "url(#stripes)"), ("gap", GAP, "")]
     shown += [(k, c, "") for k, c in OUTCOME_COLOURS.items() if k in outcomes]
+    shown += [(f"at {p}", place_colour(places, p), "") for p in places]
     return "".join(
         f'<span><svg class="swatch" viewBox="0 0 10 10"><rect width="10" height="10" fill="{c}"/>'
         + (f'<rect width="10" height="10" fill="{over}"/>' if over else "")
@@ -99,8 +108,17 @@ def _anchor(x: float, text: str, width: float) -> str:
     return f'x="{x:.1f}" text-anchor="middle"'
 
 
-def timeline(acc: ChainAccount, details: Sequence[str], start: float, now: float) -> str:
-    """The segments, one row each; ``details[i]`` is segment i's tooltip (job, reason, tail)."""
+def timeline(
+    acc: ChainAccount,
+    details: Sequence[str],
+    start: float,
+    now: float,
+    where: Sequence[str] = (),
+    places: Sequence[str] = (),
+) -> str:
+    """The segments, one row each; ``details[i]`` is segment i's tooltip (job, reason, tail);
+    for a chain with several ``places``, ``where[i]`` is the place segment i went to, marked
+    at the start of its row in that place's colour."""
     stamps = [t for s in acc.segments for t in (s.submitted_at, s.started_at, s.ended_at) if t is not None]
     lo = min([start, *stamps])
     hi = max([now, *stamps, lo + 1])
@@ -138,8 +156,14 @@ def timeline(acc: ChainAccount, details: Sequence[str], start: float, now: float
                 parts.append(rect(edge, edge + seg.saving, y, "url(#stripes)", "stripes"))
         if seg.gap and seg.ended_at is not None:
             parts.append(rect(seg.ended_at, seg.ended_at + seg.gap, y, GAP, "gap"))
+        at = ""
+        if places and i < len(where):
+            fill = place_colour(places, where[i])
+            mark = f'<rect class="place" x="4" y="{y:.1f}" width="8" height="{_ROW - 6}" fill="{fill}"/>'
+            parts.append(mark)
+            at = f' data-place="{escape(where[i])}"'
         out.append(
-            f'<g class="segment" data-n="{seg.n}" data-outcome="{escape(seg.outcome)}" tabindex="0">'
+            f'<g class="segment" data-n="{seg.n}" data-outcome="{escape(seg.outcome)}"{at} tabindex="0">'
             f"<title>{escape(tip)}</title>"
             f'<text x="{_LEFT - 6}" y="{y + _ROW - 10}" text-anchor="end">{seg.n}</text>'
             f"{''.join(parts)}</g>"

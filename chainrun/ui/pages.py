@@ -253,8 +253,13 @@ def chain_page(chain: Chain, log: Log, link: Links, now: float) -> str:
         sweep = f' · sweep <a href="{link.sweep(chain.spec.sweep_name)}">{escape(chain.spec.sweep_name)}</a>'
     # Up to now while it runs; an ended chain's timeline ends where it did.
     until = chain.ended_at if chain.ended_at is not None else now
-    timeline = charts.timeline(acc, [_tip(s, chain) for s in acc.segments], chain.created_at, until)
-    legend = charts.legend({s.outcome for s in acc.segments})
+    names = [p.name for p in chain.spec.places]
+    at = {s.n: s.place or names[0] for s in chain.segments} if names else {}
+    where = [at[s.n] for s in acc.segments] if names else []
+    timeline = charts.timeline(
+        acc, [_tip(s, chain) for s in acc.segments], chain.created_at, until, where, names
+    )
+    legend = charts.legend({s.outcome for s in acc.segments}, [n for n in names if n in where])
     plots = [charts.plot(epoch_points(log), "time", "epoch", "epochs", xtime=True)]
     for i, (name, points) in enumerate(sorted(_metric_series(log).items())):
         plots.append(charts.plot(points, "epoch", name, f"metric-{i}"))
