@@ -202,3 +202,109 @@ def test_the_web_pages_timeline_says_where_each_segment_ran_and_the_copy_there()
     c = chain(first, moved)
     tips = [_tip(s, c) for s in account(c, NOW).segments]
     assert "\nat slurm\n" in tips[0] + "\n" and "\nat sge; checkpoint copied there in 12s" in tips[1]
+
+
+@pytest.mark.parametrize(
+    ("start", "said"),
+    [
+        (None, "was not asked"),
+        (Start(None, ""), "cannot start it (no reason given)"),
+        (Start(None, "partition gpu is down"), "cannot start it (partition gpu is down)"),
+        (Start(NOW - 5, ""), "starts it now"),
+        (Start(NOW + rules.SLACK, ""), "starts it now"),  # the slack's edge is still now
+        (Start(NOW + rules.SLACK + 1, ""), "would start it in 1m1s"),
+        (Start(NOW + 3600, ""), "would start it in 1h"),
+        (
+            Start(NOW + 3600, "about 15:00, in 1h (sbatch --test-only)"),
+            "about 15:00, in 1h (sbatch --test-only)",
+        ),
+    ],
+)
+def test_when_a_place_would_start_a_segment_is_said_in_words(start: Optional[Start], said: str) -> None:
+    assert rules.when(start, NOW) == said
+
+
+def test_a_moves_reason_says_what_both_places_answered() -> None:
+    starts = {"slurm": Start(NOW + 3600, ""), "sge": Start(NOW, "")}
+    assert rules.move_reason(chain(), "sge", starts, NOW) == "sge starts it now; slurm would start it in 1h"
+    assert rules.move_reason(chain(), "sge", {"sge": Start(NOW + 120, "")}, NOW) == (
+        "sge would start it in 2m; slurm was not asked"
+    )
+
+
+def test_starts_exactly_the_slack_apart_are_a_tie_and_a_queued_successor_is_kept_at_the_edges() -> None:
+    assert rules.choose(SPEC.places, {"slurm": Start(NOW + rules.SLACK, ""), "sge": NOW_}) == "slurm"
+    edge = {"slurm": Start(NOW + rules.SOON, ""), "sge": NOW_}  # starts it within SOON, just: kept
+    assert rules.leave(chain(seg(1, Phase.PENDING)), edge, NOW) is None
+    late = {"slurm": Start(NOW + rules.SOON + 1, ""), "sge": Start(NOW + rules.SLACK, "")}
+    assert rules.leave(chain(seg(1, Phase.PENDING)), late, NOW) == "sge"  # the other starts it now, just
+    later = {"slurm": Start(NOW + rules.SOON + 1, ""), "sge": Start(NOW + rules.SLACK + 1, "")}
+    assert rules.leave(chain(seg(1, Phase.PENDING)), later, NOW) is None  # the other not now either
+
+
+def _at(ckpt: str, real: str = "", machines: tuple[str, ...] = (), host: Optional[str] = None) -> JobSpec:
+    return replace(
+        SPEC,
+        checkpoint_dir=ckpt,
+        checkpoint_real=real,
+        checkpoint_machines=machines,
+        scheduler=SchedulerSpec(kind="slurm", host=host),
+    )
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "one"),
+    [
+        (_at("/w/ck", "/real/ck", ("m1", "m2")), _at("/x/ck", "/real/ck", ("m2", "m3")), True),
+        (
+            _at("/w/ck", "/real/ck", ("m1",)),
+            _at("/w/ck", "/real/ck", ("m2",)),
+            False,
+        ),  # seen from no one machine
+        (_at("/w/ck", "/real/ck", ("m1",)), _at("/w/ck", "/real/other", ("m1",)), False),
+        (_at("/w/ck", "/real/ck", ("m1",)), _at("/w/ck"), True),  # one side unsettled: by host and path
+        (_at("/w/ck", "/real/ck", ("m1",)), _at("/w/ck", host="login"), False),
+        (_at("/w/ck"), _at("/w/ck2"), False),
+    ],
+)
+def test_two_places_share_a_checkpoint_directory_only_when_it_is_one_directory(
+    a: JobSpec, b: JobSpec, one: bool
+) -> None:
+    assert rules.shared(a, b) is one
+    assert rules.shared(b, a) is one
+
+
+def test_a_copy_is_due_until_both_its_time_and_digest_are_recorded_and_only_from_before() -> None:
+    first = seg(1, Phase.ENDED)
+    moving = seg(2, Phase.SUBMITTING, place="sge", job_id=None)
+    c = chain(first, moving)
+    assert (
+        rules.copy_from(c, replace(moving, copy_seconds=1.5)) is None
+    )  # recorded (a copy of nothing has no digest)
+    assert rules.copy_from(c, replace(moving, copy_digest="ab")) is None
+    # A later segment at the new place with a job does not make the copy's source the new place.
+    ran = replace(moving, phase=Phase.RUNNING, job_id="j2")
+    assert rules.copy_from(chain(first, ran, seg(3, Phase.PENDING, place="sge")), ran) == "slurm"
+    # Moving to a place whose checkpoint directory is the first's: nothing to copy.
+    same = replace(SGE, name="sge", checkpoint_dir=SLURM.checkpoint_dir)
+    spec = replace(SPEC, places=(SLURM, same))
+    onto = Chain(
+        id="c", spec=spec.at("sge"), state=ChainState.ACTIVE, created_at=0.0, segments=(first, moving)
+    )
+    assert rules.copy_from(onto, moving) is None
+    # A segment whose own place is not recorded is at the first place.
+    unplaced = seg(3, Phase.SUBMITTING, job_id=None)
+    assert rules.copy_from(chain(first, ran, unplaced), unplaced) == "sge"
+
+
+def test_a_move_and_a_left_successor_say_in_words_when_each_place_would_start() -> None:
+    """Places that answer with a time and no words of their own: the reasons count from now."""
+    starts = {"slurm": Start(NOW + 3600, ""), "sge": Start(NOW + 5, "")}
+    (move,) = decide(chain(), facts(starts), NOW)
+    assert isinstance(move, Move) and move.reason == "sge starts it now; slurm would start it in 1h"
+    # Segment 1 runs (its start not yet seen) with segment 2 queued behind it: only the queued
+    # one, which never started, is left for the other place.
+    running, queued = seg(1, Phase.RUNNING), seg(2, Phase.PENDING, after="j1")
+    actions = decide(chain(running, queued), facts(starts, j1=Phase.RUNNING, j2=Phase.PENDING), NOW)
+    assert [(type(a), a.n) for a in actions] == [(Cancel, 2)]  # type: ignore[union-attr]
+    assert actions[0].reason == "left for sge: sge starts it now; slurm would start it in 1h"  # type: ignore[union-attr]
