@@ -239,52 +239,6 @@ def test_a_corrupt_source_is_refused_and_the_destination_keeps_its_checkpoint(tm
     assert_committed(LOCAL, str(dst))
 
 
-@pytest.mark.parametrize("side", ["destination", "source"])
-def test_c_a_copy_cut_mid_transfer_is_never_used_and_a_retry_succeeds(
-    side: str, tmp_path: Path, ssh: SSHTransport, remote_dir: str
-) -> None:
-    """Issue 39 (c): the SSH connection is cut (its socket shut down) after 1 MiB of a
-    checkpoint's bytes: TransferError; no partial file under a real name; the destination's
-    old sidecar still names a file that matches it; a retry succeeds and leaves no temp file."""
-    src_t: Transport = LOCAL if side == "destination" else ssh
-    dst_t: Transport = ssh if side == "destination" else LOCAL
-    local = tmp_path / "local"
-    src, dst = (str(local), remote_dir) if side == "destination" else (remote_dir, str(local))
-    staging = tmp_path / "staging"
-    net = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.Linear(1024, 512))  # 4 MiB, x3 with Adam
-    helper_save(staging, net, 1)
-    move_checkpoint(LOCAL, str(staging), src_t, src)
-    move_checkpoint(src_t, src, dst_t, dst)  # the destination's previous checkpoint
-    old = {name: dst_t.read_file(posixpath.join(dst, name)) for name in names(dst_t, dst)}
-    helper_save(staging, net, 2)
-    move_checkpoint(LOCAL, str(staging), src_t, src)
-    newest = read_progress((staging / SIDECAR_NAME).read_bytes())
-    assert newest["size"] > 4 * 1024 * 1024
-
-    def cut(copied: int) -> None:
-        if copied >= 1024 * 1024:
-            assert ssh._conn is not None
-            transport = ssh._conn.client.get_transport()
-            assert transport is not None
-            transport.sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
-
-    with pytest.raises(TransferError) as raised:
-        move_checkpoint(src_t, src, dst_t, dst, on_piece=cut)
-
-    assert "\n" not in str(raised.value)
-    now = names(dst_t, dst)
-    assert {n for n in now if not n.endswith(MOVE_SUFFIX)} == set(old)
-    for name, data in old.items():
-        assert dst_t.read_file(posixpath.join(dst, name)) == data
-    assert_committed(dst_t, dst)
-
-    moved = move_checkpoint(src_t, src, dst_t, dst)
-
-    assert moved.digest == newest["sha256"]
-    assert not {n for n in names(dst_t, dst) if n.endswith(MOVE_SUFFIX)}
-    assert assert_committed(dst_t, dst)["file"] == newest["file"]
-
-
 def gone(pid: int) -> bool:
     """The process has ended (a zombie's sockets are closed already)."""
     try:
@@ -294,16 +248,17 @@ def gone(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("side", ["destination", "source"])
-def test_c_the_sshd_serving_a_copy_killed_mid_transfer_leaves_the_old_checkpoint_and_a_new_connection_moves_it(
-    side: str, tmp_path: Path, ssh: SSHTransport, remote_dir: str
+@pytest.mark.parametrize("how", ["socket shut down", "sshd killed"])
+def test_c_a_copy_cut_mid_transfer_is_never_used_and_a_new_connection_moves_it(
+    how: str, side: str, tmp_path: Path, ssh: SSHTransport, remote_dir: str
 ) -> None:
-    """Issue 39 (c), the connection cut for real: the sshd process serving this connection is
-    killed (SIGKILL) after 1 MiB of a checkpoint's bytes. The streams do not retry: the move
-    fails in one line, and its cleanup removes its temp file, over a new connection where the
-    SSH side is the destination (the transport reconnects for a file operation that finds its
-    link dead). The destination's previous checkpoint stands, every file as it was, its
-    sidecar verified; nothing is left beside it. The next move, on a new connection, completes
-    and verifies."""
+    """Issue 39 (c): the SSH connection is cut after 1 MiB of a checkpoint's bytes, its socket
+    shut down here or, for real, the sshd process serving it killed (SIGKILL). The streams do
+    not retry: the move fails in one line, and its cleanup removes its temp file (over a new
+    connection where the SSH side is the destination: the transport reconnects for a file
+    operation that finds its link dead). The destination's previous checkpoint stands, every
+    file as it was, its sidecar verified; nothing is left beside it. The next move, on a new
+    connection, completes and verifies."""
     src_t: Transport = LOCAL if side == "destination" else ssh
     dst_t: Transport = ssh if side == "destination" else LOCAL
     local = tmp_path / "local"
@@ -322,10 +277,17 @@ def test_c_the_sshd_serving_a_copy_killed_mid_transfer_leaves_the_old_checkpoint
     cut_at: list[int] = []
 
     def cut(copied: int) -> None:
-        if copied >= 1024 * 1024 and not cut_at:
-            cut_at.append(copied)
+        if copied < 1024 * 1024 or cut_at:
+            return
+        cut_at.append(copied)
+        if how == "sshd killed":
             os.kill(server, signal.SIGKILL)
             wait_for(lambda: gone(server), 30, f"sshd {server} to end")
+        else:
+            assert ssh._conn is not None
+            transport = ssh._conn.client.get_transport()
+            assert transport is not None
+            transport.sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
 
     with pytest.raises(TransferError) as raised:
         move_checkpoint(src_t, src, dst_t, dst, on_piece=cut)
