@@ -17,9 +17,11 @@ from chainrun.model import (
     Cancel,
     Chain,
     ChainState,
+    Finish,
     JobSpec,
     ListedJob,
     Move,
+    Outcome,
     Phase,
     PlaceSpec,
     Progress,
@@ -308,3 +310,55 @@ def test_a_move_and_a_left_successor_say_in_words_when_each_place_would_start() 
     actions = decide(chain(running, queued), facts(starts, j1=Phase.RUNNING, j2=Phase.PENDING), NOW)
     assert [(type(a), a.n) for a in actions] == [(Cancel, 2)]  # type: ignore[union-attr]
     assert actions[0].reason == "left for sge: sge starts it now; slurm would start it in 1h"  # type: ignore[union-attr]
+
+
+def test_a_place_that_refuses_the_chain_for_good_is_struck_and_the_chain_goes_on_elsewhere() -> None:
+    """Slurm rejects a segment for good (its account closed since the estimate): no failure,
+    no end; that place answers "cannot" from then on, whatever its estimate, and the segment
+    goes to SGE. Refused at every place, the chain fails with every place's words."""
+    rejected = seg(
+        1, Phase.ENDED, job_id=None, outcome=Outcome.REJECTED, reason="sbatch: error: Invalid account"
+    )
+    c = chain(rejected)
+    assert rules.refused(c) == {"slurm": "sbatch: error: Invalid account"}
+    assert rules.refused_everywhere(c) is None
+    starts = {"slurm": NOW_, "sge": Start(NOW + 120, "")}
+    assert rules.without_refused(c, starts) == {
+        "slurm": Start(None, "refused it for good: sbatch: error: Invalid account"),
+        "sge": starts["sge"],
+    }
+    assert rules.without_refused(c, {}) == {}  # not asked: nothing to strike
+    assert rules.without_refused(chain(), starts) is starts  # nothing refused: the very answers
+    (move,) = decide(c, facts(starts), NOW)
+    assert isinstance(move, Move) and (move.n, move.place) == (2, "sge"), move
+    assert "slurm cannot start it (refused it for good: sbatch: error: Invalid account)" in move.reason
+    # Not asked yet: nothing is queued at the place that refused it; the places are asked first.
+    assert decide(c, facts({}), NOW) == []
+    # Running at SGE after the move, its successor is queued there, never at Slurm.
+    at_sge = chain(rejected, seg(2, Phase.RUNNING, place="sge", started_at=NOW - 5))
+    assert decide(at_sge, facts(starts, j2=Phase.RUNNING), NOW) == [Submit(3, 90, after="j2")]
+    # Refused at SGE too: the chain ends, failed, with both places' words.
+    both = chain(
+        rejected, seg(2, Phase.ENDED, place="sge", job_id=None, outcome=Outcome.REJECTED, reason="qsub: bad")
+    )
+    assert rules.refused_everywhere(both) == (
+        "every place refused it: slurm: sbatch: error: Invalid account; sge: qsub: bad"
+    )
+    (end,) = decide(both, facts(starts), NOW)
+    assert isinstance(end, Finish) and end.state is ChainState.FAILED and end.reason.startswith("every place")
+
+
+def test_a_chain_that_stays_at_a_place_that_refused_it_queues_nothing_there() -> None:
+    """Slurm refused segment 2 (queued ahead) for good while segment 1 runs there: no successor
+    is queued at Slurm again; with the places' answers, the next goes to SGE after segment 1."""
+    running = seg(1, Phase.RUNNING, started_at=NOW - 5)
+    refused = seg(2, Phase.ENDED, job_id=None, outcome=Outcome.REJECTED, reason="sbatch: error: QOS gone")
+    c = chain(running, refused)
+    assert c.spec.place_name == "slurm"
+    assert decide(c, facts({}, j1=Phase.RUNNING), NOW) == []
+    assert (
+        decide(c, facts({"slurm": NOW_, "sge": NOW_}, j1=Phase.RUNNING), NOW) == []
+    )  # moving: after the end
+    one = replace(c, spec=replace(SPEC, places=()))  # one place: a refusal ends the chain, as before
+    (end,) = [a for a in decide(one, facts({}, j1=Phase.RUNNING), NOW) if isinstance(a, Finish)]
+    assert end.reason == "sbatch: error: QOS gone"

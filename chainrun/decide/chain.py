@@ -14,6 +14,7 @@ rules" is pinned by table tests.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Optional
 
 from chainrun.decide import charge as costs
@@ -72,9 +73,15 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
     live = sorted(chain.live, key=lambda s: s.n)
     current = facts.progress if facts.progress is not None else chain.progress
     mark = chain.progress
-    rejected = next((s for s in chain.segments if s.outcome is Outcome.REJECTED), None)
-    if rejected is not None:
-        return _finish(facts, live, ChainState.FAILED, rejected.reason, current, mark, now)
+    refused = places.refused_everywhere(chain)
+    if refused is not None:
+        return _finish(facts, live, ChainState.FAILED, refused, current, mark, now)
+    # A place that refused the chain for good is never chosen again; where the chain is now
+    # refused it, no segment is queued there, and the next waits for the places' answers.
+    barred = False
+    if spec.places:
+        facts = replace(facts, starts=places.without_refused(chain, facts.starts))
+        barred = spec.place_name in places.refused(chain)
 
     switched = _duplicates(facts, live)
     if switched is not None:
@@ -226,6 +233,8 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
     if not chain.segments and not facts.may_start:
         return actions  # it starts when one of its sweep's chains ends
     moving = _moving(chain, facts)
+    if barred and moving is None and not still:
+        return actions
     if not still:
         walltime = next_walltime(spec.at(moving), left)
         if walltime is None:
@@ -263,7 +272,7 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
                 actions.append(Cancel(n=seg.n, job_id=None, reason=f"not moved; {seg.reason}"))
             else:
                 actions.append(Submit(n=seg.n, walltime=seg.walltime, after=seg.after))
-    if len(still) == 1 and moving is None:
+    if len(still) == 1 and moving is None and not barred:
         may_repeat = crashes.get(still[0].n - 1) is not None and not mark.advanced_from(chain.baseline)
         actions.extend(_queue_ahead(chain, still[0], left, failures, may_repeat))
     return actions

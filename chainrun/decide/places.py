@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Optional
 
 from chainrun.fields import format_duration
-from chainrun.model import Chain, JobSpec, Phase, PlaceSpec, Segment, Start
+from chainrun.model import Chain, JobSpec, Outcome, Phase, PlaceSpec, Segment, Start
 
 SLACK = 60.0  # seconds within which two places' starts count as the same: preference decides
 SOON = 600.0  # a queued successor's place that starts it later than this, while another starts now, is left
@@ -108,3 +108,37 @@ def leave(chain: Chain, starts: Mapping[str, Start], now: float) -> Optional[str
     mine, there = starts.get(here), starts[chosen]
     soon = mine is not None and mine.at is not None and mine.at <= now + SOON
     return chosen if not soon and there.at is not None and there.at <= now + SLACK else None
+
+
+def refused(chain: Chain) -> dict[str, str]:
+    """The places whose scheduler refused a segment of the chain for good (its submission
+    rejected: an account closed, a partition gone since the estimate), each with why. A chain
+    with several goes on at the others; one with one place, or refused at every place, ends."""
+    first = chain.spec.places[0].name if chain.spec.places else ""
+    return {s.place or first: s.reason for s in chain.segments if s.outcome is Outcome.REJECTED}
+
+
+def refused_everywhere(chain: Chain) -> Optional[str]:
+    """Why the chain cannot go on because its submissions were refused: the first refusal of a
+    chain with one place, the refusals of every place of one with several; None while a place
+    has not refused it."""
+    why = refused(chain)
+    if not why:
+        return None
+    if not chain.spec.places:
+        return next(iter(why.values()))
+    if len(why) < len(chain.spec.places):
+        return None
+    return "every place refused it: " + "; ".join(f"{p.name}: {why[p.name]}" for p in chain.spec.places)
+
+
+def without_refused(chain: Chain, starts: Mapping[str, Start]) -> Mapping[str, Start]:
+    """The places' answers with each place that refused the chain for good answering that it
+    cannot start it (whatever its estimate said), so that it is never chosen again."""
+    why = refused(chain)
+    if not why or not starts:
+        return starts
+    return {
+        **starts,
+        **{place: Start(None, f"refused it for good: {reason}") for place, reason in why.items()},
+    }
