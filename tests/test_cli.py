@@ -955,7 +955,16 @@ STORE_MODULES = ("checked", "database", "migrations", "rows", "views", "writes")
             # which pending reasons never clear: a table, no backend
             | {"chainrun.schedulers", "chainrun.schedulers.pending"}
             # whether start-up eats the segments: one pure rule (decide's package loads no other)
-            | {"chainrun.decide", "chainrun.decide.startup"},
+            | {"chainrun.decide", "chainrun.decide.startup"}
+            # the model's own parts (a place's spec, a command's result, a place's answer), and
+            # where a chain with several places is now: one pure rule, with its duration words
+            | {
+                "chainrun.places",
+                "chainrun.result",
+                "chainrun.starts",
+                "chainrun.decide.places",
+                "chainrun.fields",
+            },
         ),
     ],
 )
