@@ -248,6 +248,16 @@ def running(st: dict[str, Any]) -> bool:
     return bool(st["segments"]) and st["segments"][0]["phase"] == "running"
 
 
+def submit_without_requeue(path: Path, chainrun: CLI, service: Any) -> str:
+    """Submit the job file with the partition's options and --no-requeue (else Slurm itself
+    runs the job again, as the same job, after a node failure), and start the service."""
+    options = OPTIONS.replace("]", ', "--no-requeue"]')
+    path.write_text(path.read_text().replace("[scheduler]", f"[scheduler]\noptions = {options}", 1))
+    chain = chainrun("submit", str(path), check=True).stdout.strip()
+    service(interval=1)
+    return chain
+
+
 def power(action: str, node: str) -> None:
     subprocess.run([str(SLURM_NODES), action, node], check=True, timeout=120, capture_output=True)
 
@@ -281,11 +291,7 @@ def test_a_node_lost_under_a_segment_is_a_free_node_failure_and_the_chain_goes_o
         queue=PARTITION,
         env={"OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())},
     )
-    # --no-requeue: else Slurm itself runs the job again, as the same job, after the failure.
-    options = OPTIONS.replace("]", ', "--no-requeue"]')
-    path.write_text(path.read_text().replace("[scheduler]", f"[scheduler]\noptions = {options}", 1))
-    chain = chainrun("submit", str(path), check=True).stdout.strip()
-    service(interval=1)
+    chain = submit_without_requeue(path, chainrun, service)
     killed: list[str] = []
     try:
         wait_for(lambda: running(status(chainrun, chain)), 400, "segment 1 to run")
@@ -372,10 +378,7 @@ def test_a_step_that_cannot_start_on_a_node_dead_before_slurm_noticed_is_a_free_
         queue=PARTITION,
         progress="progress.json:epoch",
     )
-    options = OPTIONS.replace("]", ', "--no-requeue"]')
-    path.write_text(path.read_text().replace("[scheduler]", f"[scheduler]\noptions = {options}", 1))
-    chain = chainrun("submit", str(path), check=True).stdout.strip()
-    service(interval=1)
+    chain = submit_without_requeue(path, chainrun, service)
     killed: list[str] = []
     try:
         wait_for((work / "started").exists, 300, "segment 1 to start")

@@ -15,9 +15,9 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Optional, Union
+from typing import Optional, TypeVar, Union
 
 from chainrun.cluster import Cluster
 from chainrun.decide import Facts, JobFacts, placement
@@ -31,6 +31,9 @@ from chainrun.progress import ProgressReader, sidecar_watched
 from chainrun.schedulers.segment import ARRAY_PREFIX, SegmentJob, parse_claim, parse_tag
 
 log = get_logger(__name__)
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 ClusterKey = tuple[str, str]  # a cluster: (scheduler kind, host; "" for this machine)
 
@@ -132,19 +135,22 @@ def _reindex(
         len(f) > 1 for f in new_tasks.values()
     ):
         return None
-    tagged: Tagged = dict(before.tagged)
-    for c in chains:
-        if c in new_tagged:
-            tagged[c] = new_tagged[c]
+    return (
+        _patched(before.tagged, chains, new_tagged),
+        _patched(before.tasks, keys, new_tasks),
+        frozenset(touched),
+    )
+
+
+def _patched(before: Mapping[_K, _V], keys: Iterable[_K], anew: Mapping[_K, _V]) -> dict[_K, _V]:
+    """``before`` with each of ``keys`` as ``anew`` has it now (gone where ``anew`` has none)."""
+    patched = dict(before)
+    for key in keys:
+        if key in anew:
+            patched[key] = anew[key]
         else:
-            tagged.pop(c, None)
-    tasks: Tasks = dict(before.tasks)
-    for k in keys:
-        if k in new_tasks:
-            tasks[k] = new_tasks[k]
-        else:
-            tasks.pop(k, None)
-    return tagged, tasks, frozenset(touched)
+            patched.pop(key, None)
+    return patched
 
 
 def _first_claim(polled: Polled, chain: Chain) -> Optional[int]:
