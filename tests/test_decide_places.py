@@ -362,3 +362,19 @@ def test_a_chain_that_stays_at_a_place_that_refused_it_queues_nothing_there() ->
     one = replace(c, spec=replace(SPEC, places=()))  # one place: a refusal ends the chain, as before
     (end,) = [a for a in decide(one, facts({}, j1=Phase.RUNNING), NOW) if isinstance(a, Finish)]
     assert end.reason == "sbatch: error: QOS gone"
+
+
+@pytest.mark.parametrize(
+    ("used", "asked"),
+    [
+        (0.0, [("slurm", 120), ("sge", 90)]),  # each place's own limit
+        (900.0, [("slurm", 100), ("sge", 90)]),  # what is left, where it is under a limit
+        (995.0, []),  # under the grace and a start: no place is asked
+    ],
+)
+def test_each_place_is_asked_about_the_next_segment_it_would_run(
+    used: float, asked: list[tuple[str, int]]
+) -> None:
+    questions = rules.questions(replace(chain(), used=used))
+    assert [(name, walltime) for name, _, walltime in questions] == asked
+    assert all(there == SPEC.at(name) for name, there, _ in questions)

@@ -34,7 +34,6 @@ from chainrun.model import (
     ChainState,
     EndSegment,
     Finish,
-    JobSpec,
     ListedJob,
     Move,
     Outcome,
@@ -236,7 +235,7 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
     if barred and moving is None and not still:
         return actions
     if not still:
-        walltime = next_walltime(spec.at(moving), left)
+        walltime = places.next_walltime(spec.at(moving), left)
         if walltime is None:
             short = ""
             if left >= 1:
@@ -620,18 +619,10 @@ def _queue_ahead(
         # One more failure (or the same crash again) ends the chain: a successor queued
         # now could start and burn an allocation before the service sees that failure.
         return []
-    walltime = next_walltime(spec, left - current.walltime)
+    walltime = places.next_walltime(spec, left - current.walltime)
     if walltime is None:
         return []  # decided once the current segment has ended and its time is known
     return [Submit(n=chain.next_n, walltime=walltime, after=current.job_id)]
-
-
-def next_walltime(spec: JobSpec, left: float) -> Optional[int]:
-    """The walltime of a new segment when ``left`` seconds of total_time remain: the job
-    file's, or what remains; None when that leaves under ``MIN_START`` after the grace, too
-    short to start the command and save (a segment signalled as it starts dies unsaved)."""
-    walltime = min(spec.walltime, int(left))
-    return walltime if walltime - spec.grace >= MIN_START else None
 
 
 def _finish(

@@ -450,19 +450,14 @@ class Engine:
         kept = self.starts.get(chain.id)
         if kept is not None and now - kept[0] < places.ASK_EVERY:
             return kept[1]
-        left = chain.spec.total_time - chain.used
         starts: dict[str, Start] = {}
-        for place in chain.spec.places:
-            there = chain.spec.at(place.name)
+        for name, there, walltime in places.questions(chain):
             key = there.scheduler.cluster_key
             if key in tick.unreachable:
-                starts[place.name] = Start(None, f"its scheduler did not answer: {tick.unreachable[key]}")
+                starts[name] = Start(None, f"its scheduler did not answer: {tick.unreachable[key]}")
                 continue
             cluster = tick.polled[key].cluster if key in tick.polled else self._cluster(key)
-            walltime = max(1, min(there.walltime, int(left)))
-            starts[place.name] = cluster.expected_start(
-                SegmentJob(chain.id, chain.next_n, there, walltime), now
-            )
+            starts[name] = cluster.expected_start(SegmentJob(chain.id, chain.next_n, there, walltime), now)
         self.starts[chain.id] = (now, starts)
         log.info(
             "places asked",
