@@ -13,6 +13,7 @@ import pytest
 from chainrun.decide import Facts, JobFacts, decide
 from chainrun.decide import places as rules
 from chainrun.model import (
+    NO_PROGRESS,
     Adopt,
     Cancel,
     Chain,
@@ -378,3 +379,19 @@ def test_each_place_is_asked_about_the_next_segment_it_would_run(
     questions = rules.questions(replace(chain(), used=used))
     assert [(name, walltime) for name, _, walltime in questions] == asked
     assert all(there == SPEC.at(name) for name, there, _ in questions)
+
+
+@pytest.mark.parametrize(
+    ("found", "mark", "seen", "saved"),
+    [
+        (NO_PROGRESS, NO_PROGRESS, NO_PROGRESS, None),  # never saved: nothing to copy is right
+        (Progress(epoch=3), NO_PROGRESS, NO_PROGRESS, Progress(epoch=3)),  # found at submit
+        (NO_PROGRESS, Progress(epoch=2), NO_PROGRESS, Progress(epoch=2)),  # a segment ended with it
+        (Progress(epoch=1), Progress(epoch=2), Progress(epoch=4), Progress(epoch=4)),  # the newest
+        (NO_PROGRESS, NO_PROGRESS, Progress(saved_at=5.0), Progress(saved_at=5.0)),  # a file's time
+    ],
+)
+def test_a_chain_that_saved_needs_its_checkpoint_where_it_moves_from(
+    found: Progress, mark: Progress, seen: Progress, saved: Optional[Progress]
+) -> None:
+    assert rules.saved(replace(chain(), baseline=found, progress=mark, latest=seen)) == saved

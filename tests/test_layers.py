@@ -332,6 +332,7 @@ ENGINE_MAY_CALL = {
     "places.asks",  # a chain with several places about to queue: its places are asked
     "places.copy_from",  # a segment at another place: its checkpoint copied there first
     "places.ASK_EVERY",
+    "places.saved",  # a move's source checkpoint missing: an error once the chain has saved
     "places.questions",  # what each place is asked: the next segment's shape there
     "retry.after_fault",
     "retry.after_submit",

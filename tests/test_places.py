@@ -222,7 +222,9 @@ def test_a_copy_that_fails_is_retried_and_the_segment_waits_for_it(
     """(c) The chain's checkpoint is at its first place, SGE, whose queue refuses it; the next
     place, the local runner, has something in the way of its checkpoint directory. The copy
     fails, is retried after the submission's backoff, charged nothing, and the segment is
-    submitted only once the copy is whole: it resumes from the copied checkpoint."""
+    submitted only once the copy is whole: it resumes from the copied checkpoint. Before
+    that, the source directory is away (an unmounted file system, a rename): a chain that
+    has saved never starts from nothing at the new place; the copy waits for it too."""
     first = work / "ckpt-sge"
     env = dict(os.environ, CHAINRUN_CHECKPOINT_DIR=str(first), CHAINRUN_SEGMENT="0")
     env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent) + os.pathsep + env.get("PYTHONPATH", "")
@@ -254,12 +256,20 @@ checkpoint_dir = "ckpt-local"
 """
     )
     chain_id = chainrun("submit", str(path), check=True).stdout.strip().splitlines()[-1]
+    away = work / "ckpt-sge.away"
+    first.rename(away)
     service(interval=1)
 
-    def retried() -> bool:
-        return any(e["kind"] == "retry" for e in history(chainrun, chain_id)["events"])
+    def retries() -> int:
+        return sum(e["kind"] == "retry" for e in history(chainrun, chain_id)["events"])
 
-    wait_for(retried, 120, "the failed copy to be retried")
+    wait_for(lambda: retries() >= 1, 120, "the copy from a missing source to be retried")
+    seg = status(chainrun, chain_id)["segments"][0]
+    assert (seg["job_id"], seg["phase"], seg["copy"]) == (None, "submitting", None), seg
+    assert str(first) in seg["reason"] and "epoch 3" in seg["reason"], seg["reason"]
+    assert not blocked.is_dir()
+    away.rename(first)
+    wait_for(lambda: retries() >= 2, 120, "the failed copy to be retried")
     st = status(chainrun, chain_id)
     seg = st["segments"][0]
     assert (seg["place"], seg["job_id"], seg["phase"], seg["copy"]) == ("here", None, "submitting", None)

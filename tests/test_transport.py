@@ -583,6 +583,11 @@ def test_stat_describes_the_path_itself_and_is_none_when_missing(transport: Tran
     directory = transport.stat(workdir + "/")
     assert directory is not None and not directory.is_file
     assert transport.stat(f"{workdir}/nope") is None
+    # Beneath a file nothing is (a checkpoint directory's name taken by a file): as over SFTP,
+    # whose server answers "no such file" for ENOTDIR, not an error that stalls a chain's tick.
+    assert transport.stat(f"{workdir}/f/chainrun-progress.json") is None
+    assert transport.read_file(f"{workdir}/f/chainrun-progress.json") is None
+    assert transport.listdir(f"{workdir}/f") is None  # no directory is there
 
 
 def test_tilde_paths_are_relative_to_the_home_directory(

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Optional
 
 from chainrun.fields import format_duration
-from chainrun.model import Chain, JobSpec, Outcome, Phase, PlaceSpec, Segment, Start
+from chainrun.model import NO_PROGRESS, Chain, JobSpec, Outcome, Phase, PlaceSpec, Progress, Segment, Start
 from chainrun.schema import MIN_START
 
 SLACK = 60.0  # seconds within which two places' starts count as the same: preference decides
@@ -72,6 +72,14 @@ def copy_from(chain: Chain, seg: Segment) -> Optional[str]:
     if source is None or source == here:
         return None
     return None if shared(chain.spec.at(source), chain.spec.at(here)) else source
+
+
+def saved(chain: Chain) -> Optional[Progress]:
+    """The newest progress a chain's checkpoint is known to hold (found there at submit, or
+    seen since); None when it never held any. A chain that saved must find its checkpoint
+    at the place it moves from: it never starts from nothing at the new place."""
+    newest = max((chain.baseline, chain.progress, chain.latest), key=lambda p: p.key)
+    return newest if newest.key > NO_PROGRESS.key else None
 
 
 def shared(a: JobSpec, b: JobSpec) -> bool:

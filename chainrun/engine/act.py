@@ -235,7 +235,13 @@ class Executor:
         there = chain.spec.at(source)
         src = self._polled(tick, there.scheduler.cluster_key).cluster.transport
         if src.stat(there.checkpoint_dir) is None:
-            return  # no checkpoint yet: the segment starts from nothing there too
+            saved = places.saved(chain)
+            if saved is None:
+                return  # no checkpoint yet: the segment starts from nothing there too
+            raise TransferError(
+                f"checkpoint not copied from {source}: {there.checkpoint_dir} is not there, though the "
+                f"chain saved {saved.describe()} in it; the copy is tried again once it is back"
+            )
         try:
             moved = move_checkpoint(
                 src, there.checkpoint_dir, polled.cluster.transport, chain.spec.checkpoint_dir

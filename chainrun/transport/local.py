@@ -34,6 +34,10 @@ from chainrun.transport.base import (
 
 __all__ = ["LOCAL", "LocalTransport"]
 
+# Nothing is at a path that is missing, or beneath a file (as SFTP answers both: "no such
+# file"); a checkpoint directory's name taken by a file is then said by what writes into it.
+_NOTHING_THERE = (FileNotFoundError, NotADirectoryError)
+
 
 class LocalTransport:
     """This machine: ``subprocess`` without a shell, and ``os`` for files."""
@@ -80,7 +84,7 @@ class LocalTransport:
         full = os.path.expanduser(path)
         try:
             st = os.lstat(full)  # first: opening a device may do something (a tape rewinds)
-        except FileNotFoundError:
+        except _NOTHING_THERE:
             return None
         except OSError as e:
             raise file_error("read", path, "localhost", e) from None
@@ -127,7 +131,7 @@ class LocalTransport:
         try:
             with os.scandir(full) as entries:
                 return sorted((_local_info(e) for e in entries), key=lambda i: i.name)
-        except FileNotFoundError:
+        except _NOTHING_THERE:
             return None
         except OSError as e:
             raise file_error("list", path, "localhost", e) from None
@@ -135,7 +139,7 @@ class LocalTransport:
     def stat(self, path: str) -> FileInfo | None:
         try:
             st = os.lstat(os.path.expanduser(path))
-        except FileNotFoundError:
+        except _NOTHING_THERE:
             return None
         except OSError as e:
             raise file_error("stat", path, "localhost", e) from None
