@@ -112,8 +112,9 @@ def sidecar_watched(started_at: Optional[float], now: float, every: float = PROG
     for one (a ``stat`` of its path) at ``now``, between listings: only in the first ``every``
     seconds of the segment that runs, which started at ``started_at`` (None: not known, so
     yes). A script that uses the helper most often saves first then; a sidecar that comes
-    later is found by the directory's next listing, at most ``every`` after it came, and a
-    script that saves on its own is not looked at between its listings at all."""
+    later is found by the directory's next listing, at most a window of ``listing_every``
+    after it came, and a script that saves on its own is not looked at between its listings
+    at all."""
     return started_at is None or now < started_at + every
 
 
