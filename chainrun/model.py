@@ -14,7 +14,6 @@ import hashlib
 import signal as signals
 import time
 from dataclasses import asdict, dataclass, field, replace
-from functools import cached_property
 from typing import Any, Optional, Union
 
 from chainrun.places import HOST_TIMEOUT as HOST_TIMEOUT
@@ -22,6 +21,7 @@ from chainrun.places import PlaceSpec as PlaceSpec
 from chainrun.places import SchedulerSpec as SchedulerSpec
 from chainrun.result import CommandResult as CommandResult
 from chainrun.starts import Start as Start
+from chainrun.values import SLOTS
 
 
 class Outcome(enum.Enum):
@@ -128,7 +128,7 @@ _PLACE_FIELDS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, **SLOTS)
 class JobSpec:
     """A validated job file. Durations are whole seconds, paths absolute."""
 
@@ -254,7 +254,7 @@ class JobSpec:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, **SLOTS)
 class Progress:
     """What the checkpoint says. All fields optional: a script may write none."""
 
@@ -308,7 +308,7 @@ class Progress:
 NO_PROGRESS = Progress()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, **SLOTS)
 class StartMarker:
     """The wrapper's record of a segment's start: its job, time and checkpoint."""
 
@@ -318,7 +318,7 @@ class StartMarker:
     walltime: Optional[int] = None  # the limit its clock counted from (granted: node/granted.py)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, **SLOTS)
 class EndMarker:
     """The wrapper's record of how the command ended, and the checkpoint it left."""
 
@@ -389,7 +389,7 @@ class EndMarker:
         return f"the command exited {self.original} {how}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, **SLOTS)
 class Segment:
     """One scheduler job of a chain, as recorded in the store."""
 
@@ -424,7 +424,7 @@ class Segment:
     copy_digest: Optional[str] = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, **SLOTS)
 class Chain:
     """A long run: its spec, its history so far, and where it stands."""
 
@@ -442,15 +442,16 @@ class Chain:
     cancel_requested_at: Optional[float] = None
     reason: str = ""
     ended_at: Optional[float] = None
+    # Its segments not ended, derived once (a tick reads them several times per chain, and a
+    # chain never changes); not an argument, not compared, not stored.
+    live: tuple[Segment, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "live", tuple(s for s in self.segments if s.phase is not Phase.ENDED))
 
     @property
     def cancel_requested(self) -> bool:
         return self.cancel_requested_at is not None
-
-    @cached_property
-    def live(self) -> tuple[Segment, ...]:
-        # Cached: a tick reads it several times per chain, and a chain never changes.
-        return tuple(s for s in self.segments if s.phase is not Phase.ENDED)
 
     @property
     def placed(self) -> Optional[str]:
@@ -491,7 +492,7 @@ class Chain:
         return self.spec.max_segments
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, **SLOTS)
 class ListedJob:
     """One job as the scheduler shows it (squeue, qstat, sacct, the local runner)."""
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from chainrun.values import SLOTS
+
 HOST_TIMEOUT = 600  # a pool host's default host_timeout: 10 minutes without an answer
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, **SLOTS)
 class SchedulerSpec:
     """The `[scheduler]` table: which backend, where, and its pass-through options."""
 
@@ -80,7 +82,7 @@ class SchedulerSpec:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, **SLOTS)
 class PlaceSpec:
     """One ``[[cluster]]`` of a job file that lists several: its name (unique in the job
     file) and everything a segment there sees differently, each in full (the job file's

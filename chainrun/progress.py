@@ -18,15 +18,17 @@ size or mtime changed, and it logs a problem with a sidecar once, not on
 every tick, until the sidecar reads well again. A checkpoint directory
 without a sidecar is listed every tick only while something happens to the
 chain; while its segment just runs, that listing feeds only what ``status``
-shows, and it is listed again only when due (``listing_due``: once every
-``PROGRESS_EVERY`` seconds, each directory in its own slot of that window).
+shows, and it is listed again only when due (``listing_due``: once in a window
+of ``listing_every`` seconds, each directory in its own slot of it; the window
+grows with the segment's age, from ``PROGRESS_EVERY`` to ``PROGRESS_EVERY_MOST``).
 Its directory's mtime cannot stand in for it: a script that saves over its
 checkpoint in place (``torch.save`` to the same name) changes the file, not
 the directory. While none is there, the sidecar's path is still stat'ed at
 each tick of a segment's first ``PROGRESS_EVERY`` seconds (``sidecar_watched``), so a
 sidecar that comes then (the first save of a script that uses the helper) is read at once;
 one that comes later is found by the directory's next listing. A running chain whose script
-saves on its own costs one listing a minute and nothing between. The module-level
+saves on its own costs a listing at about 1, 2, 4, 8 ... minutes of its segment, then one an
+hour, and nothing between. The module-level
 ``read`` is a fresh reader for one-off reads, such as at submission.
 """
 
@@ -58,9 +60,12 @@ _IGNORED_SUFFIXES = (".tmp", ".partial", ".lock", "~")
 # also absorbs some clock skew between this machine and the cluster.
 _SETTLE_S = 5.0
 
-# Seconds between two listings of a checkpoint directory without a sidecar while its
-# chain's segment just runs: what ``status`` shows of it may be this old.
+# The windows in which a listing of a checkpoint directory without a sidecar stands while its
+# chain's segment just runs (``listing_every``): from PROGRESS_EVERY, doubled as the segment
+# runs, up to PROGRESS_EVERY_MOST (64 minutes). What ``status`` shows of such a checkpoint may
+# be this old.
 PROGRESS_EVERY = 60.0
+PROGRESS_EVERY_MOST = PROGRESS_EVERY * 64
 
 
 def listing_window(path: str, at: float, every: float = PROGRESS_EVERY) -> tuple[float, float]:
@@ -71,6 +76,26 @@ def listing_window(path: str, at: float, every: float = PROGRESS_EVERY) -> tuple
     offset = zlib.crc32(path.encode()) / 2**32 * every
     start = offset + math.floor((at - offset) / every) * every
     return start, start + every
+
+
+def listing_every(started: Optional[float], now: float) -> float:
+    """How long a listing made at ``now`` stands (the ``every`` of its window), for a chain
+    whose newest running segment started at ``started`` (None: not known; -inf: none runs,
+    so its segments wait in the queue and have no age to go by): ``PROGRESS_EVERY``
+    doubled while that is at most the segment's age, up to ``PROGRESS_EVERY_MOST``. Each size
+    of window is used for as long as it is long, so a directory is listed at most twice at
+    each size: the listings thin out as the segment runs (in windows of 1, 2, 4, 8 ... minutes,
+    then of ``PROGRESS_EVERY_MOST``), and those of many chains spread over the ticks. No
+    rule reads what they find while the segment runs (a segment is judged on the listing made
+    when it ends, and on its end marker), only what ``status`` shows of the checkpoint, and
+    whether a sidecar came (a script that uses the helper, saving first after its first
+    minute, is followed from up to about its age at that save later)."""
+    every = PROGRESS_EVERY
+    while (
+        started is not None and started > -math.inf and every * 2 <= min(now - started, PROGRESS_EVERY_MOST)
+    ):
+        every *= 2
+    return every
 
 
 def listing_due(path: str, last: Optional[float], now: float, every: float = PROGRESS_EVERY) -> bool:
@@ -87,8 +112,9 @@ def sidecar_watched(started_at: Optional[float], now: float, every: float = PROG
     for one (a ``stat`` of its path) at ``now``, between listings: only in the first ``every``
     seconds of the segment that runs, which started at ``started_at`` (None: not known, so
     yes). A script that uses the helper most often saves first then; a sidecar that comes
-    later is found by the directory's next listing, at most ``every`` after it came, and a
-    script that saves on its own is not looked at between its listings at all."""
+    later is found by the directory's next listing, at most a window of ``listing_every``
+    after it came, and a script that saves on its own is not looked at between its listings
+    at all."""
     return started_at is None or now < started_at + every
 
 
@@ -133,12 +159,14 @@ class ProgressReader:
         now: Optional[float] = None,
         running: bool = False,
         watched: bool = True,
+        every: float = PROGRESS_EVERY,
     ) -> Optional[Progress]:
         """The chain's progress at ``now`` (None: not known); None when the sidecar exists but
         is unreadable. ``running``: the chain's segment just runs (nothing of it ended, nothing
         asked of it), so a checkpoint directory without a sidecar is listed again only when
-        due (``listing_due``); until then its last listing stands, and a sidecar is looked
-        for between listings only when ``watched`` (``sidecar_watched``)."""
+        due (``listing_due``); until then its last listing stands (one made now, for
+        ``every`` seconds: ``listing_every``), and a sidecar is looked for between listings
+        only when ``watched`` (``sidecar_watched``)."""
         path = _path(spec)
         key = (transport.host, path)
         seen = self._seen.get(key)
@@ -149,10 +177,10 @@ class ProgressReader:
             elif not spec.progress_file:  # the listing shows whether a sidecar has come
                 files = transport.listdir(spec.checkpoint_dir)
                 if not any(f.name == SIDECAR_NAME for f in files or ()):
-                    return self._listed(key, files, now)
+                    return self._listed(key, files, now, every)
         info = transport.stat(path)
         if info is None:
-            return self._listed(key, transport.listdir(spec.checkpoint_dir), now)
+            return self._listed(key, transport.listdir(spec.checkpoint_dir), now, every)
         if isinstance(seen, _Seen) and seen.settled and (seen.size, seen.mtime) == (info.size, info.mtime):
             return seen.result
         try:
@@ -162,7 +190,7 @@ class ProgressReader:
             self._report(key, exc.reason, "progress sidecar refused, counting no new progress", str(exc))
             return None
         if data is None:  # removed since the stat
-            return self._listed(key, transport.listdir(spec.checkpoint_dir), now)
+            return self._listed(key, transport.listdir(spec.checkpoint_dir), now, every)
         try:
             result = _own(data, spec, info) if spec.progress_file else _parse(data)
         except ValueError as exc:
@@ -188,12 +216,16 @@ class ProgressReader:
         return seen.window if isinstance(seen, _Listed) else None
 
     def _listed(
-        self, key: tuple[Optional[str], str], files: Optional[list[FileInfo]], now: Optional[float]
+        self,
+        key: tuple[Optional[str], str],
+        files: Optional[list[FileInfo]],
+        now: Optional[float],
+        every: float = PROGRESS_EVERY,
     ) -> Progress:
         """The newest checkpoint in ``files`` (the directory's listing, None: no directory),
-        kept as listed at ``now``."""
+        kept as listed at ``now``, standing for ``every`` seconds."""
         result = _newest_checkpoint(files or [])
-        window = None if now is None else listing_window(key[1], now)
+        window = None if now is None else listing_window(key[1], now, every)
         seen = self._seen.get(key)
         if not isinstance(seen, _Listed):
             self._seen[key] = _Listed(window, result)

@@ -25,6 +25,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "chainrun.constants",
         "chainrun.errors",
         "chainrun.logsetup",
+        "chainrun.values",  # how the many-instance values are declared: with slots (3.10 on)
         "chainrun.places",  # where a chain runs: a scheduler table, a place of several, a start
         "chainrun.result",  # what a finished command returned
         "chainrun.model",

@@ -9,6 +9,7 @@ import os
 import sqlite3
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -127,6 +128,26 @@ def test_a_chain_remembers_where_it_started_as_progress_moves_on(tmp_path: Path)
     store.record(chain.id, [], Progress(epoch=60), [], 2.0)
     again = store.chain(chain.id)
     assert (again.baseline, again.latest.epoch) == (Progress(epoch=50, step=3), 60)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 10), reason="dataclass slots are Python 3.10's")
+def test_a_chain_read_back_keeps_its_values_in_slots_and_its_live_segments_derived(tmp_path: Path) -> None:
+    """What a service holds of every active chain has no instance dictionary (1.5 KB for a
+    spec's 44 fields: 16 MB of a service's RSS at 10,000 chains, measured): the chain, its
+    spec and scheduler, its segments and progress. ``live`` is derived from the segments,
+    again for a chain made from another (``replace``), and is no field that is stored or
+    compared."""
+    store = Store(tmp_path / "home")
+    added = store.add_chain(SPEC, Progress(epoch=1), now=1.0)
+    store.journal_submit(added.id, Submit(1, 3600), 2.0)
+    store.record(added.id, [Adopt(1, "7", "submitted")], Progress(epoch=2), [], 3.0)
+    chain = store.chain(added.id)
+    for value in (chain, chain.spec, chain.spec.scheduler, chain.segments[0], chain.progress, chain.latest):
+        assert not hasattr(value, "__dict__"), type(value).__name__
+    assert chain.live == chain.segments and chain.live[0].phase is Phase.PENDING
+    ended = replace(chain, segments=(replace(chain.segments[0], phase=Phase.ENDED),))
+    assert ended.live == ()
+    assert replace(ended, segments=chain.segments) == chain
 
 
 def test_a_chain_id_already_taken_is_drawn_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,6 @@
 """A tick reads what changed: a checkpoint directory without a progress sidecar is listed
-while its chain's segment just runs only when due (``progress.listing_due``), and always when
+while its chain's segment just runs only when due (``progress.listing_due``, in windows that
+grow with the segment's age: ``progress.listing_every``), and always when
 a segment is judged, so a script that saves over its checkpoint in place is credited what it
 saved. Through the real engine and store on the scripted cluster, and one real chain on the
 local runner."""
@@ -23,7 +24,7 @@ from chainrun.checkpoint import SIDECAR_NAME
 from chainrun.cluster import Cluster
 from chainrun.engine.observe import Polled, poll
 from chainrun.model import Outcome, Phase
-from chainrun.progress import PROGRESS_EVERY, listing_due
+from chainrun.progress import PROGRESS_EVERY, PROGRESS_EVERY_MOST, listing_due, listing_every
 from chainrun.schedulers.segment import ARRAY_PREFIX
 from chainrun.testing import FakeCluster, FakeTransport
 
@@ -92,6 +93,35 @@ def test_each_directory_is_listed_once_a_window_and_many_are_spread_over_the_tic
     assert min(per_tick[6:]) > 0.5 * expected, per_tick
 
 
+def test_listings_thin_out_as_a_segment_runs_and_many_spread_over_the_ticks() -> None:
+    """1,000 chains whose segments started together, first listed then, ticked every 10 s
+    for two hours, each listing standing in a window of ``listing_every`` for its segment's
+    age: a directory is listed at most twice in each size of window (1, 2, 4 ... minutes,
+    then PROGRESS_EVERY_MOST), about once in a PROGRESS_EVERY_MOST once the segment is that
+    old, and the listings of the many spread over the ticks, not all on one."""
+    tick = 10.0
+    paths = [f"/home/u/run{i}/checkpoints/chainrun-progress.json" for i in range(1000)]
+    last: dict[str, tuple[float, float]] = {}  # when each was listed, and its window's size
+    listings: dict[str, list[float]] = {p: [] for p in paths}
+    per_tick = []
+    for k in range(int(2 * 3600 / tick) + 1):
+        now = k * tick
+        due = [p for p in paths if p not in last or listing_due(p, last[p][0], now, last[p][1])]
+        for p in due:
+            last[p] = (now, listing_every(0.0, now))
+            listings[p].append(now)
+        per_tick.append(len(due))
+    sizes = int(PROGRESS_EVERY_MOST // PROGRESS_EVERY).bit_length()  # 60 s doubled up to the most
+    for times in listings.values():
+        assert len(times) <= 1 + 2 * sizes, times
+        late = [t for t in times if t >= PROGRESS_EVERY_MOST]  # windows of the most, to 2 hours
+        assert 1 <= len(late) <= 2, times
+    late_ticks = per_tick[-int(3600 / tick) :]
+    expected = len(paths) * tick / PROGRESS_EVERY_MOST
+    assert max(late_ticks) < 8 * expected, late_ticks  # not all on one tick
+    assert sum(late_ticks) < 2 * len(paths), late_ticks
+
+
 # -- the engine on the scripted cluster ---------------------------------------------
 
 
@@ -144,10 +174,11 @@ def running_chain(world: World) -> tuple[str, float, float]:
 def test_a_running_chain_without_a_sidecar_is_listed_only_when_due_and_not_decided_again(
     world: World, calls: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Steady ticks make no file-system call for the chain but the due listing of its
-    checkpoint directory, and one stat of its sidecar's path a tick in its segment's first
-    minute only (a sidecar that comes then is read at once), and its facts stay equal, so
-    decide() is not asked again; a save in place shows at the next due listing."""
+    """Steady ticks make no file-system call for the chain but the due listings of its
+    checkpoint directory, fewer as its segment runs, and one stat of its sidecar's path a tick
+    in its segment's first minute only (a sidecar that comes then is read at once), and its
+    facts stay equal, so decide() is not asked again; a save in place shows at the next due
+    listing."""
     started = running_chain(world)[2]
     decided: list[str] = []
     import chainrun.engine as engine_module
@@ -171,12 +202,35 @@ def test_a_running_chain_without_a_sidecar_is_listed_only_when_due_and_not_decid
     for _ in range(ticks):
         world.tick()
     assert set(calls) == {("listdir", CKPT)}, calls  # past the first minute: no stat between listings
-    assert 4 <= calls.count(("listdir", CKPT)) <= 6, calls  # one per 60 s window, not one per tick
+    # Windows of 1, 2 and 4 minutes in these 5 minutes (its age 1 to 6 minutes): not one per tick.
+    assert 2 <= calls.count(("listdir", CKPT)) <= 5, calls
     assert decided == [], "facts unchanged: decide() is not asked again"
     saved = save_in_place(world)
-    for _ in range(int(PROGRESS_EVERY // 10) + 1):
+    by = saved + listing_every(started, saved) + 10
+    while world.clock() < by and world.store.chains()[-1].latest.saved_at != saved:
         world.tick()
     assert world.store.chains()[-1].latest.saved_at == saved
+
+
+def test_a_chain_an_hour_into_its_segment_is_listed_about_once_an_hour(
+    world: World, calls: list[tuple[str, str]]
+) -> None:
+    """A chain whose segment has run for an hour, its script saving on its own: no
+    file-system call for it in ten minutes of steady ticks, and at most one listing in its
+    window's length (it was one a minute); a save in place shows by that window's end."""
+    started = running_chain(world)[2]
+    world.tick(3600)  # an hour on: its listing is due, and stands for the window of that age
+    every = listing_every(started, world.clock())
+    assert every >= 1800
+    calls.clear()
+    for _ in range(60):
+        world.tick()
+    assert calls.count(("listdir", CKPT)) <= 1, calls
+    assert set(calls) <= {("listdir", CKPT)}, calls
+    saved = save_in_place(world)
+    while world.store.chains()[-1].latest.saved_at != saved:
+        assert world.clock() < saved + every + 10, "shown by its window's end"
+        world.tick(60)
 
 
 @pytest.mark.parametrize("marker", [True, False], ids=["end marker", "no end marker"])
@@ -272,7 +326,7 @@ def test_a_sidecar_that_comes_after_the_segment_s_first_minute_is_read_at_the_ne
     """Past its segment's first minute a chain whose directory had no sidecar is not looked
     at between listings; a sidecar that comes then (a script that uses the helper saving
     first after a long start) is read, and its epoch recorded, at the directory's next
-    listing, at most PROGRESS_EVERY later, and from then on at every tick."""
+    listing, at most a window of ``listing_every`` later, and from then on at every tick."""
     started = running_chain(world)[2]
     while world.clock() < started + PROGRESS_EVERY:
         world.tick()
@@ -280,7 +334,7 @@ def test_a_sidecar_that_comes_after_the_segment_s_first_minute_is_read_at_the_ne
     came = world.clock()
     calls.clear()
     while world.store.chains()[-1].latest.epoch != 3:
-        assert world.clock() < came + PROGRESS_EVERY + 10, "found by the next listing"
+        assert world.clock() < came + listing_every(started, came) + 10, "found by the next listing"
         world.tick()
     assert ("listdir", CKPT) in calls
     calls.clear()

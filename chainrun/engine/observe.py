@@ -27,7 +27,7 @@ from chainrun.errors import SchedulerError, TransportError
 from chainrun.logsetup import get_logger
 from chainrun.markers import MarkerReader
 from chainrun.model import Carried, Chain, ListedJob, Outcome, Phase
-from chainrun.progress import ProgressReader, sidecar_watched
+from chainrun.progress import ProgressReader, listing_every, sidecar_watched
 from chainrun.schedulers.segment import ARRAY_PREFIX, SegmentJob, parse_claim, parse_tag
 
 log = get_logger(__name__)
@@ -238,7 +238,8 @@ class Observer:
             if settled.window[0] <= now < settled.window[1]:
                 return settled.facts  # asleep
             # Its checkpoint's listing came due, the one thing that may have changed.
-            progress = self.progress.progress(transport, chain.spec, now, running=True, watched=False)
+            every = listing_every(settled.started, now)
+            progress = self.progress.progress(transport, chain.spec, now, True, False, every)
             window = self.progress.standing(transport, chain.spec)
             facts = (
                 settled.facts
@@ -316,7 +317,12 @@ class Observer:
             found=found,
             carried=_carried(polled, chain),
             progress=self.progress.progress(
-                transport, chain.spec, now, running, sidecar_watched(started, now)
+                transport,
+                chain.spec,
+                now,
+                running,
+                sidecar_watched(started, now),
+                listing_every(started, now),
             ),
             arrays=polled.cluster.arrays is not None,
         )

@@ -114,6 +114,7 @@ CARRIER = Shipped(
         "transport/ssh.py",
         "transport/sshconfig.py",
         "transport/sshstream.py",
+        "values.py",
     ),
 )
 # The local runner, copied to each remote workstation of a local scheduler or pool.

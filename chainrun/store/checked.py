@@ -44,7 +44,7 @@ def check(obj: Any, prefix: str = "") -> None:
     known = _FIELDS.get(type(obj))
     if known is None:
         hints = typing.get_type_hints(type(obj))
-        names = [f.name for f in dataclasses.fields(obj)]
+        names = [f.name for f in dataclasses.fields(obj) if f.init]  # not one derived (Chain.live)
         known = _FIELDS[type(obj)] = (
             operator.attrgetter(*names),  # every dataclass read here has several fields
             tuple(_plain(hints[n]) for n in names),
