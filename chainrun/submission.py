@@ -26,7 +26,7 @@ from chainrun.decide.carry import applies, carry_line
 from chainrun.decide.goal import goal_reached, reached_target
 from chainrun.decide.holds import Hold, Holder, ancestors, clashing, hold, inside, same_job, written
 from chainrun.errors import ChainrunError, JobFileError, TransportError, UsageError
-from chainrun.model import NO_PROGRESS, ChainState, JobSpec, Progress, chain_seed
+from chainrun.model import NO_PROGRESS, ChainState, JobSpec, Progress, SchedulerSpec, chain_seed
 from chainrun.store import Store
 from chainrun.transport import Transport, transport_for
 
@@ -91,10 +91,12 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     origin: list[int] = []  # the job file of each in ``new``
     for spec in specs:
         preflight(spec)
-        if spec.scheduler.hosts:
-            shared, words = probe_shared(spec, create=True)
-            _note(f"{spec.name}: workdir {spec.workdir} {words}")
-            spec = replace(spec, scheduler=replace(spec.scheduler, workdir_shared=shared))
+        for view in [spec, *(spec.at(p.name) for p in spec.places[1:])]:  # each pool, at any place
+            if view.scheduler.hosts:
+                shared, words = probe_shared(view, create=True)
+                at = f" at {view.place_name}" if spec.places else ""
+                _note(f"{spec.name}: workdir {view.workdir}{at} {words}")
+                spec = _with_scheduler(spec, view.place_name, replace(view.scheduler, workdir_shared=shared))
         transport = transport_for(spec.scheduler.first_host)
         with _reaching(spec):
             jobfile.where_it_runs(spec)
@@ -413,7 +415,15 @@ def _starting_point(spec: JobSpec, transport: Transport, fresh: bool) -> tuple[J
             f"{spec.name}: checkpoints in {spec.checkpoint_dir} on {host} and {', '.join(others)}; "
             f"starting from {host}'s, the furthest"
         )
-    return replace(spec, scheduler=replace(sched, checkpoint_host=host)), baseline
+    return _with_scheduler(spec, spec.place_name, replace(sched, checkpoint_host=host)), baseline
+
+
+def _with_scheduler(spec: JobSpec, place: str, sched: SchedulerSpec) -> JobSpec:
+    """``spec`` (at its first place) with the scheduler of its place ``place`` ("": its only
+    one) found out at submit: ``sched``."""
+    places = tuple(replace(p, scheduler=sched) if p.name == place else p for p in spec.places)
+    first = not spec.places or place == spec.places[0].name
+    return replace(spec, places=places, scheduler=sched if first else spec.scheduler)
 
 
 def _move_aside(transport: Transport, spec: JobSpec) -> None:
