@@ -12,14 +12,22 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 from conftest import REPO, wait_for
 from private_sshd import PrivateSSHD
+from test_decide import SPEC as DECIDE_SPEC
 
+from chainrun.engine import Engine
 from chainrun.localrunner import machine_dir
+from chainrun.model import NO_PROGRESS, PlaceSpec, SchedulerSpec
+from chainrun.store import Store
+from chainrun.testing import FakeClock, FakeCluster, FakeTransport
+from chainrun.transfer import Moved
+from chainrun.transport import Transport
 
 DATA = Path(__file__).parent / "data"
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -42,6 +50,68 @@ def timeline(st: dict[str, Any]) -> str:
         copy = f"copy {s['copy']['bytes']}B" if s["copy"] else "-"
         lines.append(f"{s['n']} {s['place']} {s['host']} {s['job_id']} {s['outcome']} {copy} {s['reason']}")
     return "\n".join(lines)
+
+
+def test_the_engine_copies_to_the_pool_host_a_move_is_placed_on_and_from_the_one_it_ran_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On scripted hosts (the copy itself recorded, as tests/test_transfer.py tests it): a
+    cluster ``x`` that refuses the segment and a pool of ``a`` (busy) and ``b``. The first
+    segment moves to the pool, placed on ``b``; once it has ended and ``x`` starts one now
+    (listed first, it wins the tie), the next moves to ``x``, its checkpoint read on ``b``,
+    where the chain ran, and written at ``x``."""
+    clock = FakeClock()
+    clusters = {name: FakeCluster(clock) for name in ("a", "b", "x")}
+    clusters["b"].next_id, clusters["x"].next_id = 100, 200
+    names = {id(c): name for name, c in clusters.items()}
+    copies: list[tuple[str, str, str, str]] = []
+
+    def copy(src: Transport, src_dir: str, dst: Transport, dst_dir: str) -> Moved:
+        assert isinstance(src, FakeTransport) and isinstance(dst, FakeTransport)
+        copies.append((names[id(src.cluster)], src_dir, names[id(dst.cluster)], dst_dir))
+        return Moved((), 10, 0.5, "ab" * 32)
+
+    monkeypatch.setattr("chainrun.engine.act.move_checkpoint", copy)
+    other = PlaceSpec("x", SchedulerSpec(kind="fake", host="x"), "/w", "/w/ckpt", 100)
+    pool = SchedulerSpec(kind="fake", hosts=("a", "b"), slots=1, workdir_shared=False)
+    lab = PlaceSpec("lab", pool, "/p", "/p/ckpt", 100)
+    # At the failure budget's edge, nothing is queued ahead: each segment is chosen anew.
+    spec = replace(DECIDE_SPEC, scheduler=other.scheduler, places=(other, lab), max_failures=0)
+    store = Store(tmp_path / "home")
+    engine = Engine(
+        store,
+        clock=clock,
+        transports=lambda host: clusters[host or ""].transport(host),
+        schedulers=lambda kind, host: clusters[host or ""].scheduler(kind, host),
+    )
+    try:
+        chain_id = store.add_chain(spec, NO_PROGRESS, clock()).id
+        clusters["x"].start_in = None  # x refuses it
+        clusters["a"].add_job("someone else's", "/elsewhere/job")  # a's one slot is taken,
+        clusters["a"].start_in = None  # and a says it cannot start one
+        clock.advance(10)
+        engine.tick()
+        (first,) = store.chain(chain_id).segments
+        assert (first.n, first.place, first.host, first.job_id) == (1, "lab", "b", "100")
+        assert copies == []  # nothing at x to copy yet
+        moves = [e.message for e in store.events(chain_id) if e.kind == "move"]
+        assert moves and moves[0].startswith("segment 1 goes to lab (host b): lab on b: starts now"), moves
+
+        clusters["b"].start("100")
+        clusters["b"].transport().makedirs("/p/ckpt")  # on b's own disk alone
+        clusters["b"].checkpoint("/p/ckpt", epoch=3)
+        clusters["b"].end("100", "timeout", epoch=3)
+        clusters["x"].start_in = 0.0  # x starts one now: listed first, it wins the tie
+        clock.advance(61)  # the places are asked again
+        engine.tick()
+        chain = store.chain(chain_id)
+        second = chain.segments[-1]
+        assert (second.n, second.place, second.host, second.job_id) == (2, "x", None, "200")
+        assert copies == [("b", "/p/ckpt", "x", "/w/ckpt")]
+        assert (second.copy_bytes, second.copy_digest) == (10, "ab" * 32)
+        assert (chain.spec.place_name, chain.host, chain.cluster_key) == ("x", "x", ("fake", "x"))
+    finally:
+        store.close()
 
 
 @pytest.mark.slow
