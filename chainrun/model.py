@@ -455,10 +455,15 @@ class Chain:
 
     @property
     def placed(self) -> Optional[str]:
-        """A pool's chain: its newest segment's host, else the host its checkpoint was found on
-        at submit (None before it has either, and for others)."""
-        newest = next((s.host for s in reversed(self.segments) if s.host), None)
-        return newest or self.spec.scheduler.checkpoint_host
+        """A pool's chain: its newest segment's host at the place it is at (a pool may be one
+        of several), else the host its checkpoint was found on at submit (None before it has
+        either, and for others)."""
+        return self.host_at(self.spec.place_name) or self.spec.scheduler.checkpoint_host
+
+    def host_at(self, place: str) -> Optional[str]:
+        """The pool host of its newest segment placed at place ``place`` ("": its only one)."""
+        first = self.spec.places[0].name if self.spec.places else ""
+        return next((s.host for s in reversed(self.segments) if s.host and (s.place or first) == place), None)
 
     @property
     def host(self) -> Optional[str]:
@@ -528,13 +533,15 @@ class Submit:
 
 @dataclass(frozen=True)
 class Move:
-    """Queue segment ``n`` at another place (``place``): journaled there, the checkpoint
-    copied there from the place the chain was at and verified, then submitted."""
+    """Queue segment ``n`` at another place (``place``; a pool: on its host ``host``):
+    journaled there, the checkpoint copied there from the place the chain was at and
+    verified, then submitted."""
 
     n: int
     walltime: int
     place: str
     reason: str
+    host: Optional[str] = None
 
 
 @dataclass(frozen=True)

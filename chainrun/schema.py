@@ -335,10 +335,6 @@ def _places(f: Fields, base: Path, environ: Optional[Mapping[str, str]]) -> JobS
     for i, table in enumerate(tables, 1):
         fc = Fields(f.path, table, f"cluster[{i}].")
         fc.check_keys(SCHEDULER_KEYS + PLACE_KEYS, SCHEDULER_ALIASES)
-        if len(tables) > 1 and "hosts" in table:
-            raise fc.error(
-                "hosts", "a pool cannot yet be one of several places; give it as the only [[cluster]]"
-            )
         view = {k: v for k, v in data.items() if k != "cluster"}
         view["scheduler"] = {k: v for k, v in table.items() if k in SCHEDULER_KEYS}
         view.update({k: table[k] for k in ("workdir", "checkpoint_dir", "container") if k in table})

@@ -24,9 +24,9 @@ from chainrun import doorbell, jobfile, location, progress, rundir, snapshot, sw
 from chainrun.check import preflight, probe_nodes
 from chainrun.decide.carry import applies, carry_line
 from chainrun.decide.goal import goal_reached, reached_target
-from chainrun.decide.holds import Hold, Holder, ancestors, hold, holder, inside, same_job, written
+from chainrun.decide.holds import Hold, Holder, ancestors, clashing, hold, inside, same_job, written
 from chainrun.errors import ChainrunError, JobFileError, TransportError, UsageError
-from chainrun.model import NO_PROGRESS, ChainState, JobSpec, Progress, chain_seed
+from chainrun.model import NO_PROGRESS, ChainState, JobSpec, Progress, SchedulerSpec, chain_seed
 from chainrun.store import Store
 from chainrun.transport import Transport, transport_for
 
@@ -64,8 +64,9 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     One chain per checkpoint directory (``decide.holds``): a chain whose job file was
     submitted before and is still active is left as it is, said so, and returned again, so
     that submitting twice never runs twice; any other active chain training into the same
-    directory is refused, naming it. The check is made again inside the transaction that
-    stores, so two commands submitting at once cannot both pass it.
+    directory (at any of its places, at any of the new chain's) is refused, naming it. The
+    check is made again inside the transaction that stores, so two commands submitting at
+    once cannot both pass it.
 
     A checkpoint that already says the run is complete is not run again: the chain that
     completed it is returned as it is, said so; where no chain here completed it, it is
@@ -83,17 +84,19 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
             left.add(_hold(ended[3]).path, _Left(*ended))
     out: list[Optional[Submitted]] = []  # None: stored below
     new: list[tuple[JobSpec, Progress]] = []
-    mines: list[Hold] = []  # the hold of each in ``new``
+    mines: list[_Mine] = []  # the holds of each in ``new``
     pins: list[Optional[snapshot.Snapshot]] = []
     chains: list[tuple[JobSpec, int, Optional[snapshot.Snapshot]]] = []  # with its job file's index
     files: list[tuple[JobSpec, Transport]] = []
     origin: list[int] = []  # the job file of each in ``new``
     for spec in specs:
         preflight(spec)
-        if spec.scheduler.hosts:
-            shared, words = probe_shared(spec, create=True)
-            _note(f"{spec.name}: workdir {spec.workdir} {words}")
-            spec = replace(spec, scheduler=replace(spec.scheduler, workdir_shared=shared))
+        for view in [spec, *(spec.at(p.name) for p in spec.places[1:])]:  # each pool, at any place
+            if view.scheduler.hosts:
+                shared, words = probe_shared(view, create=True)
+                at = f" at {view.place_name}" if spec.places else ""
+                _note(f"{spec.name}: workdir {view.workdir}{at} {words}")
+                spec = _with_scheduler(spec, view.place_name, replace(view.scheduler, workdir_shared=shared))
         transport = transport_for(spec.scheduler.first_host)
         with _reaching(spec):
             jobfile.where_it_runs(spec)
@@ -111,18 +114,20 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     located = location.locate([one for one, _, _ in chains])
     for one, (_, i, snap) in zip(located, chains):
         transport = files[i][1]
-        mine = _hold(one)
-        holds.take(one, mine)
-        held = holds.holder(one, mine)
-        if held is not None:
-            if not same_job(one.name, mine, held) or fresh:
-                raise ChainrunError(_refusal(one, mine, held, fresh))
+        mine = _holds_of(one)
+        holds.take(mine)
+        met = holds.holder(one, mine)
+        if met is not None:
+            view, held = met
+            if not same_job(one.name, _hold(view), held) or fresh:
+                raise ChainrunError(_refusal(view, _hold(view), held, fresh))
             _note(f"{one.name}: still running as chain {held.chain_id}; left as it is")
             out.append(Submitted(held.chain_id, one, "running"))
             continue
         with _reaching(one):
             one, baseline = _starting_point(one, transport, fresh)
-        last = next((c for c in left.near(mine.path) if _hold(c.spec).path == mine.path), None)
+        first = mine[0][1]  # where it starts: an ended chain's checkpoint there is resumed
+        last = next((c for c in left.near(first.path) if _hold(c.spec).path == first.path), None)
         why = _complete(one, baseline)
         again = "; to start over, add --fresh (it moves the directory aside, deleting nothing)"
         if why and last is not None and last.state is ChainState.COMPLETED:
@@ -150,10 +155,11 @@ def submit_all(store: Store, specs: Sequence[JobSpec], fresh: bool = False) -> l
     def vet(unended: list[tuple[str, str, JobSpec]]) -> None:
         now = _Holds(unended)
         for (one, _), mine in zip(new, mines):
-            held = now.holder(one, mine)
-            if held is not None:
+            met = now.holder(one, mine)
+            if met is not None:
+                view, held = met
                 meanwhile = " (it was submitted meanwhile; nothing stored)"
-                raise ChainrunError(_refusal(one, mine, held, fresh) + meanwhile)
+                raise ChainrunError(_refusal(view, _hold(view), held, fresh) + meanwhile)
 
     ids = store.add_chains(new, time.time(), vet)
     for chain_id, snap in zip(ids, pins):
@@ -218,12 +224,13 @@ def meet_holds(store: Store, chains: Sequence[JobSpec]) -> list[str]:
     holds = _Holds(store.unended())
     notes: list[str] = []
     for one in location.locate(chains):
-        mine = _hold(one)
-        holds.take(one, mine)
-        held = holds.holder(one, mine)
-        if held is not None and not same_job(one.name, mine, held):
-            raise ChainrunError(_refusal(one, mine, held, False))
-        if held is not None:
+        mine = _holds_of(one)
+        holds.take(mine)
+        met = holds.holder(one, mine)
+        if met is not None and not same_job(one.name, _hold(met[0]), met[1]):
+            raise ChainrunError(_refusal(met[0], _hold(met[0]), met[1], False))
+        if met is not None:
+            held = met[1]
             running = f"{one.name} is still running as chain {held.chain_id}"
             notes.append(f"note: {running}; submit returns it as it is")
     return notes
@@ -238,6 +245,16 @@ def _hold(spec: JobSpec) -> Hold:
         return settled
     path = spec.checkpoint_dir if spec.scheduler.remote else os.path.realpath(spec.checkpoint_dir)
     return written(spec, posixpath.normpath(path))
+
+
+_Mine = list[tuple[JobSpec, Hold]]  # a chain's holds: at each place, its spec seen there and its hold
+
+
+def _holds_of(spec: JobSpec) -> _Mine:
+    """``spec``'s hold at each of its places (its first place's first): a chain with several
+    holds the checkpoint directory of each, which its checkpoint moves between."""
+    views = [spec, *(spec.at(p.name) for p in spec.places[1:])]
+    return [(view, _hold(view)) for view in views]
 
 
 _T = TypeVar("_T")
@@ -271,32 +288,44 @@ class _Holds:
     def __init__(self, unended: Sequence[tuple[str, str, JobSpec]]) -> None:
         self._active: _Near[Holder] = _Near()
         for chain_id, name, spec in unended:
-            theirs = _hold(spec)
-            self._active.add(theirs.path, Holder(chain_id, name, theirs))
+            for view, theirs in _holds_of(spec):
+                place = view.place_name if spec.places else ""
+                self._active.add(theirs.path, Holder(chain_id, name, theirs, place))
         self._own: _Near[tuple[JobSpec, Hold]] = _Near()
 
-    def holder(self, spec: JobSpec, mine: Hold) -> Optional[Holder]:
-        """The active chain that holds ``spec``'s directory (see ``decide.holds.holder``)."""
-        return holder(spec.name, mine, self._active.near(mine.path))
+    def holder(self, spec: JobSpec, mine: _Mine) -> Optional[tuple[JobSpec, Holder]]:
+        """The active chain that holds a directory of ``spec``'s, and ``spec`` at the place it
+        does (see ``decide.holds.clashing``)."""
+        near = {id(h): h for _, one in mine for h in self._active.near(one.path)}
+        met = clashing(spec.name, [one for _, one in mine], near.values())
+        return None if met is None else (mine[met[0]][0], met[1])
 
-    def take(self, spec: JobSpec, mine: Hold) -> None:
-        """Add ``spec``'s hold to the submission's; refused when another of its chains has it."""
-        for other, theirs in self._own.near(mine.path):
-            if theirs.clashes(mine):
-                how = "is also" if theirs.path == mine.path else f"{_relation(mine, theirs)}, which is"
-                raise ChainrunError(
-                    f"{spec.source}: checkpoint_dir {_written(spec, mine)} {how} {other.name}'s, submitted "
-                    "with it; give each job a checkpoint_dir of its own"
-                )
-        self._own.add(mine.path, (spec, mine))
+    def take(self, mine: _Mine) -> None:
+        """Add a chain's holds to the submission's; refused when another of its chains has one."""
+        for spec, hold_ in mine:
+            for other, theirs in self._own.near(hold_.path):
+                if theirs.clashes(hold_):
+                    how = "is also" if theirs.path == hold_.path else f"{_relation(hold_, theirs)}, which is"
+                    raise ChainrunError(
+                        f"{spec.source}: checkpoint_dir {_written(spec, hold_)} {how} {other.name}'s, "
+                        "submitted with it; give each job a checkpoint_dir of its own"
+                    )
+        for spec, hold_ in mine:
+            self._own.add(hold_.path, (spec, hold_))
 
 
 def _written(spec: JobSpec, mine: Hold) -> str:
     """``spec``'s checkpoint_dir as the job file gives it and, where that differs, what it
-    resolved to, and where."""
+    resolved to, and where; and at which place, for a chain with several."""
+    at = f" (at place {spec.place_name})" if spec.places else ""
     if mine.path == spec.checkpoint_dir:
-        return spec.checkpoint_dir
-    return f"{spec.checkpoint_dir} ({mine.path} on {spec.scheduler.first_host or 'this machine'})"
+        return spec.checkpoint_dir + at
+    return f"{spec.checkpoint_dir} ({mine.path} on {spec.scheduler.first_host or 'this machine'}){at}"
+
+
+def _trains(held: Holder) -> str:
+    """Where ``held`` trains: at which of its places, for a chain with several."""
+    return "still trains" + (f" (at place {held.place})" if held.place else "")
 
 
 def _relation(mine: Hold, theirs: Hold) -> str:
@@ -311,7 +340,7 @@ def _refusal(spec: JobSpec, mine: Hold, held: Holder, fresh: bool) -> str:
     if held.hold.path != mine.path:
         return (
             f"{spec.source}: checkpoint_dir {_written(spec, mine)} {_relation(mine, held.hold)}, where "
-            f"chain {held.chain_id} ({held.name}) still trains: their checkpoints would mix, and --fresh "
+            f"chain {held.chain_id} ({held.name}) {_trains(held)}: their checkpoints would mix, and --fresh "
             f"on the outer one would move the inner one's aside; give this job a checkpoint_dir of its "
             f"own, or cancel that chain first ({cancel})"
         )
@@ -322,7 +351,7 @@ def _refusal(spec: JobSpec, mine: Hold, held: Holder, fresh: bool) -> str:
         )
     return (
         f"{spec.source}: checkpoint_dir {_written(spec, mine)} is where chain {held.chain_id} "
-        f"({held.name}) still trains, and two chains there would resume from each other's "
+        f"({held.name}) {_trains(held)}, and two chains there would resume from each other's "
         f"checkpoints; give this job a checkpoint_dir of its own, or cancel that chain first ({cancel})"
     )
 
@@ -386,7 +415,15 @@ def _starting_point(spec: JobSpec, transport: Transport, fresh: bool) -> tuple[J
             f"{spec.name}: checkpoints in {spec.checkpoint_dir} on {host} and {', '.join(others)}; "
             f"starting from {host}'s, the furthest"
         )
-    return replace(spec, scheduler=replace(sched, checkpoint_host=host)), baseline
+    return _with_scheduler(spec, spec.place_name, replace(sched, checkpoint_host=host)), baseline
+
+
+def _with_scheduler(spec: JobSpec, place: str, sched: SchedulerSpec) -> JobSpec:
+    """``spec`` (at its first place) with the scheduler of its place ``place`` ("": its only
+    one) found out at submit: ``sched``."""
+    places = tuple(replace(p, scheduler=sched) if p.name == place else p for p in spec.places)
+    first = not spec.places or place == spec.places[0].name
+    return replace(spec, places=places, scheduler=sched if first else spec.scheduler)
 
 
 def _move_aside(transport: Transport, spec: JobSpec) -> None:

@@ -332,6 +332,9 @@ ENGINE_MAY_CALL = {
     "placement.shared",
     "places.asks",  # a chain with several places about to queue: its places are asked
     "places.copy_from",  # a segment at another place: its checkpoint copied there first
+    "places.copy_host",  # ... read on the host the chain ran on there (a pool's)
+    "places.pool_start",  # a pool place's answer: its hosts' soonest
+    "placement.pools",  # every pool host a chain may be placed on is polled
     "places.ASK_EVERY",
     "places.saved",  # a move's source checkpoint missing: an error once the chain has saved
     "places.questions",  # what each place is asked: the next segment's shape there

@@ -102,7 +102,10 @@ def test_a_place_named_by_its_host(tmp_path: Path) -> None:
             "cluster[3].walltime = '30s': too short for slurm",
         ),
         ('[[cluster]]\nkind = "sge"\nname = "x"\nhost = "login"\n', "with cluster[3].host (or hosts) set"),
-        ('[[cluster]]\nkind = "local"\nname = "pool"\nhosts = ["a", "b"]\n', "cluster[3].hosts"),
+        (
+            '[[cluster]]\nname = "pool"\nhosts = ["a", "a"]\n',
+            "cluster[3].hosts = ['a', 'a']: names a host twice",
+        ),
         ('[[cluster]]\nkind = "pbs"\n', "cluster[3].kind = 'pbs': allowed: local, slurm, sge"),
         ('[[cluster]]\nkind = "sge"\nname = "no spaces"\n', "cluster[3].name = 'no spaces'"),
         ("[sweep]\n[sweep.grid]\nlr = [1, 2]\n", "a sweep cannot yet run at several places"),
@@ -115,3 +118,17 @@ def test_a_bad_place_is_one_line_naming_its_table(tmp_path: Path, extra: str, sa
 def test_cluster_must_be_tables(tmp_path: Path) -> None:
     assert "expected [[cluster]] tables" in error(TOP + 'cluster = "slurm"\n', tmp_path)
     assert "expected [[cluster]] tables" in error(TOP + "cluster = []\n", tmp_path)
+
+
+def test_a_pool_is_one_place_among_others_with_its_own_absolute_workdir(tmp_path: Path) -> None:
+    """A pool (``hosts``) is a place like any other (issue 39): its hosts, slots and GPUs per
+    slot are that place's; its workdir there must be absolute, as on any remote host."""
+    pool = '[[cluster]]\nname = "lab"\nhosts = ["gpu1", "gpu2"]\nslots = 2\ngpus_per_slot = 1\n'
+    spec = parse(TWO + pool + 'workdir = "/home/me/two"\n', tmp_path)
+    lab = spec.at("lab")
+    assert (lab.scheduler.hosts, lab.scheduler.slots, lab.scheduler.gpus_per_slot) == (("gpu1", "gpu2"), 2, 1)
+    assert lab.checkpoint_dir == "/home/me/two/ckpt" and spec.scheduler.hosts == ()
+    # The job file's workdir, relative, is none on those hosts.
+    assert "workdir: with cluster[3].host (or hosts) set, give an absolute path" in error(
+        TWO + pool, tmp_path
+    )

@@ -12,7 +12,7 @@ same directory returns that chain; any other clashing hold is refused.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
@@ -85,11 +85,12 @@ def written(spec: JobSpec, path: str) -> Hold:
 
 @dataclass(frozen=True)
 class Holder:
-    """An active chain and its hold."""
+    """An active chain and its hold (at its place ``place``; "": its first, or its only one)."""
 
     chain_id: str
     name: str
     hold: Hold
+    place: str = ""
 
 
 def holder(name: str, mine: Hold, active: Iterable[Holder]) -> Optional[Holder]:
@@ -99,6 +100,16 @@ def holder(name: str, mine: Hold, active: Iterable[Holder]) -> Optional[Holder]:
     clashing = [h for h in active if h.hold.clashes(mine)]
     same = [h for h in clashing if same_job(name, mine, h)]
     return next(iter(same or clashing), None)
+
+
+def clashing(name: str, mine: Sequence[Hold], active: Iterable[Holder]) -> Optional[tuple[int, Holder]]:
+    """The active chain a new chain named ``name`` meets, holding ``mine`` (one hold per
+    place, its first place's first), and which of ``mine`` it meets: the chain of the same
+    job file in the same directory first, else the first that clashes with any; None: none."""
+    held = list(active)
+    found = [(i, h) for i, one in enumerate(mine) if (h := holder(name, one, held)) is not None]
+    same = [(i, h) for i, h in found if same_job(name, mine[i], h)]
+    return next(iter(same or found), None)
 
 
 def same_job(name: str, mine: Hold, held: Holder) -> bool:

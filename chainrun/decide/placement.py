@@ -4,7 +4,8 @@ and which first segments go out as tasks of one array job.
 
 Every function is pure. The engine asks ``observe_on`` where to look at a pool's chain;
 ``decide`` passes its answer through ``settle``, which says where each new segment goes
-(from the free slots in the facts) and what a host that is back must cancel.
+(from the free slots in the facts) and what a host that is back must cancel. A pool may be
+one of a chain's several places (``pools``): a segment moved there is placed as it moves.
 """
 
 from __future__ import annotations
@@ -15,7 +16,20 @@ from typing import Optional
 
 from chainrun.decide.facts import Facts
 from chainrun.fields import format_duration
-from chainrun.model import WAITING_FOR_A_SLOT, Action, Chain, ListedJob, Outcome, Phase, Remove, Submit, Wait
+from chainrun.model import (
+    WAITING_FOR_A_SLOT,
+    Action,
+    Chain,
+    JobSpec,
+    ListedJob,
+    Move,
+    Outcome,
+    Phase,
+    Remove,
+    SchedulerSpec,
+    Submit,
+    Wait,
+)
 
 
 def held_back(active: Iterable[Chain]) -> set[str]:
@@ -77,6 +91,24 @@ def place(
         return None  # its checkpoint is on that host's disk alone
     best = max(hosts, key=lambda h: free.get(h, 0), default=None)
     return best if best is not None and free.get(best, 0) > 0 else None
+
+
+def pools(spec: JobSpec) -> tuple[SchedulerSpec, ...]:
+    """The pools a chain's segments may be placed in: its own scheduler's, when it is at one,
+    and each of its places that is one (each pool host is polled, its free slots counted)."""
+    found = [s for s in (spec.scheduler, *(p.scheduler for p in spec.places)) if s.hosts]
+    return tuple(dict.fromkeys(found))
+
+
+def moved_to(chain: Chain, move: Move, free: Mapping[str, int]) -> Optional[Move]:
+    """A move as it is made: to a pool, placed on one of its hosts with a free slot (the one
+    the chain ran on there before, when free: the copy goes to whichever it is, so any may
+    take it); None when none has one now (not moved: the chain chooses again)."""
+    hosts = chain.spec.at(move.place).scheduler.hosts
+    if not hosts:
+        return move
+    host = place(hosts, chain.host_at(move.place), free, shared=True)
+    return None if host is None else replace(move, host=host)
 
 
 def unplaced(chain: Chain) -> bool:
@@ -156,7 +188,8 @@ def observe_on(
 def settle(chain: Chain, facts: Facts, actions: list[Action]) -> list[Action]:
     """``actions`` as a tick carries them out: a sweep's first segment as an array task where
     the cluster takes arrays; a pool's new segment on a host with a free slot
-    (``facts.free``), or, with none, not submitted and a ``Wait`` that says why; and, first,
+    (``facts.free``), or, with none, not submitted and a ``Wait`` that says why; a move to a
+    pool on a host with a free slot (``moved_to``), or not made; and, first,
     a ``Remove`` of each job a pool host that is back still runs of a segment ended as lost
     there (``fenced``), so that the cancel is in the chain's history."""
     sched = chain.spec.scheduler
@@ -177,6 +210,11 @@ def settle(chain: Chain, facts: Facts, actions: list[Action]) -> list[Action]:
                 waiting = waiting_reason(chain, facts.free.keys())
                 continue
             action = replace(action, host=host)
+        elif isinstance(action, Move):
+            moved = moved_to(chain, action, facts.free)
+            if moved is None:
+                continue
+            action = moved
         settled.append(action)
     wait = waiting_change(chain, waiting)
     return settled if wait is None else [wait, *settled]

@@ -85,11 +85,40 @@ def saved(chain: Chain) -> Optional[Progress]:
 def shared(a: JobSpec, b: JobSpec) -> bool:
     """Whether two places' checkpoint directories are one directory (a file system both
     reach, as found at submit: the same real path, seen from a machine of both; else the
-    same path on the same host): nothing to copy between them."""
+    same path on the same host): nothing to copy between them. A pool whose workdir is not
+    one directory on all its hosts shares it with no other place: each host has its own."""
+    if any(s.scheduler.hosts and s.scheduler.workdir_shared is not True for s in (a, b)):
+        return False
     if a.checkpoint_real and b.checkpoint_real:
         seen = set(a.checkpoint_machines) & set(b.checkpoint_machines)
         return a.checkpoint_real == b.checkpoint_real and bool(seen)
     return (a.scheduler.host, a.checkpoint_dir) == (b.scheduler.host, b.checkpoint_dir)
+
+
+def copy_host(chain: Chain, source: str) -> Optional[str]:
+    """Where a copy from place ``source`` reads the checkpoint: at a pool, on the host its
+    newest segment there ran on (the checkpoint is on that host's disk, or reachable there),
+    else the host that held it at submit, or its first; elsewhere on the place's host (None:
+    this machine)."""
+    there = chain.spec.at(source).scheduler
+    return (chain.host_at(source) if there.hosts else None) or there.first_host
+
+
+def pool_start(chain: Chain, place: str, answers: Mapping[str, Start]) -> Start:
+    """When pool ``place`` would start the chain's next segment, from what each of its hosts
+    answered (a host not reached is not in ``answers``): as soon as its soonest host, named
+    (the first listed on a tie); for a chain at that pool whose checkpoint is on one host's
+    own disk (its workdir not shared), as soon as that host. None: it cannot start it, with
+    each host's reason."""
+    sched = chain.spec.at(place).scheduler
+    if place == chain.spec.place_name and sched.workdir_shared is not True and chain.placed is not None:
+        answers = {host: start for host, start in answers.items() if host == chain.placed}
+    able = [(host, start) for host, start in answers.items() if start.at is not None]
+    if able:
+        host, start = min(able, key=lambda a: a[1].key)
+        return Start(start.at, f"on {host}: {start.reason}")
+    why = "; ".join(f"{host}: {start.reason}" for host, start in answers.items())
+    return Start(None, f"no host of the pool can start it ({why or 'none answered'})")
 
 
 def asks(chain: Chain) -> bool:

@@ -25,10 +25,12 @@ observe and what a carried-out action came to: ``placement.held_back`` and
 ``quiet_until`` (when ``decide`` may answer anew), ``retry.after_fault``,
 ``retry.after_submit``, ``retry.array_refused``, ``retry.accounting_due``,
 ``retry.accounting_again``, ``carry.applies``, ``placement.free_slots``,
-``placement.shared``, and for a chain with several places ``places.asks`` (when to ask
-each place when it would start the next segment, at most every ``places.ASK_EVERY``: the
-answers are ``Facts.starts``, from which ``decide`` chooses) and ``places.copy_from``
-(the checkpoint copied before a segment is submitted at another place)
+``placement.shared``, ``placement.pools`` (the pool hosts polled for a chain, at its place
+or at another of its places), and for a chain with several places ``places.asks`` (when to
+ask each place when it would start the next segment, at most every ``places.ASK_EVERY``: the
+answers are ``Facts.starts``, from which ``decide`` chooses; a pool's from its hosts'
+answers, ``places.pool_start``), ``places.copy_from`` (the checkpoint copied before a
+segment is submitted at another place) and ``places.copy_host`` (the host it is read on)
 (``tests/test_layers.py`` holds it to this list).
 
 A fault in one chain's tick is that chain's: it is logged, counted, retried
@@ -171,7 +173,7 @@ class _Loaded:
             running += Phase.RUNNING in phases
             queued += Phase.PENDING in phases
             stuck += chain.state is ChainState.STUCK
-        pools = [(c.spec.scheduler.kind, h) for c in loaded for h in c.spec.scheduler.hosts]
+        pools = [(p.kind, h) for c in loaded for p in placement.pools(c.spec) for h in p.hosts]
         return cls(loaded, placement.held_back(loaded), dict(groups), pooled, pools, (running, queued, stuck))
 
 
@@ -421,7 +423,7 @@ class Engine:
             self.on_warning(chain, slow)
         if chain.id in self.executor.owed_grace:
             self.executor.write_grace(polled, chain, self.executor.owed_grace[chain.id], step.warnings)
-        if chain.spec.scheduler.hosts:
+        if placement.pools(chain.spec):
             free, jobs = tick.pool(chain)
             facts = replace(facts, free=free, pool_jobs=jobs)
         if places.asks(chain):
@@ -452,12 +454,20 @@ class Engine:
             return kept[1]
         starts: dict[str, Start] = {}
         for name, there, walltime in places.questions(chain):
+            job = SegmentJob(chain.id, chain.next_n, there, walltime)
+            if there.scheduler.hosts:  # a pool: each host that answered this tick is asked
+                keys = [(there.scheduler.kind, h) for h in there.scheduler.hosts]
+                answers = {
+                    k[1]: tick.polled[k].cluster.expected_start(job, now) for k in keys if k in tick.polled
+                }
+                starts[name] = places.pool_start(chain, name, answers)
+                continue
             key = there.scheduler.cluster_key
             if key in tick.unreachable:
                 starts[name] = Start(None, f"its scheduler did not answer: {tick.unreachable[key]}")
                 continue
             cluster = tick.polled[key].cluster if key in tick.polled else self._cluster(key)
-            starts[name] = cluster.expected_start(SegmentJob(chain.id, chain.next_n, there, walltime), now)
+            starts[name] = cluster.expected_start(job, now)
         self.starts[chain.id] = (now, starts)
         log.info(
             "places asked",

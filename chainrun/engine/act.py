@@ -6,8 +6,9 @@ tick's record), then made, with what its segment needs to carry the chain while 
 service is away (``carry.leave_record``), on the pool host ``decide`` chose for it, if any.
 A sweep's first segments that ``decide`` marked as array tasks go out together after
 the cluster's chains have acted (``submit_arrays``): one array job per set of chains whose
-directives and workdir are the same. What was done is kept in each chain's ``ChainTick``, which
-the engine records in one transaction.
+directives and workdir are the same. A move to a pool goes to the host ``decide`` placed it
+on; a copy from a pool is read on the host the chain ran on there. What was done is kept in
+each chain's ``ChainTick``, which the engine records in one transaction.
 """
 
 from __future__ import annotations
@@ -77,11 +78,12 @@ class TickClusters:
         return {host for k, host in self.polled if k == kind}
 
     def pool(self, chain: Chain) -> tuple[dict[str, int], dict[str, dict[int, tuple[ListedJob, ...]]]]:
-        """For a pool's chain, each of its hosts that answered: the slots free there now, and
-        the jobs listed there of this chain, by N (the facts ``decide`` places and fences by)."""
-        sched = chain.spec.scheduler
-        keys = [(sched.kind, h) for h in sched.hosts if (sched.kind, h) in self.polled]
-        free = {key[1]: self.free(key, sched.slots or 1) for key in keys}
+        """For a chain with a pool (at its place, or at another of its places), each of the
+        pools' hosts that answered: the slots free there now, and the jobs listed there of
+        this chain, by N (the facts ``decide`` places and fences by)."""
+        slots = {(p.kind, h): p.slots or 1 for p in placement.pools(chain.spec) for h in p.hosts}
+        keys = [key for key in slots if key in self.polled]
+        free = {key[1]: self.free(key, slots[key]) for key in keys}
         jobs = {
             key[1]: self.polled[key].tagged[chain.id] for key in keys if chain.id in self.polled[key].tagged
         }
@@ -144,7 +146,14 @@ class Executor:
             elif isinstance(action, Move):
                 there = chain.spec.at(action.place)
                 moved = replace(chain, spec=there)
-                target = self._polled(tick, there.scheduler.cluster_key)
+                key = (
+                    there.scheduler.cluster_key
+                    if action.host is None
+                    else (there.scheduler.kind, action.host)
+                )
+                if action.host is not None:
+                    tick.placed[key] += 1  # the pool host's slot it takes
+                target = self._polled(tick, key)
                 step.done.append(action)
                 step.done.append(self.submit(target, moved, Submit(action.n, action.walltime), tick))
             elif isinstance(action, Submit):
@@ -233,7 +242,9 @@ class Executor:
         if source is None:
             return
         there = chain.spec.at(source)
-        src = self._polled(tick, there.scheduler.cluster_key).cluster.transport
+        src = self._polled(
+            tick, (there.scheduler.kind, places.copy_host(chain, source) or "")
+        ).cluster.transport
         if src.stat(there.checkpoint_dir) is None:
             saved = places.saved(chain)
             if saved is None:

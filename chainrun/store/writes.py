@@ -217,7 +217,14 @@ def _apply(db: sqlite3.Connection, chain_id: str, action: Action, now: float) ->
         event(db, chain_id, action.n, at, "job", f"segment {action.n} {action.how} as job {action.job_id}")
     elif isinstance(action, Move):
         event(
-            db, chain_id, action.n, now, "move", f"segment {action.n} goes to {action.place}: {action.reason}"
+            db,
+            chain_id,
+            action.n,
+            now,
+            "move",
+            f"segment {action.n} goes to {action.place}"
+            + (f" (host {action.host})" if action.host else "")
+            + f": {action.reason}",
         )
     elif isinstance(action, RetryLater):
         db.execute(
