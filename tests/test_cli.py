@@ -960,6 +960,7 @@ STORE_MODULES = ("checked", "database", "migrations", "rows", "views", "writes")
             # where a chain with several places is now: one pure rule, with its duration words
             | {
                 "chainrun.places",
+                "chainrun.values",  # how the model's classes keep their fields (slots)
                 "chainrun.result",
                 "chainrun.starts",
                 "chainrun.decide.places",

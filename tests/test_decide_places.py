@@ -12,6 +12,7 @@ import pytest
 
 from chainrun.decide import Facts, JobFacts, decide
 from chainrun.decide import places as rules
+from chainrun.decide.chain import questions
 from chainrun.model import (
     NO_PROGRESS,
     Adopt,
@@ -376,9 +377,9 @@ def test_a_chain_that_stays_at_a_place_that_refused_it_queues_nothing_there() ->
 def test_each_place_is_asked_about_the_next_segment_it_would_run(
     used: float, asked: list[tuple[str, int]]
 ) -> None:
-    questions = rules.questions(replace(chain(), used=used))
-    assert [(name, walltime) for name, _, walltime in questions] == asked
-    assert all(there == SPEC.at(name) for name, there, _ in questions)
+    asks = questions(replace(chain(), used=used))
+    assert [(name, walltime) for name, _, walltime in asks] == asked
+    assert all(there == SPEC.at(name) for name, there, _ in asks)
 
 
 @pytest.mark.parametrize(

@@ -337,7 +337,7 @@ ENGINE_MAY_CALL = {
     "placement.pools",  # every pool host a chain may be placed on is polled
     "places.ASK_EVERY",
     "places.saved",  # a move's source checkpoint missing: an error once the chain has saved
-    "places.questions",  # what each place is asked: the next segment's shape there
+    "chain.questions",  # what each place is asked: the next segment's shape there
     "retry.after_fault",
     "retry.after_submit",
     "retry.array_refused",

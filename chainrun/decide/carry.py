@@ -26,10 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
-from chainrun.decide.chain import charge_by_markers
+from chainrun.decide.chain import charge_by_markers, next_walltime
 from chainrun.decide.facts import JobFacts
 from chainrun.decide.goal import finished_on_its_own, goal_reached
-from chainrun.decide.places import next_walltime
 from chainrun.fields import format_duration
 from chainrun.model import Carried, JobSpec, Progress, Submit
 

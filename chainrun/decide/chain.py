@@ -34,6 +34,7 @@ from chainrun.model import (
     ChainState,
     EndSegment,
     Finish,
+    JobSpec,
     ListedJob,
     Move,
     Outcome,
@@ -235,7 +236,7 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
     if barred and moving is None and not still:
         return actions
     if not still:
-        walltime = places.next_walltime(spec.at(moving), left)
+        walltime = next_walltime(spec.at(moving), left)
         if walltime is None:
             short = ""
             if left >= 1:
@@ -619,7 +620,7 @@ def _queue_ahead(
         # One more failure (or the same crash again) ends the chain: a successor queued
         # now could start and burn an allocation before the service sees that failure.
         return []
-    walltime = places.next_walltime(spec, left - current.walltime)
+    walltime = next_walltime(spec, left - current.walltime)
     if walltime is None:
         return []  # decided once the current segment has ended and its time is known
     return [Submit(n=chain.next_n, walltime=walltime, after=current.job_id)]
@@ -642,3 +643,25 @@ def _finish(
         mark = cancel.progress or mark
         actions.append(cancel)
     return [*actions, Finish(state=state, reason=reason)]
+
+
+def next_walltime(spec: JobSpec, left: float) -> Optional[int]:
+    """The walltime of a new segment when ``left`` seconds of total_time remain: the job
+    file's, or what remains; None when that leaves under ``MIN_START`` after the grace, too
+    short to start the command and save (a segment signalled as it starts dies unsaved)."""
+    walltime = min(spec.walltime, int(left))
+    return walltime if walltime - spec.grace >= MIN_START else None
+
+
+def questions(chain: Chain) -> list[tuple[str, JobSpec, int]]:
+    """What each place of a chain with several is asked (``Cluster.expected_start``): its name,
+    the chain's spec as seen there, and the walltime of a next segment there
+    (``next_walltime``); a place where none fits in the time left is not asked."""
+    left = chain.spec.total_time - chain.used
+    asked = []
+    for place in chain.spec.places:
+        there = chain.spec.at(place.name)
+        walltime = next_walltime(there, left)
+        if walltime is not None:
+            asked.append((place.name, there, walltime))
+    return asked

@@ -18,34 +18,11 @@ from typing import Optional
 
 from chainrun.fields import format_duration
 from chainrun.model import NO_PROGRESS, Chain, JobSpec, Outcome, Phase, PlaceSpec, Progress, Segment, Start
-from chainrun.schema import MIN_START
 
 SLACK = 60.0  # seconds within which two places' starts count as the same: preference decides
 SOON = 600.0  # a queued successor's place that starts it later than this, while another starts now, is left
 ASK_EVERY = 60.0  # seconds a chain's estimates are kept before the places are asked again
 MOVE_TRIES = 3  # failed copies to a place before the chain chooses again
-
-
-def next_walltime(spec: JobSpec, left: float) -> Optional[int]:
-    """The walltime of a new segment when ``left`` seconds of total_time remain: the job
-    file's, or what remains; None when that leaves under ``MIN_START`` after the grace, too
-    short to start the command and save (a segment signalled as it starts dies unsaved)."""
-    walltime = min(spec.walltime, int(left))
-    return walltime if walltime - spec.grace >= MIN_START else None
-
-
-def questions(chain: Chain) -> list[tuple[str, JobSpec, int]]:
-    """What each place of a chain with several is asked (``Cluster.expected_start``): its name,
-    the chain's spec as seen there, and the walltime of a next segment there
-    (``next_walltime``); a place where none fits in the time left is not asked."""
-    left = chain.spec.total_time - chain.used
-    asked = []
-    for place in chain.spec.places:
-        there = chain.spec.at(place.name)
-        walltime = next_walltime(there, left)
-        if walltime is not None:
-            asked.append((place.name, there, walltime))
-    return asked
 
 
 def current(segments: Sequence[Segment], places: Sequence[PlaceSpec]) -> Optional[str]:

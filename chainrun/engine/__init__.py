@@ -55,6 +55,7 @@ from chainrun import carry
 from chainrun.cluster import Cluster
 from chainrun.decide import Facts, decide, placement, places, quiet_until
 from chainrun.decide.carry import applies
+from chainrun.decide.chain import questions
 from chainrun.decide.retry import after_fault
 from chainrun.decide.startup import slow_start
 from chainrun.engine.act import ChainTick, Executor, TickClusters
@@ -453,7 +454,7 @@ class Engine:
         if kept is not None and now - kept[0] < places.ASK_EVERY:
             return kept[1]
         starts: dict[str, Start] = {}
-        for name, there, walltime in places.questions(chain):
+        for name, there, walltime in questions(chain):
             job = SegmentJob(chain.id, chain.next_n, there, walltime)
             if there.scheduler.hosts:  # a pool: each host that answered this tick is asked
                 keys = [(there.scheduler.kind, h) for h in there.scheduler.hosts]
