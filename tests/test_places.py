@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -293,9 +294,16 @@ checkpoint_dir = "ckpt"
     # Bit-equal: every tensor of the final model, optimizer, scheduler, scaler and RNG.
     same_state(torch.load(reference / "final.pt"), torch.load(work / "final.pt"))
     assert not (remote / "final.pt").exists() and not (at_sge / "final.pt").exists()
+    # The accounting per place: its segments, the time allocated there and the copies to it.
+    totals = history(chainrun, chain_id)["totals"]
+    per = {p["place"]: p for p in totals["places"]}
+    assert {p: per[p]["segments"] for p in per} == dict(Counter(s["place"] for s in ran)), totals
+    assert sum(p["allocated_seconds"] for p in per.values()) == pytest.approx(totals["allocated_seconds"])
+    copied = {s["place"]: s["copy"]["seconds"] for s in ran if s["copy"]}
+    assert {p: per[p]["copy_seconds"] for p in ("ssh", "slurm")} == copied, (totals, copied)
     shown = chainrun("history", chain_id, check=True).stdout
     assert "PLACE" in shown and "COPY" in shown
-    assert all(f"at {place}: " in shown for place in ("sge", "ssh", "slurm")), shown
+    assert all(f"at {place}: {per[place]['segments']} segment" in shown for place in per), shown
     shown = " ".join(chainrun("status", chain_id, "-v", check=True).stdout.split())  # unwrapped
     places = r"places: segments 1(-\d+)? on sge, \d+(-\d+)? on ssh, \d+(-\d+)? on slurm; now at slurm \(of slurm, ssh, sge\)"
     assert re.search(places, shown), shown
