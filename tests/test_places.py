@@ -1,27 +1,37 @@
-"""One chain, several places, on the real schedulers of this machine: the test Slurm and the
-test SGE as two places (issue 39). Each place has its own checkpoint directory, so that a
-move is a real copy, verified at both ends; the training is the stand-in trainer's lineage
-mode, whose final checkpoint holds the epochs it is made of, each once."""
+"""One chain, several places, on the real schedulers of this machine (issue 39): the test
+Slurm and the test SGE as two places, and the same Slurm over SSH (the test sshd) as a third.
+Each place has its own checkpoint directory, so that a move is a real copy, verified at both
+ends; the training is the stand-in trainer's lineage mode (its final checkpoint holds the
+epochs it is made of, each once), or a PyTorch training compared bit for bit with one run
+without a break."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from conftest import answers, have, holding_scheduler, need, slurm_answers, wait_for
+from conftest import REPO, answers, have, holding_scheduler, need, slurm_answers, wait_for
+from test_contract import SSH_CONFIG, TORCH_TRAINER, same_state
+from test_transport import sshd_problem
+
+from chainrun.checkpoint._digest import file_digest
+from chainrun.model import Adopt, JobSpec, PlaceSpec, Progress, SchedulerSpec, Submit
+from chainrun.schedulers.segment import SegmentJob
+from chainrun.store import Store
 
 DATA = Path(__file__).parent / "data"
 CLI = Callable[..., "subprocess.CompletedProcess[str]"]
 Service = Callable[..., "subprocess.Popen[bytes]"]
-NODE = "node2"  # the one node of the multi partition that test (a) fills with a blocker
 
 pytestmark = [pytest.mark.slurm, pytest.mark.sge]
 
@@ -29,7 +39,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.sge]
 @pytest.fixture
 def both() -> Iterator[None]:
     """The real Slurm and SGE, shared with the tests beside this one; the multi partition's
-    nodes all to this test (test (a) fills one with a blocker, and a test that takes a node
+    nodes all to this test (test (a) fills two with blockers, and a test that takes a node
     down would change Slurm's forecast under it)."""
     with ExitStack() as stack:
         for kind in ("slurm", "sge"):
@@ -93,24 +103,6 @@ def lineage(ckpt: Path) -> list[list[Any]]:
     return json.loads((ckpt / sidecar["file"]).read_text())["history"]  # type: ignore[no-any-return]
 
 
-def uninterrupted(tmp_path: Path, epochs: int) -> list[int]:
-    """The epochs of the same training run in one go, here."""
-    ckpt = tmp_path / "straight"
-    env = dict(os.environ, CHAINRUN_CHECKPOINT_DIR=str(ckpt), CHAINRUN_SEGMENT="1")
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent) + os.pathsep + env.get("PYTHONPATH", "")
-    argv = [
-        sys.executable,
-        str(DATA / "trainer.py"),
-        "--lineage",
-        "--epochs",
-        str(epochs),
-        "--epoch-time",
-        "0.01",
-    ]
-    subprocess.run(argv, check=True, env=env, capture_output=True, timeout=120)
-    return [e[0] for e in lineage(ckpt)]
-
-
 def timeline(st: dict[str, Any]) -> str:
     """Which segment ran where, its queue wait and the copy before it: the test's record."""
     lines = ["segment  place  job  queued  ran  copy"]
@@ -160,60 +152,165 @@ def test_a_place_that_cannot_start_a_segment_is_skipped_and_costs_nothing(
     assert not (work / "ckpt-slurm").exists()  # nothing ever ran there
 
 
-def test_segments_go_where_they_start_soonest_and_the_checkpoint_follows(
-    both: None, work: Path, tmp_path: Path, chainrun: CLI, service: Service
-) -> None:
-    """(a) Slurm's node is full (a blocker job): the segments go to SGE; once the blocker is
-    gone they come back to Slurm, the preferred place. The checkpoint is copied at each move,
-    verified, and the training is the same as one run without interruption."""
-    # Enough training for four or five segments at SGE (about 30 epochs each) while the
-    # service still goes by the forecast it asked for before the blocker went (it asks once
-    # a minute), and then one or two at Slurm.
-    epochs = 200
-    blocker = sbatch(
+def blocker(node: str) -> str:
+    """A job that fills ``node`` for half an hour: once it runs, a place on that node would
+    start a segment only then (not "soon")."""
+    return sbatch(
         "--partition=multi",
-        f"--nodelist={NODE}",
+        f"--nodelist={node}",
         "--exclusive",
-        "--time=10",
-        "--job-name=places-blocker",
-        "--wrap=sleep 600",
+        "--time=30",
+        f"--job-name=places-blocker-{node}",
+        "--wrap=sleep 1800",
     )
+
+
+def started_at(chainrun: CLI, chain_id: str, place: str) -> bool:
+    return any(s["place"] == place and s["started_at"] for s in status(chainrun, chain_id)["segments"])
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.ssh
+def test_three_places_one_over_ssh_and_the_training_ends_bit_equal(
+    both: None, work: Path, tmp_path: Path, chainrun: CLI, service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(a) Three places, in order of preference, each with its own workdir and checkpoint
+    directory: the test Slurm on node2, the same Slurm on node3 over SSH (the test sshd, its
+    host key checked), and the test SGE. Both Slurm nodes are full (a blocker job each): the
+    segments go to SGE. Node3 frees up: they go to the SSH place, the checkpoint copied there
+    over SFTP. Node2 frees up: they come back to the first place, the checkpoint copied back
+    from the SSH place. Each copy is the checkpoint the place it left committed, verified, and
+    the first segment after it resumes from it; the PyTorch training (dropout, AdamW,
+    OneCycleLR, GradScaler, its sampler's order) ends bit-equal to one run without a break.
+
+    The training steps slowly at SGE and at the SSH place (``step-sleep`` in each workdir: a
+    slower machine) and fast at the first: however loaded this machine is (torch's import
+    takes 3-25 s of each segment), the chain is not done before it is back, and is then
+    soon."""
+    torch = pytest.importorskip("torch")
+    problem = sshd_problem()
+    need(f"the test sshd ({problem})", problem is None, "scripts/start-sshd (as root)")
+    monkeypatch.setenv("CHAINRUN_SSH_CONFIG", SSH_CONFIG)  # for the CLI and the service
+    # The SSH place's workdir (this machine as root over the sshd: a login node that sees it) and SGE's.
+    remote, at_sge = tmp_path / "over ssh", tmp_path / "at sge"
+    pace = {work: "0.05", remote: "1", at_sge: "1"}  # seconds a training step sleeps there
+    for where, sleep in pace.items():
+        where.mkdir(exist_ok=True)
+        shutil.copy(TORCH_TRAINER, where / "torch_train.py")
+        (where / "step-sleep").write_text(sleep)
+    # 12 steps an epoch: some 130 of its 240 steps are done before the chain is back at its
+    # first place on an idle machine (about 7 a segment at SGE, 27 at the SSH place), fewer
+    # on a loaded one; the rest takes seconds there.
+    epochs = 20
+    args = f"--out final.pt --epochs {epochs}"
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHAINRUN_")}
+    argv = [sys.executable, str(TORCH_TRAINER), "--dir", "ckpt", *args.split()]
+    subprocess.run(argv, cwd=reference, env=env, check=True, capture_output=True, timeout=300)
+    command = (
+        f'python3 torch_train.py --dir "$CHAINRUN_CHECKPOINT_DIR" {args} --step-sleep "$(cat step-sleep)"'
+    )
+    path = work / "job.toml"
+    path.write_text(
+        f"""
+name = "places"
+command = {json.dumps(command)}
+workdir = {json.dumps(str(work))}
+total_time = "30m"
+walltime = "60s"
+grace = "30s"  # the signal: at 10 s at SGE (after the first steps, on a loaded machine), 30 s at Slurm
+target_epoch = {epochs}
+max_failures = 1
+
+[env]  # the same at every place: this interpreter (torch) and this checkout (the helper)
+PATH = {json.dumps(os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin")}
+PYTHONPATH = {json.dumps(str(REPO))}
+
+[[cluster]]
+name = "slurm"
+kind = "slurm"
+queue = "multi"
+options = ["--nodelist=node2"]
+checkpoint_dir = "ckpt"
+
+[[cluster]]
+name = "ssh"
+kind = "slurm"
+host = "root-local"
+queue = "multi"
+options = ["--nodelist=node3"]
+workdir = {json.dumps(str(remote))}
+checkpoint_dir = "ckpt"
+
+[[cluster]]
+name = "sge"
+kind = "sge"
+walltime = "40s"
+workdir = {json.dumps(str(at_sge))}
+checkpoint_dir = "ckpt"
+"""
+    )
+    blockers: list[str] = []
     try:
-        wait_for(lambda: state_of(blocker) == "RUNNING", 120, "the blocker to run")
-        slurm = f'queue = "multi"\noptions = ["--nodelist={NODE}"]'
-        path = write_job(work, slurm, epochs=epochs, epoch_time=0.5)
+        for node in ("node2", "node3"):
+            blockers.append(blocker(node))
+        wait_for(lambda: all(state_of(job) == "RUNNING" for job in blockers), 120, "the blockers to run")
         chain_id = chainrun("submit", str(path), check=True).stdout.strip().splitlines()[-1]
         service(interval=1)
-
-        def at_sge_started() -> bool:
-            segs = status(chainrun, chain_id)["segments"]
-            return any(s["place"] == "sge" and s["started_at"] for s in segs)
-
-        wait_for(at_sge_started, 180, "a segment to start at SGE")
-        subprocess.run(["scancel", blocker], check=True, timeout=60)
+        wait_for(lambda: started_at(chainrun, chain_id, "sge"), 180, "a segment to start at SGE")
+        subprocess.run(["scancel", blockers[1]], check=True, timeout=60)
+        wait_for(lambda: started_at(chainrun, chain_id, "ssh"), 300, "a segment to start at the SSH place")
+        subprocess.run(["scancel", blockers[0]], check=True, timeout=60)
         wait_for(lambda: status(chainrun, chain_id)["state"] != "active", 600, "the chain to end")
     finally:
-        subprocess.run(["scancel", blocker], timeout=60)
+        if blockers:
+            subprocess.run(["scancel", *blockers], timeout=60)
     st = status(chainrun, chain_id)
     print(timeline(st))
     assert st["state"] == "completed", (st["reason"], timeline(st))
-    assert st["failures"] == 0, timeline(st)
-    places = [s["place"] for s in st["segments"] if s["started_at"]]
-    assert places[0] == "sge" and places[-1] == "slurm", timeline(st)
-    # Each segment after a move found the checkpoint copied there first, recorded and verified.
-    copies = [e["message"] for e in history(chainrun, chain_id)["events"] if e["kind"] == "copy"]
-    assert any("from sge" in c and "verified" in c and "sha256" in c for c in copies), copies
-    back = next(s for s in st["segments"] if s["place"] == "slurm" and s["started_at"])
-    assert back["copy"] is not None and back["copy"]["bytes"] > 0 and back["copy"]["sha256"]
-    # The final checkpoint (at Slurm) is made of every epoch once, in order: the same as an
-    # uninterrupted run's; its first epochs were trained at SGE by the segments there.
-    made = lineage(work / "ckpt-slurm")
-    assert [e[0] for e in made] == uninterrupted(tmp_path, epochs)
-    at = {place: {s["n"] for s in st["segments"] if s["place"] == place} for place in ("sge", "slurm")}
-    assert made[0][1] in at["sge"] and made[-1][1] in at["slurm"], (made[0], made[-1], timeline(st))
+    assert st["failures"] == 0 and not any(s["charged"] for s in st["segments"]), timeline(st)
+    ran = [s for s in st["segments"] if s["started_at"]]
+    stays = [s["place"] for i, s in enumerate(ran) if i == 0 or ran[i - 1]["place"] != s["place"]]
+    assert stays == ["sge", "ssh", "slurm"], timeline(st)
+    events = history(chainrun, chain_id)["events"]
+    moves = [e["message"] for e in events if e["kind"] == "move"]
+    assert any("goes to ssh: ssh starts now (on node3 in partition multi" in m for m in moves), moves
+    # Each move copied the newest checkpoint of the place it left (whose checkpoint directory
+    # nothing wrote after it): the copy's sha256 is the one committed there, it is that file's,
+    # and the first segment at the new place resumed from it. The SSH place trained on.
+    reached = []
+    for source, dest in (("sge", "ssh"), ("ssh", "slurm")):
+        left = {"sge": at_sge, "ssh": remote}[source] / "ckpt"
+        sidecar = json.loads((left / "chainrun-progress.json").read_text())
+        reached.append((sidecar["epoch"], sidecar["step"]))
+        first = next(s for s in ran if s["place"] == dest)
+        copy = first["copy"]
+        assert copy is not None and copy["bytes"] > sidecar["size"], timeline(st)
+        found = file_digest(left / sidecar["file"], sidecar["sha256_chunk"]).sha256
+        assert copy["sha256"] == sidecar["sha256"] == found, (copy, sidecar, found)
+        said = [e["message"] for e in events if e["kind"] == "copy" and f"from {source} " in e["message"]]
+        assert len(said) == 1 and f" to {dest} " in said[0] and "verified" in said[0], said
+        log = chainrun("logs", chain_id, "--segment", str(first["n"]), check=True).stdout
+        assert f"resumed from {sidecar['file']} " in log, log
+    assert reached[0] < reached[1] < (epochs, 0), reached
+    # Bit-equal: every tensor of the final model, optimizer, scheduler, scaler and RNG.
+    same_state(torch.load(reference / "final.pt"), torch.load(work / "final.pt"))
+    assert not (remote / "final.pt").exists() and not (at_sge / "final.pt").exists()
+    # The accounting per place: its segments, the time allocated there and the copies to it.
+    totals = history(chainrun, chain_id)["totals"]
+    per = {p["place"]: p for p in totals["places"]}
+    assert {p: per[p]["segments"] for p in per} == dict(Counter(s["place"] for s in ran)), totals
+    assert sum(p["allocated_seconds"] for p in per.values()) == pytest.approx(totals["allocated_seconds"])
+    copied = {s["place"]: s["copy"]["seconds"] for s in ran if s["copy"]}
+    assert {p: per[p]["copy_seconds"] for p in ("ssh", "slurm")} == copied, (totals, copied)
     shown = chainrun("history", chain_id, check=True).stdout
     assert "PLACE" in shown and "COPY" in shown
-    assert "; now at slurm (of slurm, sge)" in chainrun("status", chain_id, "-v", check=True).stdout
+    assert all(f"at {place}: {per[place]['segments']} segment" in shown for place in per), shown
+    shown = " ".join(chainrun("status", chain_id, "-v", check=True).stdout.split())  # unwrapped
+    places = r"places: segments 1(-\d+)? on sge, \d+(-\d+)? on ssh, \d+(-\d+)? on slurm; now at slurm \(of slurm, ssh, sge\)"
+    assert re.search(places, shown), shown
 
 
 def test_a_copy_that_fails_is_retried_and_the_segment_waits_for_it(
@@ -282,3 +379,46 @@ checkpoint_dir = "ckpt-local"
     made = lineage(blocked)
     assert [e[0] for e in made] == [1, 2, 3, 4, 5, 6]
     assert [e[1] for e in made[:3]] == [0, 0, 0]  # trained before the chain, at its first place
+
+
+@pytest.mark.ssh
+def test_logs_reads_each_segment_at_the_place_it_ran(
+    tmp_path: Path, home: Path, chainrun: CLI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`chainrun logs` of a chain with several places reads each segment's output where that
+    segment ran (its place's workdir, over SSH for a place with a host), not at the place the
+    chain is at now: it printed nothing for the segments that ran elsewhere."""
+    problem = sshd_problem()
+    need(f"the test sshd ({problem})", problem is None, "scripts/start-sshd (as root)")
+    monkeypatch.setenv("CHAINRUN_SSH_CONFIG", SSH_CONFIG)
+    here, there = tmp_path / "here", tmp_path / "over ssh"
+    places = (
+        PlaceSpec("here", SchedulerSpec("local"), str(here), str(here / "ckpt"), 60),
+        PlaceSpec("ssh", SchedulerSpec("local", host="root-local"), str(there), str(there / "ckpt"), 60),
+    )
+    spec = JobSpec(
+        name="logs",
+        command="true",
+        workdir=str(here),
+        total_time=600,
+        walltime=60,
+        target_epoch=None,
+        max_failures=0,
+        checkpoint_dir=str(here / "ckpt"),
+        signal="USR1",
+        grace=10,
+        scheduler=places[0].scheduler,
+        places=places,
+    )
+    store = Store(home)
+    chain_id = store.add_chain(spec, Progress(), 0.0).id
+    for n, place in ((1, "ssh"), (2, "here")):  # the chain went over SSH, and is back here now
+        store.journal_submit(chain_id, Submit(n, 60), float(n), place=place)
+        store.record(chain_id, [Adopt(n, f"j{n}", "submitted")], None, [], float(n))
+        log = Path(SegmentJob(chain_id, n, spec.at(place), 0).log_path)
+        log.parent.mkdir(parents=True)
+        log.write_text(f"segment {n} trained at {place}\n")
+    assert store.chain(chain_id).spec.place_name == "here"
+    shown = chainrun("logs", chain_id, check=True).stdout
+    assert "segment 1 trained at ssh\n" in shown and "segment 2 trained at here\n" in shown, shown
+    assert chainrun("logs", chain_id, "-n", "1", check=True).stdout == "segment 1 trained at ssh\n"

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from chainrun.model import Chain
     from chainrun.status import Shown
     from chainrun.store import DamagedChain, Store
+    from chainrun.transport import Transport
 
 # Each command imports what it uses: `--help` formats them all, and `status` should
 # not pay for the service, the schedulers or the job file parser.
@@ -570,23 +571,29 @@ def logs(ctx: click.Context, chain_ref: str, segment: Optional[int], follow: boo
 
     with _store(ctx, readonly=True) as store:
         chain = store.find(chain_ref)
-        transport = transport_for(chain.host)
+        first = chain.spec.places[0].name if chain.spec.places else None
+        transports: dict[Optional[str], Transport] = {}
         offsets: dict[int, int] = {}
         while True:
             chain = store.chain(chain.id)
-            numbers = [s.n for s in chain.segments if segment is None or s.n == segment]
-            if segment is not None and not numbers:
+            shown = [s for s in chain.segments if segment is None or s.n == segment]
+            if segment is not None and not shown:
                 have = f"1 to {chain.next_n - 1}" if chain.segments else "none yet"
                 raise UsageError(f"chain {chain.id} has no segment {segment} (it has {have})")
-            for n in numbers:
-                path = SegmentJob(chain.id, n, chain.spec, 0).log_path
-                data = transport.read_file(path) or b""
-                start = offsets.get(n, 0)
-                if start == 0 and data and len(numbers) > 1:
-                    click.echo(f"==> segment {n}: {path} <==")
+            for seg in shown:
+                # Read where it ran: its place's workdir (a chain with several), its pool host.
+                there = chain.spec.at(seg.place or first)
+                host = seg.host or there.scheduler.first_host
+                if host not in transports:
+                    transports[host] = transport_for(host)
+                path = SegmentJob(chain.id, seg.n, there, 0).log_path
+                data = transports[host].read_file(path) or b""
+                start = offsets.get(seg.n, 0)
+                if start == 0 and data and len(shown) > 1:
+                    click.echo(f"==> segment {seg.n}: {path} <==")
                 if len(data) > start:
                     click.echo(data[start:].decode(errors="replace"), nl=False)
-                offsets[n] = len(data)
+                offsets[seg.n] = len(data)
             if not follow or chain.state.final:
                 break
             time.sleep(1.0)
