@@ -96,5 +96,10 @@ def test_the_chain_met_is_found_by_any_of_the_new_chains_holds_against_any_of_a_
     assert clashing("n", mine[:1], [first, second]) is None
     own = Holder("n-1", "n", Hold(HERE, "/w/a"))
     assert clashing("n", mine, [second, own]) == (0, own)  # its own job file's chain, first
+    again = Holder("n-1", "n", Hold(HERE, "/w/shared"), place="two")
+    other = Holder("o-1", "o", Hold(HERE, "/w/a"))
+    assert clashing("n", mine, [other, again]) == (1, again)  # first, though at a later place
+    stranger = Holder("s-1", "s", Hold(HERE, "/w/shared"), place="two")
+    assert clashing("n", mine[1:], [stranger, again]) == (0, again)  # of two at one place, too
     inner = Holder("z-1", "z", Hold(HERE, "/w/shared/run1"), place="two")
     assert clashing("n", mine, [inner]) == (1, inner)
