@@ -83,6 +83,7 @@ class FakeCluster:
         self.next_id = 1
         self.submit_failures: list[SchedulerError | TransportError] = []
         self.down = False  # polls and submissions fail as an unreachable controller's would
+        self.cancels_fail = False  # cancels fail, as a controller's that stopped answering after the poll
         # When a job asked about now would start (``Cluster.expected_start``): this many seconds
         # from the clock's now; None: the cluster refuses it (a partition down, say).
         self.start_in: Optional[float] = 0.0
@@ -219,6 +220,8 @@ class FakeCluster:
         if verb == "fake-acct":
             lines = [_line(self.jobs[i].live) for i in args if i in self.jobs and self.jobs[i].accounted]
             return CommandResult(tuple(argv), 0, "".join(lines), "")
+        if verb == "fake-cancel" and (self.down or self.cancels_fail):
+            return CommandResult(tuple(argv), 1, "", "fake: controller not responding\n")
         if verb == "fake-cancel":
             now = self.clock()
             for job_id in args:

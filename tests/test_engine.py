@@ -449,6 +449,32 @@ def test_a_cluster_that_cannot_be_polled_costs_nothing(world: World) -> None:
     assert world.phases(chain_id) == [(1, "1", "pending"), (2, "2", "pending")]
 
 
+def test_a_cancel_the_scheduler_did_not_take_is_sent_again_once_it_answers(world: World) -> None:
+    """The chain reaches its target while its controller takes no cancel: the successor queued
+    ahead stays queued, the cancel owed. The engine polls that cluster each tick (the chain
+    has ended) and, once it answers, cancels the job it still lists, once, and says so."""
+    chain_id = world.add(replace(SPEC, target_epoch=2))
+    world.tick()
+    world.tick()
+    world.cluster.start("1", epoch=0)
+    world.cluster.end("1", "timeout", epoch=2, saved=world.clock())
+    world.cluster.cancels_fail = True
+    assert world.tick().state is ChainState.COMPLETED
+    world.tick()  # still refused: still owed
+    assert world.cluster.jobs["2"].live.phase is Phase.PENDING
+    world.cluster.cancels_fail = False
+    world.tick()
+    assert world.cluster.jobs["2"].live.outcome is Outcome.CANCELLED
+    told = world.history(chain_id)
+    assert (
+        "could not cancel jobs 2 (" in told
+        and "job 2 removed: its cancel did not reach the scheduler" in told
+    )
+    sent = len(world.cluster.commands)
+    world.tick()
+    assert world.cluster.commands[sent:] == []  # owed nothing more: not even polled
+
+
 def test_a_chain_decide_is_skipped_for_is_one_that_decide_and_the_tick_leave_as_it_is(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -133,9 +133,10 @@ def state_of(job: str) -> str:
 def test_a_place_that_cannot_start_a_segment_is_skipped_and_costs_nothing(
     both: None, work: Path, chainrun: CLI, service: Service
 ) -> None:
-    """(b) The first place's partition is not there (a place in maintenance, its partition
-    gone): `sbatch --test-only` refuses; the segments go to SGE, the reason is shown, and
-    nothing is charged."""
+    """The first place's partition is not there (a place in maintenance, its partition
+    gone): refused at submit and by `sbatch --test-only`; the segments go to SGE, the reason
+    is shown, and nothing is charged. (Test (b) proper, slurmctld stopped mid-chain, is
+    tests/test_places_down.py.)"""
     path = write_job(work, 'queue = "chainrun-absent"', epochs=6)
     submitted = chainrun("submit", str(path), check=True)
     chain_id = submitted.stdout.strip().splitlines()[-1]

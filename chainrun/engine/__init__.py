@@ -19,6 +19,13 @@ host that answered; its facts hold each answering host's free slots and jobs,
 from which ``decide`` places its new segment (or has it wait, saying so) and
 cancels what a host that is back still runs of segments ended as lost there.
 
+A chain with several places whose cluster's poll failed (its controller stopped) does not
+wait for it: it is looked at by its segments' end markers alone (``Observer.unanswered``),
+so a segment that ended there is judged, and ``decide`` moves the chain where a segment
+starts now (that place answers that it cannot). A cancel that did not reach its scheduler
+is owed (``Executor.owed_cancels``): that cluster is polled each tick, and once it answers,
+the jobs it still lists are cancelled. A chain with one place waits for its cluster.
+
 The engine calls ``decide`` and, besides it, only the rules that say what to
 observe and what a carried-out action came to: ``placement.held_back`` and
 ``placement.observe_on`` (which chains may start, where each is looked at),
@@ -265,11 +272,12 @@ class Engine:
             self.quiet = {k: v for k, v in self.quiet.items() if k in ids}
             self.starts = {k: v for k, v in self.starts.items() if k in ids}
             self.observer.keep_only(ids)
-        # One poll per cluster: every cluster a chain lives on, and every host of a pool
-        # (free slots are counted from its poll; one that stops answering is noticed).
+        # One poll per cluster: every cluster a chain lives on, every host of a pool (free
+        # slots are counted from its poll; one that stops answering is noticed), and every
+        # cluster owed a cancel (sent once it answers).
         pools = self.loaded.pools
         tick = TickClusters({})
-        for key in dict.fromkeys([*groups, *pools]):
+        for key in dict.fromkeys([*groups, *pools, *self.executor.owed_cancels]):
             kind, host = key
             try:
                 tick.polled[key] = poll(key, self._cluster(key), self.polls.get(key))
@@ -288,11 +296,17 @@ class Engine:
             key: (*self.answers[key], tick.polled[key].jobs if key in tick.polled else None)
             for key in self.pool_hosts
         }
+        for key in [k for k in self.executor.owed_cancels if k in tick.polled]:
+            for chain_id, removed in self.executor.cancel_owed(tick.polled[key]).items():
+                self.store.record(chain_id, removed, None, [], now)
+                for action in removed:
+                    _log(chain_id, action)
         away = self._group(pooled, groups, tick, now)
         retries: list[float] = []  # when submissions that failed want their next try
         for key, chains in groups.items():
             polled = tick.polled.get(key)
             if polled is None:
+                retries += self._unanswered(key, chains, tick, summary, now)
                 continue
             gathered: dict[str, Facts] = {}
             for chain in chains:
@@ -326,6 +340,38 @@ class Engine:
         if retries:
             summary.next_in = max(0.0, min(retries) - self.clock())
         return summary
+
+    def _unanswered(
+        self, key: ClusterKey, chains: list[Chain], tick: TickClusters, summary: TickSummary, now: float
+    ) -> list[float]:
+        """The chains with several places on cluster ``key``, whose poll failed this tick, move
+        on without it: each is looked at by its markers (``Observer.unanswered``), and a
+        segment that ended there is judged, its place asked (it answers that it cannot start
+        one) and the chain moved where one starts; a chain with one place waits for it, as
+        one whose markers cannot be read either (its host does not answer) does. Returns when
+        their failed submissions want their next try."""
+        unpolled = Polled(key, self._cluster(key), {}, {}, {})
+        retries: list[float] = []
+        for chain in chains:
+            if not chain.spec.places:
+                continue
+            facts = self._guarded(chain, summary, self._by_markers, unpolled, chain, now)
+            step = (
+                None
+                if facts is None
+                else self._guarded(chain, summary, self._act, unpolled, chain, facts, tick, [])
+            )
+            if step is not None:
+                retries += self._guarded(chain, summary, self._record, step) or []
+        return retries
+
+    def _by_markers(self, unpolled: Polled, chain: Chain, now: float) -> Optional[Facts]:
+        """``Observer.unanswered``; None when the markers cannot be read (the host does not
+        answer either): the chain waits, at no cost."""
+        try:
+            return self.observer.unanswered(unpolled, chain, now)
+        except TransportError:
+            return None
 
     def _group(
         self, pooled: list[Chain], groups: dict[ClusterKey, list[Chain]], tick: TickClusters, now: float

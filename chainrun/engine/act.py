@@ -1,24 +1,29 @@
 """Act: carry out what ``decide`` answered, through the cluster, and say what was done.
 
 A ``Finish`` first writes the final marker (a successor that starts anyway exits at
-once); cancels go out in one command; a submission is journaled (the one write before the
+once); cancels go out in one command (one that fails is owed, and sent once the scheduler
+answers: ``cancel_owed``); a submission is journaled (the one write before the
 tick's record), then made, with what its segment needs to carry the chain while the
-service is away (``carry.leave_record``), on the pool host ``decide`` chose for it, if any.
-A sweep's first segments that ``decide`` marked as array tasks go out together after
-the cluster's chains have acted (``submit_arrays``): one array job per set of chains whose
-directives and workdir are the same. A move to a pool goes to the host ``decide`` placed it
-on; a copy from a pool is read on the host the chain ran on there. What was done is kept in
-each chain's ``ChainTick``, which the engine records in one transaction.
+service is away (``carry.leave_record``), on the pool host ``decide`` chose for it, if any;
+at a place the chain moved to, once the checkpoint is copied there, the checkpoint
+directory left fenced for it (a job of the chain still queued there trains nothing). A
+move to a pool goes to the host ``decide`` placed it on; a copy from a pool is read on the
+host the chain ran on there. A sweep's first segments that ``decide`` marked as array tasks
+go out together after the cluster's chains have acted (``submit_arrays``): one array job per
+set of chains whose directives and workdir are the same. What was done is kept in each
+chain's ``ChainTick``, which the engine records in one transaction.
 """
 
 from __future__ import annotations
 
+import posixpath
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from chainrun import carry, rundir, snapshot
+from chainrun.checkpoint._fence import FENCE_NAME, Token
 from chainrun.cluster import Cluster
 from chainrun.decide import placement, places
 from chainrun.decide.retry import after_submit, array_refused
@@ -101,6 +106,10 @@ class Executor:
         self.clusters = clusters  # a cluster this tick did not poll: another place of a chain
         # By chain, a grace decided on that could not be written yet: written again each tick.
         self.owed_grace: dict[str, int] = {}
+        # By cluster, the jobs whose cancel did not reach the scheduler (its controller or host
+        # did not answer), each with its chain and segment: the engine polls that cluster each
+        # tick, and once it answers, those it still lists are cancelled (``cancel_owed``).
+        self.owed_cancels: dict[ClusterKey, dict[str, tuple[str, int]]] = {}
 
     def write_grace(self, polled: Polled, chain: Chain, seconds: int, warnings: list[str]) -> None:
         """Write the grace later segments get where their runner reads it; one that cannot be
@@ -175,22 +184,45 @@ class Executor:
         warnings: list[str],
     ) -> None:
         """Cancel the actions' jobs: one command per cluster (a ``Remove`` with a host: that
-        pool host's)."""
-        by_cluster: dict[ClusterKey, list[str]] = defaultdict(list)
+        pool host's). A cancel that fails is owed: sent again once the cluster answers."""
+        by_cluster: dict[ClusterKey, dict[str, int]] = defaultdict(dict)
         for action in actions:
             host = action.host if isinstance(action, Remove) else None
             key = polled.key if host is None else (chain.spec.scheduler.kind, host)
             if action.job_id:
-                by_cluster[key].append(action.job_id)
-        for key, ids in by_cluster.items():
+                by_cluster[key][action.job_id] = action.n
+        for key, jobs in by_cluster.items():
             try:
-                (polled if key == polled.key else tick.polled[key]).cluster.cancel(ids)
-            except SchedulerError as exc:
-                warnings.append(str(exc))
-            except TransportError as exc:
+                (polled if key == polled.key else tick.polled[key]).cluster.cancel(list(jobs))
+            except (SchedulerError, TransportError) as exc:
                 warnings.append(
-                    f"could not cancel jobs {', '.join(ids)} ({exc}); they exit at once if they start"
+                    f"could not cancel jobs {', '.join(jobs)} ({exc}); cancelled once the scheduler answers"
                 )
+                owed = self.owed_cancels.setdefault(key, {})
+                owed.update({job_id: (chain.id, n) for job_id, n in jobs.items()})
+
+    def cancel_owed(self, polled: Polled) -> dict[str, list[Action]]:
+        """Cancel the jobs owed a cancel on ``polled``'s cluster, which answered: those it
+        still lists as not ended (the others ended or are gone: owed nothing more). By chain,
+        a ``Remove`` of each job cancelled now, for its history; a cancel that fails again is
+        still owed."""
+        owed = self.owed_cancels.pop(polled.key, {})
+        live = {j: owed[j] for j in owed if j in polled.jobs and polled.jobs[j].phase is not Phase.ENDED}
+        if not live:
+            return {}
+        try:
+            polled.cluster.cancel(list(live))
+        except (SchedulerError, TransportError) as exc:
+            log.warning("cancel failed again; retrying next tick", jobs=list(live), error=str(exc))
+            self.owed_cancels[polled.key] = live
+            return {}
+        done: dict[str, list[Action]] = defaultdict(list)
+        for job_id, (chain_id, n) in live.items():
+            why = (
+                "its cancel did not reach the scheduler, which did not answer; sent again now that it answers"
+            )
+            done[chain_id].append(Remove(n, job_id, why))
+        return done
 
     def _polled(self, tick: Optional[TickClusters], key: ClusterKey) -> Polled:
         """Cluster ``key`` as this tick polled it, or, not polled, reached now (unpolled)."""
@@ -257,6 +289,12 @@ class Executor:
             moved = move_checkpoint(
                 src, there.checkpoint_dir, polled.cluster.transport, chain.spec.checkpoint_dir
             )
+            # The place left is fenced for this segment: one of the chain's still queued there
+            # (its cancel did not reach a scheduler that did not answer) is fenced as it starts
+            # and trains nothing. Written without the fence's lock, which only a segment of
+            # the chain starting there right now could race: every one there has ended.
+            fence = Token(chain.id, sub.n, 0, "").text().encode()
+            src.write_file(posixpath.join(there.checkpoint_dir, FENCE_NAME), fence, mode=0o644)
         except TransportError as exc:
             raise TransferError(f"checkpoint not copied from {source}: {exc}") from None
         what = f"{len(moved.files)} files, {moved.bytes} bytes" + (

@@ -344,6 +344,22 @@ class Observer:
         """Forget the settled facts of chains other than these (ended, or removed)."""
         self.settled = {k: v for k, v in self.settled.items() if k in chain_ids}
 
+    def unanswered(self, unpolled: Polled, chain: Chain, now: float) -> Facts:
+        """Facts of a chain with several places whose scheduler did not answer this tick
+        (``unpolled``: its cluster, with nothing listed), which need not wait for it: of its
+        jobs, those whose runner's end marker is there (it ended as the marker says), the
+        checkpoint as it is now. Nothing is learned of its other jobs: none is taken for gone.
+        A requeued job's end marker is of its run before: not read."""
+        transport = unpolled.cluster.transport
+        jobs: dict[str, JobFacts] = {}
+        for seg in chain.live:
+            if seg.job_id is None or (seg.phase is Phase.PENDING and seg.started_at is not None):
+                continue
+            end = self.markers.end(transport, chain, seg.n)
+            if end is not None:
+                jobs[seg.job_id] = JobFacts(end=end, start=self.markers.start(transport, chain, seg.n))
+        return Facts(jobs=jobs, progress=self.progress.progress(transport, chain.spec, now))
+
     def away(self, polled: Polled, chain: Chain, lost: str) -> Facts:
         """Facts of a pool chain looked at from another host than its own, which did not
         answer: nothing of its jobs (their ids are that host's); the checkpoint when the
