@@ -59,11 +59,12 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "tests/test_arrays.py",
             "tests/test_pool.py",
             "tests/test_decide_places.py",
+            "tests/test_decide_pool_places.py",
         ),
     ),
     "rules": (  # what a segment may queue while the service is away, and who holds a directory
         ("chainrun/decide/carry.py", "chainrun/decide/holds.py"),
-        ("tests/test_carry.py", "tests/test_holds.py", "tests/test_decide.py"),
+        ("tests/test_carry.py", "tests/test_holds.py", "tests/test_holds_places.py", "tests/test_decide.py"),
     ),
     "runner": (  # the rules the segment runner applies in the job, and the completion rule
         ("chainrun/decide/segment.py", "chainrun/decide/goal.py"),
