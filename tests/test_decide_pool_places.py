@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
+from test_decide_places import LATER, NOW, NOW_, SGE
+from test_decide_places import SPEC as TWO_PLACES
+
 from chainrun.decide import Facts, JobFacts, decide, placement
 from chainrun.decide import places as rules
 from chainrun.model import (
@@ -26,26 +29,12 @@ from chainrun.model import (
     Submit,
 )
 
-NOW = 100_000.0
 LAB = SchedulerSpec(kind="local", hosts=("gpu1", "gpu2"), slots=1, workdir_shared=False)
-SGE = PlaceSpec("sge", SchedulerSpec(kind="sge"), "/w", "/w/ckpt-sge", 90)
 POOL = PlaceSpec("lab", LAB, "/home/me/w", "/home/me/w/ckpt", 90)
-SPEC = JobSpec(
-    name="t",
-    command="python train.py",
-    workdir="/w",
-    total_time=1000,
-    walltime=90,
-    target_epoch=10,
-    max_failures=2,
-    checkpoint_dir="/w/ckpt-sge",
-    signal="USR1",
-    grace=10,
-    scheduler=SGE.scheduler,
-    places=(SGE, POOL),
+# The two-place tables' chain, at SGE first and the lab's pool second.
+SPEC = replace(
+    TWO_PLACES, walltime=90, checkpoint_dir=SGE.checkpoint_dir, scheduler=SGE.scheduler, places=(SGE, POOL)
 )
-NOW_ = Start(NOW, "starts now")
-LATER = Start(NOW + 3600, "the scheduler's forecast")
 
 
 def seg(n: int, phase: Phase, place: str, host: Optional[str] = None, **kw: object) -> Segment:
