@@ -113,6 +113,8 @@ def test_the_next_segment_starts_at_sge_while_slurmctld_is_away_and_nothing_is_c
     assert lineage(work / "ckpt-slurm") == left_at_slurm
     made = lineage(work / "ckpt-sge")
     assert [e[0] for e in made] == list(range(1, epochs + 1)), made
-    trained = [s["n"] for s in rest if s["started_at"]]
-    assert made[0][1] == first["n"] and made[-1][1] == trained[-1], (made[0], made[-1], timeline(st))
+    # The last epochs at SGE, by a segment that ran there: not always the last one that
+    # started (a successor queued ahead may start as the goal is met, and is cancelled).
+    ran = {s["n"] for s in rest if s["started_at"]}
+    assert made[0][1] == first["n"] and made[-1][1] in ran, (made[0], made[-1], timeline(st))
     assert json.loads((work / "ckpt-sge" / "chainrun-progress.json").read_text())["epoch"] == epochs
