@@ -117,6 +117,12 @@ def timeline(st: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def completed_free(st: dict[str, Any]) -> None:
+    """The chain completed, with no failure and no segment charged."""
+    assert st["state"] == "completed", (st["reason"], timeline(st))
+    assert st["failures"] == 0 and not any(s["charged"] for s in st["segments"]), timeline(st)
+
+
 def sbatch(*options: str) -> str:
     out = subprocess.run(
         ["sbatch", "--parsable", "--output=/dev/null", *options], capture_output=True, text=True, timeout=60
@@ -144,8 +150,7 @@ def test_a_place_that_cannot_start_a_segment_is_skipped_and_costs_nothing(
     service(interval=1)
     wait_for(lambda: status(chainrun, chain_id)["state"] != "active", 300, "the chain to end")
     st = status(chainrun, chain_id)
-    assert st["state"] == "completed", (st["reason"], timeline(st))
-    assert st["failures"] == 0 and not any(s["charged"] for s in st["segments"])
+    completed_free(st)
     assert {s["place"] for s in st["segments"]} == {"sge"}, timeline(st)
     moved = [e["message"] for e in history(chainrun, chain_id)["events"] if e["kind"] == "move"]
     assert moved and "slurm cannot start it (" in moved[0] and "chainrun-absent" in moved[0], moved
@@ -270,8 +275,7 @@ checkpoint_dir = "ckpt"
             subprocess.run(["scancel", *blockers], timeout=60)
     st = status(chainrun, chain_id)
     print(timeline(st))
-    assert st["state"] == "completed", (st["reason"], timeline(st))
-    assert st["failures"] == 0 and not any(s["charged"] for s in st["segments"]), timeline(st)
+    completed_free(st)
     ran = [s for s in st["segments"] if s["started_at"]]
     stays = [s["place"] for i, s in enumerate(ran) if i == 0 or ran[i - 1]["place"] != s["place"]]
     assert stays == ["sge", "ssh", "slurm"], timeline(st)
