@@ -58,7 +58,7 @@ from typing import Callable, Optional
 
 from chainrun.checkpoint import SIDECAR_NAME, _digest, read_progress
 from chainrun.checkpoint._digest import FileDigest, StreamDigest
-from chainrun.checkpoint._fence import FENCE_NAME
+from chainrun.checkpoint._fence import FENCE_NAME, Token
 from chainrun.errors import ChainrunError, TransportError
 from chainrun.progress import MAX_SIDECAR_BYTES, is_checkpoint_file
 from chainrun.transport import Transport
@@ -159,6 +159,16 @@ def move_checkpoint(
 
 class _Refused(Exception):
     """What is at the source cannot be moved, or did not arrive as it should (internal)."""
+
+
+def fence_left(transport: Transport, directory: str, chain_id: str, segment: int) -> None:
+    """Fence the checkpoint directory a chain moved away from for its ``segment`` at the new
+    place: a job of the chain still queued there (its cancel did not reach a scheduler that
+    did not answer) is fenced as it starts and trains nothing. Written without the fence's
+    lock, which only a segment of the chain starting there right now could race: every one
+    there has ended. Raises TransportError."""
+    token = Token(chain_id, segment, 0, "").text().encode()
+    transport.write_file(posixpath.join(directory, FENCE_NAME), token, mode=0o644)
 
 
 def _place(transport: Transport, directory: str) -> str:

@@ -16,14 +16,12 @@ chain's ``ChainTick``, which the engine records in one transaction.
 
 from __future__ import annotations
 
-import posixpath
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from chainrun import carry, rundir, snapshot
-from chainrun.checkpoint._fence import FENCE_NAME, Token
 from chainrun.cluster import Cluster
 from chainrun.decide import placement, places
 from chainrun.decide.retry import after_submit, array_refused
@@ -49,7 +47,7 @@ from chainrun.schedulers.base import ArrayScheduler
 from chainrun.schedulers.script import render_array_script
 from chainrun.schedulers.segment import SegmentJob, array_stem, array_tag
 from chainrun.store import Store
-from chainrun.transfer import TransferError, move_checkpoint
+from chainrun.transfer import TransferError, fence_left, move_checkpoint
 
 log = get_logger(__name__)
 
@@ -289,12 +287,7 @@ class Executor:
             moved = move_checkpoint(
                 src, there.checkpoint_dir, polled.cluster.transport, chain.spec.checkpoint_dir
             )
-            # The place left is fenced for this segment: one of the chain's still queued there
-            # (its cancel did not reach a scheduler that did not answer) is fenced as it starts
-            # and trains nothing. Written without the fence's lock, which only a segment of
-            # the chain starting there right now could race: every one there has ended.
-            fence = Token(chain.id, sub.n, 0, "").text().encode()
-            src.write_file(posixpath.join(there.checkpoint_dir, FENCE_NAME), fence, mode=0o644)
+            fence_left(src, there.checkpoint_dir, chain.id, sub.n)
         except TransportError as exc:
             raise TransferError(f"checkpoint not copied from {source}: {exc}") from None
         what = f"{len(moved.files)} files, {moved.bytes} bytes" + (
