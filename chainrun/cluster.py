@@ -154,7 +154,11 @@ class Cluster:
         (transient) when the scheduler did not answer."""
         if not isinstance(self.scheduler, ShapeProbe):
             return ""
-        return self.call(self.scheduler.shape_argv(job), self.scheduler.parse_shape, POLL_TIMEOUT)
+        question, *explain = self.scheduler.shape_argvs(job)
+        results = [self.call(question, lambda r: r, POLL_TIMEOUT)]
+        if not results[0].ok:
+            results += [self.call(argv, lambda r: r, POLL_TIMEOUT) for argv in explain]
+        return self.scheduler.parse_shape(job, results)
 
     def down(self, nodes: str) -> tuple[str, ...]:
         """Which of ``nodes`` (an ended job's, ``ListedJob.nodes``) the scheduler holds down

@@ -16,6 +16,8 @@ import pytest
 from conftest import answers, cli_env, have, holding_scheduler, need, slurm_answers, wait_for
 from test_notify import Server, url
 from test_notify import server as server  # the fixture: a webhook receiver
+from test_slurm_accounting import node_usable
+from test_starts import job
 from test_ui import _get
 from test_ui import ui as ui  # the fixture that starts `chainrun ui`
 
@@ -28,11 +30,11 @@ CLI = Callable[..., "subprocess.CompletedProcess[str]"]
 Service = Callable[..., "subprocess.Popen[bytes]"]
 
 
-def job_file(where: Path, kind: str, scheduler: str = "", top: str = "") -> Path:
+def job_file(where: Path, kind: str, scheduler: str = "", top: str = "", name: str = "shape") -> Path:
     (where / "train.py").write_text("pass\n")
     path = where / "job.toml"
     path.write_text(
-        'name = "shape"\ncommand = "python3 train.py"\ntotal_time = "2h"\nwalltime = "1h"\n'
+        f'name = "{name}"\ncommand = "python3 train.py"\ntotal_time = "2h"\nwalltime = "1h"\n'
         f'{top}[scheduler]\nkind = "{kind}"\n{scheduler}'
     )
     return path
@@ -77,13 +79,14 @@ def test_slurm_refuses_a_partition_that_does_not_exist_and_takes_one_that_fits(
         need("a running Slurm", slurm_answers(), "sudo scripts/start-slurm")
         path = job_file(tmp_path, "slurm", 'queue = "no-such-partition"\n')
         refused(chainrun, path, "invalid partition specified: no-such-partition")
-        path = job_file(tmp_path, "slurm", 'queue = "debug"\noptions = ["--cpus-per-task=1"]\n')
+        # A name no other test's chain has: those beside this one queue jobs.
+        path = job_file(tmp_path, "slurm", 'queue = "debug"\noptions = ["--cpus-per-task=1"]\n', name="fits")
         result = chainrun("check", str(path))
         assert result.returncode == 0, result.stderr
         queued = subprocess.run(
             ["squeue", "--me", "--noheader", "--format=%j"], capture_output=True, text=True
         )
-        assert "cr.shape" not in queued.stdout
+        assert "cr.fits" not in queued.stdout
 
 
 @pytest.mark.slurm
@@ -97,6 +100,48 @@ def test_a_sweep_is_asked_about_each_shape_its_chains_have(tmp_path: Path, chain
         assert result.returncode == 0, result.stderr
         path = job_file(tmp_path, "slurm", 'options = ["--nodes={nodes}"]\n[sweep.grid]\nnodes = [1, 2]\n')
         refused(chainrun, path, "Requested node configuration is not available")
+
+
+@pytest.mark.slurm
+@pytest.mark.takes_down_a_node
+def test_a_shape_that_fits_once_a_drained_node_is_back_is_not_refused(tmp_path: Path, chainrun: CLI) -> None:
+    """sbatch --test-only weighs only the nodes that can take a job now: with one node of
+    partition multi drained (as in maintenance, or for the seconds after slurmctld restarts,
+    when every node is "unknown" until its slurmd registers) it answers "Requested node
+    configuration is not available" for three nodes of three, as for a shape that never fits.
+    Refused on that, a valid job file could not be submitted at all while a node was away (the
+    CI run at 9b978b9: both `submit`s of test_tensorboard refused). It is not refused: check
+    passes it, and submit stores the chain. With every node up, a shape beyond the partition is
+    still refused in Slurm's words."""
+    with holding_scheduler("slurm"), holding_scheduler("slurm-nodes", exclusive=True):
+        need(
+            "the multi-node Slurm (partition multi)",
+            answers("scontrol", "show", "partition", "multi"),
+            "sudo scripts/start-slurm --nodes 3",
+        )
+        three = job_file(tmp_path, "slurm", 'queue = "multi"\noptions = ["--nodes=3"]\n')
+        assert chainrun("check", str(three)).returncode == 0
+        subprocess.run(
+            ["scontrol", "update", "nodename=node3", "state=drain", "reason=chainrun shape test"],
+            check=True,
+            timeout=60,
+        )
+        try:
+            checked = chainrun("check", str(three))
+            assert checked.returncode == 0, checked.stderr
+            submitted = chainrun("submit", str(three))
+            assert submitted.returncode == 0, submitted.stderr
+            assert state(chainrun, submitted.stdout.strip()) == "active"
+            chainrun("cancel", submitted.stdout.strip(), check=True)
+        finally:
+            subprocess.run(
+                ["scontrol", "update", "nodename=node3", "state=resume"], capture_output=True, timeout=60
+            )
+            wait_for(lambda: node_usable("node3"), 300, "node3 to be usable again")
+        four = job_file(tmp_path, "slurm", 'queue = "multi"\noptions = ["--nodes=4"]\n')
+        checked = chainrun("check", str(four))
+        assert checked.returncode == 2 and "would never start a segment of this shape" in checked.stderr
+        assert "Requested node configuration is not available" in checked.stderr
 
 
 @pytest.mark.slurm
@@ -210,11 +255,67 @@ def test_a_scheduler_that_does_not_answer_refuses_nothing(scheduler: object, awa
     """A controller away (or the tool missing) is no reason to refuse a job file: the
     question raises a transient error, which check and submit pass over."""
     assert isinstance(scheduler, (SlurmScheduler, SgeScheduler))
+    a_job = job(scheduler.kind)
     for result in (CommandResult(["x"], 1, "", away), CommandResult(["x"], 127, "", "x: not found\n")):
         with pytest.raises(SchedulerError) as caught:
-            scheduler.parse_shape(result)
+            scheduler.parse_shape(a_job, [result])
         assert caught.value.transient
-    assert scheduler.parse_shape(CommandResult(["x"], 0, "", "verification: found suitable queue(s)\n")) == ""
+    assert (
+        scheduler.parse_shape(a_job, [CommandResult(["x"], 0, "", "verification: found suitable queue(s)\n")])
+        == ""
+    )
+
+
+NO_NODE_FITS = "allocation failure: Requested node configuration is not available\n"
+NODES = "debug*|idle|vm\nmulti|idle|node[1-2]\nmulti|{state}|node3\ngpu|down*|g1\n"
+
+
+@pytest.mark.parametrize(
+    ("queue", "options", "state", "away"),
+    [
+        ("multi", (), "drain", "node3 (drain)"),
+        ("multi", (), "unk*", "node3 (unk*)"),  # slurmctld restarted, slurmd not yet registered
+        ("multi", (), "down", "node3 (down)"),
+        ("multi", (), "idle*", "node3 (idle*)"),  # not responding
+        ("multi", (), "resv", "node3 (resv)"),  # a maintenance reservation
+        (
+            "debug",
+            ("--partition=gpu,multi",),
+            "drng",
+            "node3 (drng), g1 (down*)",
+        ),  # the options' partitions win
+        ("debug", ("-p", "multi"), "maint", "node3 (maint)"),
+        (None, ("-pmulti",), "fail", "node3 (fail)"),
+        ("multi", (), "idle", ""),
+        ("multi", (), "mix", ""),
+        ("multi", (), "alloc", ""),
+        ("multi", (), "idle~", ""),  # powered down to save power: booted for a job
+        (None, (), "drain", ""),  # the default partition (debug) has none away
+        ("debug", (), "down", ""),  # another partition's node
+    ],
+)
+def test_a_refusal_for_want_of_nodes_tells_nothing_while_a_node_of_the_partition_is_away(
+    queue: str, options: tuple[str, ...], state: str, away: str
+) -> None:
+    """--test-only weighs only the nodes that can take a job now: its "Requested node
+    configuration is not available" is a refusal only when every node of the job's partitions
+    can; while one is away it tells nothing now (transient), naming the node. Other refusals
+    need no sinfo."""
+    slurm, a_job = SlurmScheduler(), job("slurm", queue, options)
+    refused = CommandResult(["x"], 1, "", NO_NODE_FITS)
+    listing = CommandResult(["sinfo"], 0, NODES.format(state=state), "")
+    assert slurm.shape_argvs(a_job) == [slurm.shape_argv(a_job), ["sinfo", "--noheader", "--format=%P|%t|%N"]]
+    if away:
+        with pytest.raises(SchedulerError) as caught:
+            slurm.parse_shape(a_job, [refused, listing])
+        assert caught.value.transient and f"and {away} cannot" in str(caught.value), caught.value
+    else:
+        assert slurm.parse_shape(a_job, [refused, listing]) == "Requested node configuration is not available"
+    with pytest.raises(SchedulerError) as caught:  # sinfo did not answer: nothing can be told
+        slurm.parse_shape(a_job, [refused, CommandResult(["sinfo"], 1, "", "sinfo: error: ...\n")])
+    assert caught.value.transient
+    other = CommandResult(["x"], 1, "", "sbatch: error: invalid partition specified: nosuch\n")
+    assert slurm.parse_shape(a_job, [other]) == "invalid partition specified: nosuch"
 
 
 @pytest.mark.parametrize(

@@ -177,9 +177,14 @@ class ShapeProbe(Protocol):
     def shape_argv(self, job: SegmentJob) -> list[str]:
         """The command that asks about ``job``'s shape, its directives on the command line."""
 
-    def parse_shape(self, result: CommandResult) -> str:
+    def shape_argvs(self, job: SegmentJob) -> list[list[str]]:
+        """``shape_argv``, then the commands that tell what a refusal means: those are run
+        only when the question was refused (its exit status not 0)."""
+
+    def parse_shape(self, job: SegmentJob, results: Sequence[CommandResult]) -> str:
         """The scheduler's own reason it would never start the job, in a line; "" when it
-        would. Raises SchedulerError (transient) when the scheduler did not answer."""
+        would. Raises SchedulerError (transient) when the scheduler did not answer, or when
+        its refusal may be for now only."""
 
 
 @runtime_checkable

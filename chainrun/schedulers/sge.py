@@ -175,8 +175,12 @@ class SgeScheduler:
         words = directive_words(self.directives(job), "#$ ")
         return ["qsub", "-w", "v", *words, "-b", "y", "true"]
 
-    def parse_shape(self, result: CommandResult) -> str:
-        return refusal("qsub -w v", result, TRANSIENT, _REFUSAL_NOISE)
+    def shape_argvs(self, job: SegmentJob) -> list[list[str]]:
+        # -w v weighs an empty cluster: its refusal needs no explaining.
+        return [self.shape_argv(job)]
+
+    def parse_shape(self, job: SegmentJob, results: Sequence[CommandResult]) -> str:
+        return refusal("qsub -w v", results[0], TRANSIENT, _REFUSAL_NOISE)
 
     def start_argvs(self, job: SegmentJob) -> list[list[str]]:
         # SGE reckons no start: the shape question first (a queue it does not have, a PE),

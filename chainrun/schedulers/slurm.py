@@ -84,6 +84,13 @@ DOWN_STATES = frozenset({"down", "fail", "failg"})
 # "allocation failure: Requested node configuration is not available").
 _REFUSAL_NOISE = re.compile(r"^(?:sbatch: (?:error: )?|allocation failure: )+", re.IGNORECASE)
 
+# sbatch --test-only's refusal for a shape no node it weighs can take.
+_NO_NODE_FITS = "Requested node configuration is not available"
+# sinfo's short states (%t) of a node that takes jobs now; any other (down, drain, drng, unk,
+# fail, maint, resv, ...) or a trailing "*" (not responding) is left out of --test-only's
+# weighing. Power-saving marks ("~", "#", "%") are not: such a node is booted for a job.
+_TAKES_JOBS = frozenset({"idle", "mix", "alloc", "comp", "plnd"})
+
 # sbatch --test-only's answer (on stderr): "sbatch: Job 5429 to start at 1795946616 using 1
 # processors on nodes node3 in partition multi" (SLURM_TIME_FORMAT=%s).
 _WILL_START = re.compile(r"to start at (\d+) using \d+ processors on nodes (\S+) in partition (\S+)")
@@ -135,6 +142,36 @@ def hostlist(text: str) -> Optional[set[str]]:
                 f"{prefix}{i:0{len(first)}d}{suffix}" for i in range(int(first), int(last or first) + 1)
             )
     return hosts
+
+
+def _partitions(words: Sequence[str]) -> Optional[set[str]]:
+    """The partitions sbatch's ``words`` ask for (--partition=P, --partition P, -p P, -pP; the
+    last wins; a comma list); None for the default partition."""
+    asked: Optional[set[str]] = None
+    for word, following in zip(words, [*words[1:], ""]):
+        if word.startswith("--partition="):
+            value = word.partition("=")[2]
+        elif word in ("-p", "--partition"):
+            value = following
+        elif word.startswith("-p") and len(word) > 2:
+            value = word[2:]
+        else:
+            continue
+        asked = set(filter(None, value.split(",")))
+    return asked
+
+
+def _away(listing: str, partitions: Optional[set[str]]) -> list[str]:
+    """The nodes of ``partitions`` (None: the default one) that cannot take a job now, as
+    "node3 (drain)", from sinfo's ``%P|%t|%N`` lines (the default partition's name ends in "*")."""
+    away: list[str] = []
+    for line in listing.splitlines():
+        name, _, rest = line.strip().partition("|")
+        state, _, nodes = rest.partition("|")
+        ours = name.endswith("*") if partitions is None else name.rstrip("*") in partitions
+        if ours and state.rstrip("~#%!@^-") not in _TAKES_JOBS:
+            away.append(f"{nodes} ({state})")
+    return list(dict.fromkeys(away))
 
 
 def _stamp(text: str) -> Optional[float]:
@@ -287,8 +324,32 @@ class SlurmScheduler:
         words = directive_words(self.directives(job), "#SBATCH ")
         return ["sbatch", "--test-only", "--output=/dev/null", *words, "--wrap=true"]
 
-    def parse_shape(self, result: CommandResult) -> str:
-        return refusal("sbatch --test-only", result, TRANSIENT, _REFUSAL_NOISE)
+    def shape_argvs(self, job: SegmentJob) -> list[list[str]]:
+        # sinfo: which nodes of which partitions cannot take a job now, should it refuse.
+        return [self.shape_argv(job), ["sinfo", "--noheader", "--format=%P|%t|%N"]]
+
+    def parse_shape(self, job: SegmentJob, results: Sequence[CommandResult]) -> str:
+        """Slurm's reason it would never start ``job``. --test-only weighs only the nodes that
+        can take a job now: a shape that would fit were a drained, down, or not yet registered
+        node of its partition back (every node, for seconds after slurmctld restarts) is
+        refused as one that never fits. While such a node is away that refusal tells nothing,
+        and nothing can be told now (a transient SchedulerError)."""
+        reason = refusal("sbatch --test-only", results[0], TRANSIENT, _REFUSAL_NOISE)
+        if _NO_NODE_FITS not in reason:
+            return reason
+        listing = results[1] if len(results) > 1 else None
+        if listing is None or not listing.ok:
+            raise SchedulerError(
+                f"sbatch --test-only: {reason}; sinfo did not say which nodes are away", transient=True
+            )
+        away = _away(listing.stdout, _partitions(directive_words(self.directives(job), "#SBATCH ")))
+        if away:
+            raise SchedulerError(
+                f"sbatch --test-only: {reason}, but it weighs only the nodes that can take a job now, "
+                f"and {', '.join(away)} cannot",
+                transient=True,
+            )
+        return reason
 
     def start_argvs(self, job: SegmentJob) -> list[list[str]]:
         # The shape question answers with the start too; sinfo then says whether its partition
