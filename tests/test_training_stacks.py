@@ -94,7 +94,6 @@ def chain(
 @pytest.mark.parametrize(
     ("cluster", "devices"),
     [
-        pytest.param("local", "1", id="local"),
         pytest.param("local", "2", id="local-ddp"),
         pytest.param("slurm", "1", id="slurm", marks=pytest.mark.slurm),
     ],
@@ -103,6 +102,8 @@ def chain(
 def test_lightning_chain_ends_bit_equal_to_one_run(
     cluster: Cluster, devices: str, work: Path, tmp_path: Path, chainrun: CLI
 ) -> None:
+    """Under DDP on two local ranks, and on the real Slurm (one device on the local runner:
+    ``test_a_lightning_chain_ends_bit_equal_and_logs_one_mlflow_and_one_wandb_run``)."""
     pytest.importorskip("lightning")
     import torch
 
@@ -110,55 +111,64 @@ def test_lightning_chain_ends_bit_equal_to_one_run(
     # under load. A later segment's signal waits for both ranks (the `ready` file); the first
     # segment's cannot wait for a rank no one has heard of yet, so it comes 45 s in here (60 s
     # segments), and the steps last 90 s. Slurm's segments train up to 30 s: 90 s of steps.
-    ddp = cluster.kind == "local" and devices != "1"
-    sleep = 1.5 if cluster.kind == "local" and not ddp else 2.5
-    args = f"--epochs 3 --out final.pt --devices {devices} --step-sleep {sleep}"
+    ddp = cluster.kind == "local"
+    args = f"--epochs 3 --out final.pt --devices {devices} --step-sleep 2.5"
     expected = torch.load(reference(tmp_path, "lightning", *args.split()[:6]) / "final.pt")
     chain(chainrun, cluster, work, "lightning", args, 3, local_walltime=60 if ddp else 40)
     same_state(expected, torch.load(work / "final.pt"))
 
 
+# Each example: its package and extra, its loggers' arguments, the metric MLflow and W&B hold,
+# W&B's x-axis, and the steps it logs in 3 epochs of 12 batches (the first, and how many):
+# Lightning counts from 0, the Trainer from 1. Its result (--out) is compared with an
+# uninterrupted run's: Lightning's weights and optimizer state bit-equal, the Trainer's loss at
+# every step and its final weights' sum equal.
+STACKS = {
+    "lightning": (
+        "lightning",
+        "lightning",
+        "--out final.pt --mlflow chained --wandb chained",
+        ("train_loss", "train_loss", "trainer/global_step"),
+        0,
+        36,
+    ),
+    "hf-trainer": (
+        "transformers",
+        "hf",
+        "--out final.json --report-to mlflow,wandb",
+        ("loss", "train/loss", "train/global_step"),
+        1,
+        36,
+    ),
+}
+WANDB_OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+
+
 @pytest.mark.slow
 @pytest.mark.torch
+@pytest.mark.parametrize("example", ["lightning", "hf-trainer"])
 @pytest.mark.parametrize("cluster", [pytest.param("local")], indirect=True)
-def test_hf_trainer_chain_logs_the_losses_of_one_run(
-    cluster: Cluster, work: Path, tmp_path: Path, chainrun: CLI
+def test_a_chain_ends_as_one_run_and_logs_into_one_mlflow_run_and_one_wandb_run(
+    cluster: Cluster, example: str, work: Path, tmp_path: Path, chainrun: CLI
 ) -> None:
-    pytest.importorskip("transformers")
-    args = "--epochs 3 --out final.json --step-sleep 1.5"  # 36 steps, 54 s: over two 25 s segments
-    ref = reference(tmp_path, "hf-trainer", *args.split()[:4])
-    chain(chainrun, cluster, work, "hf-trainer", args, 3)
-    expected = json.loads((ref / "final.json").read_text())
-    assert json.loads((work / "final.json").read_text()) == expected
+    """The example with its own loggers, both at once ([tracking] mlflow = true and wandb = true
+    (offline); the script's own logging left as it is), three segments or more against one
+    uninterrupted run of the same command:
 
-
-# Each example's package, its extra, and the steps it logs in 3 epochs of 12 batches (the first,
-# and how many): Lightning counts from 0, the Trainer from 1.
-LOGGED = {"lightning": ("lightning", "lightning", 0, 36), "hf-trainer": ("transformers", "hf", 1, 36)}
-
-
-@pytest.mark.slow
-@pytest.mark.torch
-@pytest.mark.parametrize(
-    ("cluster", "example", "args", "metric"),
-    [
-        pytest.param("local", "lightning", "--mlflow chained", "train_loss", id="lightning"),
-        pytest.param("local", "hf-trainer", "--report-to mlflow", "loss", id="hf-trainer"),
-    ],
-    indirect=["cluster"],
-)
-def test_a_chain_logs_into_one_mlflow_run_the_curve_of_one_uninterrupted_run(
-    cluster: Cluster, example: str, args: str, metric: str, work: Path, tmp_path: Path, chainrun: CLI
-) -> None:
-    """[tracking] mlflow = true, and the script's own MLflow logging left as it is: Lightning's
-    MLFlowLogger given no run_id (the callback points it at the chain's run), the Trainer's
-    report_to="mlflow" (its MLflowCallback reads MLFLOW_RUN_ID itself). Three segments or more
-    end as one run holding every step once, with the values of an uninterrupted run's."""
+    - the result is the uninterrupted run's (``STACKS``);
+    - MLflow: Lightning's MLFlowLogger given no run_id (the callback points it at the chain's
+      run), the Trainer's report_to mlflow (its MLflowCallback reads MLFLOW_RUN_ID itself): one
+      run holding every step once, with the uninterrupted run's values;
+    - W&B: Lightning's WandbLogger given no id, the Trainer's report_to wandb: their wandb.init
+      reads WANDB_RUN_ID, so every segment writes into the chain's one run, and the curves'
+      x-axis (the logger's global step) carries each step's loss once."""
     need("mlflow", importlib.util.find_spec("mlflow") is not None, "pip install 'chainrun[mlflow]'")
-    package, extra, first, steps = LOGGED[example]
+    need("wandb", importlib.util.find_spec("wandb") is not None, "pip install 'chainrun[wandb]'")
+    package, extra, args, (metric, wandb_metric, x), first, steps = STACKS[example]
     need(package, importlib.util.find_spec(package) is not None, f"pip install 'chainrun[{extra}]'")
+    args = f"--epochs 3 --step-sleep 1.5 {args}"  # 36 steps, 54 s: over two 25 s segments
     ref_store = tmp_path / "reference-mlruns"
-    reference(tmp_path, example, "--epochs", "3", *args.split(), env=mlflow_env(ref_store))
+    ref = reference(tmp_path, example, *args.split(), env={**mlflow_env(ref_store), **WANDB_OFFLINE})
     (uninterrupted,) = mlflow_runs(ref_store, metric)
     assert [step for step, _ in uninterrupted["points"]] == list(range(first, first + steps))  # each once
     store = work / "mlruns"
@@ -167,11 +177,18 @@ def test_a_chain_logs_into_one_mlflow_run_the_curve_of_one_uninterrupted_run(
         cluster,
         work,
         example,
-        f"--epochs 3 --step-sleep 1.5 {args}",
+        args,
         3,
-        env=mlflow_env(store),
-        tracking=("mlflow",),
+        env={**mlflow_env(store), **WANDB_OFFLINE},
+        tracking=("mlflow", "wandb"),
     )
+    if example == "lightning":
+        import torch
+
+        same_state(torch.load(ref / "final.pt"), torch.load(work / "final.pt"))
+    else:
+        assert json.loads((work / "final.json").read_text()) == json.loads((ref / "final.json").read_text())
+
     rid = tracker_run_id(status(chainrun, "t")["id"])
     runs = mlflow_runs(store, metric)
     one = {"name": rid, "experiment": uninterrupted["experiment"], "tag": rid, "deleted": False}
@@ -181,45 +198,8 @@ def test_a_chain_logs_into_one_mlflow_run_the_curve_of_one_uninterrupted_run(
     assert len(deleted) == (len(segs) - 1 if example == "lightning" else 0), deleted
     assert all(run["tag"] == rid and run["points"] == [] for run in deleted), deleted
 
-
-@pytest.mark.slow
-@pytest.mark.torch
-@pytest.mark.parametrize(
-    ("cluster", "example", "args", "metric", "x"),
-    [
-        pytest.param(
-            "local", "lightning", "--wandb chained", "train_loss", "trainer/global_step", id="lightning"
-        ),
-        pytest.param(
-            "local", "hf-trainer", "--report-to wandb", "train/loss", "train/global_step", id="hf-trainer"
-        ),
-    ],
-    indirect=["cluster"],
-)
-def test_a_chain_logging_to_wandb_writes_one_run_each_step_once(
-    cluster: Cluster, example: str, args: str, metric: str, x: str, work: Path, chainrun: CLI
-) -> None:
-    """[tracking] wandb = true (offline), and the script's own W&B logging left as it is:
-    Lightning's WandbLogger given no id, the Trainer's report_to="wandb". Their wandb.init
-    reads WANDB_RUN_ID, so every segment writes into the chain's one run, and the curves'
-    x-axis (the logger's global step) carries each step's loss once."""
-    need("wandb", importlib.util.find_spec("wandb") is not None, "pip install 'chainrun[wandb]'")
-    package, extra, first, steps = LOGGED[example]
-    need(package, importlib.util.find_spec(package) is not None, f"pip install 'chainrun[{extra}]'")
-    offline = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    segs = chain(
-        chainrun,
-        cluster,
-        work,
-        example,
-        f"--epochs 3 --step-sleep 1.5 {args}",
-        3,
-        env=offline,
-        tracking=("wandb",),
-    )
-    rid = tracker_run_id(status(chainrun, "t")["id"])
     assert len(list((work / "wandb").glob("offline-run-*"))) == len(segs)  # one directory per segment
     ids, history = wandb_offline_runs(work / "wandb")
-    logged = [row[x] for _, row in history if metric in row]
+    logged = [row[x] for _, row in history if wandb_metric in row]
     assert ids == {rid}
     assert logged == list(range(first, first + steps))

@@ -54,7 +54,9 @@ def main() -> None:
     parser.add_argument("--out", default="")
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--stop-after", type=int, default=0)
-    parser.add_argument("--report-to", default="none", help="mlflow, wandb: the Trainer's own loggers")
+    parser.add_argument(
+        "--report-to", default="none", help="mlflow, wandb, or mlflow,wandb: the Trainer's own loggers"
+    )
     args = parser.parse_args()
 
     cb = ChainrunTrainerCallback()  # chainrun: first, so the walltime signal finds its handler
@@ -72,7 +74,7 @@ def main() -> None:
         seed=0,
         data_seed=0,
         use_cpu=True,
-        report_to=args.report_to,
+        report_to=args.report_to.split(","),
         disable_tqdm=True,
     )
     callbacks = [cb]  # chainrun
