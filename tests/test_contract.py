@@ -397,7 +397,9 @@ def test_target_reached_cancels_the_queued_successor(
     first, *rest = st["segments"]
     assert first["outcome"] == "completed"
     assert len(rest) == 1, "a successor was queued ahead"
-    assert rest[0]["outcome"] in ("cancelled", "completed"), rest[0]
+    # Cancelled while it waited; or started the moment the first ended, before the cancel, and
+    # skipped: its runner found the goal reached (the full run at 2831542, over SSH).
+    assert rest[0]["outcome"] in ("cancelled", "skipped", "completed"), rest[0]
     assert not rest[0]["charged"]
     assert starts_in_log(work, 2) == 0, "the successor ran the command"
     # A successor SGE had just started when it was cancelled is being deleted (state dt) a moment longer.
