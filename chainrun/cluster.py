@@ -154,10 +154,9 @@ class Cluster:
         (transient) when the scheduler did not answer."""
         if not isinstance(self.scheduler, ShapeProbe):
             return ""
-        question, *explain = self.scheduler.shape_argvs(job)
-        results = [self.call(question, lambda r: r, POLL_TIMEOUT)]
-        if not results[0].ok:
-            results += [self.call(argv, lambda r: r, POLL_TIMEOUT) for argv in explain]
+        answer = self.call(self.scheduler.shape_argv(job), lambda r: r, POLL_TIMEOUT)
+        explain = [] if answer.ok else self.scheduler.shape_explain_argvs(answer)
+        results = [answer, *(self.call(argv, lambda r: r, POLL_TIMEOUT) for argv in explain)]
         return self.scheduler.parse_shape(job, results)
 
     def down(self, nodes: str) -> tuple[str, ...]:

@@ -304,7 +304,7 @@ def test_a_refusal_for_want_of_nodes_tells_nothing_while_a_node_of_the_partition
     slurm, a_job = SlurmScheduler(), job("slurm", queue, options)
     refused = CommandResult(["x"], 1, "", NO_NODE_FITS)
     listing = CommandResult(["sinfo"], 0, NODES.format(state=state), "")
-    assert slurm.shape_argvs(a_job) == [slurm.shape_argv(a_job), ["sinfo", "--noheader", "--format=%P|%t|%N"]]
+    assert slurm.shape_explain_argvs(refused) == [["sinfo", "--noheader", "--format=%P|%t|%N"]]
     if away:
         with pytest.raises(SchedulerError) as caught:
             slurm.parse_shape(a_job, [refused, listing])
@@ -316,6 +316,10 @@ def test_a_refusal_for_want_of_nodes_tells_nothing_while_a_node_of_the_partition
     assert caught.value.transient
     other = CommandResult(["x"], 1, "", "sbatch: error: invalid partition specified: nosuch\n")
     assert slurm.parse_shape(a_job, [other]) == "invalid partition specified: nosuch"
+    away = CommandResult(
+        ["x"], 1, "", "allocation failure: Unable to contact slurm controller (connect failure)\n"
+    )
+    assert slurm.shape_explain_argvs(other) == slurm.shape_explain_argvs(away) == []  # asked nothing more
 
 
 @pytest.mark.parametrize(

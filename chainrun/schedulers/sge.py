@@ -175,9 +175,9 @@ class SgeScheduler:
         words = directive_words(self.directives(job), "#$ ")
         return ["qsub", "-w", "v", *words, "-b", "y", "true"]
 
-    def shape_argvs(self, job: SegmentJob) -> list[list[str]]:
+    def shape_explain_argvs(self, refused: CommandResult) -> list[list[str]]:
         # -w v weighs an empty cluster: its refusal needs no explaining.
-        return [self.shape_argv(job)]
+        return []
 
     def parse_shape(self, job: SegmentJob, results: Sequence[CommandResult]) -> str:
         return refusal("qsub -w v", results[0], TRANSIENT, _REFUSAL_NOISE)

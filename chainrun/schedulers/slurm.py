@@ -324,9 +324,11 @@ class SlurmScheduler:
         words = directive_words(self.directives(job), "#SBATCH ")
         return ["sbatch", "--test-only", "--output=/dev/null", *words, "--wrap=true"]
 
-    def shape_argvs(self, job: SegmentJob) -> list[list[str]]:
-        # sinfo: which nodes of which partitions cannot take a job now, should it refuse.
-        return [self.shape_argv(job), ["sinfo", "--noheader", "--format=%P|%t|%N"]]
+    def shape_explain_argvs(self, refused: CommandResult) -> list[list[str]]:
+        # sinfo: which nodes of which partitions cannot take a job now.
+        if _NO_NODE_FITS not in refused.stderr + refused.stdout:
+            return []
+        return [["sinfo", "--noheader", "--format=%P|%t|%N"]]
 
     def parse_shape(self, job: SegmentJob, results: Sequence[CommandResult]) -> str:
         """Slurm's reason it would never start ``job``. --test-only weighs only the nodes that
