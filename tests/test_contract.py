@@ -171,6 +171,7 @@ def write_job(
     progress: str = "",
     container: str = "",
     tracking: tuple[str, ...] = (),
+    options: tuple[str, ...] = (),
 ) -> Path:
     fields = {
         "name": name,
@@ -197,6 +198,8 @@ def write_job(
         lines.append(f"host = {toml(cluster.host)}")
     if queue:
         lines.append(f"queue = {toml(queue)}")
+    if options:
+        lines.append(f"options = {toml(list(options))}")
     if env:
         lines += ["[env]", *(f"{k} = {toml(v)}" for k, v in env.items())]
     if tracking:
@@ -795,6 +798,55 @@ def test_a_cancel_lets_the_running_segment_save_and_no_later_segment_train(
         assert started == [], (started, outline(st["segments"]))
         wait_for(lambda c=chain_id: not cluster.live_jobs(c), 120, f"{chain_id}'s jobs to be gone")
         assert not chain_processes(chain_id)
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS_ONLY, indirect=True)
+def test_a_cancel_the_scheduler_refused_is_sent_by_the_next_service(
+    cluster: Cluster,
+    work: Path,
+    chainrun: CLI,
+    service: Service,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`chainrun cancel`, with no service running, while the scheduler's cancel command fails:
+    the chain ends cancelled and its jobs stay queued, owed a cancel. That is kept in the store,
+    so a service started later sends it once the scheduler answers, and the history says so.
+    (The service kept it in memory alone: a cancel a command or a restarted service owed was
+    forgotten, and the job left queued ran.) The jobs wait for a start an hour away."""
+    later = {
+        "slurm": "--begin=now+1hour",
+        "sge": "-a " + time.strftime("%Y%m%d%H%M", time.localtime(time.time() + 3600)),
+    }
+    path = write_job(
+        work, cluster, "python3 trainer.py --epochs 1000 --epoch-time 1", options=(later[cluster.kind],)
+    )
+    chain_id = chainrun("submit", str(path), check=True).stdout.strip()
+    first = service(interval=1)
+    wait_for(lambda: len(cluster.live_jobs(chain_id)) == 2, 120, "segment 1 and its successor to be queued")
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=60) == 0
+    refuse = {"slurm": "scancel", "sge": "qdel"}[cluster.kind]
+    shim = tmp_path / "refusing"
+    shim.mkdir()
+    (shim / refuse).write_text(
+        f"#!/bin/sh\necho '{refuse}: error: cannot reach the controller' >&2\nexit 1\n"
+    )
+    (shim / refuse).chmod(0o755)
+    path_before = os.environ["PATH"]
+    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{path_before}")
+    told = chainrun("cancel", chain_id, check=True).stderr
+    monkeypatch.setenv("PATH", path_before)
+    assert status(chainrun, chain_id)["state"] == "cancelled"
+    queued = {j.job_id for j in cluster.live_jobs(chain_id)}
+    assert len(queued) == 2, "the refused cancel went through after all"
+    assert f"jobs {', '.join(sorted(queued, key=int))} still queued" in told, told
+    assert "cancelled once the scheduler answers" in chainrun("history", chain_id, check=True).stdout
+    service(interval=1)
+    wait_for(lambda: not cluster.live_jobs(chain_id), 120, "the owed cancel to reach the scheduler")
+    history = chainrun("history", chain_id, check=True).stdout
+    for job_id in queued:
+        assert f"job {job_id} removed: its cancel did not reach the scheduler" in history, history
 
 
 LATE_READY = """\

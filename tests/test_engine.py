@@ -475,6 +475,32 @@ def test_a_cancel_the_scheduler_did_not_take_is_sent_again_once_it_answers(world
     assert world.cluster.commands[sent:] == []  # owed nothing more: not even polled
 
 
+def test_a_cancel_owed_is_sent_by_the_service_after_a_restart(world: World) -> None:
+    """The chain reaches its target while its controller takes no cancel, and the service is
+    restarted before the controller answers again: the new service still owes the cancel (it
+    is kept in the store) and sends it once the cluster answers, so the successor queued ahead
+    never runs and never holds the queue."""
+    chain_id = world.add(replace(SPEC, target_epoch=2))
+    world.tick()
+    world.tick()
+    world.cluster.start("1", epoch=0)
+    world.cluster.end("1", "timeout", epoch=2, saved=world.clock())
+    world.cluster.cancels_fail = True
+    assert world.tick().state is ChainState.COMPLETED
+    world.engine = world.new_engine()  # the service restarted
+    world.tick()  # still refused: still owed
+    assert world.cluster.jobs["2"].live.phase is Phase.PENDING
+    world.engine = world.new_engine()
+    world.cluster.cancels_fail = False
+    world.tick()
+    assert world.cluster.jobs["2"].live.outcome is Outcome.CANCELLED
+    assert "job 2 removed: its cancel did not reach the scheduler" in world.history(chain_id)
+    world.engine = world.new_engine()
+    sent = len(world.cluster.commands)
+    world.tick()
+    assert world.cluster.commands[sent:] == []  # owed nothing more, after a restart too
+
+
 def test_a_chain_decide_is_skipped_for_is_one_that_decide_and_the_tick_leave_as_it_is(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

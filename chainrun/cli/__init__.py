@@ -311,10 +311,19 @@ def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
                 click.echo(f"chain {chain.id}: cancel requested; the running service carries it out")
             return
         undone = False
+        owed = [(job, c) for jobs in store.owed_cancels().values() for job, (c, _) in jobs.items()]
         for chain in (store.chain(c.id) for c in going):
             if chain.state.final:
                 kept = f"budget used {duration(chain.used)}, {chain.progress.describe()}"
                 click.echo(f"chain {chain.id} {chain.state.value}" + (f" ({kept})" if chain.used else ""))
+                left = [job for job, chain_id in owed if chain_id == chain.id]
+                if left:
+                    click.echo(
+                        f"chainrun: chain {chain.id}: job{'s' * (len(left) > 1)} {', '.join(left)} still "
+                        "queued: the scheduler did not take the cancel (see `chainrun history`); the service "
+                        "sends it again once the scheduler answers (none running: start `chainrun daemon`)",
+                        err=True,
+                    )
                 continue
             why = summary.unreachable.get(chain.cluster_key) or next(
                 (e for e in summary.errors if e.startswith(f"{chain.id}: ")), "its tick failed"

@@ -23,8 +23,9 @@ A chain with several places whose cluster's poll failed (its controller stopped)
 wait for it: it is looked at by its segments' end markers alone (``Observer.unanswered``),
 so a segment that ended there is judged, and ``decide`` moves the chain where a segment
 starts now (that place answers that it cannot). A cancel that did not reach its scheduler
-is owed (``Executor.owed_cancels``): that cluster is polled each tick, and once it answers,
-the jobs it still lists are cancelled. A chain with one place waits for its cluster.
+is owed (``Executor.owed_cancels``, kept in the store for the services after this one):
+that cluster is polled each tick, and once it answers, the jobs it still lists are
+cancelled. A chain with one place waits for its cluster.
 
 The engine calls ``decide`` and, besides it, only the rules that say what to
 observe and what a carried-out action came to: ``placement.held_back`` and

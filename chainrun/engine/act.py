@@ -106,8 +106,9 @@ class Executor:
         self.owed_grace: dict[str, int] = {}
         # By cluster, the jobs whose cancel did not reach the scheduler (its controller or host
         # did not answer), each with its chain and segment: the engine polls that cluster each
-        # tick, and once it answers, those it still lists are cancelled (``cancel_owed``).
-        self.owed_cancels: dict[ClusterKey, dict[str, tuple[str, int]]] = {}
+        # tick, and once it answers, those it still lists are cancelled (``cancel_owed``). Kept
+        # in the store too, so that a service restarted meanwhile owes them as well.
+        self.owed_cancels: dict[ClusterKey, dict[str, tuple[str, int]]] = store.owed_cancels()
 
     def write_grace(self, polled: Polled, chain: Chain, seconds: int, warnings: list[str]) -> None:
         """Write the grace later segments get where their runner reads it; one that cannot be
@@ -196,8 +197,9 @@ class Executor:
                 warnings.append(
                     f"could not cancel jobs {', '.join(jobs)} ({exc}); cancelled once the scheduler answers"
                 )
-                owed = self.owed_cancels.setdefault(key, {})
-                owed.update({job_id: (chain.id, n) for job_id, n in jobs.items()})
+                owed = {job_id: (chain.id, n) for job_id, n in jobs.items()}
+                self.store.owe_cancels(key, owed)
+                self.owed_cancels.setdefault(key, {}).update(owed)
 
     def cancel_owed(self, polled: Polled) -> dict[str, list[Action]]:
         """Cancel the jobs owed a cancel on ``polled``'s cluster, which answered: those it
@@ -206,14 +208,15 @@ class Executor:
         still owed."""
         owed = self.owed_cancels.pop(polled.key, {})
         live = {j: owed[j] for j in owed if j in polled.jobs and polled.jobs[j].phase is not Phase.ENDED}
-        if not live:
-            return {}
         try:
-            polled.cluster.cancel(list(live))
+            if live:
+                polled.cluster.cancel(list(live))
         except (SchedulerError, TransportError) as exc:
             log.warning("cancel failed again; retrying next tick", jobs=list(live), error=str(exc))
             self.owed_cancels[polled.key] = live
+            self.store.settle_cancels(polled.key, [j for j in owed if j not in live])
             return {}
+        self.store.settle_cancels(polled.key, owed)
         done: dict[str, list[Action]] = defaultdict(list)
         for job_id, (chain_id, n) in live.items():
             why = (

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -450,6 +450,36 @@ class Store:
         with self._database.tx() as db:
             writes.record(db, chain_id, actions, latest, warnings, now)
         return self.chain(chain_id) if any(isinstance(a, Finish) for a in actions) else None
+
+    # -- cancels owed -----------------------------------------------------------
+
+    def owed_cancels(self) -> dict[tuple[str, str], dict[str, tuple[str, int]]]:
+        """The jobs owed a cancel, by cluster (scheduler kind, host), each with its chain and
+        segment (``owe_cancels``)."""
+        owed: dict[tuple[str, str], dict[str, tuple[str, int]]] = {}
+        if self._database.rows("SELECT 1 FROM sqlite_master WHERE name = 'owed_cancels'"):
+            for r in self._database.rows("SELECT kind, host, job_id, chain_id, n FROM owed_cancels"):
+                owed.setdefault((r[0], r[1]), {})[r[2]] = (r[3], int(r[4]))
+        return owed
+
+    def owe_cancels(self, key: tuple[str, str], jobs: dict[str, tuple[str, int]]) -> None:
+        """Keep ``jobs`` (each with its chain and segment) as owed a cancel on cluster ``key``:
+        their cancel did not reach its scheduler, and is sent once it answers, by this service
+        or one started after it."""
+        with self._database.tx() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO owed_cancels (kind, host, job_id, chain_id, n)"
+                " VALUES (?, ?, ?, ?, ?)",
+                [(*key, job_id, chain_id, n) for job_id, (chain_id, n) in jobs.items()],
+            )
+
+    def settle_cancels(self, key: tuple[str, str], job_ids: Iterable[str]) -> None:
+        """``job_ids`` on cluster ``key`` are owed a cancel no more."""
+        with self._database.tx() as db:
+            db.executemany(
+                "DELETE FROM owed_cancels WHERE kind = ? AND host = ? AND job_id = ?",
+                [(*key, job_id) for job_id in job_ids],
+            )
 
     # -- events ---------------------------------------------------------------
 

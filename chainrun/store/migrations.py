@@ -115,6 +115,19 @@ MIGRATIONS: list[str] = [
     ALTER TABLE segments ADD COLUMN copy_bytes INTEGER;
     ALTER TABLE segments ADD COLUMN copy_digest TEXT
     """,
+    # 12: the cancels that did not reach their scheduler (its controller or host did not
+    # answer), by cluster (scheduler kind, host; "" for this machine), each with its chain and
+    # segment: sent once that cluster answers, by whichever service runs then.
+    """
+    CREATE TABLE owed_cancels (
+        kind TEXT NOT NULL,
+        host TEXT NOT NULL,
+        job_id TEXT NOT NULL,
+        chain_id TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        PRIMARY KEY (kind, host, job_id)
+    )
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
