@@ -49,7 +49,7 @@ def preflight(spec: JobSpec) -> tuple[str, list[str]]:
     return script, argv
 
 
-def probe_nodes(spec: JobSpec, transport: Optional[Transport] = None) -> JobSpec:
+def probe_nodes(spec: JobSpec, transport: Optional[Transport] = None) -> tuple[JobSpec, str]:
     """Ask the cluster where the chain's segments will run, at check and at submit (``transport``:
     where the chain's commands run, its workdir there already). First whether its scheduler would
     ever start a segment of this shape (``never_starts``): a refusal is a job file error, in the
@@ -57,50 +57,58 @@ def probe_nodes(spec: JobSpec, transport: Optional[Transport] = None) -> JobSpec
     the service is away, whether the cluster's compute nodes may submit jobs at all, and, at
     submit, whether the carrier runs there with the interpreter its launcher would use
     (``carry.probe``); where either may not, the spec says why and the chain waits for the
-    service as before. What cannot be told here a segment finds out, and says in its log."""
+    service as before. What cannot be told here a segment finds out, and says in its log.
+    Returns the spec so found, and a note for the user when the shape question went
+    unanswered ("" when it was answered, or there is none to ask)."""
     host = spec.scheduler.host
     scheduler = scheduler_for(spec.scheduler.kind, host)
     if not isinstance(scheduler, ShapeProbe) and not applies(spec):
-        return spec
+        return spec, ""
     cluster = Cluster(scheduler, transport or transport_for(host))
-    never_starts(spec, cluster)
+    note = never_starts(spec, cluster)
     if not applies(spec):
-        return spec
+        return spec, note
     try:
         why = cluster.nodes_cannot_submit(spec.scheduler.queue)
     except (TransportError, SchedulerError):
         why = ""
     if why:
-        return replace(spec, nodes_cannot_submit=why)
+        return replace(spec, nodes_cannot_submit=why), note
     if transport is None:
-        return spec
+        return spec, note
     try:
         cannot = carry.probe(transport, spec)
     except TransportError as exc:
         cannot = f"the carrier could not be placed and run there ({exc})"
-    return replace(spec, carrier_cannot_run=cannot) if cannot else spec
+    return (replace(spec, carrier_cannot_run=cannot) if cannot else spec), note
 
 
-def never_starts(spec: JobSpec, cluster: Cluster) -> None:
+def never_starts(spec: JobSpec, cluster: Cluster) -> str:
     """Refuse the job file (JobFileError) when the scheduler says it would never start a
-    segment of its shape: its reason, and what to change. A scheduler that does not answer
-    now refuses nothing (the submission finds out)."""
+    segment of its shape: its reason, and what to change. A scheduler that cannot tell now
+    (its controller does not answer, a node of the partition is away) refuses nothing: the
+    note returned says so, and that the submission finds out ("" when it answered)."""
     scheduler = cluster.scheduler
     if not isinstance(scheduler, ShapeProbe):
-        return
+        return ""
     # A sweep's options may hold placeholders: each shape its chains have is asked once.
     shapes = {(one.scheduler.queue, one.scheduler.options): one for one in sweep.expand(spec)}
     for one in shapes.values():
         try:
             why = cluster.never_starts(SegmentJob(new_chain_id(one.name), 1, one, one.walltime))
-        except (TransportError, SchedulerError):
-            return
+        except (TransportError, SchedulerError) as exc:
+            return (
+                f"{spec.source}: {scheduler.kind} could not tell whether it would ever start a segment "
+                f"of this shape ({exc}); a segment it cannot start waits in the queue, and "
+                "`chainrun status` shows why"
+            )
         if why:
             raise JobFileError(
                 f"{spec.source}: {scheduler.kind} would never start a segment of this shape: {why}; "
                 f"change [scheduler] queue or options, or walltime, to what the cluster offers "
                 f"({scheduler.shape_hint})"
             )
+    return ""
 
 
 def summary(path: str, spec: JobSpec, chains: Sequence[JobSpec], shared: str = "") -> list[str]:

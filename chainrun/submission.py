@@ -189,13 +189,15 @@ def _probed(
     from where they run find them (``plan.probe_nodes``); said when they may not carry
     themselves."""
     try:
-        found = probe_nodes(spec, transport)
+        found, unasked = probe_nodes(spec, transport)
     except JobFileError as exc:
         if not spec.places:
             raise
         # One of several places refusing is skipped while it does (``decide.places``).
         _note(f"{spec.name}: its first place, {spec.place_name}, refuses it now ({exc}); it runs elsewhere")
-        found = spec
+        found, unasked = spec, ""
+    if unasked:
+        _note(unasked)
     if found.self_queue and not applies(found):
         _note(f"{spec.name}: {carry_line(found)}")
     return [

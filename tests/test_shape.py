@@ -129,8 +129,11 @@ def test_a_shape_that_fits_once_a_drained_node_is_back_is_not_refused(tmp_path: 
         try:
             checked = chainrun("check", str(three))
             assert checked.returncode == 0, checked.stderr
+            unasked = "slurm could not tell whether it would ever start a segment of this shape"
+            assert unasked in checked.stderr and "node3 (drain)" in checked.stderr, checked.stderr
             submitted = chainrun("submit", str(three))
             assert submitted.returncode == 0, submitted.stderr
+            assert unasked in submitted.stderr, submitted.stderr
             assert state(chainrun, submitted.stdout.strip()) == "active"
             chainrun("cancel", submitted.stdout.strip(), check=True)
         finally:
@@ -242,6 +245,30 @@ def test_sge_refuses_a_parallel_environment_beyond_what_it_has(tmp_path: Path, c
         need("a running SGE", have("qsub") and answers("qstat"), "sudo scripts/start-sge")
         path = job_file(tmp_path, "sge", 'options = ["-pe smp 64"]\n')
         refused(chainrun, path, 'the requested parallel environment "smp" does not exist')
+
+
+@pytest.mark.slurm
+def test_check_says_when_the_scheduler_could_not_be_asked_about_the_shape(
+    tmp_path: Path, chainrun: CLI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sbatch cannot reach slurmctld: the job file passes (a controller away is no reason to
+    refuse it), and check says in one line that the shape went unasked, why, and what
+    happens to a segment Slurm cannot start. It said nothing, as if the shape had been asked."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "sbatch").write_text(
+        "#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Unable to contact slurm controller "
+        "(connect failure)' >&2\nexit 1\n"
+    )
+    (shim / "sbatch").chmod(0o755)
+    path = job_file(tmp_path, "slurm")
+    monkeypatch.setenv("PATH", f"{shim}:{cli_env(tmp_path)['PATH']}")
+    checked = chainrun("check", str(path))
+    assert checked.returncode == 0, checked.stderr
+    told = [line for line in checked.stderr.splitlines() if "could not tell" in line]
+    assert len(told) == 1, checked.stderr
+    assert "Unable to contact slurm controller" in told[0] and "`chainrun status` shows why" in told[0]
+    assert f"{path}: slurm could not tell whether it would ever start a segment of this shape" in told[0]
 
 
 @pytest.mark.parametrize(

@@ -125,7 +125,7 @@ def check(ctx: click.Context, jobfile_path: str, show_script: bool) -> None:
     from chainrun import check as checking
     from chainrun import jobfile, submission, sweep
 
-    spec = checking.probe_nodes(jobfile.load(jobfile_path))
+    spec, unasked = checking.probe_nodes(jobfile.load(jobfile_path))
     chains = sweep.expand(spec)
     script, argv = checking.preflight(chains[0])
     with suppress(TransportError):  # a machine check cannot reach now: submit asks again
@@ -135,7 +135,7 @@ def check(ctx: click.Context, jobfile_path: str, show_script: bool) -> None:
     shared = submission.probe_shared(spec)[1] if spec.scheduler.hosts else ""
     for line in checking.summary(jobfile_path, spec, chains, shared):
         click.echo(line)
-    for line in checking.warnings(spec) + notes:
+    for line in checking.warnings(spec) + notes + ([unasked] if unasked else []):
         click.echo(line, err=True)
     if show_script:
         click.echo(checking.script_text(spec, script, argv), nl=False)
