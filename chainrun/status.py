@@ -201,7 +201,7 @@ def state_cell(chain: Shown, now: float, seen: Optional[float] = None) -> str:
     if seg is not None:
         return "running" + (f" {duration(now - seg.started_at)}" if seg.started_at is not None else "")
     seg = _upcoming(chain)
-    if seg is None and chain.pool and chain.reason.startswith(WAITING_FOR_A_SLOT):
+    if seg is None and chain.reason.startswith(WAITING_FOR_A_SLOT):
         return "waiting for a slot"
     if seg is None and not chain.segments and chain.max_concurrent:
         return f"waiting (max_concurrent {chain.max_concurrent})"  # for a chain of its sweep to end

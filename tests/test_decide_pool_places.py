@@ -27,6 +27,7 @@ from chainrun.model import (
     Segment,
     Start,
     Submit,
+    Wait,
 )
 
 LAB = SchedulerSpec(kind="local", hosts=("gpu1", "gpu2"), slots=1, workdir_shared=False)
@@ -74,7 +75,19 @@ def test_decide_moves_a_chain_to_the_pool_host_it_places_it_on_or_waits_for_a_sl
     facts = Facts(progress=Progress(epoch=1), starts=starts, free={"gpu1": 0, "gpu2": 1})
     (action,) = decide(chain(ended), facts, NOW)
     assert isinstance(action, Move) and (action.n, action.place, action.host) == (2, "lab", "gpu2")
-    assert decide(chain(ended), replace(facts, free={"gpu1": 0, "gpu2": 0}), NOW) == []
+    # No slot free: not moved, and the chain says what it waits for (it said nothing).
+    full = replace(facts, free={"gpu1": 0, "gpu2": 0})
+    waiting = "waiting for a free slot on hosts gpu1, gpu2 at lab, where it moves next"
+    assert decide(chain(ended), full, NOW) == [Wait(waiting)]
+    said = replace(chain(ended), reason=waiting)
+    assert decide(said, full, NOW) == []  # said once
+    assert decide(said, replace(full, free={"gpu1": 1}), NOW)[0] == Wait("")  # moves: cleared
+    # The other place became the sooner: the chain goes there, and no longer waits.
+    there = decide(said, replace(full, starts={"sge": NOW_, "lab": LATER}), NOW)
+    assert there[0] == Wait("") and isinstance(there[1], Submit), there
+    assert decide(said, replace(full, free={"gpu2": 0}), NOW) == [
+        Wait("waiting for a free slot on hosts gpu2 (gpu1 not reached) at lab, where it moves next")
+    ]
 
 
 def test_a_chain_at_a_pool_place_keeps_to_the_host_its_checkpoint_is_on() -> None:

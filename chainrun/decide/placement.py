@@ -189,7 +189,8 @@ def settle(chain: Chain, facts: Facts, actions: list[Action]) -> list[Action]:
     """``actions`` as a tick carries them out: a sweep's first segment as an array task where
     the cluster takes arrays; a pool's new segment on a host with a free slot
     (``facts.free``), or, with none, not submitted and a ``Wait`` that says why; a move to a
-    pool on a host with a free slot (``moved_to``), or not made; and, first,
+    pool on a host with a free slot (``moved_to``), or, with none, not made and a ``Wait``;
+    and, first,
     a ``Remove`` of each job a pool host that is back still runs of a segment ended as lost
     there (``fenced``), so that the cancel is in the chain's history."""
     sched = chain.spec.scheduler
@@ -213,6 +214,8 @@ def settle(chain: Chain, facts: Facts, actions: list[Action]) -> list[Action]:
         elif isinstance(action, Move):
             moved = moved_to(chain, action, facts.free)
             if moved is None:
+                hosts = chain.spec.at(action.place).scheduler.hosts
+                waiting = f"{_slot_wait(hosts, facts.free.keys())} at {action.place}, where it moves next"
                 continue
             action = moved
         settled.append(action)
@@ -231,6 +234,11 @@ def waiting_reason(chain: Chain, reached: Collection[str]) -> str:
         )
     if chain.placed is not None and not shared(chain):
         hosts = (chain.placed,)
+    return _slot_wait(hosts, reached)
+
+
+def _slot_wait(hosts: Sequence[str], reached: Collection[str]) -> str:
+    """Waiting for a free slot on those of ``hosts`` that answered (those ``reached``)."""
     up = [h for h in hosts if h in reached]
     down = [h for h in hosts if h not in up]
     text = f"waiting for a free slot on hosts {', '.join(up)}" if up else "waiting for a host to answer"
@@ -238,9 +246,9 @@ def waiting_reason(chain: Chain, reached: Collection[str]) -> str:
 
 
 def waiting_change(chain: Chain, waiting: str) -> Optional[Wait]:
-    """A pool's chain that waits for a slot says why (``waiting``), once; one that goes on
-    again clears it."""
-    if not chain.spec.scheduler.hosts or chain.reason == waiting:
+    """A chain that waits for a pool's slot (at a pool, or to move to one) says why
+    (``waiting``), once; one that goes on again clears it."""
+    if not pools(chain.spec) or chain.reason == waiting:
         return None
     if waiting or chain.reason.startswith(WAITING_FOR_A_SLOT):
         return Wait(waiting)

@@ -88,7 +88,6 @@ class Glance(NamedTuple):
     total_time: int
     walltime: int
     max_concurrent: Optional[int]
-    pool: bool  # the spec names a pool of hosts
     segments: int  # how many it has
     ran: int  # how many of them ran (``ran``)
     live: tuple[SegmentGlance, ...]
@@ -124,7 +123,6 @@ class Glance(NamedTuple):
             spec.total_time,
             spec.walltime,
             spec.max_concurrent,
-            bool(spec.scheduler.hosts),
             len(chain.segments),
             sum(1 for s in chain.segments if ran(s)),
             live,
@@ -224,7 +222,6 @@ GLANCE_SQL = f"""SELECT c.rowid, c.id, c.state, c.reason, c.failures, c.used, c.
     CASE WHEN {_OK} THEN 1 ELSE 0 END AS ok,
     {_field("coalesce(c.latest, c.progress)", "$.epoch")}, {_field("c.baseline", "$.epoch")},
     {", ".join(_field("c.spec", f"$.{name}") for name in _SPEC_FIELDS)},
-    CASE WHEN json_valid(c.spec) THEN coalesce(json_array_length(c.spec, '$.scheduler.hosts'), 0) END,
     count(s.rowid), sum(CASE WHEN s.rowid IS NOT NULL AND ({_RAN}) THEN 1 ELSE 0 END),
     sum(CASE WHEN s.rowid IS NULL OR ({_SEGMENT_OK}) THEN 0 ELSE 1 END),
     c.name, coalesce({_field("c.spec", "$.sweep_name")}, ''),
@@ -249,15 +246,15 @@ def read_glance(r: sqlite3.Row, live: list[Optional[SegmentGlance]]) -> Optional
     """A row of ``GLANCE_SQL`` with its live segments as the table shows them; None when
     any of it is not as chainrun writes it (the chain is then read in full)."""
     (_, id_, state, reason, failures, used, created, ended, ok) = r[:9]
-    segments_ok = not r[19] and None not in live
+    segments_ok = not r[18] and None not in live
     row_ok = type(id_) is str and id_.isprintable() and id_ != "" and type(reason) is str
     numbers_ok = type(failures) is int and type(used) in _NUMBER and type(created) in _NUMBER
     if not (ok and segments_ok and row_ok and numbers_ok and type(ended) in _MAYBE_NUMBER):
         return None
     if state not in _STATES:
         return None
-    epoch, base, target, max_failures, total, walltime, concurrent, hosts, count, ran = r[9:19]
-    name, sweep = r[20:22]
+    epoch, base, target, max_failures, total, walltime, concurrent, count, ran = r[9:18]
+    name, sweep = r[19:21]
     if type(name) is not str or type(sweep) is not str:
         return None
     segs = tuple(s for s in live if s is not None)
@@ -274,13 +271,12 @@ def read_glance(r: sqlite3.Row, live: list[Optional[SegmentGlance]]) -> Optional
         total,
         walltime,
         concurrent,
-        hosts > 0,
         count,
         ran,
         segs,
         name,
         sweep,
-        _last_ran(id_, walltime, r[22]),
+        _last_ran(id_, walltime, r[21]),
     )
 
 
