@@ -17,6 +17,7 @@ from chainrun.decide import LOST_AFTER, Facts, backoff, decide
 from chainrun.decide.carry import STALE_CLAIM
 from chainrun.decide.retry import ACCOUNTING_FIRST, STUCK_AFTER, STUCK_RETRY
 from chainrun.engine import Engine
+from chainrun.engine.act import CANCEL_OWED_FOR
 from chainrun.engine.observe import Polled
 from chainrun.errors import TransportError
 from chainrun.model import (
@@ -499,6 +500,31 @@ def test_a_cancel_owed_is_sent_by_the_service_after_a_restart(world: World) -> N
     sent = len(world.cluster.commands)
     world.tick()
     assert world.cluster.commands[sent:] == []  # owed nothing more, after a restart too
+
+
+def test_a_cancel_owed_for_over_a_week_is_given_up_and_said(world: World) -> None:
+    """A cluster that never answers again (a host gone for good) is not polled forever for a
+    cancel it is owed: after ``CANCEL_OWED_FOR`` the cancel is given up, once, in the chain's
+    history, with what to do, and that cluster is polled no more."""
+    chain_id = world.add(replace(SPEC, target_epoch=2))
+    world.tick()
+    world.tick()
+    world.cluster.start("1", epoch=0)
+    world.cluster.end("1", "timeout", epoch=2, saved=world.clock())
+    world.cluster.cancels_fail = True
+    assert world.tick().state is ChainState.COMPLETED
+    world.cluster.down = True
+    world.tick(CANCEL_OWED_FOR - 60)
+    assert "given up" not in world.history(chain_id)
+    world.engine = world.new_engine()  # it is kept since when it is owed, across a restart
+    world.tick(120)
+    told = world.history(chain_id)
+    assert told.count("job 2: its cancel has not reached fake, which has not answered for 7d; given up") == 1
+    assert "cancel it by hand" in told
+    assert world.store.owed_cancels() == {}
+    sent = len(world.cluster.commands)
+    world.tick()
+    assert world.cluster.commands[sent:] == []  # polled no more
 
 
 def test_a_chain_decide_is_skipped_for_is_one_that_decide_and_the_tick_leave_as_it_is(

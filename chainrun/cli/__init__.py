@@ -311,7 +311,7 @@ def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
                 click.echo(f"chain {chain.id}: cancel requested; the running service carries it out")
             return
         undone = False
-        owed = [(job, c) for jobs in store.owed_cancels().values() for job, (c, _) in jobs.items()]
+        owed = [(job, c.chain_id) for jobs in store.owed_cancels().values() for job, c in jobs.items()]
         for chain in (store.chain(c.id) for c in going):
             if chain.state.final:
                 kept = f"budget used {duration(chain.used)}, {chain.progress.describe()}"

@@ -25,7 +25,8 @@ so a segment that ended there is judged, and ``decide`` moves the chain where a 
 starts now (that place answers that it cannot). A cancel that did not reach its scheduler
 is owed (``Executor.owed_cancels``, kept in the store for the services after this one):
 that cluster is polled each tick, and once it answers, the jobs it still lists are
-cancelled. A chain with one place waits for its cluster.
+cancelled; one owed for over a week (``CANCEL_OWED_FOR``) is given up, said in its chain's
+history. A chain with one place waits for its cluster.
 
 The engine calls ``decide`` and, besides it, only the rules that say what to
 observe and what a carried-out action came to: ``placement.held_back`` and
@@ -278,6 +279,9 @@ class Engine:
         # cluster owed a cancel (sent once it answers).
         pools = self.loaded.pools
         tick = TickClusters({})
+        for chain_id, given_up in self.executor.give_up_owed(now).items():
+            self.store.record(chain_id, [], None, given_up, now)
+            log.warning("owed cancels given up", chain=chain_id, why=given_up)
         for key in dict.fromkeys([*groups, *pools, *self.executor.owed_cancels]):
             kind, host = key
             try:

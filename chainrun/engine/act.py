@@ -27,6 +27,7 @@ from chainrun.decide import placement, places
 from chainrun.decide.retry import after_submit, array_refused
 from chainrun.engine.observe import ClusterKey, Polled
 from chainrun.errors import ClaimedError, SchedulerError, StoreUnavailable, TransportError, UnsafePathError
+from chainrun.fields import format_duration
 from chainrun.logsetup import get_logger
 from chainrun.model import (
     Action,
@@ -46,10 +47,14 @@ from chainrun.model import (
 from chainrun.schedulers.base import ArrayScheduler
 from chainrun.schedulers.script import render_array_script
 from chainrun.schedulers.segment import SegmentJob, array_stem, array_tag
-from chainrun.store import Store
+from chainrun.store import OwedCancel, Store
 from chainrun.transfer import TransferError, fence_left, move_checkpoint
 
 log = get_logger(__name__)
+
+# Seconds a cancel that did not reach its scheduler is sent again for, once it answers: a
+# week covers a cluster's maintenance, and a host gone for good is not polled forever.
+CANCEL_OWED_FOR = 7 * 86400
 
 
 @dataclass
@@ -108,7 +113,8 @@ class Executor:
         # did not answer), each with its chain and segment: the engine polls that cluster each
         # tick, and once it answers, those it still lists are cancelled (``cancel_owed``). Kept
         # in the store too, so that a service restarted meanwhile owes them as well.
-        self.owed_cancels: dict[ClusterKey, dict[str, tuple[str, int]]] = store.owed_cancels()
+        # A cancel owed for longer than ``CANCEL_OWED_FOR`` is given up (``give_up_owed``).
+        self.owed_cancels: dict[ClusterKey, dict[str, OwedCancel]] = store.owed_cancels()
 
     def write_grace(self, polled: Polled, chain: Chain, seconds: int, warnings: list[str]) -> None:
         """Write the grace later segments get where their runner reads it; one that cannot be
@@ -197,9 +203,11 @@ class Executor:
                 warnings.append(
                     f"could not cancel jobs {', '.join(jobs)} ({exc}); cancelled once the scheduler answers"
                 )
-                owed = {job_id: (chain.id, n) for job_id, n in jobs.items()}
+                now = self.clock()
+                owed = {job_id: OwedCancel(chain.id, n, now) for job_id, n in jobs.items()}
                 self.store.owe_cancels(key, owed)
-                self.owed_cancels.setdefault(key, {}).update(owed)
+                for job_id, cancel in owed.items():
+                    self.owed_cancels.setdefault(key, {}).setdefault(job_id, cancel)
 
     def cancel_owed(self, polled: Polled) -> dict[str, list[Action]]:
         """Cancel the jobs owed a cancel on ``polled``'s cluster, which answered: those it
@@ -218,12 +226,33 @@ class Executor:
             return {}
         self.store.settle_cancels(polled.key, owed)
         done: dict[str, list[Action]] = defaultdict(list)
-        for job_id, (chain_id, n) in live.items():
+        for job_id, (chain_id, n, _) in live.items():
             why = (
                 "its cancel did not reach the scheduler, which did not answer; sent again now that it answers"
             )
             done[chain_id].append(Remove(n, job_id, why))
         return done
+
+    def give_up_owed(self, now: float) -> dict[str, list[str]]:
+        """Forget the cancels owed for longer than ``CANCEL_OWED_FOR``: their cluster
+        has not answered since (a host gone for good), and is no longer polled for them. By
+        chain, what is said of each in its history."""
+        said: dict[str, list[str]] = defaultdict(list)
+        for key, owed in list(self.owed_cancels.items()):
+            old = [j for j, cancel in owed.items() if now - cancel.since > CANCEL_OWED_FOR]
+            if not old:
+                continue
+            self.store.settle_cancels(key, old)
+            where = f"{key[0]} on {key[1]}" if key[1] else key[0]
+            for job_id in old:
+                said[owed.pop(job_id).chain_id].append(
+                    f"job {job_id}: its cancel has not reached {where}, which has not answered for "
+                    f"{format_duration(CANCEL_OWED_FOR)}; given up: if the job is still there, "
+                    "cancel it by hand"
+                )
+            if not owed:
+                del self.owed_cancels[key]
+        return said
 
     def _polled(self, tick: Optional[TickClusters], key: ClusterKey) -> Polled:
         """Cluster ``key`` as this tick polled it, or, not polled, reached now (unpolled)."""

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 from chainrun.errors import StoreError, UsageError
 from chainrun.home import default_home as default_home  # where chainrun keeps its state
@@ -65,6 +65,7 @@ __all__ = [
     "DamagedChain",
     "Event",
     "Glance",
+    "OwedCancel",
     "SegmentGlance",
     "Store",
     "default_home",
@@ -76,6 +77,14 @@ __all__ = [
 log = get_logger(__name__)
 
 MAX_REF = 200  # the longest chain reference (id, id prefix or name) a command accepts
+
+
+class OwedCancel(NamedTuple):
+    """A job whose cancel did not reach its scheduler: its chain, its segment, since when."""
+
+    chain_id: str
+    n: int
+    since: float
 
 
 class Store:
@@ -453,24 +462,23 @@ class Store:
 
     # -- cancels owed -----------------------------------------------------------
 
-    def owed_cancels(self) -> dict[tuple[str, str], dict[str, tuple[str, int]]]:
-        """The jobs owed a cancel, by cluster (scheduler kind, host), each with its chain and
-        segment (``owe_cancels``)."""
-        owed: dict[tuple[str, str], dict[str, tuple[str, int]]] = {}
+    def owed_cancels(self) -> dict[tuple[str, str], dict[str, OwedCancel]]:
+        """The jobs owed a cancel, by cluster (scheduler kind, host) and job id (``owe_cancels``)."""
+        owed: dict[tuple[str, str], dict[str, OwedCancel]] = {}
         if self._database.rows("SELECT 1 FROM sqlite_master WHERE name = 'owed_cancels'"):
-            for r in self._database.rows("SELECT kind, host, job_id, chain_id, n FROM owed_cancels"):
-                owed.setdefault((r[0], r[1]), {})[r[2]] = (r[3], int(r[4]))
+            for r in self._database.rows("SELECT kind, host, job_id, chain_id, n, since FROM owed_cancels"):
+                owed.setdefault((r[0], r[1]), {})[r[2]] = OwedCancel(r[3], int(r[4]), float(r[5]))
         return owed
 
-    def owe_cancels(self, key: tuple[str, str], jobs: dict[str, tuple[str, int]]) -> None:
-        """Keep ``jobs`` (each with its chain and segment) as owed a cancel on cluster ``key``:
-        their cancel did not reach its scheduler, and is sent once it answers, by this service
-        or one started after it."""
+    def owe_cancels(self, key: tuple[str, str], jobs: dict[str, OwedCancel]) -> None:
+        """Keep ``jobs`` as owed a cancel on cluster ``key``: their cancel did not reach its
+        scheduler, and is sent once it answers, by this service or one started after it. A job
+        owed one already keeps the time since when it is."""
         with self._database.tx() as db:
             db.executemany(
-                "INSERT OR REPLACE INTO owed_cancels (kind, host, job_id, chain_id, n)"
-                " VALUES (?, ?, ?, ?, ?)",
-                [(*key, job_id, chain_id, n) for job_id, (chain_id, n) in jobs.items()],
+                "INSERT OR IGNORE INTO owed_cancels (kind, host, job_id, chain_id, n, since)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                [(*key, job_id, *owed) for job_id, owed in jobs.items()],
             )
 
     def settle_cancels(self, key: tuple[str, str], job_ids: Iterable[str]) -> None:

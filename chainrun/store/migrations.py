@@ -117,7 +117,7 @@ MIGRATIONS: list[str] = [
     """,
     # 12: the cancels that did not reach their scheduler (its controller or host did not
     # answer), by cluster (scheduler kind, host; "" for this machine), each with its chain and
-    # segment: sent once that cluster answers, by whichever service runs then.
+    # segment and since when: sent once that cluster answers, by whichever service runs then.
     """
     CREATE TABLE owed_cancels (
         kind TEXT NOT NULL,
@@ -125,6 +125,7 @@ MIGRATIONS: list[str] = [
         job_id TEXT NOT NULL,
         chain_id TEXT NOT NULL,
         n INTEGER NOT NULL,
+        since REAL NOT NULL,
         PRIMARY KEY (kind, host, job_id)
     )
     """,
