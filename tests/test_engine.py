@@ -450,10 +450,9 @@ def test_a_cluster_that_cannot_be_polled_costs_nothing(world: World) -> None:
     assert world.phases(chain_id) == [(1, "1", "pending"), (2, "2", "pending")]
 
 
-def test_a_cancel_the_scheduler_did_not_take_is_sent_again_once_it_answers(world: World) -> None:
-    """The chain reaches its target while its controller takes no cancel: the successor queued
-    ahead stays queued, the cancel owed. The engine polls that cluster each tick (the chain
-    has ended) and, once it answers, cancels the job it still lists, once, and says so."""
+def owe_a_cancel(world: World) -> str:
+    """A chain reaches its target while its controller takes no cancel: the successor queued
+    ahead (job 2) stays queued, its cancel owed. The chain's id."""
     chain_id = world.add(replace(SPEC, target_epoch=2))
     world.tick()
     world.tick()
@@ -461,6 +460,14 @@ def test_a_cancel_the_scheduler_did_not_take_is_sent_again_once_it_answers(world
     world.cluster.end("1", "timeout", epoch=2, saved=world.clock())
     world.cluster.cancels_fail = True
     assert world.tick().state is ChainState.COMPLETED
+    return chain_id
+
+
+def test_a_cancel_the_scheduler_did_not_take_is_sent_again_once_it_answers(world: World) -> None:
+    """The chain reaches its target while its controller takes no cancel: the successor queued
+    ahead stays queued, the cancel owed. The engine polls that cluster each tick (the chain
+    has ended) and, once it answers, cancels the job it still lists, once, and says so."""
+    chain_id = owe_a_cancel(world)
     world.tick()  # still refused: still owed
     assert world.cluster.jobs["2"].live.phase is Phase.PENDING
     world.cluster.cancels_fail = False
@@ -481,13 +488,7 @@ def test_a_cancel_owed_is_sent_by_the_service_after_a_restart(world: World) -> N
     restarted before the controller answers again: the new service still owes the cancel (it
     is kept in the store) and sends it once the cluster answers, so the successor queued ahead
     never runs and never holds the queue."""
-    chain_id = world.add(replace(SPEC, target_epoch=2))
-    world.tick()
-    world.tick()
-    world.cluster.start("1", epoch=0)
-    world.cluster.end("1", "timeout", epoch=2, saved=world.clock())
-    world.cluster.cancels_fail = True
-    assert world.tick().state is ChainState.COMPLETED
+    chain_id = owe_a_cancel(world)
     world.engine = world.new_engine()  # the service restarted
     world.tick()  # still refused: still owed
     assert world.cluster.jobs["2"].live.phase is Phase.PENDING
@@ -506,13 +507,7 @@ def test_a_cancel_owed_for_over_a_week_is_given_up_and_said(world: World) -> Non
     """A cluster that never answers again (a host gone for good) is not polled forever for a
     cancel it is owed: after ``CANCEL_OWED_FOR`` the cancel is given up, once, in the chain's
     history, with what to do, and that cluster is polled no more."""
-    chain_id = world.add(replace(SPEC, target_epoch=2))
-    world.tick()
-    world.tick()
-    world.cluster.start("1", epoch=0)
-    world.cluster.end("1", "timeout", epoch=2, saved=world.clock())
-    world.cluster.cancels_fail = True
-    assert world.tick().state is ChainState.COMPLETED
+    chain_id = owe_a_cancel(world)
     world.cluster.down = True
     world.tick(CANCEL_OWED_FOR - 60)
     assert "given up" not in world.history(chain_id)
