@@ -234,8 +234,8 @@ class Executor:
         return done
 
     def give_up_owed(self, now: float) -> dict[str, list[str]]:
-        """Forget the cancels owed for longer than ``CANCEL_OWED_FOR``: their cluster
-        has not answered since (a host gone for good), and is no longer polled for them. By
+        """Forget the cancels owed for longer than ``CANCEL_OWED_FOR``: their cluster has
+        not taken them since (a host gone for good), and is no longer polled for them. By
         chain, what is said of each in its history."""
         said: dict[str, list[str]] = defaultdict(list)
         for key, owed in list(self.owed_cancels.items()):
@@ -246,9 +246,9 @@ class Executor:
             where = f"{key[0]} on {key[1]}" if key[1] else key[0]
             for job_id in old:
                 said[owed.pop(job_id).chain_id].append(
-                    f"job {job_id}: its cancel has not reached {where}, which has not answered for "
-                    f"{format_duration(CANCEL_OWED_FOR)}; given up: if the job is still there, "
-                    "cancel it by hand"
+                    f"job {job_id}: its cancel has not reached {where} in "
+                    f"{format_duration(CANCEL_OWED_FOR)} of trying; given up: if the job is still "
+                    "there, cancel it by hand"
                 )
             if not owed:
                 del self.owed_cancels[key]
