@@ -125,10 +125,12 @@ def test_ddp_chain_stops_as_one_and_ends_bit_equal_to_one_run(
     # The signal (the wrapper's own timer) at 40 s of each 60 s segment locally, at 30 s of
     # a one-minute Slurm job: well after torch's import and the rendezvous (9 s of a
     # segment beside a 6-worker suite here, 18 s at load average 8; a segment stopped
-    # before its first step is charged). Either way the training (72 s locally, 64 s on
-    # Slurm, of steps) lasts three segments or more.
+    # before its first step is charged). Either way the training (84 s of steps locally, 64 s
+    # on Slurm) is longer than two segments' time before their signal (80 s, 60 s), so it
+    # lasts three segments or more however quick the start (6 epochs, 72 s, took two in a
+    # full run whose start-up was under 4 s).
     epochs, sleep, walltime, grace = (
-        (6, 1.5, 60, 20) if cluster.kind == "local" else (2, 4.0, cluster.walltime, 30)
+        (7, 1.5, 60, 20) if cluster.kind == "local" else (2, 4.0, cluster.walltime, 30)
     )
     expected = torch.load(reference(tmp_path, epochs))
     (work / "ddp_train.py").write_text(DDP_TRAINER.read_text())

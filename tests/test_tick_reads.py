@@ -272,7 +272,8 @@ os.makedirs("checkpoints", exist_ok=True)
 segments = int(open(path, "rb").read().split()[0]) if os.path.exists(path) else 0
 if segments >= 3:
     sys.exit(0)  # trained enough: ends the chain
-signal.signal(signal.SIGUSR1, lambda *_: sys.exit(0))
+stop = []  # the signal stops it after the save under way: one cut off would leave the file empty
+signal.signal(signal.SIGUSR1, lambda *_: stop.append(True))
 def save(step):
     data = f"{segments + 1} {step}".encode()
     if HOW == "torch.save":
@@ -283,7 +284,7 @@ def save(step):
     with open(path, "wb") as f:  # over the old file: the directory does not change
         f.write(data)
 step = 0
-while True:
+while not stop:
     time.sleep(0.5)
     step += 1
     save(step)
