@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -270,12 +270,21 @@ def attention(chain: Shown, now: float) -> str:
     return "" if chain.state.final else chain.slow_start
 
 
-def details(chain: Chain, now: float, seen: Optional[float] = None) -> list[str]:
+def details(
+    chain: Chain, now: float, seen: Optional[float] = None, owed: Sequence[tuple[str, float]] = ()
+) -> list[str]:
     """``verbose``: everything a person may ask about the chain, a fact a line (its state as
-    of the last tick ``seen`` when no service runs)."""
+    of the last tick ``seen`` when no service runs; ``owed``: its jobs whose cancel did not
+    reach the scheduler, each with since when)."""
     lines = []
     if chain.reason:
         lines.append(f"reason: {chain.reason}")
+    if owed:
+        jobs = ", ".join(job for job, _ in owed)
+        lines.append(
+            f"cancel owed: job{'s' * (len(owed) > 1)} {jobs}, since {when(min(t for _, t in owed), now)}: "
+            "the scheduler did not take the cancel; the service sends it again once it answers"
+        )
     glance = Glance.of(chain)
     if glance.slow_start:
         lines.append(f"warning: {glance.slow_start}")
@@ -404,9 +413,11 @@ def table(
     tails: bool = False,
     seen: Optional[float] = None,
     label: Optional[Label] = None,
+    owed: Optional[Mapping[str, Sequence[tuple[str, float]]]] = None,
 ) -> str:
     """The chains as a table of one line each, at most ``width`` columns, then the lines
-    about them: those needing attention (every chain's details when ``verbose``), and
+    about them: those needing attention (every chain's details when ``verbose``, with the
+    cancels it is ``owed``, by chain id: ``Store.owed_cancels``), and
     what is wrong with each damaged chain. ``tails``: a failed chain's last output
     lines and the command that shows the rest. ``verbose`` and ``tails`` need the
     chains read in full; the table alone, their glances. ``seen``: the last tick, when
@@ -428,7 +439,7 @@ def table(
             raise TypeError(f"verbose or tails: chain {c.id} must be read in full (Store.shown)")
         if verbose and full is not None:
             lines.append(f"{_clip_id(c.id, width - 1)}:")
-            for fact in details(full, now, seen):
+            for fact in details(full, now, seen, (owed or {}).get(c.id, ())):
                 lines += _wrap(fact, width, "  ")
         else:
             why = attention(g, now)
@@ -472,6 +483,7 @@ def frame(
     verbose: bool = False,
     tails: bool = False,
     label: Optional[Label] = None,
+    owed: Optional[Mapping[str, Sequence[tuple[str, float]]]] = None,
 ) -> str:
     """What `chainrun status` prints: the table (or that there are no chains), then the service."""
     # A command to paste (indented four) is left whole: broken in two, it would not run.
@@ -484,7 +496,15 @@ def frame(
     if not chains and not damaged:
         return f"no chains; submit one with `chainrun submit JOBFILE`\n{service}"
     text = table(
-        chains, now, damaged, width=width, verbose=verbose, tails=tails, seen=last_tick(home), label=label
+        chains,
+        now,
+        damaged,
+        width=width,
+        verbose=verbose,
+        tails=tails,
+        seen=last_tick(home),
+        label=label,
+        owed=owed,
     )
     return f"{text}\n{service}"
 

@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import datetime
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 
 # Each command imports what it uses: `--help` formats them all, and `status` should
 # not pay for the service, the schedulers or the job file parser.
+
+Owed = dict[str, list[tuple[str, float]]]  # by chain id, its jobs owed a cancel, each since when
 
 
 def _interval(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[float]:
@@ -451,7 +454,7 @@ def status(
 
     group = [False]  # CHAIN named a sweep
 
-    def draw(shown: Sequence[Shown], damaged: list[DamagedChain]) -> str:
+    def draw(shown: Sequence[Shown], damaged: list[DamagedChain], owed: Owed) -> str:
         # Measured at each frame: a terminal resized under --watch gets the new width.
         width = shutil.get_terminal_size((view.WIDTH, 24)).columns if tty else view.WIDTH
         if group[0]:  # a sweep: its metrics compared, its chains named by their parameters
@@ -464,7 +467,7 @@ def status(
         one = chain_ref is not None
         # One chain asked for by name: all there is to know of it, its jobs included.
         return view.frame(
-            ctx.obj, shown, time.time(), damaged, width=width, verbose=verbose or one, tails=one
+            ctx.obj, shown, time.time(), damaged, width=width, verbose=verbose or one, tails=one, owed=owed
         )
 
     with _store(ctx, readonly=True) as store:
@@ -478,12 +481,17 @@ def status(
                 return members or [store.find(chain_ref)], []
             return store.shown(None if show_all else time.time() - 86400)
 
-        def table() -> tuple[Sequence[Shown], list[DamagedChain]]:
+        def table() -> tuple[Sequence[Shown], list[DamagedChain], Owed]:
             """The same for the table alone (no CHAIN, no --verbose): what it shows of each
-            chain, read without decoding the chains (that was most of the time `status` took)."""
+            chain, read without decoding the chains (that was most of the time `status` took);
+            with the details, the cancels each chain is owed."""
             if chain_ref is None and not verbose:
-                return store.glance(None if show_all else time.time() - 86400)
-            return chains()
+                return (*store.glance(None if show_all else time.time() - 86400), {})
+            owed: Owed = defaultdict(list)
+            for jobs in store.owed_cancels().values():
+                for job_id, cancel in jobs.items():
+                    owed[cancel.chain_id].append((job_id, cancel.since))
+            return (*chains(), owed)
 
         if as_json:
             now = time.time()
@@ -497,8 +505,8 @@ def status(
         try:
             while True:
                 try:
-                    shown, damaged = table()
-                    frame = draw(shown, damaged)
+                    shown, damaged, owed = table()
+                    frame = draw(shown, damaged, owed)
                 except StoreUnavailable as exc:  # busy for a moment: say so, and look again
                     shown, frame = [], f"chainrun: {exc}"
                 stamp = f"every {watch:g}s, {datetime.now():%H:%M:%S} (Ctrl-C to quit)"
