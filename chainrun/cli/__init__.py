@@ -14,7 +14,6 @@ import os
 import shutil
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import datetime
@@ -36,8 +35,6 @@ if TYPE_CHECKING:
 
 # Each command imports what it uses: `--help` formats them all, and `status` should
 # not pay for the service, the schedulers or the job file parser.
-
-Owed = dict[str, list[tuple[str, float]]]  # by chain id, its jobs owed a cancel, each since when
 
 
 def _interval(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[float]:
@@ -314,12 +311,12 @@ def cancel(ctx: click.Context, chain_ref: str, yes: bool) -> None:
                 click.echo(f"chain {chain.id}: cancel requested; the running service carries it out")
             return
         undone = False
-        owed = [(job, c.chain_id) for jobs in store.owed_cancels().values() for job, c in jobs.items()]
+        owed = store.owed_by_chain()
         for chain in (store.chain(c.id) for c in going):
             if chain.state.final:
                 kept = f"budget used {duration(chain.used)}, {chain.progress.describe()}"
                 click.echo(f"chain {chain.id} {chain.state.value}" + (f" ({kept})" if chain.used else ""))
-                left = [job for job, chain_id in owed if chain_id == chain.id]
+                left = [job for job, _ in owed.get(chain.id, [])]
                 if left:
                     click.echo(
                         f"chainrun: chain {chain.id}: job{'s' * (len(left) > 1)} {', '.join(left)} still "
@@ -454,7 +451,9 @@ def status(
 
     group = [False]  # CHAIN named a sweep
 
-    def draw(shown: Sequence[Shown], damaged: list[DamagedChain], owed: Owed) -> str:
+    def draw(
+        shown: Sequence[Shown], damaged: list[DamagedChain], owed: dict[str, list[tuple[str, float]]]
+    ) -> str:
         # Measured at each frame: a terminal resized under --watch gets the new width.
         width = shutil.get_terminal_size((view.WIDTH, 24)).columns if tty else view.WIDTH
         if group[0]:  # a sweep: its metrics compared, its chains named by their parameters
@@ -481,17 +480,13 @@ def status(
                 return members or [store.find(chain_ref)], []
             return store.shown(None if show_all else time.time() - 86400)
 
-        def table() -> tuple[Sequence[Shown], list[DamagedChain], Owed]:
+        def table() -> tuple[Sequence[Shown], list[DamagedChain], dict[str, list[tuple[str, float]]]]:
             """The same for the table alone (no CHAIN, no --verbose): what it shows of each
             chain, read without decoding the chains (that was most of the time `status` took);
             with the details, the cancels each chain is owed."""
             if chain_ref is None and not verbose:
                 return (*store.glance(None if show_all else time.time() - 86400), {})
-            owed: Owed = defaultdict(list)
-            for jobs in store.owed_cancels().values():
-                for job_id, cancel in jobs.items():
-                    owed[cancel.chain_id].append((job_id, cancel.since))
-            return (*chains(), owed)
+            return (*chains(), store.owed_by_chain())
 
         if as_json:
             now = time.time()

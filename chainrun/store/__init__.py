@@ -470,6 +470,14 @@ class Store:
                 owed.setdefault((r[0], r[1]), {})[r[2]] = OwedCancel(r[3], int(r[4]), float(r[5]))
         return owed
 
+    def owed_by_chain(self) -> dict[str, list[tuple[str, float]]]:
+        """``owed_cancels`` by chain id: each job owed a cancel, with since when."""
+        by_chain: dict[str, list[tuple[str, float]]] = {}
+        for jobs in self.owed_cancels().values():
+            for job_id, cancel in jobs.items():
+                by_chain.setdefault(cancel.chain_id, []).append((job_id, cancel.since))
+        return by_chain
+
     def owe_cancels(self, key: tuple[str, str], jobs: dict[str, OwedCancel]) -> None:
         """Keep ``jobs`` as owed a cancel on cluster ``key``: their cancel did not reach its
         scheduler, and is sent once it answers, by this service or one started after it. A job
