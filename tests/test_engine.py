@@ -15,9 +15,8 @@ from chainrun import rundir
 from chainrun.cluster import Cluster
 from chainrun.decide import LOST_AFTER, Facts, backoff, decide
 from chainrun.decide.carry import STALE_CLAIM
-from chainrun.decide.retry import ACCOUNTING_FIRST, STUCK_AFTER, STUCK_RETRY
+from chainrun.decide.retry import ACCOUNTING_FIRST, CANCEL_OWED_FOR, STUCK_AFTER, STUCK_RETRY
 from chainrun.engine import Engine
-from chainrun.engine.act import CANCEL_OWED_FOR
 from chainrun.engine.observe import Polled
 from chainrun.errors import TransportError
 from chainrun.model import (

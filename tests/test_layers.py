@@ -343,6 +343,8 @@ ENGINE_MAY_CALL = {
     "retry.array_refused",
     "retry.accounting_due",
     "retry.accounting_again",
+    "retry.owed_to_send",  # a cancel owed on a cluster that answers: sent to the jobs it lists
+    "retry.owed_given_up",  # ... or given up after a week
     "carry.applies",
     "startup.slow_start",  # what to warn the webhook of, once
 }

@@ -1,5 +1,6 @@
 """The rules beside decide(), as tables: when to try again (a failed submission, a chain whose
-ticks keep failing, accounting that did not know a job) and where and when a new segment may
+ticks keep failing, accounting that did not know a job, a cancel the scheduler did not
+take) and where and when a new segment may
 start (a pool's slots and hosts, a sweep's max_concurrent)."""
 
 from __future__ import annotations
@@ -27,11 +28,14 @@ from chainrun.decide.placement import (
 from chainrun.decide.retry import (
     ACCOUNTING_FIRST,
     ACCOUNTING_MAX,
+    CANCEL_OWED_FOR,
     STUCK_AFTER,
     STUCK_RETRY,
     accounting_again,
     after_fault,
     backoff,
+    owed_given_up,
+    owed_to_send,
 )
 from chainrun.model import (
     WAITING_FOR_A_SLOT,
@@ -81,6 +85,38 @@ def test_a_chain_whose_ticks_keep_failing_is_marked_stuck_once_and_tried_every_1
     assert after_fault(active, STUCK_AFTER, "boom", NOW) == (NOW + STUCK_RETRY, MarkStuck(reason))
     stuck = replace(active, state=ChainState.STUCK)
     assert after_fault(stuck, STUCK_AFTER + 1, "boom", NOW) == (NOW + 600.0, None)
+
+
+def test_an_owed_cancel_is_sent_to_the_jobs_still_listed_as_not_ended_and_to_no_other() -> None:
+    listed = {
+        "1": ListedJob("1", "a", Phase.RUNNING),
+        "2": ListedJob("2", "b", Phase.PENDING, reason="Dependency"),
+        "3": ListedJob("3", "c", Phase.ENDED, outcome=Outcome.COMPLETED),
+        "5": ListedJob("5", "e", Phase.PENDING),  # listed, but owed no cancel
+    }
+    why = "its cancel did not reach the scheduler, which did not answer; sent again now that it answers"
+    # 3 ended and 4 is gone: owed nothing more.
+    assert owed_to_send({"1": 7, "2": 8, "3": 6, "4": 5}, listed) == [
+        Remove(7, "1", why),
+        Remove(8, "2", why),
+    ]
+    assert owed_to_send({"3": 6, "4": 5}, listed) == []
+
+
+@pytest.mark.parametrize(
+    ("owed_for", "given_up"),
+    [(0.0, False), (CANCEL_OWED_FOR - 1, False), (CANCEL_OWED_FOR, False), (CANCEL_OWED_FOR + 1, True)],
+)
+def test_an_owed_cancel_is_given_up_once_owed_for_over_a_week_saying_what_to_do(
+    owed_for: float, given_up: bool
+) -> None:
+    assert CANCEL_OWED_FOR == 7 * 86400
+    said = owed_given_up({"41": NOW - owed_for, "42": NOW}, "slurm on login1", NOW)
+    expected = (
+        "job 41: its cancel has not reached slurm on login1 in 7d of trying; given up: if the job is "
+        "still there, cancel it by hand"
+    )
+    assert said == ({"41": expected} if given_up else {})
 
 
 def test_a_job_uses_a_slot_while_it_runs_or_could_run_not_while_it_waits_for_its_predecessor() -> None:

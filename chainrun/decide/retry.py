@@ -1,7 +1,9 @@
 """When to try again: a failed submission (backoff, or rejected for good), an array the
 scheduler refuses (its chains go one by one), a chain whose ticks keep failing (stuck, and
-tried again now and then), and accounting that did not know a job yet (asked again after
-growing intervals, and always in the tick that would find the job lost).
+tried again now and then), accounting that did not know a job yet (asked again after
+growing intervals, and always in the tick that would find the job lost), and a cancel that
+did not reach its scheduler (sent again once it answers, to the jobs it still lists; given
+up after ``CANCEL_OWED_FOR``).
 
 Every function is pure: the engine keeps what it needs across ticks and passes ``now``.
 """
@@ -13,12 +15,28 @@ from typing import Dict, Optional, Tuple  # noqa: UP035
 
 from chainrun.decide.chain import lost_at
 from chainrun.errors import ClaimedError, SchedulerError, TransportError, UnsafePathError
-from chainrun.model import Action, Adopt, Carried, Chain, ChainState, MarkStuck, Reject, RetryLater
+from chainrun.fields import format_duration
+from chainrun.model import (
+    Action,
+    Adopt,
+    Carried,
+    Chain,
+    ChainState,
+    ListedJob,
+    MarkStuck,
+    Phase,
+    Reject,
+    Remove,
+    RetryLater,
+)
 
 STUCK_AFTER = 3  # failing ticks in a row before a chain is marked stuck
 STUCK_RETRY = 600.0  # seconds between tries of a stuck chain
 ACCOUNTING_FIRST = 10.0  # seconds before accounting is asked again of a job it did not know
 ACCOUNTING_MAX = 120.0  # the interval doubles up to this
+# Seconds a cancel that did not reach its scheduler is sent again for, once it answers: a
+# week covers a cluster's maintenance, and a host gone for good is not polled forever.
+CANCEL_OWED_FOR = 7 * 86400.0
 
 # Per job gone from the listing without an end marker that accounting did not know:
 # when to ask again, and the interval after that.
@@ -96,3 +114,29 @@ def accounting_again(job_id: str, waiting: Unaccounted, now: float) -> tuple[flo
     (doubling from ``ACCOUNTING_FIRST`` up to ``ACCOUNTING_MAX``)."""
     interval = min(2 * waiting[job_id][1], ACCOUNTING_MAX) if job_id in waiting else ACCOUNTING_FIRST
     return now + interval, interval
+
+
+def owed_to_send(owed: Mapping[str, int], jobs: Mapping[str, ListedJob]) -> list[Remove]:
+    """The cancels owed on a cluster that now answers (job: its segment) to send: to the
+    jobs it still lists as not ended (the others ended or are gone: owed nothing more), as
+    a ``Remove`` each, for its chain's history."""
+    why = "its cancel did not reach the scheduler, which did not answer; sent again now that it answers"
+    return [
+        Remove(n, job_id, why)
+        for job_id, n in owed.items()
+        if job_id in jobs and jobs[job_id].phase is not Phase.ENDED
+    ]
+
+
+def owed_given_up(owed: Mapping[str, float], where: str, now: float) -> Dict[str, str]:  # noqa: UP006
+    """Of the cancels owed on ``where`` (job: owed since), those given up now, owed for
+    longer than ``CANCEL_OWED_FOR`` (a host gone for good): job, what its chain's history
+    says of it."""
+    return {
+        job_id: (
+            f"job {job_id}: its cancel has not reached {where} in {format_duration(CANCEL_OWED_FOR)} "
+            "of trying; given up: if the job is still there, cancel it by hand"
+        )
+        for job_id, since in owed.items()
+        if now - since > CANCEL_OWED_FOR
+    }

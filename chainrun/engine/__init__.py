@@ -25,15 +25,16 @@ so a segment that ended there is judged, and ``decide`` moves the chain where a 
 starts now (that place answers that it cannot). A cancel that did not reach its scheduler
 is owed (``Executor.owed_cancels``, kept in the store for the services after this one):
 that cluster is polled each tick, and once it answers, the jobs it still lists are
-cancelled; one owed for over a week (``CANCEL_OWED_FOR``) is given up, said in its chain's
-history. A chain with one place waits for its cluster.
+cancelled (``retry.owed_to_send``); one owed for over a week is given up
+(``retry.owed_given_up``), said in its chain's history. A chain with one place waits for its cluster.
 
 The engine calls ``decide`` and, besides it, only the rules that say what to
 observe and what a carried-out action came to: ``placement.held_back`` and
 ``placement.observe_on`` (which chains may start, where each is looked at),
 ``quiet_until`` (when ``decide`` may answer anew), ``retry.after_fault``,
 ``retry.after_submit``, ``retry.array_refused``, ``retry.accounting_due``,
-``retry.accounting_again``, ``carry.applies``, ``placement.free_slots``,
+``retry.accounting_again``, ``retry.owed_to_send`` and ``retry.owed_given_up`` (what an
+owed cancel comes to), ``carry.applies``, ``placement.free_slots``,
 ``placement.shared``, ``placement.pools`` (the pool hosts polled for a chain, at its place
 or at another of its places), and for a chain with several places ``places.asks`` (when to
 ask each place when it would start the next segment, at most every ``places.ASK_EVERY``: the

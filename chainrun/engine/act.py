@@ -24,10 +24,9 @@ from typing import Callable, Optional
 from chainrun import carry, rundir, snapshot
 from chainrun.cluster import Cluster
 from chainrun.decide import placement, places
-from chainrun.decide.retry import after_submit, array_refused
+from chainrun.decide.retry import after_submit, array_refused, owed_given_up, owed_to_send
 from chainrun.engine.observe import ClusterKey, Polled
 from chainrun.errors import ClaimedError, SchedulerError, StoreUnavailable, TransportError, UnsafePathError
-from chainrun.fields import format_duration
 from chainrun.logsetup import get_logger
 from chainrun.model import (
     Action,
@@ -51,10 +50,6 @@ from chainrun.store import OwedCancel, Store
 from chainrun.transfer import TransferError, fence_left, move_checkpoint
 
 log = get_logger(__name__)
-
-# Seconds a cancel that did not reach its scheduler is sent again for, once it answers: a
-# week covers a cluster's maintenance, and a host gone for good is not polled forever.
-CANCEL_OWED_FOR = 7 * 86400
 
 
 @dataclass
@@ -113,7 +108,7 @@ class Executor:
         # did not answer), each with its chain and segment: the engine polls that cluster each
         # tick, and once it answers, those it still lists are cancelled (``cancel_owed``). Kept
         # in the store too, so that a service restarted meanwhile owes them as well.
-        # A cancel owed for longer than ``CANCEL_OWED_FOR`` is given up (``give_up_owed``).
+        # A cancel owed for longer than ``retry.CANCEL_OWED_FOR`` is given up (``give_up_owed``).
         self.owed_cancels: dict[ClusterKey, dict[str, OwedCancel]] = store.owed_cancels()
 
     def write_grace(self, polled: Polled, chain: Chain, seconds: int, warnings: list[str]) -> None:
@@ -210,46 +205,38 @@ class Executor:
                     self.owed_cancels.setdefault(key, {}).setdefault(job_id, cancel)
 
     def cancel_owed(self, polled: Polled) -> dict[str, list[Action]]:
-        """Cancel the jobs owed a cancel on ``polled``'s cluster, which answered: those it
-        still lists as not ended (the others ended or are gone: owed nothing more). By chain,
-        a ``Remove`` of each job cancelled now, for its history; a cancel that fails again is
-        still owed."""
+        """Send the cancels owed on ``polled``'s cluster, which answered, as
+        ``retry.owed_to_send`` says; by chain, what was sent, for its history. The others
+        are owed nothing more; a cancel that fails again is still owed."""
         owed = self.owed_cancels.pop(polled.key, {})
-        live = {j: owed[j] for j in owed if j in polled.jobs and polled.jobs[j].phase is not Phase.ENDED}
+        sent = owed_to_send({job_id: cancel.n for job_id, cancel in owed.items()}, polled.jobs)
         try:
-            if live:
-                polled.cluster.cancel(list(live))
+            if sent:
+                polled.cluster.cancel([action.job_id for action in sent])
         except (SchedulerError, TransportError) as exc:
+            live = {action.job_id: owed[action.job_id] for action in sent}
             log.warning("cancel failed again; retrying next tick", jobs=list(live), error=str(exc))
             self.owed_cancels[polled.key] = live
             self.store.settle_cancels(polled.key, [j for j in owed if j not in live])
             return {}
         self.store.settle_cancels(polled.key, owed)
         done: dict[str, list[Action]] = defaultdict(list)
-        for job_id, (chain_id, n, _) in live.items():
-            why = (
-                "its cancel did not reach the scheduler, which did not answer; sent again now that it answers"
-            )
-            done[chain_id].append(Remove(n, job_id, why))
+        for action in sent:
+            done[owed[action.job_id].chain_id].append(action)
         return done
 
     def give_up_owed(self, now: float) -> dict[str, list[str]]:
-        """Forget the cancels owed for longer than ``CANCEL_OWED_FOR``: their cluster has
-        not taken them since (a host gone for good), and is no longer polled for them. By
-        chain, what is said of each in its history."""
+        """Forget the cancels ``retry.owed_given_up`` gives up: their cluster is no longer
+        polled for them. By chain, what is said of each in its history."""
         said: dict[str, list[str]] = defaultdict(list)
         for key, owed in list(self.owed_cancels.items()):
-            old = [j for j, cancel in owed.items() if now - cancel.since > CANCEL_OWED_FOR]
-            if not old:
-                continue
-            self.store.settle_cancels(key, old)
             where = f"{key[0]} on {key[1]}" if key[1] else key[0]
-            for job_id in old:
-                said[owed.pop(job_id).chain_id].append(
-                    f"job {job_id}: its cancel has not reached {where} in "
-                    f"{format_duration(CANCEL_OWED_FOR)} of trying; given up: if the job is still "
-                    "there, cancel it by hand"
-                )
+            given_up = owed_given_up({job_id: cancel.since for job_id, cancel in owed.items()}, where, now)
+            if not given_up:
+                continue
+            self.store.settle_cancels(key, list(given_up))
+            for job_id, why in given_up.items():
+                said[owed.pop(job_id).chain_id].append(why)
             if not owed:
                 del self.owed_cancels[key]
         return said
