@@ -82,7 +82,8 @@ class Chain:
 
     def status(self) -> dict[str, Any]:
         """Everything about the chain now, as its entry in ``chainrun status --json``."""
-        return to_json(self._read(), time.time())
+        with _store(self.home, readonly=True) as store:
+            return to_json(store.chain(self.id), time.time(), store.owed_by_chain().get(self.id, ()))
 
     def wait(self, timeout: Optional[float] = None, poll: float = POLL) -> str:
         """Wait until the chain ends; its final state. See ``chainrun.wait``."""

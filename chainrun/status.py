@@ -270,6 +270,16 @@ def attention(chain: Shown, now: float) -> str:
     return "" if chain.state.final else chain.slow_start
 
 
+def owed_line(owed: Sequence[tuple[str, float]], now: float) -> str:
+    """The jobs of a chain whose cancel did not reach the scheduler (``owed``: each with
+    since when), in a line: what they are and what becomes of them."""
+    jobs = ", ".join(job for job, _ in owed)
+    return (
+        f"cancel owed: job{'s' * (len(owed) > 1)} {jobs}, since {when(min(t for _, t in owed), now)}: "
+        "the scheduler did not take the cancel; the service sends it again once it answers"
+    )
+
+
 def details(
     chain: Chain, now: float, seen: Optional[float] = None, owed: Sequence[tuple[str, float]] = ()
 ) -> list[str]:
@@ -280,11 +290,7 @@ def details(
     if chain.reason:
         lines.append(f"reason: {chain.reason}")
     if owed:
-        jobs = ", ".join(job for job, _ in owed)
-        lines.append(
-            f"cancel owed: job{'s' * (len(owed) > 1)} {jobs}, since {when(min(t for _, t in owed), now)}: "
-            "the scheduler did not take the cancel; the service sends it again once it answers"
-        )
+        lines.append(owed_line(owed, now))
     glance = Glance.of(chain)
     if glance.slow_start:
         lines.append(f"warning: {glance.slow_start}")
@@ -525,8 +531,9 @@ def service_line(home: Path, now: float, advise: bool = True) -> str:
     return f"{stopped}; chains advance only while one runs:\n  {systemd.start_advice(home)}"
 
 
-def to_json(c: Chain, now: float) -> dict[str, Any]:
-    """One chain for scripts: everything in the table, unrounded, plus the segments."""
+def to_json(c: Chain, now: float, owed: Sequence[tuple[str, float]] = ()) -> dict[str, Any]:
+    """One chain for scripts: everything in the table and the details, unrounded, plus the
+    segments (``owed``: its jobs whose cancel did not reach the scheduler, with since when)."""
     from chainrun.decide.carry import off_because
 
     g = Glance.of(c)
@@ -561,6 +568,8 @@ def to_json(c: Chain, now: float) -> dict[str, Any]:
         "place": c.spec.place_name or None,  # where a chain with several places is now
         "created_at": c.created_at,
         "ended_at": c.ended_at,
+        # Jobs still queued or running whose cancel the service sends once the scheduler answers.
+        "cancel_owed": [{"job_id": job_id, "since": since} for job_id, since in owed],
         "next": None
         if upcoming is None
         else {

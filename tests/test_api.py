@@ -146,6 +146,31 @@ def test_wait_raises_timeout_error_while_the_chain_goes_on(tmp_path: Path, home:
     assert chain.cancel() == "cancelled"
 
 
+def test_status_names_the_jobs_whose_cancel_the_scheduler_did_not_take_until_it_is_sent(
+    tmp_path: Path, home: Path
+) -> None:
+    """A cancel that did not reach the scheduler is owed, kept in the store until sent:
+    ``status()`` lists its jobs, as ``status --json`` does, and no more once it is settled."""
+    from chainrun.store import OwedCancel, Store
+
+    (chain,) = chainrun.submit(job(tmp_path, "sleep 600", walltime="10m"), home=home)
+    assert chain.status()["cancel_owed"] == []
+    store = Store(home)
+    try:
+        store.owe_cancels(
+            ("slurm", ""), {"41": OwedCancel(chain.id, 1, 1000.0), "42": OwedCancel(chain.id, 2, 1000.0)}
+        )
+        assert chain.status()["cancel_owed"] == [
+            {"job_id": "41", "since": 1000.0},
+            {"job_id": "42", "since": 1000.0},
+        ]
+        store.settle_cancels(("slurm", ""), ["41", "42"])
+    finally:
+        store.close()
+    assert chain.status()["cancel_owed"] == []
+    assert chain.cancel() == "cancelled"
+
+
 def test_wait_with_no_service_drives_the_chains_to_their_end_and_then_lets_go(
     tmp_path: Path, home: Path, service: Service
 ) -> None:

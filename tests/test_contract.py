@@ -844,11 +844,13 @@ def test_a_cancel_the_scheduler_refused_is_sent_by_the_next_service(
     assert "cancelled once the scheduler answers" in chainrun("history", chain_id, check=True).stdout
     shown = chainrun("status", chain_id, check=True).stdout
     assert f"cancel owed: jobs {', '.join(sorted(queued, key=int))}, since " in " ".join(shown.split()), shown
+    assert {j["job_id"] for j in status(chainrun, chain_id)["cancel_owed"]} == queued
     service(interval=1)
     wait_for(lambda: not cluster.live_jobs(chain_id), 120, "the owed cancel to reach the scheduler")
     wait_for(
         lambda: "cancel owed" not in chainrun("status", chain_id, check=True).stdout, 60, "the cancel settled"
     )
+    assert status(chainrun, chain_id)["cancel_owed"] == []
     history = chainrun("history", chain_id, check=True).stdout
     for job_id in queued:
         assert f"job {job_id} removed: its cancel did not reach the scheduler" in history, history

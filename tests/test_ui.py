@@ -605,6 +605,29 @@ def test_no_trained_share_for_a_chain_that_trained_nothing(tmp_path: Path) -> No
         assert "<dt>share trained</dt><dd>" + share + "</dd>" in page, chain.id
 
 
+def test_a_chains_page_and_its_json_name_the_jobs_whose_cancel_is_owed(tmp_path: Path) -> None:
+    """A chain whose cancel did not reach the scheduler: its page says which jobs are still
+    there and that the service sends the cancel again, and its JSON lists them; a chain
+    owed none shows no such line."""
+    from test_sweep import sweep_chains
+
+    from chainrun.ui import pages
+    from chainrun.ui.server import _chain_json
+
+    (chain,) = sweep_chains(tmp_path, [{"loss": 1.0}])[:1]
+    owed = [("41", 100.0), ("42", 130.0)]
+    page = pages.chain_page(chain, [], pages.Links(), 200.0, owed)
+    line = re.search(r'<p class="problem" id="cancel-owed">([^<]*)</p>', page)
+    assert line is not None, page
+    assert html.unescape(line.group(1)).startswith("cancel owed: jobs 41, 42, since ")
+    assert "sends it again once it answers" in line.group(1)
+    assert 'id="cancel-owed"' not in pages.chain_page(chain, [], pages.Links(), 200.0)
+    assert _chain_json(chain, [], owed, 200.0)["cancel_owed"] == [
+        {"job_id": "41", "since": 100.0},
+        {"job_id": "42", "since": 130.0},
+    ]
+
+
 def test_each_outcome_has_a_colour_of_its_own_and_a_crash_while_saving_keeps_it() -> None:
     """Every outcome (and a running segment) has a colour no other outcome, the queue wait
     or the gap has; a segment that got the walltime signal and then crashed is drawn in the

@@ -491,7 +491,9 @@ def status(
         if as_json:
             now = time.time()
             good, damaged = chains()
-            data = [view.to_json(c, now) for c in good] + [view.damaged_json(d) for d in damaged]
+            owed = store.owed_by_chain()
+            data = [view.to_json(c, now, owed.get(c.id, ())) for c in good]
+            data += [view.damaged_json(d) for d in damaged]
             click.echo(json.dumps(data, indent=2))
             return
         if watch is None:

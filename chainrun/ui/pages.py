@@ -242,7 +242,10 @@ def job_file(spec: JobSpec) -> str:
     return "\n".join(lines)
 
 
-def chain_page(chain: Chain, log: Log, link: Links, now: float) -> str:
+def chain_page(
+    chain: Chain, log: Log, link: Links, now: float, owed: Sequence[tuple[str, float]] = ()
+) -> str:
+    """A chain's own page (``owed``: its jobs whose cancel did not reach the scheduler)."""
     acc = account(chain, now)
     g = Glance.of(chain)
     actions = ""
@@ -268,6 +271,8 @@ def chain_page(chain: Chain, log: Log, link: Links, now: float) -> str:
     if problem and problem != chain.reason:
         reason += f'<p class="problem" id="problem">{escape(problem)}</p>'
 
+    if owed:
+        reason += f'<p class="problem" id="cancel-owed">{escape(view.owed_line(owed, now))}</p>'
     off = "" if chain.state.final else carry_line(chain.spec)
     if off:
         reason += f'<p class="note" id="self-queue">{escape(off)}</p>'

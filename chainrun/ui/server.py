@@ -30,6 +30,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import closing, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -249,7 +250,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._html(200, "chains", pages.overview(chains, store.allocations(now), link, now), fragment)
             elif path.startswith("/chain/"):
                 chain = store.chain(store.resolve(path[len("/chain/") :]))
-                main = pages.chain_page(chain, store.progress_log(chain.id), link, now)
+                owed = store.owed_by_chain().get(chain.id, [])
+                main = pages.chain_page(chain, store.progress_log(chain.id), link, now, owed)
                 self._html(200, chain.id, main, fragment)
             elif path.startswith("/sweep/"):
                 name = path[len("/sweep/") :]
@@ -267,7 +269,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._json([_glance_json(g, allocations.get(g.id), now) for g in chains])
             elif path.startswith("/api/chain/"):
                 chain = store.chain(store.resolve(path[len("/api/chain/") :]))
-                self._json(_chain_json(chain, store.progress_log(chain.id), now))
+                owed = store.owed_by_chain().get(chain.id, [])
+                self._json(_chain_json(chain, store.progress_log(chain.id), owed, now))
             else:
                 self._html(404, "not found", pages.message(f"nothing at {path}"), fragment, live=False)
 
@@ -428,9 +431,11 @@ def _glance_json(g: Any, allocation: Optional[tuple[float, float]], now: float) 
     }
 
 
-def _chain_json(chain: Chain, progress: pages.Log, now: float) -> dict[str, Any]:
+def _chain_json(
+    chain: Chain, progress: pages.Log, owed: Sequence[tuple[str, float]], now: float
+) -> dict[str, Any]:
     acc = account(chain, now)
-    data = view.to_json(chain, now)
+    data = view.to_json(chain, now, owed)
     data["accounting"] = {**acc.to_json(), "segments": [s.to_json() for s in acc.segments]}
     data["progress_log"] = [{"at": at, **p.to_json()} for at, p in progress]
     return data
