@@ -158,7 +158,11 @@ def test_status_names_the_jobs_whose_cancel_the_scheduler_did_not_take_until_it_
     store = Store(home)
     try:
         store.owe_cancels(
-            ("slurm", ""), {"41": OwedCancel(chain.id, 1, 1000.0), "42": OwedCancel(chain.id, 2, 1000.0)}
+            ("slurm", ""),
+            {
+                "41": OwedCancel(chain.id, 1, 1000.0, "cr.x.1"),
+                "42": OwedCancel(chain.id, 2, 1000.0, "cr.x.2"),
+            },
         )
         assert chain.status()["cancel_owed"] == [
             {"job_id": "41", "since": 1000.0},

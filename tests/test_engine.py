@@ -502,6 +502,29 @@ def test_a_cancel_owed_is_sent_by_the_service_after_a_restart(world: World) -> N
     assert world.cluster.commands[sent:] == []  # owed nothing more, after a restart too
 
 
+def test_a_cancel_owed_is_not_sent_to_another_job_that_took_its_id(world: World) -> None:
+    """The cluster is away while a cancel is owed and comes back with its state lost (a
+    re-imaged pool host's runner, a controller whose state was lost: job ids start again),
+    the owed job's id taken by another job of the user's. The owed cancel is for the job
+    listed under that id with the name it had; that one is gone: owed nothing more, and the
+    other job runs on."""
+    chain_id = owe_a_cancel(world)
+    world.cluster.down = True
+    world.tick()
+    world.cluster.jobs.clear()
+    world.cluster.next_id = 1
+    world.cluster.cancels_fail = False
+    by_hand = [world.cluster.add_job("my-preprocessing", "pre") for _ in range(2)]
+    assert by_hand == ["1", "2"]
+    world.cluster.down = False
+    sent = len(world.cluster.commands)
+    world.tick()
+    assert world.cluster.jobs["2"].live.phase is Phase.PENDING
+    assert not [c for c in world.cluster.commands[sent:] if c[0] == "fake-cancel"]
+    assert "job 2 removed" not in world.history(chain_id)
+    assert world.store.owed_cancels() == {}
+
+
 def test_a_cancel_owed_for_over_a_week_is_given_up_and_said(world: World) -> None:
     """A cluster that never answers again (a host gone for good) is not polled forever for a
     cancel it is owed: after ``CANCEL_OWED_FOR`` the cancel is given up, once, in the chain's

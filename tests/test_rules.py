@@ -87,20 +87,25 @@ def test_a_chain_whose_ticks_keep_failing_is_marked_stuck_once_and_tried_every_1
     assert after_fault(stuck, STUCK_AFTER + 1, "boom", NOW) == (NOW + 600.0, None)
 
 
-def test_an_owed_cancel_is_sent_to_the_jobs_still_listed_as_not_ended_and_to_no_other() -> None:
+def test_an_owed_cancel_is_sent_to_the_jobs_still_listed_as_not_ended_under_their_name_alone() -> None:
     listed = {
-        "1": ListedJob("1", "a", Phase.RUNNING),
-        "2": ListedJob("2", "b", Phase.PENDING, reason="Dependency"),
-        "3": ListedJob("3", "c", Phase.ENDED, outcome=Outcome.COMPLETED),
-        "5": ListedJob("5", "e", Phase.PENDING),  # listed, but owed no cancel
+        "1": ListedJob("1", "cr.c.7", Phase.RUNNING),
+        "2": ListedJob("2", "cr.c.8", Phase.PENDING, reason="Dependency"),
+        "3": ListedJob("3", "cr.c.6", Phase.ENDED, outcome=Outcome.COMPLETED),
+        "5": ListedJob("5", "cr.c.9", Phase.PENDING),  # listed, but owed no cancel
+        "6": ListedJob("6", "preprocess", Phase.PENDING),  # took the id of a job owed one
     }
     why = "its cancel did not reach the scheduler, which did not answer; sent again now that it answers"
-    # 3 ended and 4 is gone: owed nothing more.
-    assert owed_to_send({"1": 7, "2": 8, "3": 6, "4": 5}, listed) == [
-        Remove(7, "1", why),
-        Remove(8, "2", why),
-    ]
-    assert owed_to_send({"3": 6, "4": 5}, listed) == []
+    owed = {
+        "1": (7, "cr.c.7"),
+        "2": (8, "cr.c.8"),
+        "3": (6, "cr.c.6"),
+        "4": (5, "cr.c.5"),
+        "6": (4, "cr.c.4"),
+    }
+    # 3 ended, 4 is gone and 6 is another job under its id: owed nothing more.
+    assert owed_to_send(owed, listed) == [Remove(7, "1", why), Remove(8, "2", why)]
+    assert owed_to_send({k: owed[k] for k in "346"}, listed) == []
 
 
 @pytest.mark.parametrize(

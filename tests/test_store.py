@@ -39,7 +39,8 @@ from chainrun.model import (
     Track,
     Wait,
 )
-from chainrun.store import MIGRATIONS, SCHEMA_VERSION, Glance, Store
+from chainrun.schedulers.segment import tag_for
+from chainrun.store import MIGRATIONS, SCHEMA_VERSION, Glance, OwedCancel, Store
 from chainrun.store import database as database_module
 from chainrun.store import writes as writes_module
 
@@ -89,6 +90,25 @@ def test_the_schema_version_counts_the_migrations() -> None:
     """Version N is the database after the first N migrations: two branches that each added a
     migration must not both leave the version where one of them put it."""
     assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+def test_a_cancel_owed_before_version_13_is_kept_for_its_segments_job_by_name(tmp_path: Path) -> None:
+    """A cancel a version-12 database owed (which kept no name) is still owed after the
+    upgrade, for the job listed with its segment's tag, the name that job was given."""
+    db = old_database(tmp_path / "home", 12)
+    db.execute(
+        "INSERT INTO owed_cancels (kind, host, job_id, chain_id, n, since) VALUES (?, ?, ?, ?, ?, ?)",
+        ("slurm", "", "1693", "cifar-a1b2c3", 4, 50.0),
+    )
+    db.close()
+    store = Store(tmp_path / "home")
+    try:
+        assert store.owed_cancels() == {
+            ("slurm", ""): {"1693": OwedCancel("cifar-a1b2c3", 4, 50.0, "cr.cifar-a1b2c3.4")}
+        }
+        assert tag_for("cifar-a1b2c3", 4) == "cr.cifar-a1b2c3.4"
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize("applied", [7, 8])

@@ -116,15 +116,17 @@ def accounting_again(job_id: str, waiting: Unaccounted, now: float) -> tuple[flo
     return now + interval, interval
 
 
-def owed_to_send(owed: Mapping[str, int], jobs: Mapping[str, ListedJob]) -> list[Remove]:
-    """The cancels owed on a cluster that now answers (job: its segment) to send: to the
-    jobs it still lists as not ended (the others ended or are gone: owed nothing more), as
-    a ``Remove`` each, for its chain's history."""
+def owed_to_send(owed: Mapping[str, Tuple[int, str]], jobs: Mapping[str, ListedJob]) -> list[Remove]:  # noqa: UP006
+    """The cancels owed on a cluster that now answers (job: its segment, and the name it was
+    listed with) to send: to each job it still lists as not ended under that name (the
+    others ended or are gone: owed nothing more; a job listed under another name took the
+    id, once the cluster lost its state, and is not the one owed), as a ``Remove`` each, for
+    its chain's history."""
     why = "its cancel did not reach the scheduler, which did not answer; sent again now that it answers"
     return [
         Remove(n, job_id, why)
-        for job_id, n in owed.items()
-        if job_id in jobs and jobs[job_id].phase is not Phase.ENDED
+        for job_id, (n, name) in owed.items()
+        if job_id in jobs and jobs[job_id].phase is not Phase.ENDED and jobs[job_id].name == name
     ]
 
 

@@ -45,7 +45,7 @@ from chainrun.model import (
 )
 from chainrun.schedulers.base import ArrayScheduler
 from chainrun.schedulers.script import render_array_script
-from chainrun.schedulers.segment import SegmentJob, array_stem, array_tag
+from chainrun.schedulers.segment import SegmentJob, array_stem, array_tag, tag_for
 from chainrun.store import OwedCancel, Store
 from chainrun.transfer import TransferError, fence_left, move_checkpoint
 
@@ -192,14 +192,23 @@ class Executor:
             if action.job_id:
                 by_cluster[key][action.job_id] = action.n
         for key, jobs in by_cluster.items():
+            there = polled if key == polled.key else tick.polled[key]
             try:
-                (polled if key == polled.key else tick.polled[key]).cluster.cancel(list(jobs))
+                there.cluster.cancel(list(jobs))
             except (SchedulerError, TransportError) as exc:
                 warnings.append(
                     f"could not cancel jobs {', '.join(jobs)} ({exc}); cancelled once the scheduler answers"
                 )
                 now = self.clock()
-                owed = {job_id: OwedCancel(chain.id, n, now) for job_id, n in jobs.items()}
+                # Each with the name it is listed with (not listed: its segment's tag), so
+                # that the cancel never reaches another job that took its id.
+                listed = there.jobs
+                owed = {
+                    job_id: OwedCancel(
+                        chain.id, n, now, listed[job_id].name if job_id in listed else tag_for(chain.id, n)
+                    )
+                    for job_id, n in jobs.items()
+                }
                 self.store.owe_cancels(key, owed)
                 for job_id, cancel in owed.items():
                     self.owed_cancels.setdefault(key, {}).setdefault(job_id, cancel)
@@ -209,7 +218,7 @@ class Executor:
         ``retry.owed_to_send`` says; by chain, what was sent, for its history. The others
         are owed nothing more; a cancel that fails again is still owed."""
         owed = self.owed_cancels.pop(polled.key, {})
-        sent = owed_to_send({job_id: cancel.n for job_id, cancel in owed.items()}, polled.jobs)
+        sent = owed_to_send({job_id: (cancel.n, cancel.name) for job_id, cancel in owed.items()}, polled.jobs)
         try:
             if sent:
                 polled.cluster.cancel([action.job_id for action in sent])

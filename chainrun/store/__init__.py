@@ -80,11 +80,13 @@ MAX_REF = 200  # the longest chain reference (id, id prefix or name) a command a
 
 
 class OwedCancel(NamedTuple):
-    """A job whose cancel did not reach its scheduler: its chain, its segment, since when."""
+    """A job whose cancel did not reach its scheduler: its chain, its segment, since when,
+    and the name it was listed with (the cancel is for the job listed with it alone)."""
 
     chain_id: str
     n: int
     since: float
+    name: str
 
 
 class Store:
@@ -466,8 +468,9 @@ class Store:
         """The jobs owed a cancel, by cluster (scheduler kind, host) and job id (``owe_cancels``)."""
         owed: dict[tuple[str, str], dict[str, OwedCancel]] = {}
         if self._database.rows("SELECT 1 FROM sqlite_master WHERE name = 'owed_cancels'"):
-            for r in self._database.rows("SELECT kind, host, job_id, chain_id, n, since FROM owed_cancels"):
-                owed.setdefault((r[0], r[1]), {})[r[2]] = OwedCancel(r[3], int(r[4]), float(r[5]))
+            query = "SELECT kind, host, job_id, chain_id, n, since, name FROM owed_cancels"
+            for r in self._database.rows(query):
+                owed.setdefault((r[0], r[1]), {})[r[2]] = OwedCancel(r[3], int(r[4]), float(r[5]), r[6])
         return owed
 
     def owed_by_chain(self) -> dict[str, list[tuple[str, float]]]:
@@ -484,8 +487,8 @@ class Store:
         owed one already keeps the time since when it is."""
         with self._database.tx() as db:
             db.executemany(
-                "INSERT OR IGNORE INTO owed_cancels (kind, host, job_id, chain_id, n, since)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO owed_cancels (kind, host, job_id, chain_id, n, since, name)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [(*key, job_id, *owed) for job_id, owed in jobs.items()],
             )
 

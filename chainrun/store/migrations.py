@@ -129,6 +129,13 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (kind, host, job_id)
     )
     """,
+    # 13: the name each job owed a cancel was listed with: the cancel is sent to the job
+    # listed under that id with that name, never to another that took its id (a cluster
+    # back with its state lost). Those owed before: the tag their segment's job was given.
+    """
+    ALTER TABLE owed_cancels ADD COLUMN name TEXT NOT NULL DEFAULT '';
+    UPDATE owed_cancels SET name = 'cr.' || chain_id || '.' || n
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
