@@ -56,7 +56,9 @@ FAKE = {
     "sacct": "true",
     "sbatch": (
         'id=$(( $(cat "$FAKE_SLURM/next") + 0 )); echo $(( id + 1 )) > "$FAKE_SLURM/next"\n'
-        'printf "%s|bench|PENDING|Priority|N/A|N/A|\\n" "$id" >> "$FAKE_SLURM/squeue.txt"\n'
+        # Listed under the name the script gives it (its tag), as squeue lists it.
+        'name=$(sed -n "s/^#SBATCH --job-name=//p" "${@: -1}" | head -n 1)\n'
+        'printf "%s|%s|PENDING|Priority|N/A|N/A|\\n" "$id" "$name" >> "$FAKE_SLURM/squeue.txt"\n'
         'echo "$id"'
     ),
     "scancel": "true",

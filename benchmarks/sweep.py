@@ -41,9 +41,8 @@ FAKE = {
     "sbatch": r"""id=$(( $(cat "$FAKE_SLURM/next") + 0 )); echo $(( id + 1 )) > "$FAKE_SLURM/next"
 array=""
 for arg in "$@"; do case $arg in --array=*) array=${arg#--array=} ;; esac; done
+name=$(sed -n 's/^#SBATCH --job-name=//p' "${*: -1}" | head -n 1)  # its tag, or its array's name
 if [ -n "$array" ]; then
-    script=${*: -1}
-    name=$(sed -n 's/^#SBATCH --job-name=//p' "$script" | head -n 1)
     range=${array%%\%*}
     for part in ${range//,/ }; do
         for ((i = ${part%-*}; i <= ${part#*-}; i++)); do
@@ -51,7 +50,7 @@ if [ -n "$array" ]; then
         done
     done >> "$FAKE_SLURM/squeue.txt"
 else
-    printf '%s|bench|PENDING|Priority|N/A|N/A|\n' "$id" >> "$FAKE_SLURM/squeue.txt"
+    printf '%s|%s|PENDING|Priority|N/A|N/A|\n' "$id" "$name" >> "$FAKE_SLURM/squeue.txt"
 fi
 echo "$id"
 """,

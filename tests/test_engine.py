@@ -297,6 +297,38 @@ def test_a_job_gone_without_a_trace_is_lost_after_a_while_unless_accounting_know
     assert chain.state is ChainState.ACTIVE
 
 
+def test_jobs_that_took_the_ids_of_a_chains_segments_are_not_taken_for_them(world: World) -> None:
+    """The cluster comes back with its state lost (a pool host re-imaged, a controller's
+    state lost): it numbers jobs from 1 again, and jobs of the user's take the ids of the
+    chain's running segment and of its successor, listed and known to accounting. They are
+    not the chain's (their names are not its segments'): its segments are gone, lost once
+    ``LOST_AFTER`` has passed, the chain goes on with a new segment, and the other jobs are
+    left alone, never cancelled for it."""
+    chain_id = world.add()
+    world.tick()
+    world.cluster.start("1")
+    world.tick()
+    world.cluster.down = True
+    world.tick()
+    world.cluster.jobs.clear()
+    world.cluster.next_id = 1
+    mine = [world.cluster.add_job("my-preprocessing", "pre") for _ in range(2)]
+    assert mine == ["1", "2"]
+    world.cluster.start("1")
+    for job_id in mine:
+        world.cluster.jobs[job_id].accounted = True
+    world.cluster.down = False
+    sent = len(world.cluster.commands)
+    world.tick()
+    chain = world.tick(LOST_AFTER)
+    assert [(s.n, s.outcome) for s in chain.segments[:2]] == [(1, Outcome.LOST), (2, Outcome.LOST)]
+    assert chain.state is ChainState.ACTIVE and chain.live
+    assert all(j.name.startswith("cr.") for j in world.cluster.submitted()[2:])
+    assert [world.cluster.jobs[j].live.phase for j in mine] == [Phase.RUNNING, Phase.PENDING]
+    assert not [c for c in world.cluster.commands[sent:] if c[0] == "fake-cancel"]
+    assert "my-preprocessing" not in world.history(chain_id)
+
+
 def test_a_command_killed_by_a_signal_is_named_by_accounting_once_the_view_forgot_it(world: World) -> None:
     """The usual OOM under cgroups: the kernel SIGKILLs the command, the wrapper writes exit 137,
     and by the time the service looks the live view has forgotten the job. Accounting is asked in

@@ -26,9 +26,9 @@ from chainrun.decide.retry import accounting_again, accounting_due
 from chainrun.errors import SchedulerError, TransportError
 from chainrun.logsetup import get_logger
 from chainrun.markers import MarkerReader
-from chainrun.model import Carried, Chain, ListedJob, Outcome, Phase
+from chainrun.model import Carried, Chain, ListedJob, Outcome, Phase, Segment
 from chainrun.progress import ProgressReader, listing_every, sidecar_watched
-from chainrun.schedulers.segment import ARRAY_PREFIX, SegmentJob, parse_claim, parse_tag
+from chainrun.schedulers.segment import ARRAY_PREFIX, SegmentJob, parse_claim, parse_tag, tag_for
 
 log = get_logger(__name__)
 
@@ -163,7 +163,7 @@ def _first_claim(polled: Polled, chain: Chain) -> Optional[int]:
         return None
     if last.job_id is None:
         return last.n
-    listed = polled.jobs.get(last.job_id)
+    listed = listed_as_its(polled.jobs, chain.id, last)
     return None if listed is not None and listed.phase is Phase.PENDING else last.n + 1
 
 
@@ -199,6 +199,15 @@ class _Settled:
     started: Optional[float]  # when its newest running segment started (``sidecar_watched``)
     serial: int  # the last poll whose listing of its jobs was found the same (``Polled.serial``)
     task: Optional[tuple[str, int]]  # its first segment's array task (array name, index), if one
+
+
+def listed_as_its(jobs: Mapping[str, ListedJob], chain_id: str, seg: Segment) -> Optional[ListedJob]:
+    """Segment ``seg``'s job in ``jobs`` (a listing, or accounting's answer): under its id
+    and with the name it was given (its tag; an array task, its array's). None: not there,
+    or the id is another job's (a cluster back with its state lost numbers jobs anew)."""
+    job = jobs.get(seg.job_id) if seg.job_id is not None else None
+    name = seg.array if seg.array is not None else tag_for(chain_id, seg.n)
+    return job if job is not None and job.name == name else None
 
 
 def _listed(facts: Facts, chain: Chain) -> tuple[Optional[ListedJob], ...]:
@@ -261,7 +270,7 @@ class Observer:
             found_tasks = polled.tasks.get(task, ())
             if found_tasks:
                 tagged = {**tagged, first.n: (*tagged.get(first.n, ()), *found_tasks)}
-        listed_now = tuple(polled.jobs.get(s.job_id) if s.job_id is not None else None for s in chain.live)
+        listed_now = tuple(listed_as_its(polled.jobs, chain.id, s) for s in chain.live)
         if (
             settled is not None
             and settled.window[0] <= now < settled.window[1]
@@ -287,7 +296,7 @@ class Observer:
             if seg.job_id is None:
                 running = False
                 continue
-            listed = polled.jobs.get(seg.job_id)
+            listed = listed_as_its(polled.jobs, chain.id, seg)
             if listed is not None and listed.phase is Phase.PENDING and not listed.stuck:
                 end = None
                 if seg.started_at is not None:
@@ -392,24 +401,32 @@ class Observer:
         if not due:
             return gathered
         try:
-            found = polled.cluster.accounting(due)
+            answered = polled.cluster.accounting(due)
         except (TransportError, SchedulerError) as exc:
             log.warning("accounting failed; asking again next tick", error=str(exc))
             return gathered
-        if found is None:  # the backend keeps no accounting (the local runner's view keeps ended jobs)
+        if answered is None:  # the backend keeps no accounting (the local runner's view keeps ended jobs)
             return gathered
+        # By chain, what accounting says of each segment's own job (it may know another job
+        # under the id: one that took it after the cluster lost its state).
+        found = {
+            c.id: {
+                s.job_id: record for s in c.live if (record := listed_as_its(answered, c.id, s)) is not None
+            }
+            for c in chains
+        }
         for job_id in due:
-            if job_id not in found and job_id not in killed:
+            if job_id not in killed and not any(job_id in own for own in found.values()):
                 waiting[job_id] = accounting_again(job_id, waiting, now)
         return {
             chain_id: replace(
                 facts,
                 jobs={
-                    job_id: replace(job, accounting=found.get(job_id)) if job_id in found else job
+                    job_id: replace(job, accounting=own[job_id]) if job_id in own else job
                     for job_id, job in facts.jobs.items()
                 },
             )
-            if not found.keys().isdisjoint(facts.jobs)
+            if (own := found.get(chain_id))
             else facts
             for chain_id, facts in gathered.items()
         }
