@@ -7,7 +7,9 @@ sidecar, is listed while the chain's segment just runs only when due, as that li
 then only feeds what ``status`` shows; why a stuck job is stuck) into
 the plain ``Facts`` that ``decide`` takes, and asks accounting in one command for the jobs
 gone without a marker that are due (``retry.accounting_due``) and for those whose marker
-says a signal killed the command (an OOM kill, which accounting names).
+says a signal killed the command (an OOM kill, which accounting names). A job listed, or
+known to accounting, is a segment's only under its id and its name (``listed_as_its``):
+a cluster back with its state lost may give the id to another job.
 """
 
 from __future__ import annotations
