@@ -300,8 +300,7 @@ def test_a_job_gone_without_a_trace_is_lost_after_a_while_unless_accounting_know
 def test_jobs_that_took_the_ids_of_a_chains_segments_are_not_taken_for_them(world: World) -> None:
     """The cluster comes back with its state lost (a pool host re-imaged, a controller's
     state lost): it numbers jobs from 1 again, and jobs of the user's take the ids of the
-    chain's running segment and of its successor, listed and known to accounting. They are
-    not the chain's (their names are not its segments'): its segments are gone, lost once
+    chain's running segment and of its successor. They are not the chain's (their names are not its segments'): its segments are gone, lost once
     ``LOST_AFTER`` has passed, the chain goes on with a new segment, and the other jobs are
     left alone, never cancelled for it."""
     chain_id = world.add()
@@ -315,8 +314,6 @@ def test_jobs_that_took_the_ids_of_a_chains_segments_are_not_taken_for_them(worl
     mine = [world.cluster.add_job("my-preprocessing", "pre") for _ in range(2)]
     assert mine == ["1", "2"]
     world.cluster.start("1")
-    for job_id in mine:
-        world.cluster.jobs[job_id].accounted = True
     world.cluster.down = False
     sent = len(world.cluster.commands)
     world.tick()

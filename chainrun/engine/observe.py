@@ -7,9 +7,10 @@ sidecar, is listed while the chain's segment just runs only when due, as that li
 then only feeds what ``status`` shows; why a stuck job is stuck) into
 the plain ``Facts`` that ``decide`` takes, and asks accounting in one command for the jobs
 gone without a marker that are due (``retry.accounting_due``) and for those whose marker
-says a signal killed the command (an OOM kill, which accounting names). A job listed, or
-known to accounting, is a segment's only under its id and its name (``listed_as_its``):
-a cluster back with its state lost may give the id to another job.
+says a signal killed the command (an OOM kill, which accounting names). A listed job is a
+segment's only under its id and its name (``listed_as_its``): a cluster back with its state
+lost may give the id to another job. Accounting is read by id alone: right after a job
+ends, sacct may name it ``allocation`` until its record is complete.
 """
 
 from __future__ import annotations
@@ -204,9 +205,9 @@ class _Settled:
 
 
 def listed_as_its(jobs: Mapping[str, ListedJob], chain_id: str, seg: Segment) -> Optional[ListedJob]:
-    """Segment ``seg``'s job in ``jobs`` (a listing, or accounting's answer): under its id
-    and with the name it was given (its tag; an array task, its array's). None: not there,
-    or the id is another job's (a cluster back with its state lost numbers jobs anew)."""
+    """Segment ``seg``'s job in the listing ``jobs``: under its id and with the name it was
+    given (its tag; an array task, its array's). None: not listed, or the id is another
+    job's (a cluster back with its state lost numbers jobs anew)."""
     job = jobs.get(seg.job_id) if seg.job_id is not None else None
     name = seg.array if seg.array is not None else tag_for(chain_id, seg.n)
     return job if job is not None and job.name == name else None
@@ -403,32 +404,24 @@ class Observer:
         if not due:
             return gathered
         try:
-            answered = polled.cluster.accounting(due)
+            found = polled.cluster.accounting(due)
         except (TransportError, SchedulerError) as exc:
             log.warning("accounting failed; asking again next tick", error=str(exc))
             return gathered
-        if answered is None:  # the backend keeps no accounting (the local runner's view keeps ended jobs)
+        if found is None:  # the backend keeps no accounting (the local runner's view keeps ended jobs)
             return gathered
-        # By chain, what accounting says of each segment's own job (it may know another job
-        # under the id: one that took it after the cluster lost its state).
-        found = {
-            c.id: {
-                s.job_id: record for s in c.live if (record := listed_as_its(answered, c.id, s)) is not None
-            }
-            for c in chains
-        }
         for job_id in due:
-            if job_id not in killed and not any(job_id in own for own in found.values()):
+            if job_id not in found and job_id not in killed:
                 waiting[job_id] = accounting_again(job_id, waiting, now)
         return {
             chain_id: replace(
                 facts,
                 jobs={
-                    job_id: replace(job, accounting=own[job_id]) if job_id in own else job
+                    job_id: replace(job, accounting=found.get(job_id)) if job_id in found else job
                     for job_id, job in facts.jobs.items()
                 },
             )
-            if (own := found.get(chain_id))
+            if not found.keys().isdisjoint(facts.jobs)
             else facts
             for chain_id, facts in gathered.items()
         }
