@@ -8,7 +8,7 @@ then only feeds what ``status`` shows; why a stuck job is stuck) into
 the plain ``Facts`` that ``decide`` takes, and asks accounting in one command for the jobs
 gone without a marker that are due (``retry.accounting_due``) and for those whose marker
 says a signal killed the command (an OOM kill, which accounting names). A listed job is a
-segment's only under its id and its name (``listed_as_its``): a cluster back with its state
+segment's only under its id and its name (``_listed_as_its``): a cluster back with its state
 lost may give the id to another job. Accounting is read by id alone: right after a job
 ends, sacct may name it ``allocation`` until its record is complete.
 """
@@ -166,7 +166,7 @@ def _first_claim(polled: Polled, chain: Chain) -> Optional[int]:
         return None
     if last.job_id is None:
         return last.n
-    listed = listed_as_its(polled.jobs, chain.id, last)
+    listed = _listed_as_its(polled.jobs, chain.id, last)
     return None if listed is not None and listed.phase is Phase.PENDING else last.n + 1
 
 
@@ -204,7 +204,7 @@ class _Settled:
     task: Optional[tuple[str, int]]  # its first segment's array task (array name, index), if one
 
 
-def listed_as_its(jobs: Mapping[str, ListedJob], chain_id: str, seg: Segment) -> Optional[ListedJob]:
+def _listed_as_its(jobs: Mapping[str, ListedJob], chain_id: str, seg: Segment) -> Optional[ListedJob]:
     """Segment ``seg``'s job in the listing ``jobs``: under its id and with the name it was
     given (its tag; an array task, its array's). None: not listed, or the id is another
     job's (a cluster back with its state lost numbers jobs anew)."""
@@ -273,7 +273,7 @@ class Observer:
             found_tasks = polled.tasks.get(task, ())
             if found_tasks:
                 tagged = {**tagged, first.n: (*tagged.get(first.n, ()), *found_tasks)}
-        listed_now = tuple(listed_as_its(polled.jobs, chain.id, s) for s in chain.live)
+        listed_now = tuple(_listed_as_its(polled.jobs, chain.id, s) for s in chain.live)
         if (
             settled is not None
             and settled.window[0] <= now < settled.window[1]
@@ -299,7 +299,7 @@ class Observer:
             if seg.job_id is None:
                 running = False
                 continue
-            listed = listed_as_its(polled.jobs, chain.id, seg)
+            listed = _listed_as_its(polled.jobs, chain.id, seg)
             if listed is not None and listed.phase is Phase.PENDING and not listed.stuck:
                 end = None
                 if seg.started_at is not None:
