@@ -230,10 +230,16 @@ def status(chainrun: CLI, ref: str) -> dict[str, Any]:
 
 def ran(st: dict[str, Any]) -> list[dict[str, Any]]:
     """The segments that trained: each that started, less the successor queued ahead that
-    started just as its predecessor reached the goal and was cancelled for it (at most one,
-    the last, free of charge; its afterany dependency lets it start a second after)."""
+    started just as its predecessor reached the goal (at most one, the last, free of charge;
+    its afterany dependency lets it start a second after): cancelled for it, or, when its
+    runner saw the goal reached before the service's cancel came, skipped."""
     started = [s for s in st["segments"] if s["started_at"] is not None]
-    late = [s for s in started if s["outcome"] == "cancelled" and s["reason"].startswith("chain completed")]
+    late = [
+        s
+        for s in started
+        if (s["outcome"] == "cancelled" and s["reason"].startswith("chain completed"))
+        or (s["outcome"] == "skipped" and s["reason"].startswith("skipped, the goal already reached"))
+    ]
     assert late in ([], started[-1:]) and not any(s["charged"] for s in late), late
     return started[: len(started) - len(late)]
 
