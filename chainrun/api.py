@@ -83,7 +83,7 @@ class Chain:
     def status(self) -> dict[str, Any]:
         """Everything about the chain now, as its entry in ``chainrun status --json``."""
         with _store(self.home, readonly=True) as store:
-            return to_json(store.chain(self.id), time.time(), store.owed_by_chain().get(self.id, ()))
+            return to_json(store.chain(self.id), time.time(), store.owed_for(self.id))
 
     def wait(self, timeout: Optional[float] = None, poll: float = POLL) -> str:
         """Wait until the chain ends; its final state. See ``chainrun.wait``."""

@@ -481,6 +481,13 @@ class Store:
                 by_chain.setdefault(cancel.chain_id, []).append((job_id, cancel.since))
         return by_chain
 
+    def owed_for(self, chain_id: str) -> list[tuple[str, float]]:
+        """One chain's entry of ``owed_by_chain``, read alone."""
+        if not self._database.rows("SELECT 1 FROM sqlite_master WHERE name = 'owed_cancels'"):
+            return []
+        query = "SELECT job_id, since FROM owed_cancels WHERE chain_id = ?"
+        return [(r[0], float(r[1])) for r in self._database.rows(query, (chain_id,))]
+
     def owe_cancels(self, key: tuple[str, str], jobs: dict[str, OwedCancel]) -> None:
         """Keep ``jobs`` as owed a cancel on cluster ``key``: their cancel did not reach its
         scheduler, and is sent once it answers, by this service or one started after it. A job

@@ -250,7 +250,7 @@ class Handler(BaseHTTPRequestHandler):
                 self._html(200, "chains", pages.overview(chains, store.allocations(now), link, now), fragment)
             elif path.startswith("/chain/"):
                 chain = store.chain(store.resolve(path[len("/chain/") :]))
-                owed = store.owed_by_chain().get(chain.id, [])
+                owed = store.owed_for(chain.id)
                 main = pages.chain_page(chain, store.progress_log(chain.id), link, now, owed)
                 self._html(200, chain.id, main, fragment)
             elif path.startswith("/sweep/"):
@@ -269,7 +269,7 @@ class Handler(BaseHTTPRequestHandler):
                 self._json([_glance_json(g, allocations.get(g.id), now) for g in chains])
             elif path.startswith("/api/chain/"):
                 chain = store.chain(store.resolve(path[len("/api/chain/") :]))
-                owed = store.owed_by_chain().get(chain.id, [])
+                owed = store.owed_for(chain.id)
                 self._json(_chain_json(chain, store.progress_log(chain.id), owed, now))
             else:
                 self._html(404, "not found", pages.message(f"nothing at {path}"), fragment, live=False)
