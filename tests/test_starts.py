@@ -149,13 +149,13 @@ all.q                             {load}      {used}      0      {avail}      4 
 VERIFIED = out("verification: found suitable queue(s)\n")
 
 
-def running(n: int, start: str = "2026-11-29T09:59:56", h_rt: str = "300") -> str:
+def running(n: int, start: str = "2026-11-29T09:59:56", h_rt: str = "300", state: str = "r") -> str:
     limit = (
         f'<hard_request name="h_rt" resource_contribution="0.000000">{h_rt}</hard_request>' if h_rt else ""
     )
     return "".join(
         f"""<job_list state="running"><JB_job_number>{2511 + i}</JB_job_number><JB_name>estblk{i}</JB_name>
-      <JB_owner>root</JB_owner><state>r</state><JAT_start_time>{start}</JAT_start_time>
+      <JB_owner>root</JB_owner><state>{state}</state><JAT_start_time>{start}</JAT_start_time>
       <queue_name>all.q@vm</queue_name><slots>1</slots>{limit}</job_list>"""
         for i in range(n)
     )
@@ -200,6 +200,18 @@ def test_sge_a_full_queue_starts_when_a_running_job_reaches_its_h_rt() -> None:
     assert (
         "when running jobs reach their h_rt; 0 of 4 slots free on queue all.q, 1 job pending" in answer.reason
     )
+
+
+@pytest.mark.parametrize("state", ["t", "s", "S", "dr"])
+def test_sge_a_job_being_sent_to_its_host_or_suspended_holds_its_slot_until_its_h_rt(state: str) -> None:
+    """A job the scheduler dispatched is in state t until the execd starts it (seconds, more on
+    a busy host), with its start time and h_rt; qstat -g c counts its slot as used already. It
+    frees the slot at its h_rt like a running one: not "not known when" (CI at 566e417)."""
+    answer = SgeScheduler().parse_start(
+        job("sge", "all.q"), [VERIFIED, summary(4, 0), jobs(running(4, state=state))], NOW
+    )
+    assert answer.at == NOW + 80 + 300, answer
+    assert "when running jobs reach their h_rt; 0 of 4 slots free on queue all.q" in answer.reason
 
 
 def test_sge_held_and_error_jobs_and_those_for_other_queues_are_not_ahead() -> None:

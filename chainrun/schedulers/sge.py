@@ -355,9 +355,11 @@ def _seconds(text: str) -> Optional[int]:
 
 
 def _running_ends_and_ahead(result: CommandResult, ours: Callable[[str], bool]) -> tuple[list[float], int]:
-    """From ``qstat -xml -r -u '*'``: when each slot of the running jobs in ``ours`` queues
-    frees at the latest (start + ``h_rt``; none for a job without one), and how many jobs
-    pend for a slot there (waiting for nothing else: no hold, no error)."""
+    """From ``qstat -xml -r -u '*'``: when each slot held in ``ours`` queues frees at the
+    latest (start + ``h_rt``; none for a job without one), and how many jobs pend for a slot
+    there (waiting for nothing else: no hold, no error). A job holds its slots from dispatch:
+    running, being sent to its host (``t``, for seconds or more on a busy host) or suspended,
+    as ``qstat -g c`` counts them; only a job in a queue instance has a ``queue_name``."""
     if not result.ok:
         return [], 0
     try:
@@ -368,7 +370,7 @@ def _running_ends_and_ahead(result: CommandResult, ours: Callable[[str], bool]) 
     ahead = 0
     for item in root.iter("job_list") if root is not None else ():
         state, queue = item.findtext("state", ""), item.findtext("queue_name", "")
-        if "r" in state and queue and ours(queue):
+        if queue and ours(queue):
             start = _utc(item.findtext("JAT_start_time", ""), QSTAT_TIME)
             limit = next(
                 (_seconds(r.text or "") for r in item.iter("hard_request") if r.get("name") == "h_rt"), None
