@@ -229,6 +229,17 @@ def test_sge_a_full_queue_of_jobs_without_h_rt_starts_later_not_known_when() -> 
     assert answer == Start(NOW + UNKNOWN_WAIT, "later, not known when (0 of 4 slots free on queue all.q)")
 
 
+@pytest.mark.parametrize(
+    "listing", [out(rc=1, stderr="error: failed receiving gdi request"), out("<job_info")]
+)
+def test_sge_jobs_it_cannot_read_leave_a_full_queue_not_known_when_and_say_so(listing: CommandResult) -> None:
+    answer = SgeScheduler().parse_start(job("sge", "all.q"), [VERIFIED, summary(4, 0), listing], NOW)
+    assert answer == Start(
+        NOW + UNKNOWN_WAIT,
+        "later, not known when (0 of 4 slots free on queue all.q; its jobs not read (qstat -xml -r -u '*' failed))",
+    )
+
+
 def test_sge_a_queue_whose_slots_are_all_disabled_or_suspended_cannot_start_it() -> None:
     answer = SgeScheduler().parse_start(job("sge", "all.q"), [VERIFIED, summary(0, 0, c=4), jobs("")], NOW)
     assert answer == Start(None, "queue all.q is disabled, suspended, in alarm or unknown (qstat -g c)")

@@ -212,10 +212,13 @@ class SgeScheduler:
             return cannot(f"queue {names} has no slots (qstat -g c)")
         if free == 0 and sum(r.blocked for r in rows) >= total:
             return cannot(f"queue {names} is disabled, suspended, in alarm or unknown (qstat -g c)")
-        ends, ahead = _running_ends_and_ahead(results[2], ours)
+        listed = _running_ends_and_ahead(results[2], ours)
+        ends, ahead = listed or ([], 0)
         slots = f"{free} of {total} slot{'s' * (total > 1)} free on queue {names}"
         if ahead:
             slots += f", {ahead} job{'s' * (ahead > 1)} pending"
+        if listed is None:
+            slots += "; its jobs not read (qstat -xml -r -u '*' failed)"
         if free > ahead:
             return starts_now(now, slots)
         needed = ahead - free  # the running jobs that must end first: this one's slot is the next
@@ -354,18 +357,21 @@ def _seconds(text: str) -> Optional[int]:
     return seconds
 
 
-def _running_ends_and_ahead(result: CommandResult, ours: Callable[[str], bool]) -> tuple[list[float], int]:
+def _running_ends_and_ahead(
+    result: CommandResult, ours: Callable[[str], bool]
+) -> Optional[tuple[list[float], int]]:
     """From ``qstat -xml -r -u '*'``: when each slot held in ``ours`` queues frees at the
     latest (start + ``h_rt``; none for a job without one), and how many jobs pend for a slot
     there (waiting for nothing else: no hold, no error). A job holds its slots from dispatch:
     running, being sent to its host (``t``, for seconds or more on a busy host) or suspended,
-    as ``qstat -g c`` counts them; only a job in a queue instance has a ``queue_name``."""
+    as ``qstat -g c`` counts them; only a job in a queue instance has a ``queue_name``. None
+    when the listing failed or cannot be read."""
     if not result.ok:
-        return [], 0
+        return None
     try:
         root = ET.fromstring(result.stdout) if result.stdout.strip() else None
     except ET.ParseError:
-        return [], 0
+        return None
     ends: list[float] = []
     ahead = 0
     for item in root.iter("job_list") if root is not None else ():
