@@ -324,6 +324,7 @@ def test_each_runner_archive_imports_on_every_python_from_3_8_here(runner: str, 
 ENGINE_MAY_CALL = {
     "chain.decide",
     "chain.quiet_until",
+    "chain.listed_as_its",  # a listed job is a segment's under its id and its name alone
     "facts.Facts",
     "facts.JobFacts",
     "placement.held_back",

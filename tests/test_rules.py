@@ -1,4 +1,4 @@
-"""The rules beside decide(), as tables: when to try again (a failed submission, a chain whose
+"""The rules beside decide(), as tables: which listed job is a segment's, when to try again (a failed submission, a chain whose
 ticks keep failing, accounting that did not know a job, a cancel the scheduler did not
 take) and where and when a new segment may
 start (a pool's slots and hosts, a sweep's max_concurrent)."""
@@ -11,6 +11,7 @@ import pytest
 from test_decide import NOW, SPEC, chain, seg
 
 from chainrun.decide import Facts
+from chainrun.decide.chain import listed_as_its
 from chainrun.decide.placement import (
     fenced,
     free_slots,
@@ -106,6 +107,26 @@ def test_an_owed_cancel_is_sent_to_the_jobs_still_listed_as_not_ended_under_thei
     # 3 ended, 4 is gone and 6 is another job under its id: owed nothing more.
     assert owed_to_send(owed, listed) == [Remove(7, "1", why), Remove(8, "2", why)]
     assert owed_to_send({k: owed[k] for k in "346"}, listed) == []
+
+
+def test_a_listed_job_is_a_segments_only_under_its_id_and_the_name_it_was_given() -> None:
+    """A cluster back with its state lost numbers jobs anew: a job of the user's that took a
+    segment's id is not that segment's (not waited on, not cancelled with the chain)."""
+    listed = {
+        "j1": ListedJob("j1", "cr.c.1", Phase.RUNNING),
+        "j2": ListedJob("j2", "preprocess", Phase.RUNNING),  # took segment 2's id
+        "j3": ListedJob("j3", "cr.c.3", Phase.PENDING),  # under the tag of another segment
+        "j4": ListedJob("j4", "cr.sweep.a", Phase.PENDING),  # an array's task
+    }
+    assert listed_as_its(listed, seg(1), "cr.c.1") is listed["j1"]
+    assert listed_as_its(listed, seg(2), "cr.c.2") is None
+    assert listed_as_its(listed, seg(3), "cr.c.4") is None
+    assert listed_as_its(listed, seg(4, array="cr.sweep.a"), "cr.c.4") is listed["j4"]
+    assert (
+        listed_as_its(listed, seg(1, array="cr.sweep.a"), "cr.c.1") is None
+    )  # a task goes by its array's name
+    assert listed_as_its(listed, seg(5), "cr.c.5") is None  # not listed
+    assert listed_as_its(listed, replace(seg(1), job_id=None), "cr.c.1") is None  # not submitted yet
 
 
 @pytest.mark.parametrize(

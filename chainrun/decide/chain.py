@@ -14,6 +14,7 @@ rules" is pinned by table tests.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Optional
 
@@ -364,6 +365,15 @@ def _lost(seg: Segment, job: JobFacts, now: float) -> Optional[Ending]:
         None,
         f"gone from the scheduler for {now - seg.missing_since:.0f}s with no record of how it ended",
     )
+
+
+def listed_as_its(jobs: Mapping[str, ListedJob], seg: Segment, tag: str) -> Optional[ListedJob]:
+    """Segment ``seg``'s job in the listing ``jobs``: under its id and with the name it was
+    given (``tag``; an array task, its array's). None: not listed, or the id is another job's
+    (a cluster back with its state lost numbers jobs anew): the segment's job is gone."""
+    job = jobs.get(seg.job_id) if seg.job_id is not None else None
+    name = seg.array if seg.array is not None else tag
+    return job if job is not None and job.name == name else None
 
 
 def lost_at(missing_since: float) -> float:

@@ -31,6 +31,7 @@ cancelled (``retry.owed_to_send``); one owed for over a week is given up
 The engine calls ``decide`` and, besides it, only the rules that say what to
 observe and what a carried-out action came to: ``placement.held_back`` and
 ``placement.observe_on`` (which chains may start, where each is looked at),
+``chain.listed_as_its`` (which listed job is a segment's: its id and its name),
 ``quiet_until`` (when ``decide`` may answer anew), ``retry.after_fault``,
 ``retry.after_submit``, ``retry.array_refused``, ``retry.accounting_due``,
 ``retry.accounting_again``, ``retry.owed_to_send`` and ``retry.owed_given_up`` (what an

@@ -8,7 +8,7 @@ then only feeds what ``status`` shows; why a stuck job is stuck) into
 the plain ``Facts`` that ``decide`` takes, and asks accounting in one command for the jobs
 gone without a marker that are due (``retry.accounting_due``) and for those whose marker
 says a signal killed the command (an OOM kill, which accounting names). A listed job is a
-segment's only under its id and its name (``_listed_as_its``): a cluster back with its state
+segment's only under its id and its name (``chain.listed_as_its``): a cluster back with its state
 lost may give the id to another job. Accounting is read by id alone: right after a job
 ends, sacct may name it ``allocation`` until its record is complete.
 """
@@ -25,11 +25,12 @@ from typing import Optional, TypeVar, Union
 from chainrun.cluster import Cluster
 from chainrun.decide import Facts, JobFacts, placement
 from chainrun.decide.carry import applies
+from chainrun.decide.chain import listed_as_its
 from chainrun.decide.retry import accounting_again, accounting_due
 from chainrun.errors import SchedulerError, TransportError
 from chainrun.logsetup import get_logger
 from chainrun.markers import MarkerReader
-from chainrun.model import Carried, Chain, ListedJob, Outcome, Phase, Segment
+from chainrun.model import Carried, Chain, ListedJob, Outcome, Phase
 from chainrun.progress import ProgressReader, listing_every, sidecar_watched
 from chainrun.schedulers.segment import ARRAY_PREFIX, SegmentJob, parse_claim, parse_tag, tag_for
 
@@ -166,7 +167,7 @@ def _first_claim(polled: Polled, chain: Chain) -> Optional[int]:
         return None
     if last.job_id is None:
         return last.n
-    listed = _listed_as_its(polled.jobs, chain.id, last)
+    listed = listed_as_its(polled.jobs, last, tag_for(chain.id, last.n))
     return None if listed is not None and listed.phase is Phase.PENDING else last.n + 1
 
 
@@ -202,15 +203,6 @@ class _Settled:
     started: Optional[float]  # when its newest running segment started (``sidecar_watched``)
     serial: int  # the last poll whose listing of its jobs was found the same (``Polled.serial``)
     task: Optional[tuple[str, int]]  # its first segment's array task (array name, index), if one
-
-
-def _listed_as_its(jobs: Mapping[str, ListedJob], chain_id: str, seg: Segment) -> Optional[ListedJob]:
-    """Segment ``seg``'s job in the listing ``jobs``: under its id and with the name it was
-    given (its tag; an array task, its array's). None: not listed, or the id is another
-    job's (a cluster back with its state lost numbers jobs anew)."""
-    job = jobs.get(seg.job_id) if seg.job_id is not None else None
-    name = seg.array if seg.array is not None else tag_for(chain_id, seg.n)
-    return job if job is not None and job.name == name else None
 
 
 def _listed(facts: Facts, chain: Chain) -> tuple[Optional[ListedJob], ...]:
@@ -273,7 +265,7 @@ class Observer:
             found_tasks = polled.tasks.get(task, ())
             if found_tasks:
                 tagged = {**tagged, first.n: (*tagged.get(first.n, ()), *found_tasks)}
-        listed_now = tuple(_listed_as_its(polled.jobs, chain.id, s) for s in chain.live)
+        listed_now = tuple(listed_as_its(polled.jobs, s, tag_for(chain.id, s.n)) for s in chain.live)
         if (
             settled is not None
             and settled.window[0] <= now < settled.window[1]
@@ -299,7 +291,7 @@ class Observer:
             if seg.job_id is None:
                 running = False
                 continue
-            listed = _listed_as_its(polled.jobs, chain.id, seg)
+            listed = listed_as_its(polled.jobs, seg, tag_for(chain.id, seg.n))
             if listed is not None and listed.phase is Phase.PENDING and not listed.stuck:
                 end = None
                 if seg.started_at is not None:
