@@ -467,10 +467,8 @@ class Store:
     def owed_cancels(self) -> dict[tuple[str, str], dict[str, OwedCancel]]:
         """The jobs owed a cancel, by cluster (scheduler kind, host) and job id (``owe_cancels``)."""
         owed: dict[tuple[str, str], dict[str, OwedCancel]] = {}
-        if self._database.rows("SELECT 1 FROM sqlite_master WHERE name = 'owed_cancels'"):
-            query = "SELECT kind, host, job_id, chain_id, n, since, name FROM owed_cancels"
-            for r in self._database.rows(query):
-                owed.setdefault((r[0], r[1]), {})[r[2]] = OwedCancel(r[3], int(r[4]), float(r[5]), r[6])
+        for r in self._owed_rows("kind, host, job_id, chain_id, n, since, name"):
+            owed.setdefault((r[0], r[1]), {})[r[2]] = OwedCancel(r[3], int(r[4]), float(r[5]), r[6])
         return owed
 
     def owed_by_chain(self) -> dict[str, list[tuple[str, float]]]:
@@ -483,10 +481,14 @@ class Store:
 
     def owed_for(self, chain_id: str) -> list[tuple[str, float]]:
         """One chain's entry of ``owed_by_chain``, read alone."""
+        rows = self._owed_rows("job_id, since", "WHERE chain_id = ?", (chain_id,))
+        return [(r[0], float(r[1])) for r in rows]
+
+    def _owed_rows(self, columns: str, where: str = "", args: tuple[str, ...] = ()) -> list[sqlite3.Row]:
+        """``columns`` of the owed cancels (``where``); none in a store older than their table."""
         if not self._database.rows("SELECT 1 FROM sqlite_master WHERE name = 'owed_cancels'"):
             return []
-        query = "SELECT job_id, since FROM owed_cancels WHERE chain_id = ?"
-        return [(r[0], float(r[1])) for r in self._database.rows(query, (chain_id,))]
+        return self._database.rows(f"SELECT {columns} FROM owed_cancels {where}", args)
 
     def owe_cancels(self, key: tuple[str, str], jobs: dict[str, OwedCancel]) -> None:
         """Keep ``jobs`` as owed a cancel on cluster ``key``: their cancel did not reach its
