@@ -155,7 +155,7 @@ class Cluster:
         if not isinstance(self.scheduler, ShapeProbe):
             return ""
         answer = self.call(self.scheduler.shape_argv(job), lambda r: r, POLL_TIMEOUT)
-        explain = [] if answer.ok else self.scheduler.shape_explain_argvs(answer)
+        explain = [] if answer.ok else self.scheduler.shape_explain_argvs(job, answer)
         results = [answer, *(self.call(argv, lambda r: r, POLL_TIMEOUT) for argv in explain)]
         return self.scheduler.parse_shape(job, results)
 

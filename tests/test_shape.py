@@ -6,6 +6,8 @@ to change; nothing is stored."""
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -271,6 +273,58 @@ def test_check_says_when_the_scheduler_could_not_be_asked_about_the_shape(
     assert f"{path}: slurm could not tell whether it would ever start a segment of this shape" in told[0]
 
 
+@pytest.mark.slurm
+def test_a_refusal_for_want_of_nodes_asked_before_a_node_registered_is_asked_again(
+    tmp_path: Path, chainrun: CLI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race the load run showed (ed2c2c9): --test-only refused "no node fits" while a node
+    had not yet registered after slurmctld restarted; by the time sinfo was asked every node
+    was back, so the refusal stood, and a valid job file was refused as one that would never
+    start. A stand-in sbatch refuses the first question so (as slurmctld does then) and passes
+    the rest to the real one: the question is asked again after sinfo, and its answer stands."""
+    need("a running Slurm", slurm_answers(), "sudo scripts/start-slurm")
+    real = shutil.which("sbatch")
+    assert real is not None
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "sbatch").write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = --test-only ] && mkdir {shlex.quote(str(tmp_path / "refused"))} 2>/dev/null; then\n'
+        f"  printf %s {shlex.quote(NO_NODE_FITS)} >&2; exit 1\n"
+        "fi\n"
+        f'exec {shlex.quote(real)} "$@"\n'
+    )
+    (shim / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}:{cli_env(tmp_path)['PATH']}")
+    with holding_scheduler("slurm"):
+        checked = chainrun("check", str(job_file(tmp_path, "slurm")))
+        assert (tmp_path / "refused").is_dir()  # the first question was refused
+        assert checked.returncode == 0 and "would never start" not in checked.stderr, checked.stderr
+        assert "could not tell" not in checked.stderr, checked.stderr
+
+
+def test_a_refusal_for_want_of_nodes_is_the_second_questions_once_every_node_is_back() -> None:
+    """With every node of the partition back in sinfo, the question asked again after it
+    answers: a start (a node registered in between) refuses nothing; a controller gone away
+    since tells nothing now."""
+    slurm, a_job = SlurmScheduler(), job("slurm", "multi")
+    refused = CommandResult(["x"], 1, "", NO_NODE_FITS)
+    listing = CommandResult(["sinfo"], 0, NODES.format(state="idle"), "")
+    starts = CommandResult(
+        ["x"],
+        0,
+        "",
+        "sbatch: Job 7 to start at 1795946616 using 1 processors on nodes node1 in partition multi\n",
+    )
+    assert slurm.parse_shape(a_job, [refused, listing, starts]) == ""
+    gone = CommandResult(
+        ["x"], 1, "", "sbatch: error: Unable to contact slurm controller (connect failure)\n"
+    )
+    with pytest.raises(SchedulerError) as caught:
+        slurm.parse_shape(a_job, [refused, listing, gone])
+    assert caught.value.transient
+
+
 @pytest.mark.parametrize(
     ("scheduler", "away"),
     [
@@ -327,26 +381,30 @@ def test_a_refusal_for_want_of_nodes_tells_nothing_while_a_node_of_the_partition
     """--test-only weighs only the nodes that can take a job now: its "Requested node
     configuration is not available" is a refusal only when every node of the job's partitions
     can; while one is away it tells nothing now (transient), naming the node. Other refusals
-    need no sinfo."""
+    need no sinfo (and are not asked again)."""
     slurm, a_job = SlurmScheduler(), job("slurm", queue, options)
     refused = CommandResult(["x"], 1, "", NO_NODE_FITS)
     listing = CommandResult(["sinfo"], 0, NODES.format(state=state), "")
-    assert slurm.shape_explain_argvs(refused) == [["sinfo", "--noheader", "--format=%P|%t|%N"]]
+    sinfo = ["sinfo", "--noheader", "--format=%P|%t|%N"]
+    assert slurm.shape_explain_argvs(a_job, refused) == [sinfo, slurm.shape_argv(a_job)]
     if away:
         with pytest.raises(SchedulerError) as caught:
-            slurm.parse_shape(a_job, [refused, listing])
+            slurm.parse_shape(a_job, [refused, listing, refused])
         assert caught.value.transient and f"and {away} cannot" in str(caught.value), caught.value
-    else:
-        assert slurm.parse_shape(a_job, [refused, listing]) == "Requested node configuration is not available"
+    else:  # asked again after a listing with every node back, its refusal stands
+        assert (
+            slurm.parse_shape(a_job, [refused, listing, refused])
+            == "Requested node configuration is not available"
+        )
     with pytest.raises(SchedulerError) as caught:  # sinfo did not answer: nothing can be told
-        slurm.parse_shape(a_job, [refused, CommandResult(["sinfo"], 1, "", "sinfo: error: ...\n")])
+        slurm.parse_shape(a_job, [refused, CommandResult(["sinfo"], 1, "", "sinfo: error: ...\n"), refused])
     assert caught.value.transient
     other = CommandResult(["x"], 1, "", "sbatch: error: invalid partition specified: nosuch\n")
     assert slurm.parse_shape(a_job, [other]) == "invalid partition specified: nosuch"
     away = CommandResult(
         ["x"], 1, "", "allocation failure: Unable to contact slurm controller (connect failure)\n"
     )
-    assert slurm.shape_explain_argvs(other) == slurm.shape_explain_argvs(away) == []  # asked nothing more
+    assert slurm.shape_explain_argvs(a_job, other) == slurm.shape_explain_argvs(a_job, away) == []
 
 
 @pytest.mark.parametrize(

@@ -177,10 +177,10 @@ class ShapeProbe(Protocol):
     def shape_argv(self, job: SegmentJob) -> list[str]:
         """The command that asks about ``job``'s shape, its directives on the command line."""
 
-    def shape_explain_argvs(self, refused: CommandResult) -> list[list[str]]:
-        """The commands that tell what the question's refusal ``refused`` means (their results
-        follow it to ``parse_shape``); none for a refusal that needs none, or a scheduler that
-        did not answer."""
+    def shape_explain_argvs(self, job: SegmentJob, refused: CommandResult) -> list[list[str]]:
+        """The commands, run in order, that tell what the question's refusal ``refused`` of
+        ``job`` means (their results follow it to ``parse_shape``); none for a refusal that
+        needs none, or a scheduler that did not answer."""
 
     def parse_shape(self, job: SegmentJob, results: Sequence[CommandResult]) -> str:
         """The scheduler's own reason it would never start the job, in a line; "" when it

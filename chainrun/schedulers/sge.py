@@ -175,7 +175,7 @@ class SgeScheduler:
         words = directive_words(self.directives(job), "#$ ")
         return ["qsub", "-w", "v", *words, "-b", "y", "true"]
 
-    def shape_explain_argvs(self, refused: CommandResult) -> list[list[str]]:
+    def shape_explain_argvs(self, job: SegmentJob, refused: CommandResult) -> list[list[str]]:
         # -w v weighs an empty cluster: its refusal needs no explaining.
         return []
 

@@ -324,18 +324,21 @@ class SlurmScheduler:
         words = directive_words(self.directives(job), "#SBATCH ")
         return ["sbatch", "--test-only", "--output=/dev/null", *words, "--wrap=true"]
 
-    def shape_explain_argvs(self, refused: CommandResult) -> list[list[str]]:
-        # sinfo: which nodes of which partitions cannot take a job now.
+    def shape_explain_argvs(self, job: SegmentJob, refused: CommandResult) -> list[list[str]]:
+        # sinfo: which nodes of which partitions cannot take a job now; then the question once
+        # more, whose refusal, asked after a listing with every node back, is one that stands.
         if _NO_NODE_FITS not in refused.stderr + refused.stdout:
             return []
-        return [["sinfo", "--noheader", "--format=%P|%t|%N"]]
+        return [["sinfo", "--noheader", "--format=%P|%t|%N"], self.shape_argv(job)]
 
     def parse_shape(self, job: SegmentJob, results: Sequence[CommandResult]) -> str:
         """Slurm's reason it would never start ``job``. --test-only weighs only the nodes that
         can take a job now: a shape that would fit were a drained, down, or not yet registered
         node of its partition back (every node, for seconds after slurmctld restarts) is
         refused as one that never fits. While such a node is away that refusal tells nothing,
-        and nothing can be told now (a transient SchedulerError)."""
+        and nothing can be told now (a transient SchedulerError). When sinfo shows every node
+        of the partition back, the answer is the question's, asked again after that listing:
+        a node that registered between the first refusal and sinfo would have fitted."""
         reason = refusal("sbatch --test-only", results[0], TRANSIENT, _REFUSAL_NOISE)
         if _NO_NODE_FITS not in reason:
             return reason
@@ -351,7 +354,7 @@ class SlurmScheduler:
                 f"and {', '.join(away)} cannot",
                 transient=True,
             )
-        return reason
+        return refusal("sbatch --test-only", results[2], TRANSIENT, _REFUSAL_NOISE)
 
     def start_argvs(self, job: SegmentJob) -> list[list[str]]:
         # The shape question answers with the start too; sinfo then says whether its partition
