@@ -603,6 +603,30 @@ def test_the_signal_is_held_until_every_process_that_took_it_before_is_ready(wor
     assert sorted(n for n, _, _ in said) == ["1", "1", "2", "2"], said  # each rank once
 
 
+def test_the_end_marker_never_puts_readiness_after_the_signal_it_came_before(
+    work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The load run at 1ce5373 failed the test above: ready at x.96 s, the signal passed on at
+    once, and the marker said ready_at x+1.0 (rounded to tenths), signalled_at x (whole
+    seconds, cut down): readiness after the signal it was held for, and a start-up longer
+    than the time before the signal. Every time the marker records is cut down, never
+    rounded up."""
+    from chainrun.node import runner
+
+    job = SegmentJob("hostile-1a2b3c", 2, wrapper_spec(work), 60)
+    os.makedirs(job.run_dir)
+    write_segment(job)
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(os, "environ", wrapper_env())
+    seg = runner.Segment(conftest.settings_of(Path(job.script_path).read_text()), [], 0)
+    seg.ready_at, seg.sent, seg.got = 1796017082.96, 1796017082, "USR1"
+    seg.end_marker(0, 0, skipped=False)
+    end = marker(job)
+    assert end.ready_at is not None and end.signalled_at is not None, end
+    assert int(end.ready_at) <= end.signalled_at, end
+    assert end.ready_at == pytest.approx(1796017082.9), end
+
+
 def test_a_command_that_said_it_was_ready_before_and_never_does_again_is_not_signalled(work: Path) -> None:
     """Held to its end: no signal reaches a command that never says it is ready (the walltime's
     kill ends it, as the signal would have); its end marker says so, and the next segment

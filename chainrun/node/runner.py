@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import pwd
 import select
@@ -327,7 +328,8 @@ class Segment:
             f"signalled_at={'' if self.sent is None else self.sent}\nskipped={int(skipped)}\n"
             f"preempted={'1' if self.preempted else ''}\njob={self.job}\nat={int(time.time())}\n"
             f"path={path}\ngrace={self.grace}\nready={ready}\nfenced={self.fenced or ''}\nskip={why}\n"
-            f"ready_at={'' if self.ready_at is None else f'{self.ready_at:.1f}'}\n"
+            # Cut down to tenths, as the other times are to whole seconds: never after the moment.
+            f"ready_at={'' if self.ready_at is None else f'{math.floor(self.ready_at * 10) / 10:.1f}'}\n"
             + self.progress_fields()
             + "".join("beside=" + " ".join(where.splitlines()) + "\n" for where in self.beside)
         )
