@@ -30,7 +30,7 @@ from chainrun.decide.retry import accounting_again, accounting_due
 from chainrun.errors import SchedulerError, TransportError
 from chainrun.logsetup import get_logger
 from chainrun.markers import MarkerReader
-from chainrun.model import Carried, Chain, ListedJob, Outcome, Phase
+from chainrun.model import Carried, Chain, ListedJob, Outcome, Phase, Segment
 from chainrun.progress import ProgressReader, listing_every, sidecar_watched
 from chainrun.schedulers.segment import ARRAY_PREFIX, SegmentJob, parse_claim, parse_tag, tag_for
 
@@ -157,6 +157,11 @@ def _patched(before: Mapping[_K, _V], keys: Iterable[_K], anew: Mapping[_K, _V])
     return patched
 
 
+def _job_of(polled: Polled, chain: Chain, seg: Segment) -> Optional[ListedJob]:
+    """``seg``'s job as the scheduler lists it, if the job listed under its id is its own."""
+    return listed_as_its(polled.jobs, seg, tag_for(chain.id, seg.n))
+
+
 def _first_claim(polled: Polled, chain: Chain) -> Optional[int]:
     """The segment whose claim to look for first: the chain's newest (itself, when it was
     never submitted, else the one after it); None, no claim looked for, when its segments
@@ -167,7 +172,7 @@ def _first_claim(polled: Polled, chain: Chain) -> Optional[int]:
         return None
     if last.job_id is None:
         return last.n
-    listed = listed_as_its(polled.jobs, last, tag_for(chain.id, last.n))
+    listed = _job_of(polled, chain, last)
     return None if listed is not None and listed.phase is Phase.PENDING else last.n + 1
 
 
@@ -265,7 +270,7 @@ class Observer:
             found_tasks = polled.tasks.get(task, ())
             if found_tasks:
                 tagged = {**tagged, first.n: (*tagged.get(first.n, ()), *found_tasks)}
-        listed_now = tuple(listed_as_its(polled.jobs, s, tag_for(chain.id, s.n)) for s in chain.live)
+        listed_now = tuple(_job_of(polled, chain, s) for s in chain.live)
         if (
             settled is not None
             and settled.window[0] <= now < settled.window[1]
@@ -291,7 +296,7 @@ class Observer:
             if seg.job_id is None:
                 running = False
                 continue
-            listed = listed_as_its(polled.jobs, seg, tag_for(chain.id, seg.n))
+            listed = _job_of(polled, chain, seg)
             if listed is not None and listed.phase is Phase.PENDING and not listed.stuck:
                 end = None
                 if seg.started_at is not None:
