@@ -146,10 +146,6 @@ def test_a_queued_successor_is_left_for_a_place_that_starts_it_now() -> None:
     soon = {"slurm": Start(NOW + rules.SOON - 1, ""), "sge": NOW_}
     assert decide(chain(queued), facts(soon, j1=Phase.PENDING), NOW) == []
     assert decide(chain(queued), facts({}, j1=Phase.PENDING), NOW) == [Submit(2, 120, after="j1")]
-    # One the listing shows running (it started since the last tick, still queued in the store)
-    # has started here: it is not cancelled to start again elsewhere.
-    started = decide(chain(queued), facts({"slurm": LATER, "sge": NOW_}, j1=Phase.RUNNING), NOW)
-    assert started == [Track(1, Phase.RUNNING, "", None, None)]
 
 
 def test_a_move_whose_copy_keeps_failing_is_given_up_and_the_chain_chooses_again() -> None:

@@ -209,14 +209,13 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
     best = current if current.key >= mark.key or current.done else mark
     done = _done_reason(chain, best, finished_segment) or found_reached
     if done:
-        # A running segment may still be writing its final model or metrics: let it end on
-        # its own (its walltime bounds it); cancel only the queue. One that started since the
-        # last tick runs too (``_running``): the store has it queued until this tick's Track.
-        if any(_running(s, facts) for s in still):
+        # A running segment may still be writing its final model or metrics:
+        # let it end on its own (its walltime bounds it); cancel only the queue.
+        if any(s.phase is Phase.RUNNING for s in still):
             return actions + [
                 Cancel(n=s.n, job_id=_job_of(s, facts), reason="target reached")
                 for s in still
-                if not _running(s, facts)
+                if s.phase is not Phase.RUNNING
             ]
         return actions + _finish(facts, still, ChainState.COMPLETED, done, current, mark, now)
     if chain.cancel_requested_at is not None:
@@ -257,14 +256,7 @@ def _moves(chain: Chain, facts: Facts, now: float) -> list[Action]:
         return [*actions, Submit(n=chain.next_n, walltime=walltime)]
 
     leaving = places.leave(chain, facts.starts, now)
-    queued = [
-        s
-        for s in still
-        if s.phase is Phase.PENDING
-        and s.started_at is None
-        and s.job_id is not None
-        and not _running(s, facts)
-    ]
+    queued = [s for s in still if s.phase is Phase.PENDING and s.started_at is None and s.job_id is not None]
     if leaving is not None and queued:
         why = f"left for {leaving}: {places.move_reason(chain, leaving, facts.starts, now)}"
         return actions + [_stopped(s, facts, current, mark, now, why) for s in queued]
