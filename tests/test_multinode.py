@@ -398,7 +398,8 @@ def test_a_step_that_cannot_start_on_a_node_dead_before_slurm_noticed_is_a_free_
     assert st["state"] == "completed" and st["failures"] == 0, (st["reason"], outline(st["segments"]))
     # (A segment that started and ended between two ticks has no start recorded: not ``ran``.)
     later = [s["job_id"] for s in st["segments"][1:] if s["outcome"] == "completed"]
-    assert later and all(dead not in nodes for nodes in job_nodes(later).values()), (dead, job_nodes(later))
+    assert later, outline(st["segments"])
+    assert all(dead not in nodes for nodes in job_nodes(later).values()), (dead, job_nodes(later))
 
 
 RAY_EXAMPLE = REPO / "examples" / "ray-tune"
